@@ -1,0 +1,9 @@
+"""TileLang operators for Ascend NPUs (CANN), with CUDA kernels of the same algorithms.
+
+Stable operators are exported here explicitly. Importing the package touches no device and
+compiles nothing: kernels are compiled on an operator's first call.
+"""
+
+__version__ = '0.1.0'
+
+__all__: list[str] = []

@@ -1,0 +1,147 @@
+"""Runtime configuration: which accelerator runs a call, its core counts, debug switches.
+
+Everything here is lazy. Importing this module (or the package) never imports torch_npu,
+never initialises CUDA and never compiles a kernel: the first operator call does that.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import os
+from typing import Literal
+
+import torch
+
+Backend = Literal['ascend', 'cuda']
+
+PRINT_KERNEL_SOURCE_ENV = 'OPS_TILELANG_PRINT_KERNEL_SOURCE'
+_TRUE = {'1', 'true', 'yes', 'on'}
+_FALSE = {'', '0', 'false', 'no', 'off'}
+
+
+@functools.cache
+def _torch_npu():
+    """Import torch_npu once, on first use; None where it is not installed."""
+    try:
+        return importlib.import_module('torch_npu')
+    except ImportError:
+        return None
+
+
+def is_ascend_available() -> bool:
+    return _torch_npu() is not None and torch.npu.is_available()
+
+
+def is_cuda_available() -> bool:
+    return torch.cuda.is_available()
+
+
+def require_ascend() -> None:
+    """Raise RuntimeError unless an Ascend NPU with torch_npu is usable (for Ascend-only operators)."""
+    if _torch_npu() is None:
+        raise RuntimeError('this operator needs an Ascend NPU: torch_npu is not installed')
+    if not torch.npu.is_available():
+        raise RuntimeError('this operator needs an Ascend NPU: torch_npu found no NPU device')
+
+
+def backend_of(device: torch.device) -> Backend:
+    """Map a tensor's device to the kernel backend; CPU and other devices raise RuntimeError."""
+    if device.type == 'npu':
+        return 'ascend'
+    if device.type == 'cuda':
+        return 'cuda'
+    raise RuntimeError(
+        f'cann_ops_tilelang has no kernels for {device.type!r} tensors: move the inputs to an '
+        'Ascend NPU (npu) or a CUDA GPU (cuda); there is no CPU fallback'
+    )
+
+
+def require_accelerator(*tensors: torch.Tensor) -> Backend:
+    """Device guard for operators with Ascend and CUDA kernels.
+
+    The device of the input tensors decides the backend. All tensors must be on one device;
+    CPU tensors, mixed devices and unsupported device types raise RuntimeError.
+    """
+    if not tensors:
+        raise ValueError('require_accelerator() needs at least one tensor')
+    device = tensors[0].device
+    for t in tensors[1:]:
+        if t.device != device:
+            raise RuntimeError(f'all tensors must be on one device, got {device} and {t.device}')
+    backend = backend_of(device)
+    if backend == 'ascend':
+        require_ascend()
+    return backend
+
+
+def get_device() -> torch.device:
+    """The current accelerator device: the current NPU where torch_npu has one, else the current GPU."""
+    if is_ascend_available():
+        return torch.device('npu', torch.npu.current_device())
+    if is_cuda_available():
+        return torch.device('cuda', torch.cuda.current_device())
+    raise RuntimeError('no accelerator: neither an Ascend NPU (torch_npu) nor a CUDA GPU is available')
+
+
+def _index(device: torch.device | None, backend: Backend) -> int:
+    if device is not None and device.index is not None:
+        return device.index
+    return torch.npu.current_device() if backend == 'ascend' else torch.cuda.current_device()
+
+
+@functools.cache
+def _npu_properties(index: int):
+    require_ascend()
+    return torch.npu.get_device_properties(index)
+
+
+def get_num_vector_cores(device: torch.device | None = None) -> int:
+    """Vector (AIV) cores of an Ascend device; one vector-only kernel block runs per core."""
+    return int(_npu_properties(_index(device, 'ascend')).vector_core_num)
+
+
+def get_num_ai_cores(device: torch.device | None = None) -> int:
+    """AI (cube) cores of an Ascend device; one mixed Cube/Vector kernel block runs per core."""
+    return int(_npu_properties(_index(device, 'ascend')).cube_core_num)
+
+
+@functools.cache
+def _cuda_sm_count(index: int) -> int:
+    return int(torch.cuda.get_device_properties(index).multi_processor_count)
+
+
+def get_num_sms(device: torch.device | None = None) -> int:
+    """Streaming multiprocessors of a CUDA device."""
+    return _cuda_sm_count(_index(device, 'cuda'))
+
+
+def get_num_cores(device: torch.device) -> int:
+    """Cores a persistent vector kernel spreads over: AIV cores on Ascend, SMs on CUDA."""
+    if backend_of(device) == 'ascend':
+        return get_num_vector_cores(device)
+    return get_num_sms(device)
+
+
+@functools.cache
+def _cuda_arch(index: int) -> str:
+    major, minor = torch.cuda.get_device_capability(index)
+    return f'sm_{major}{minor}'
+
+
+def get_cuda_arch(device: torch.device | None = None) -> str:
+    """Compute capability of a CUDA device as TileLang's target wants it, e.g. 'sm_90'."""
+    return _cuda_arch(_index(device, 'cuda'))
+
+
+def should_print_kernel_source() -> bool:
+    """Whether OPS_TILELANG_PRINT_KERNEL_SOURCE asks operators to print the generated source."""
+    value = os.environ.get(PRINT_KERNEL_SOURCE_ENV, '').strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ValueError(
+        f'{PRINT_KERNEL_SOURCE_ENV}={os.environ[PRINT_KERNEL_SOURCE_ENV]!r} is not a boolean: '
+        'use 1/0, true/false, yes/no or on/off'
+    )

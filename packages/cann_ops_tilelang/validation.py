@@ -1,0 +1,94 @@
+"""Argument checks shared by the public operator interfaces.
+
+Each check raises the exception type a caller can act on: TypeError for a wrong Python or
+tensor type (including dtype), ValueError for shape/stride/layout/alignment, RuntimeError for
+devices. Messages name the argument and what was expected.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+
+def check_tensor(name: str, value, *, dtype: torch.dtype, ndim: int | None = None) -> torch.Tensor:
+    """`value` is a tensor of `dtype` with `ndim` dimensions."""
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f'{name} must be a torch.Tensor, got {type(value).__name__}')
+    if value.dtype != dtype:
+        raise TypeError(f'{name} must have dtype {dtype}, got {value.dtype}')
+    if ndim is not None and value.dim() != ndim:
+        raise ValueError(f'{name} must have {ndim} dimensions, got shape {tuple(value.shape)}')
+    return value
+
+
+def check_shape(name: str, value: torch.Tensor, shape: Sequence[int]) -> None:
+    if tuple(value.shape) != tuple(shape):
+        raise ValueError(f'{name} must have shape {tuple(shape)}, got {tuple(value.shape)}')
+
+
+def check_contiguous(name: str, value: torch.Tensor) -> None:
+    if not value.is_contiguous():
+        raise ValueError(f'{name} must be contiguous, got strides {value.stride()} for shape {tuple(value.shape)}')
+
+
+def check_last_dim_contiguous(name: str, value: torch.Tensor) -> None:
+    """The innermost dimension has stride 1; outer strides are free (non-negative)."""
+    if value.dim() and value.shape[-1] > 1 and value.stride(-1) != 1:
+        raise ValueError(f'{name} must have a contiguous last dimension (stride 1), got strides {value.stride()}')
+    if any(s < 0 for s in value.stride()):
+        raise ValueError(f'{name} must not have negative strides, got {value.stride()}')
+
+
+def check_bool(name: str, value) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f'{name} must be a bool, got {type(value).__name__}')
+    return value
+
+
+def check_positive_float(name: str, value) -> float:
+    """A finite float > 0 (ints are accepted and converted)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f'{name} must be a float, got {type(value).__name__}')
+    value = float(value)
+    if not (value > 0.0 and value != float('inf')):
+        raise ValueError(f'{name} must be a finite number > 0, got {value}')
+    return value
+
+
+def _byte_span(t: torch.Tensor) -> tuple[int, int]:
+    if t.numel() == 0:
+        return (t.data_ptr(), t.data_ptr())
+    extent = sum((size - 1) * stride for size, stride in zip(t.shape, t.stride())) + 1
+    return (t.data_ptr(), t.data_ptr() + extent * t.element_size())
+
+
+def may_overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two tensors' memory ranges intersect (conservative for strided views)."""
+    if a.device != b.device:
+        return False
+    a0, a1 = _byte_span(a)
+    b0, b1 = _byte_span(b)
+    return a0 < b1 and b0 < a1
+
+
+def check_out(
+    name: str,
+    out,
+    *,
+    shape: Sequence[int],
+    dtype: torch.dtype,
+    device: torch.device,
+    inputs: dict[str, torch.Tensor],
+) -> torch.Tensor:
+    """Validate a caller-provided output buffer: type, dtype, shape, device, contiguity, aliasing."""
+    check_tensor(name, out, dtype=dtype)
+    check_shape(name, out, shape)
+    if out.device != device:
+        raise RuntimeError(f'{name} must be on {device}, got {out.device}')
+    check_contiguous(name, out)
+    for input_name, value in inputs.items():
+        if value is not None and may_overlap(out, value):
+            raise ValueError(f'{name} must not alias the input {input_name}')
+    return out

@@ -1,0 +1,6 @@
+"""Loads the project's pytest plugins; each one is a module of small hooks in tests/testing/plugins."""
+
+pytest_plugins = [
+    'tests.testing.plugins.seed',
+    'tests.testing.plugins.devices',
+]

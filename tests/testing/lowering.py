@@ -1,0 +1,69 @@
+"""Lower TileLang kernels on a CPU: the Ascend check of the CPU tier (and a CUDA compile check).
+
+No NPU, CANN or GPU is needed: lowering stops after code generation. Results are cached per
+(backend, key) within a process, so a run never lowers the same kernel twice.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Hashable
+
+from cann_ops_tilelang.kernel_target import tilelang_target
+
+UB_BYTES = 248 * 1024          # Unified Buffer of one Ascend 950 vector core
+SIMT_RESERVED_BYTES = 32 * 1024  # reserved for the SIMT context when a kernel uses T.SimtVF
+CPU_TIER_CUDA_ARCH = 'sm_90'     # the lent H200; lowering needs no GPU
+
+
+@dataclasses.dataclass(frozen=True)
+class LoweredKernel:
+    backend: str
+    source: str
+    ub_bytes: int  # merged on-chip buffer of the device functions (UB on Ascend, shared memory on CUDA)
+
+    @property
+    def ub_limit(self) -> int:
+        return UB_BYTES - (SIMT_RESERVED_BYTES if '__simt_vf__' in self.source else 0)
+
+
+_cache: dict[tuple[str, Hashable], LoweredKernel] = {}
+
+
+def lower_kernel(make_prim_func: Callable[[], object], *, backend: str, key: Hashable) -> LoweredKernel:
+    """Lower the prim_func that `make_prim_func()` builds for `backend`; cached under `key`."""
+    cache_key = (backend, key)
+    if cache_key not in _cache:
+        import tilelang
+        from tilelang import tvm
+
+        target = tilelang_target(backend, cuda_arch=CPU_TIER_CUDA_ARCH)
+        with tvm.transform.PassContext(config={}), target:
+            artifact = tilelang.lower(make_prim_func(), target=target)
+        merged = 0
+        for _, func in artifact.device_mod.functions.items():
+            if func.attrs is not None and 'dyn_shared_memory_buf' in func.attrs:
+                merged = max(merged, int(func.attrs['dyn_shared_memory_buf']))
+        _cache[cache_key] = LoweredKernel(backend=backend, source=artifact.kernel_source, ub_bytes=merged)
+    return _cache[cache_key]
+
+
+def assert_ascend_kernel_lowers(make_prim_func: Callable[[], object], *, key: Hashable,
+                                kernel_name: str) -> LoweredKernel:
+    """Lower for Ascend 950 and check: non-empty source naming the kernel, UB within the limit."""
+    lowered = lower_kernel(make_prim_func, backend='ascend', key=key)
+    assert lowered.source.strip(), 'lowering produced no Ascend C source'
+    assert kernel_name in lowered.source, f'{kernel_name!r} does not appear in the Ascend C source'
+    # The compiler does not always report UB overflow (no pipelined loop, fixed buffer versions).
+    assert lowered.ub_bytes <= lowered.ub_limit, (
+        f'UB overflow: merged UB allocation {lowered.ub_bytes} B > limit {lowered.ub_limit} B'
+    )
+    return lowered
+
+
+def assert_cuda_kernel_lowers(make_prim_func: Callable[[], object], *, key: Hashable,
+                              kernel_name: str) -> LoweredKernel:
+    """Lower for CUDA sm_90 on the CPU and check the source names the kernel."""
+    lowered = lower_kernel(make_prim_func, backend='cuda', key=key)
+    assert kernel_name in lowered.source, f'{kernel_name!r} does not appear in the CUDA source'
+    return lowered
