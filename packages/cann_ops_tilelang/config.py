@@ -75,6 +75,13 @@ def require_accelerator(*tensors: torch.Tensor) -> Backend:
     return backend
 
 
+def device_guard(device: torch.device):
+    """Context manager making `device` current, so kernels compile for it and launch on its stream."""
+    if backend_of(device) == 'ascend':
+        return torch.npu.device(device)
+    return torch.cuda.device(device)
+
+
 def get_device() -> torch.device:
     """The current accelerator device: the current NPU where torch_npu has one, else the current GPU."""
     if is_ascend_available():

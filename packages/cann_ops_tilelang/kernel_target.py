@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import torch
-
-from cann_ops_tilelang.config import Backend, backend_of, get_cuda_arch
+from cann_ops_tilelang.config import Backend, get_cuda_arch
 
 
 def tilelang_target(backend: Backend, *, cuda_arch: str | None = None):
@@ -24,10 +22,13 @@ def tilelang_target(backend: Backend, *, cuda_arch: str | None = None):
     raise ValueError(f'unknown backend {backend!r}: expected "ascend" or "cuda"')
 
 
-def compile_kernel(prim_func, device: torch.device):
-    """Compile a TileLang prim_func for the backend of `device` (first call only; cache the result)."""
+def compile_kernel(prim_func, backend: Backend):
+    """Compile a TileLang prim_func for `backend` on the current device (call inside `device_guard`).
+
+    Generators cache the result per compile-time configuration; runtime sizes are T.dynamic.
+    """
     import tilelang
 
-    target = tilelang_target(backend_of(device), cuda_arch=None)
+    target = tilelang_target(backend)
     with target:
         return tilelang.compile(prim_func, target=target)

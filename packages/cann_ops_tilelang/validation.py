@@ -60,7 +60,7 @@ def check_positive_float(name: str, value) -> float:
 def _byte_span(t: torch.Tensor) -> tuple[int, int]:
     if t.numel() == 0:
         return (t.data_ptr(), t.data_ptr())
-    extent = sum((size - 1) * stride for size, stride in zip(t.shape, t.stride())) + 1
+    extent = sum((size - 1) * stride for size, stride in zip(t.shape, t.stride(), strict=True)) + 1
     return (t.data_ptr(), t.data_ptr() + extent * t.element_size())
 
 

@@ -6,8 +6,13 @@ from collections.abc import Mapping
 
 import torch
 
-_DTYPE_NAMES = {torch.bfloat16: 'bf16', torch.float16: 'fp16', torch.float32: 'fp32', torch.int32: 'int32',
-                torch.int64: 'int64'}
+_DTYPE_NAMES = {
+    torch.bfloat16: 'bf16',
+    torch.float16: 'fp16',
+    torch.float32: 'fp32',
+    torch.int32: 'int32',
+    torch.int64: 'int64',
+}
 
 
 def format_param_value(value) -> str:

@@ -86,7 +86,7 @@ def generate_samples(
             values[name] = list(axis(_check_level(level)))
         else:
             values[name] = list(axis)
-    samples = [dict(zip(values, combo)) for combo in itertools.product(*values.values())]
+    samples = [dict(zip(values, combo, strict=True)) for combo in itertools.product(*values.values())]
     return [s for s in samples if where is None or where(s)]
 
 

@@ -11,9 +11,9 @@ from collections.abc import Callable, Hashable
 
 from cann_ops_tilelang.kernel_target import tilelang_target
 
-UB_BYTES = 248 * 1024          # Unified Buffer of one Ascend 950 vector core
+UB_BYTES = 248 * 1024  # Unified Buffer of one Ascend 950 vector core
 SIMT_RESERVED_BYTES = 32 * 1024  # reserved for the SIMT context when a kernel uses T.SimtVF
-CPU_TIER_CUDA_ARCH = 'sm_90'     # the lent H200; lowering needs no GPU
+CPU_TIER_CUDA_ARCH = 'sm_90'  # the lent H200; lowering needs no GPU
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,8 +48,9 @@ def lower_kernel(make_prim_func: Callable[[], object], *, backend: str, key: Has
     return _cache[cache_key]
 
 
-def assert_ascend_kernel_lowers(make_prim_func: Callable[[], object], *, key: Hashable,
-                                kernel_name: str) -> LoweredKernel:
+def assert_ascend_kernel_lowers(
+    make_prim_func: Callable[[], object], *, key: Hashable, kernel_name: str
+) -> LoweredKernel:
     """Lower for Ascend 950 and check: non-empty source naming the kernel, UB within the limit."""
     lowered = lower_kernel(make_prim_func, backend='ascend', key=key)
     assert lowered.source.strip(), 'lowering produced no Ascend C source'
@@ -61,8 +62,9 @@ def assert_ascend_kernel_lowers(make_prim_func: Callable[[], object], *, key: Ha
     return lowered
 
 
-def assert_cuda_kernel_lowers(make_prim_func: Callable[[], object], *, key: Hashable,
-                              kernel_name: str) -> LoweredKernel:
+def assert_cuda_kernel_lowers(
+    make_prim_func: Callable[[], object], *, key: Hashable, kernel_name: str
+) -> LoweredKernel:
     """Lower for CUDA sm_90 on the CPU and check the source names the kernel."""
     lowered = lower_kernel(make_prim_func, backend='cuda', key=key)
     assert kernel_name in lowered.source, f'{kernel_name!r} does not appear in the CUDA source'

@@ -45,8 +45,9 @@ def calc_diff(x: torch.Tensor, y: torch.Tensor) -> float:
     return float(1.0 - 2.0 * (x * y).sum() / denominator)
 
 
-def assert_close(actual: torch.Tensor, expected: torch.Tensor, *, atol: float, rtol: float,
-                 check_stride: bool = False) -> None:
+def assert_close(
+    actual: torch.Tensor, expected: torch.Tensor, *, atol: float, rtol: float, check_stride: bool = False
+) -> None:
     """Element-wise |a - e| <= atol + rtol * |e| with dtype/shape/device checks; NaN never passes."""
     _check_meta(actual, expected, strides=check_stride)
     torch.testing.assert_close(actual, expected, atol=atol, rtol=rtol, equal_nan=False)

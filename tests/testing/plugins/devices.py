@@ -11,6 +11,7 @@ import torch
 
 from cann_ops_tilelang import config
 
+
 def accelerator_missing_reason() -> str | None:
     """None when an accelerator is usable, else why not."""
     if config.is_ascend_available() or config.is_cuda_available():

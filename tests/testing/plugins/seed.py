@@ -17,7 +17,10 @@ DEFAULT_SEED = 0
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.getgroup('cann_ops_tilelang').addoption(
-        '--seed', type=int, default=DEFAULT_SEED, metavar='N',
+        '--seed',
+        type=int,
+        default=DEFAULT_SEED,
+        metavar='N',
         help=f'base random seed; each test is seeded from it and its node ID (default {DEFAULT_SEED})',
     )
 
