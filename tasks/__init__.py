@@ -1,0 +1,10 @@
+"""invoke tasks: the pipeline phases in the current environment (no virtualenvs), plus developer tools.
+
+`invoke --list` shows them; each phase runs the same steps as the nox session of the same name.
+"""
+
+from invoke import Collection
+
+from tasks import phases
+
+ns = Collection.from_module(phases)
