@@ -1,0 +1,115 @@
+"""What each pipeline phase runs, as data: nox sessions and invoke tasks execute these steps.
+
+A phase is a list of `Step`s (argv + extra environment). The noxfile runs them with
+`session.run`, the invoke tasks with `Context.run`; neither spells a command itself, so the two
+front ends cannot drift apart. Phases hand state to each other only through files: the device
+memory profiles (`tests/*/npu_mem_profiles/`) and the baselines (`tests/*/benchmark/`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+LEVEL_ENV = 'OPS_TILELANG_TEST_LEVEL'
+TEST_LEVELS = (0, 1, 2)
+
+# Marker expressions of the phases.
+CPU_TIER = 'not npu and not benchmark'
+CORRECTNESS = 'not benchmark'
+DEVICE_CORRECTNESS = 'npu and not benchmark'
+BENCHMARKS = 'benchmark'
+
+REGRESSION_THRESHOLD = 0.10
+MIN_DELTA_US = 1.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Step:
+    """One command of a phase: argv[0] is looked up on PATH ('python' is the phase's interpreter)."""
+
+    argv: tuple[str, ...]
+    env: dict[str, str] = dataclasses.field(default_factory=dict)
+    description: str = ''
+
+    def resolved_argv(self, python: str = sys.executable) -> list[str]:
+        """argv with 'python' replaced by a concrete interpreter (for front ends without a venv)."""
+        return [python if arg == 'python' else arg for arg in self.argv]
+
+
+def _pytest(*args: str, env: dict[str, str] | None = None, description: str = '') -> Step:
+    return Step(('python', '-m', 'pytest', *args), env or {}, description)
+
+
+def _check_level(level: int) -> int:
+    if isinstance(level, bool) or level not in TEST_LEVELS:
+        raise ValueError(f'test level must be one of {TEST_LEVELS}, got {level!r}')
+    return level
+
+
+def _pipeline_env() -> dict[str, str]:
+    """Environment for steps that run `python -m cann_ops_pipeline...` (not installed in venvs)."""
+    packages = str(ROOT / 'packages')
+    existing = os.environ.get('PYTHONPATH')
+    return {'PYTHONPATH': packages if not existing else f'{packages}{os.pathsep}{existing}'}
+
+
+def lint() -> list[Step]:
+    return [
+        Step(('ruff', 'check', '.'), description='ruff lint'),
+        Step(('ruff', 'format', '--check', '.'), description='ruff format check'),
+    ]
+
+
+def tests_cpu(args: Sequence[str] = ()) -> list[Step]:
+    """Everything that runs without an accelerator: contract and tooling tests, kernel lowering."""
+    return [_pytest('-m', CPU_TIER, *args, description='CPU tier')]
+
+
+def verify(level: int, args: Sequence[str] = ()) -> list[Step]:
+    """Correctness at a test level: the CPU tier plus device tests where an accelerator exists."""
+    env = {LEVEL_ENV: str(_check_level(level))}
+    return [_pytest('-m', CORRECTNESS, *args, env=env, description=f'correctness, level {level}')]
+
+
+def run_tests(args: Sequence[str] = ()) -> list[Step]:
+    """The two-phase xdist run (memory-aware); see cann_ops_pipeline.two_phase."""
+    return [Step(('python', '-m', 'cann_ops_pipeline.two_phase', *args), _pipeline_env(), 'two-phase xdist run')]
+
+
+def refresh_mem(args: Sequence[str] = ()) -> list[Step]:
+    """Measure the peak device memory of device tests and rewrite their profiles."""
+    return [_pytest('-m', DEVICE_CORRECTNESS, '--refresh-mem', *args, description='refresh memory profiles')]
+
+
+def verify_baseline(args: Sequence[str] = ()) -> list[Step]:
+    return [
+        _pytest(
+            '-m', BENCHMARKS, '--run-benchmark',
+            f'--benchmark-regression-threshold={REGRESSION_THRESHOLD}',
+            f'--benchmark-min-delta-us={MIN_DELTA_US}',
+            *args, description='verify baselines',
+        )
+    ]  # fmt: skip
+
+
+def refresh_baseline(args: Sequence[str] = ()) -> list[Step]:
+    """Refresh the current cluster's records, then verify at once: every record must be hit."""
+    refresh = _pytest('-m', BENCHMARKS, '--run-benchmark', '--refresh-baseline', *args, description='refresh')
+    return [refresh, *verify_baseline(args)]
+
+
+def build_wheel(outdir: str | os.PathLike = 'dist') -> list[Step]:
+    """Build sdist and wheel, then install the wheel in a fresh venv and import it there."""
+    return [
+        Step(('python', '-m', 'build', '--outdir', str(outdir), '.'), description='build sdist and wheel'),
+        Step(
+            ('python', '-m', 'cann_ops_pipeline.wheel_check', str(outdir)),
+            _pipeline_env(),
+            'install the wheel in a fresh venv and import it',
+        ),
+    ]

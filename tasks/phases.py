@@ -1,0 +1,76 @@
+"""The pipeline phases as invoke tasks, run in the current environment (no virtualenvs).
+
+Same steps as the nox sessions of the same names (cann_ops_pipeline.phases); extra pytest
+arguments go in `--pytest-args`, e.g. `invoke verify --level 0 --pytest-args "-x tests/engram"`.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+
+from invoke import Context, task
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / 'packages'))
+
+from cann_ops_pipeline import phases
+
+
+def _run(c: Context, steps: list[phases.Step]) -> None:
+    with c.cd(str(phases.ROOT)):
+        for step in steps:
+            print(f'--- {step.description}', flush=True)
+            c.run(shlex.join(step.resolved_argv(sys.executable)), env=step.env, pty=False)
+
+
+def _args(pytest_args: str) -> list[str]:
+    return shlex.split(pytest_args)
+
+
+@task
+def lint(c):
+    """ruff lint and format check."""
+    _run(c, phases.lint())
+
+
+@task(help={'pytest_args': 'extra pytest arguments'})
+def tests_cpu(c, pytest_args=''):
+    """Everything runnable without an accelerator."""
+    _run(c, phases.tests_cpu(_args(pytest_args)))
+
+
+@task(help={'level': 'test level 0, 1 or 2', 'pytest_args': 'extra pytest arguments'})
+def verify(c, level=1, pytest_args=''):
+    """Correctness at a test level: CPU tier plus device tests where a device exists."""
+    _run(c, phases.verify(int(level), _args(pytest_args)))
+
+
+@task(help={'args': 'arguments for the two-phase runner (see python -m cann_ops_pipeline.two_phase -h)'})
+def run_tests(c, args=''):
+    """Two-phase xdist run."""
+    _run(c, phases.run_tests(_args(args)))
+
+
+@task(help={'pytest_args': 'extra pytest arguments'})
+def refresh_mem(c, pytest_args=''):
+    """Measure peak device memory of device tests and rewrite their profiles."""
+    _run(c, phases.refresh_mem(_args(pytest_args)))
+
+
+@task(help={'pytest_args': 'extra pytest arguments, e.g. "-K \'hidden=4096\'"'})
+def refresh_baseline(c, pytest_args=''):
+    """Refresh this device's benchmark baselines, then verify them."""
+    _run(c, phases.refresh_baseline(_args(pytest_args)))
+
+
+@task(help={'pytest_args': 'extra pytest arguments'})
+def verify_baseline(c, pytest_args=''):
+    """Compare benchmark results with the committed baselines."""
+    _run(c, phases.verify_baseline(_args(pytest_args)))
+
+
+@task(help={'outdir': 'where sdist and wheel go'})
+def build_wheel(c, outdir='dist'):
+    """Build sdist and wheel; install the wheel in a fresh venv and import it."""
+    _run(c, phases.build_wheel(outdir))
