@@ -1,0 +1,83 @@
+"""The pipeline phases: what each nox session / invoke task runs, and that both front ends list them."""
+
+import subprocess
+import sys
+
+import pytest
+
+from cann_ops_pipeline import phases
+
+SESSIONS = [
+    'lint', 'tests-cpu', 'verify-0', 'verify-1', 'verify-2', 'run-tests',
+    'refresh-mem', 'refresh-baseline', 'verify-baseline', 'build-wheel',
+]  # fmt: skip
+
+
+def _pytest_args(step):
+    assert step.argv[:3] == ('python', '-m', 'pytest'), step.argv
+    return list(step.argv[3:])
+
+
+def test_cpu_tier_deselects_device_and_benchmark_tests():
+    (step,) = phases.tests_cpu(['-x'])
+    assert _pytest_args(step) == ['-m', 'not npu and not benchmark', '-x']
+
+
+@pytest.mark.parametrize('level', [0, 1, 2])
+def test_verify_sets_the_level(level):
+    (step,) = phases.verify(level, ['tests/engram'])
+    assert step.env == {'OPS_TILELANG_TEST_LEVEL': str(level)}
+    assert _pytest_args(step) == ['-m', 'not benchmark', 'tests/engram']
+
+
+@pytest.mark.parametrize('level', [3, -1, True, '0'])
+def test_verify_refuses_unknown_levels(level):
+    with pytest.raises(ValueError, match='test level must be one of'):
+        phases.verify(level)
+
+
+def test_refresh_baseline_refreshes_then_verifies_with_the_same_args():
+    refresh, verify = phases.refresh_baseline(['-K', 'hidden=4096'])
+    assert _pytest_args(refresh) == ['-m', 'benchmark', '--run-benchmark', '--refresh-baseline', '-K', 'hidden=4096']
+    assert verify == phases.verify_baseline(['-K', 'hidden=4096'])[0]
+    args = _pytest_args(verify)
+    assert '--refresh-baseline' not in args
+    assert '--benchmark-regression-threshold=0.1' in args
+    assert '--benchmark-min-delta-us=1.0' in args
+
+
+def test_memory_profiles_come_from_device_tests():
+    (step,) = phases.refresh_mem()
+    assert _pytest_args(step) == ['-m', 'npu and not benchmark', '--refresh-mem']
+
+
+def test_pipeline_modules_run_from_the_source_tree():
+    for step in [*phases.run_tests(['-x']), phases.build_wheel('dist')[1]]:
+        assert step.argv[:3] == ('python', '-m', step.argv[2])
+        assert str(phases.ROOT / 'packages') in step.env['PYTHONPATH']
+
+
+def test_python_is_resolved_per_front_end():
+    (step,) = phases.tests_cpu()
+    assert step.resolved_argv('/venv/bin/python')[0] == '/venv/bin/python'
+    assert phases.lint()[0].resolved_argv('/x/python')[0] == 'ruff'
+
+
+def test_nox_lists_every_session():
+    listing = subprocess.run(
+        [sys.executable, '-m', 'nox', '-l', '-f', str(phases.ROOT / 'noxfile.py')],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    listed = [line.split()[1] for line in listing.splitlines() if line[:2] in ('* ', '- ')]
+    assert listed == SESSIONS
+    defaults = [line.split()[1] for line in listing.splitlines() if line.startswith('* ')]
+    assert defaults == ['lint', 'tests-cpu']
+
+
+def test_invoke_lists_the_same_phases():
+    listing = subprocess.run(
+        [sys.executable, '-m', 'invoke', '--list'], capture_output=True, text=True, check=True, cwd=phases.ROOT
+    ).stdout
+    tasks = {line.split()[0] for line in listing.splitlines()[1:] if line.strip()}
+    expected = {name for name in SESSIONS if not name.startswith('verify-')} | {'verify'}
+    assert expected <= tasks
