@@ -5,6 +5,7 @@
 
 from invoke import Collection
 
-from tasks import phases
+from tasks import new_op, phases
 
 ns = Collection.from_module(phases)
+ns.add_task(new_op.new_op)

@@ -1,0 +1,448 @@
+"""`invoke new-op`: name rules, no overwrite, rollback, edits of __init__.py, generated code that works.
+
+The end-to-end test scaffolds foo/foo_bar into a temporary copy of the repository's needed parts
+and runs the generated test file there in a child pytest (CPU tier: Ascend and CUDA lowering,
+contract tests pass; device tests skip with the reason), then ruff over the generated files.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import shutil
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from cann_ops_pipeline import scaffold
+from cann_ops_pipeline.scaffold import ScaffoldError
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = 'packages/cann_ops_tilelang'
+RUFF = shutil.which('ruff')
+needs_ruff = pytest.mark.skipif(RUFF is None, reason='ruff is not on PATH')
+
+
+def snapshot(root: Path) -> dict[str, str]:
+    """Every file under root (caches aside) with its content."""
+    return {
+        p.relative_to(root).as_posix(): p.read_text(encoding='utf-8')
+        for p in sorted(root.rglob('*'))
+        if p.is_file() and '__pycache__' not in p.parts
+    }
+
+
+def directories(root: Path) -> set[str]:
+    return {p.relative_to(root).as_posix() for p in root.rglob('*') if p.is_dir() and '__pycache__' not in p.parts}
+
+
+def write(root: Path, files: dict[str, str]) -> None:
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text, encoding='utf-8')
+
+
+ROOT_INIT = '''"""Root package."""
+
+__version__ = '0.1.0'
+
+__all__: list[str] = []
+'''
+
+ENGRAM_INIT = '''"""Engram."""
+
+from .engram_fused_weight import engram_fused_weight
+
+__all__ = ['engram_fused_weight']
+'''
+
+
+@pytest.fixture
+def tree(tmp_path: Path) -> Path:
+    """A minimal repository: the root package with modules, an engram domain, non-domain test folders."""
+    write(
+        tmp_path,
+        {
+            f'{PACKAGE}/__init__.py': ROOT_INIT,
+            f'{PACKAGE}/config.py': '',
+            f'{PACKAGE}/validation.py': '',
+            f'{PACKAGE}/kernel_target.py': '',
+            f'{PACKAGE}/engram/__init__.py': ENGRAM_INIT,
+            f'{PACKAGE}/engram/_contract.py': '',
+            f'{PACKAGE}/engram/engram_fused_weight.py': '',
+            f'{PACKAGE}/engram/engram_fused_weight_kernel.py': '',
+            f'{PACKAGE}/engram/engram_grad_w_reduce_kernel.py': '',  # its interface not written yet
+            'tests/__init__.py': '',
+            'tests/conftest.py': '',
+            'tests/engram/__init__.py': '',
+            'tests/testing/__init__.py': '',
+            'tests/pipeline/__init__.py': '',
+        },
+    )
+    return tmp_path
+
+
+# --- names ---------------------------------------------------------------------------------------
+
+
+def test_valid_names():
+    name = scaffold.parse_operator_name('foo/foo_bar')
+    assert (name.domain, name.operator, name.class_prefix) == ('foo', 'foo_bar', 'FooBar')
+    assert scaffold.parse_operator_name(' engram2/engram2_gate_v3 ').class_prefix == 'Engram2GateV3'
+
+
+@pytest.mark.parametrize(
+    ('spec', 'match'),
+    [
+        ('foo_bar', 'expected "<domain>/<operator>"'),
+        ('foo/foo_bar/baz', 'expected "<domain>/<operator>"'),
+        ('/foo_bar', 'expected "<domain>/<operator>"'),
+        ('foo/', 'expected "<domain>/<operator>"'),
+        ('foo/bar', r"must start with its domain prefix 'foo_': use 'foo_bar' \(invoke new-op foo/foo_bar\)"),
+        ('foo/barfoo_x', "use 'foo_barfoo_x'"),
+        ('Foo/foo_bar', r"domain name 'Foo' is not snake_case.*\(e\.g\. 'foo'\)"),
+        ('foo/fooBar', r"operator name 'fooBar' is not snake_case.*\(e\.g\. 'foo_bar'\)"),
+        ('foo/foo-bar', r"not snake_case.*\(e\.g\. 'foo_bar'\)"),
+        ('foo/foo__bar', 'not snake_case'),
+        ('foo/foo_bar_', 'not snake_case'),
+        ('_foo/_foo_bar', 'not snake_case'),
+        ('1foo/1foo_bar', 'not snake_case'),
+        ('class/class_x', "domain name 'class' is a Python keyword"),
+        ('match/match_x', "domain name 'match' is a Python keyword"),
+        ('os/os_path', "shadows the standard-library module 'os'"),
+        ('sre/sre_parse', "operator name 'sre_parse' shadows the standard-library module"),
+        ('list/list_x', "shadows the Python builtin 'list'"),
+        ('testing/testing_x', "domain name 'testing' is reserved"),
+        ('torch/torch_x', "domain name 'torch' is reserved"),
+        ('foo/foo_kernel', "ends with '_kernel'"),
+        ('foo/foo_bar_ref', "ends with '_ref'"),
+        ('foo/foo_' + 'x' * 40, 'longer than 40 characters'),
+    ],
+)
+def test_invalid_names(spec, match):
+    with pytest.raises(ScaffoldError, match=match):
+        scaffold.parse_operator_name(spec)
+
+
+@pytest.mark.parametrize(
+    ('spec', 'match'),
+    [
+        ('engram/engram_fused_weight', r"'engram_fused_weight' exists already \(packages/.*/engram_fused_weight"),
+        ('engram/engram_grad_w_reduce', "'engram_grad_w_reduce' exists already"),
+        ('validation/validation_x', "domain 'validation' would shadow packages/cann_ops_tilelang/validation"),
+        ('kernel/kernel_target', "operator 'kernel_target' clashes with packages/cann_ops_tilelang/kernel_target"),
+        ('pipeline/pipeline_x', "domain name 'pipeline' is reserved"),
+    ],
+)
+def test_clashes_with_the_tree(tree, spec, match):
+    before = snapshot(tree)
+    with pytest.raises(ScaffoldError, match=match):
+        scaffold.new_operator(tree, spec)
+    assert snapshot(tree) == before
+
+
+def test_clash_with_root_exports_and_orphan_test_folders(tree):
+    write(tree, {f'{PACKAGE}/__init__.py': ROOT_INIT.replace('= []', "= ['bar_baz']"), 'tests/qux/x.txt': ''})
+    with pytest.raises(ScaffoldError, match=r"'bar_baz' exists already \(packages/cann_ops_tilelang/__init__.py\)"):
+        scaffold.new_operator(tree, 'bar/bar_baz')
+    with pytest.raises(ScaffoldError, match='tests/qux exists but packages/cann_ops_tilelang/qux/ is no domain'):
+        scaffold.new_operator(tree, 'qux/qux_x')
+
+
+def test_not_a_repository_root(tmp_path):
+    with pytest.raises(ScaffoldError, match='is not the repository root'):
+        scaffold.new_operator(tmp_path, 'foo/foo_bar')
+
+
+# --- no overwrite, rollback ----------------------------------------------------------------------
+
+
+def test_creates_the_files_of_the_workflow(tree):
+    plan = scaffold.new_operator(tree, 'foo/foo_bar')
+    assert plan.created == [
+        f'{PACKAGE}/foo/__init__.py',
+        f'{PACKAGE}/foo/foo_bar.py',
+        f'{PACKAGE}/foo/foo_bar_kernel.py',
+        'tests/foo/__init__.py',
+        'tests/foo/test_foo_bar.py',
+        'tests/foo/foo_bar_ref.py',
+    ]
+    assert plan.edited == []  # not public: the root package is untouched
+    assert (tree / PACKAGE / '__init__.py').read_text() == ROOT_INIT
+    kernel = (tree / PACKAGE / 'foo/foo_bar_kernel.py').read_text()
+    for needle in (
+        'class FooBarConfig',
+        'def choose_foo_bar_config(',
+        'def make_foo_bar_kernel(',
+        'def foo_bar_kernel(',
+    ):
+        assert needle in kernel
+    assert '@functools.cache\ndef get_foo_bar_kernel(' in kernel
+
+    plan = scaffold.new_operator(tree, 'engram/engram_gate_bwd', public=True)
+    assert plan.created == [
+        f'{PACKAGE}/engram/engram_gate_bwd.py',
+        f'{PACKAGE}/engram/engram_gate_bwd_kernel.py',
+        'tests/engram/test_engram_gate_bwd.py',
+        'tests/engram/engram_gate_bwd_ref.py',
+    ]
+    assert plan.edited == [f'{PACKAGE}/engram/__init__.py', f'{PACKAGE}/__init__.py']
+    assert scaffold.exported_names((tree / PACKAGE / 'engram/__init__.py').read_text()) == [
+        'engram_fused_weight',
+        'engram_gate_bwd',
+    ]
+    root_init = (tree / PACKAGE / '__init__.py').read_text()
+    assert 'from cann_ops_tilelang.engram import engram_gate_bwd\n' in root_init
+    assert scaffold.exported_names(root_init) == ['engram_gate_bwd']
+
+
+def test_never_overwrites(tree):
+    scaffold.new_operator(tree, 'foo/foo_bar')
+    before = snapshot(tree)
+    with pytest.raises(ScaffoldError, match="'foo_bar' exists already"):
+        scaffold.new_operator(tree, 'foo/foo_bar', public=True)
+    # A stray file where a new one would go: refused before anything is written.
+    write(tree, {'tests/foo/foo_baz_ref.py': 'keep me\n'})
+    before = snapshot(tree)
+    with pytest.raises(ScaffoldError, match='refusing to overwrite existing files: tests/foo/foo_baz_ref.py'):
+        scaffold.new_operator(tree, 'foo/foo_baz', public=True)
+    assert snapshot(tree) == before
+
+
+def test_plan_is_rechecked_before_writing(tree):
+    plan = scaffold.plan_operator(tree, 'foo/foo_bar', public=True)
+    write(tree, {f'{PACKAGE}/__init__.py': ROOT_INIT + '# edited meanwhile\n'})
+    before = snapshot(tree)
+    with pytest.raises(ScaffoldError, match='changed since the plan was made'):
+        scaffold.apply_plan(plan)
+    assert snapshot(tree) == before
+
+
+def test_unsupported_init_is_refused_before_any_write(tree):
+    write(tree, {f'{PACKAGE}/engram/__init__.py': ENGRAM_INIT + '__all__ += ["x"]\n'})
+    before = snapshot(tree)
+    with pytest.raises(ScaffoldError, match='__all__ must be one literal list; edit it by hand'):
+        scaffold.new_operator(tree, 'engram/engram_x')
+    assert snapshot(tree) == before
+
+
+def failing_writer(fail_at: int, error: BaseException):
+    """A writer that behaves like the real one until its `fail_at`-th call, which raises."""
+    calls = []
+
+    def write(path, text, *, new):
+        calls.append(path)
+        if len(calls) == fail_at:
+            raise error
+        scaffold._write_file(path, text, new=new)
+
+    return write
+
+
+@pytest.mark.parametrize('error', [OSError('disk full'), KeyboardInterrupt()], ids=['OSError', 'KeyboardInterrupt'])
+@pytest.mark.parametrize('fail_at', [1, 4, 7])
+def test_rollback_of_a_new_domain(tree, fail_at, error):
+    before, dirs = snapshot(tree), directories(tree)
+    plan = scaffold.plan_operator(tree, 'foo/foo_bar', public=True)
+    assert len(plan.changes) == 7  # the root __init__.py edit is the last write
+    with pytest.raises(type(error)):
+        scaffold.apply_plan(plan, write=failing_writer(fail_at, error))
+    assert snapshot(tree) == before
+    assert directories(tree) == dirs  # packages/.../foo/ and tests/foo/ removed again
+
+
+@pytest.mark.parametrize('fail_at', [2, 6])
+def test_rollback_restores_edited_init_files(tree, fail_at):
+    before = snapshot(tree)
+    plan = scaffold.plan_operator(tree, 'engram/engram_gate_bwd', public=True)
+    assert plan.changes[0].path == f'{PACKAGE}/engram/__init__.py'  # edited first, restored on failure
+    with pytest.raises(OSError, match='disk full'):
+        scaffold.apply_plan(plan, write=failing_writer(fail_at, OSError('disk full')))
+    assert snapshot(tree) == before
+
+
+# --- editing __init__.py -------------------------------------------------------------------------
+
+LONG = ['foo_' + c * 30 for c in 'acdef']  # names long enough that __all__ and imports need several lines
+DOMAIN_INITS = {
+    'empty_all': '"""Doc."""\n\n__all__: list[str] = []\n',
+    'sorted_insert': (
+        '"""Doc."""\n\nfrom .foo_a import foo_a\nfrom .foo_c import foo_c\n\n__all__ = [\'foo_a\', \'foo_c\']\n'
+    ),
+    'natural_order_tuple': "from .foo_b10 import foo_b10\n\n__all__ = ('foo_b10',)\n",
+    'exploded_all': "from .foo_a import foo_a\n\n__all__ = [\n    'foo_a',\n]\n",
+    'no_all': '"""Doc."""\n',
+    'other_sections': (
+        '"""Doc."""\n\nfrom __future__ import annotations\n\nimport os\n\nX = os.sep\n__all__ = [\'X\']\n'
+    ),
+    'long_all': ''.join(f'from .{n} import {n}\n' for n in LONG) + f'\n__all__ = {LONG!r}\n',
+}
+ROOT_INITS = {
+    'no_imports': ROOT_INIT,
+    'future_only': '"""Doc."""\n\nfrom __future__ import annotations\n\n__all__: list[str] = []\n',
+    'same_domain_merge': (
+        '"""Doc."""\n\nfrom cann_ops_tilelang.engram import engram_a, engram_c\n\n'
+        "__version__ = '0.1.0'\n\n__all__ = ['engram_a', 'engram_c']\n"
+    ),
+    'long_merge': f'from cann_ops_tilelang.foo import {", ".join(LONG[1:])}\n\n__all__ = {LONG[1:]!r}\n',
+}
+
+
+def test_domain_export_of_the_engram_form():
+    text = scaffold.add_domain_export('"""Engram."""\n\n__all__: list[str] = []\n', 'engram_x')
+    assert text == '"""Engram."""\n\nfrom .engram_x import engram_x\n\n__all__: list[str] = [\'engram_x\']\n'
+
+
+def test_root_export_of_the_initial_form():
+    text = scaffold.add_root_export(ROOT_INIT, 'foo', 'foo_bar')
+    assert text == (
+        '"""Root package."""\n\nfrom cann_ops_tilelang.foo import foo_bar\n\n'
+        "__version__ = '0.1.0'\n\n__all__: list[str] = ['foo_bar']\n"
+    )
+    text = scaffold.add_root_export(text, 'engram', 'engram_x')
+    assert 'from cann_ops_tilelang.engram import engram_x\nfrom cann_ops_tilelang.foo import foo_bar\n' in text
+    text = scaffold.add_root_export(text, 'foo', 'foo_baz')
+    assert 'from cann_ops_tilelang.foo import foo_bar, foo_baz\n' in text
+    assert scaffold.exported_names(text) == ['engram_x', 'foo_bar', 'foo_baz']
+
+
+def imports_of(text: str) -> set[tuple[str, int, str]]:
+    return {
+        (node.module, node.level, alias.name)
+        for node in ast.parse(text).body
+        if isinstance(node, ast.ImportFrom)
+        for alias in node.names
+    }
+
+
+@needs_ruff
+def test_edited_init_files_are_ruff_clean(tmp_path):
+    shutil.copy(ROOT / 'pyproject.toml', tmp_path / 'pyproject.toml')
+    for case, text in DOMAIN_INITS.items():
+        edited = scaffold.add_domain_export(text, 'foo_b', path=case)
+        assert 'foo_b' in scaffold.exported_names(edited)
+        assert ('foo_b', 1, 'foo_b') in imports_of(edited)
+        write(tmp_path, {f'domain_{case}/__init__.py': edited})
+    for case, text in ROOT_INITS.items():
+        domain = 'engram' if 'engram' in text else 'foo'
+        edited = scaffold.add_root_export(text, domain, f'{domain}_b', path=case)
+        assert f'{domain}_b' in scaffold.exported_names(edited)
+        assert (f'cann_ops_tilelang.{domain}', 0, f'{domain}_b') in imports_of(edited)
+        write(tmp_path, {f'root_{case}/__init__.py': edited})
+    for command in (['check', '--no-cache', '.'], ['format', '--no-cache', '--check', '--diff', '.']):
+        result = subprocess.run([RUFF, *command], cwd=tmp_path, capture_output=True, text=True, check=False)
+        assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize(
+    ('text', 'match'),
+    [
+        ("__all__ = [\n    'foo_a',  # the first\n]\n", 'comments inside this statement would be lost'),
+        ("__all__ = ['foo_a']\n__all__ = ['foo_a']\n", '__all__ is assigned 2 times'),
+        ('__all__ = sorted(NAMES)\n', '__all__ is not a literal list of strings'),
+        ("__all__ = ['foo_b']\n", "'foo_b' is already in __all__"),
+        ("from .foo_b import foo_b\n__all__ = ['foo_a']\n", "'foo_b' is imported already"),
+        ('__all__ = [\n', 'does not parse'),
+    ],
+)
+def test_init_files_it_will_not_edit(text, match):
+    with pytest.raises(ScaffoldError, match=match):
+        scaffold.add_domain_export(text, 'foo_b')
+
+
+# --- the generated operator works ----------------------------------------------------------------
+
+
+def copy_repository_parts(destination: Path) -> None:
+    """What the generated tests need: pyproject, the packages, tests/conftest.py and tests/testing/."""
+    ignore = shutil.ignore_patterns('__pycache__', '*.pyc')
+    shutil.copy(ROOT / 'pyproject.toml', destination / 'pyproject.toml')
+    for package in (PACKAGE, 'packages/cann_ops_pipeline'):  # the test plugins use the pipeline package
+        shutil.copytree(ROOT / package, destination / package, ignore=ignore)
+    (destination / 'tests').mkdir()
+    for name in ('__init__.py', 'conftest.py'):
+        shutil.copy(ROOT / 'tests' / name, destination / 'tests' / name)
+    shutil.copytree(ROOT / 'tests/testing', destination / 'tests/testing', ignore=ignore)
+
+
+def child_env(root: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(('OPS_TILELANG_', 'PYTEST_'))}
+    env['PYTHONPATH'] = os.pathsep.join([str(root), str(root / 'packages')])
+    env['OPS_TILELANG_TEST_LEVEL'] = '1'
+    return env
+
+
+def test_generated_operator_passes_its_cpu_tests(tmp_path):
+    copy_repository_parts(tmp_path)
+    public = scaffold.new_operator(tmp_path, 'foo/foo_bar', public=True)
+    experimental = scaffold.new_operator(tmp_path, 'foo/foo_baz')
+    generated = public.created + public.edited + experimental.created + experimental.edited
+
+    if RUFF is not None:
+        for command in (['check', '--no-cache'], ['format', '--no-cache', '--check', '--diff']):
+            result = subprocess.run([RUFF, *command, *generated], cwd=tmp_path, capture_output=True, text=True)
+            assert result.returncode == 0, result.stdout + result.stderr
+
+    # Public through the root package, experimental through its domain only.
+    probe = (
+        'import cann_ops_tilelang as c, cann_ops_tilelang.foo as foo\n'
+        "assert c.foo_bar is foo.foo_bar and 'foo_bar' in c.__all__\n"
+        "assert not hasattr(c, 'foo_baz') and 'foo_baz' not in c.__all__ and callable(foo.foo_baz)\n"
+    )
+    env = child_env(tmp_path)
+    result = subprocess.run([sys.executable, '-c', probe], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+    report = tmp_path / 'report.xml'
+    command = [sys.executable, '-m', 'pytest', 'tests/foo/test_foo_bar.py', '-p', 'no:cacheprovider', '-q']
+    result = subprocess.run(
+        [*command, f'--junitxml={report}'], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    outcomes: dict[str, list[str]] = {}
+    for case in ET.parse(report).getroot().iter('testcase'):
+        name = case.get('name').split('[')[0]
+        skipped = case.find('skipped')
+        failed = case.find('failure') is not None or case.find('error') is not None
+        outcome = 'failed' if failed else 'passed' if skipped is None else f'skipped: {skipped.get("message")}'
+        outcomes.setdefault(name, []).append(outcome)
+    cpu_tier = [
+        'test_foo_bar_ascend_kernel_lowers',
+        'test_foo_bar_cuda_kernel_lowers',
+        'test_foo_bar_config_rejects_unsupported_dtype',
+        'test_foo_bar_rejects_non_tensor',
+        'test_foo_bar_rejects_dtype',
+        'test_foo_bar_rejects_non_contiguous',
+        'test_foo_bar_rejects_too_many_elements',
+        'test_foo_bar_rejects_out',
+        'test_foo_bar_refuses_cpu_tensors',
+    ]
+    device_tier = ['test_foo_bar_values', 'test_foo_bar_empty', 'test_foo_bar_prints_kernel_source']
+    assert sorted(outcomes) == sorted([*cpu_tier, *device_tier, 'test_foo_bar_benchmark'])
+    for name in cpu_tier:
+        assert set(outcomes[name]) == {'passed'}, (name, outcomes[name])
+    assert len(outcomes['test_foo_bar_ascend_kernel_lowers']) == 14  # level 1: 2 dtypes x 7 shapes
+    for name in device_tier:
+        assert all(o.startswith('skipped: needs an accelerator') for o in outcomes[name]), (name, outcomes[name])
+    assert all(o.startswith('skipped') for o in outcomes['test_foo_bar_benchmark'])
+
+
+def test_invoke_task(tmp_path, capsys):
+    from invoke import Context, Exit
+
+    from tasks import new_op, ns
+
+    assert 'new-op' in ns.task_names
+    write(tmp_path, {f'{PACKAGE}/__init__.py': ROOT_INIT, 'tests/__init__.py': ''})
+    before = snapshot(tmp_path)
+    new_op.new_op(Context(), 'foo/foo_bar', public=True, dry_run=True, root=str(tmp_path))
+    assert snapshot(tmp_path) == before
+    assert f'would edit    {PACKAGE}/__init__.py' in capsys.readouterr().out
+    with pytest.raises(Exit, match="must start with its domain prefix 'foo_'"):
+        new_op.new_op(Context(), 'foo/bar', root=str(tmp_path))
+    new_op.new_op(Context(), 'foo/foo_bar', root=str(tmp_path))
+    assert f'create  {PACKAGE}/foo/foo_bar_kernel.py' in capsys.readouterr().out
+    assert (tmp_path / PACKAGE / 'foo/foo_bar.py').is_file()
