@@ -1,3 +1,12 @@
 """Engram: hashed n-gram memory lookups gated into hyper-connection hidden states."""
 
-__all__: list[str] = []
+from .engram_fused_weight import engram_fused_weight
+from .engram_grad_w_reduce import EngramGradWReduceResult, engram_grad_w_reduce
+from .engram_hash import engram_hash
+
+__all__: list[str] = [
+    'EngramGradWReduceResult',
+    'engram_fused_weight',
+    'engram_grad_w_reduce',
+    'engram_hash',
+]

@@ -1,0 +1,73 @@
+"""engram_fused_weight: the fused RMSNorm weight of the Engram gate, float(wh) * float(we) in fp32."""
+
+from __future__ import annotations
+
+import torch
+
+from cann_ops_tilelang.config import device_guard, get_num_cores, require_accelerator, should_print_kernel_source
+from cann_ops_tilelang.engram._contract import check_hc_hidden
+from cann_ops_tilelang.validation import check_contiguous, check_out, check_shape, check_tensor
+
+from .engram_fused_weight_kernel import choose_engram_fused_weight_config, get_engram_fused_weight_kernel
+
+_NAME = 'engram_fused_weight'
+_ALIGN = 16  # bytes: 8/16-byte vector loads and stores of the CUDA kernel, 32-byte-friendly Ascend DMA bursts
+
+
+def _check_aligned(name: str, value: torch.Tensor) -> None:
+    if value.data_ptr() % _ALIGN != 0:
+        raise ValueError(
+            f'{name} must start at a {_ALIGN}-byte aligned address, got data_ptr() = {value.data_ptr():#x}'
+        )
+
+
+def engram_fused_weight(
+    weight_hidden: torch.Tensor, weight_embed: torch.Tensor, *, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """out[h, d] = float(weight_hidden[h, d]) * float(weight_embed[h, d]).
+
+    Args:
+        weight_hidden: (hc, H) bf16, contiguous, 16-byte aligned; RMSNorm weight of the hidden states.
+        weight_embed: (hc, H) bf16, contiguous, 16-byte aligned; RMSNorm weight of the key.
+        out: optional (hc, H) fp32 contiguous, 16-byte aligned buffer on the same device, not
+            overlapping the inputs.
+
+    Returns:
+        (hc, H) fp32, bit-exact (the product of two bf16 values is exact in fp32).
+
+    hc must be in 1..8 and H a multiple of 64 up to 16384 (ValueError otherwise).
+    """
+    check_tensor('weight_hidden', weight_hidden, dtype=torch.bfloat16, ndim=2)
+    check_tensor('weight_embed', weight_embed, dtype=torch.bfloat16, ndim=2)
+    hc, hidden = weight_hidden.shape
+    check_hc_hidden(_NAME, hc, hidden)
+    check_shape('weight_embed', weight_embed, (hc, hidden))
+    check_contiguous('weight_hidden', weight_hidden)
+    check_contiguous('weight_embed', weight_embed)
+    _check_aligned('weight_hidden', weight_hidden)
+    _check_aligned('weight_embed', weight_embed)
+    if out is not None:
+        check_out(
+            'out',
+            out,
+            shape=(hc, hidden),
+            dtype=torch.float32,
+            device=weight_hidden.device,
+            inputs={'weight_hidden': weight_hidden, 'weight_embed': weight_embed},
+        )
+        _check_aligned('out', out)
+
+    tensors = (weight_hidden, weight_embed) if out is None else (weight_hidden, weight_embed, out)
+    backend = require_accelerator(*tensors)
+    device = weight_hidden.device
+
+    result = torch.empty((hc, hidden), dtype=torch.float32, device=device) if out is None else out
+    # hc >= 1 and H >= 64 after validation: never empty.
+
+    cfg = choose_engram_fused_weight_config(backend=backend, hc=hc, hidden=hidden, num_cores=get_num_cores(device))
+    with device_guard(device):
+        kernel = get_engram_fused_weight_kernel(cfg)
+        if should_print_kernel_source():
+            print(kernel.get_kernel_source())
+        kernel(weight_hidden, weight_embed, result)
+    return result

@@ -1,0 +1,102 @@
+"""engram_grad_w_reduce: finish the Engram RMSNorm weight gradients from per-block partials, in place."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from cann_ops_tilelang.config import device_guard, get_num_cores, require_accelerator, should_print_kernel_source
+from cann_ops_tilelang.engram._contract import check_hc_hidden
+from cann_ops_tilelang.validation import check_contiguous, check_shape, check_tensor, may_overlap
+
+from .engram_grad_w_reduce_kernel import choose_engram_grad_w_reduce_config, get_engram_grad_w_reduce_kernel
+
+_NAME = 'engram_grad_w_reduce'
+_ALIGN = 16  # bytes: TMA and 16-byte vector accesses of the CUDA kernel, 32-byte-friendly Ascend DMA bursts
+
+
+def _check_aligned(name: str, value: torch.Tensor) -> None:
+    if value.data_ptr() % _ALIGN != 0:
+        raise ValueError(
+            f'{name} must start at a {_ALIGN}-byte aligned address, got data_ptr() = {value.data_ptr():#x}'
+        )
+
+
+class EngramGradWReduceResult(NamedTuple):
+    grad_weight_hidden: torch.Tensor  # (hc, H) fp32, the updated input tensor
+    grad_weight_embed: torch.Tensor  # (hc, H) fp32, the updated input tensor
+
+
+def engram_grad_w_reduce(
+    grad_w_partial: torch.Tensor,
+    weight_hidden: torch.Tensor,
+    weight_embed: torch.Tensor,
+    grad_weight_hidden: torch.Tensor,
+    grad_weight_embed: torch.Tensor,
+) -> EngramGradWReduceResult:
+    """Accumulate the weight gradients in place (fp32):
+
+        s = sum_p grad_w_partial[p]
+        grad_weight_hidden += s * float(weight_embed)
+        grad_weight_embed  += s * float(weight_hidden)
+
+    Args:
+        grad_w_partial: (P, hc, H) fp32; any P >= 0 (P = 0 leaves the gradients unchanged).
+        weight_hidden, weight_embed: (hc, H) bf16.
+        grad_weight_hidden, grad_weight_embed: (hc, H) fp32, updated in place. They must
+            not overlap each other or any input (ValueError).
+
+    All tensors contiguous and 16-byte aligned, on one device; hc in 1..8, H a multiple of 64 up to 16384.
+
+    Returns:
+        EngramGradWReduceResult(grad_weight_hidden, grad_weight_embed): the two updated tensors.
+
+    The fp32 sum over P runs in another order than torch's, so results differ from an fp32
+    reference by rounding only (a few ulps of sum_p |partial[p]| * |w|).
+    """
+    check_tensor('grad_w_partial', grad_w_partial, dtype=torch.float32, ndim=3)
+    check_tensor('weight_hidden', weight_hidden, dtype=torch.bfloat16, ndim=2)
+    check_tensor('weight_embed', weight_embed, dtype=torch.bfloat16, ndim=2)
+    check_tensor('grad_weight_hidden', grad_weight_hidden, dtype=torch.float32, ndim=2)
+    check_tensor('grad_weight_embed', grad_weight_embed, dtype=torch.float32, ndim=2)
+    num_partials, hc, hidden = grad_w_partial.shape
+    check_hc_hidden(_NAME, hc, hidden)
+    for name, value in (
+        ('weight_hidden', weight_hidden),
+        ('weight_embed', weight_embed),
+        ('grad_weight_hidden', grad_weight_hidden),
+        ('grad_weight_embed', grad_weight_embed),
+    ):
+        check_shape(name, value, (hc, hidden))
+    for name, value in (
+        ('grad_w_partial', grad_w_partial),
+        ('weight_hidden', weight_hidden),
+        ('weight_embed', weight_embed),
+        ('grad_weight_hidden', grad_weight_hidden),
+        ('grad_weight_embed', grad_weight_embed),
+    ):
+        check_contiguous(name, value)
+        _check_aligned(name, value)
+    if may_overlap(grad_weight_hidden, grad_weight_embed):
+        raise ValueError(f'{_NAME}: grad_weight_hidden and grad_weight_embed must not overlap')
+    inputs = {'grad_w_partial': grad_w_partial, 'weight_hidden': weight_hidden, 'weight_embed': weight_embed}
+    for grad_name, grad in (('grad_weight_hidden', grad_weight_hidden), ('grad_weight_embed', grad_weight_embed)):
+        for input_name, value in inputs.items():
+            if may_overlap(grad, value):
+                raise ValueError(f'{_NAME}: {grad_name} (updated in place) must not alias the input {input_name}')
+
+    backend = require_accelerator(grad_w_partial, weight_hidden, weight_embed, grad_weight_hidden, grad_weight_embed)
+    device = grad_w_partial.device
+
+    result = EngramGradWReduceResult(grad_weight_hidden, grad_weight_embed)
+    if num_partials == 0:  # empty sum: nothing to add
+        return result
+
+    cfg = choose_engram_grad_w_reduce_config(backend=backend, hc=hc, hidden=hidden, num_cores=get_num_cores(device))
+    with device_guard(device):
+        kernel = get_engram_grad_w_reduce_kernel(cfg)
+        if should_print_kernel_source():
+            print(kernel.get_kernel_source())
+        kernel(grad_w_partial, weight_hidden, weight_embed, grad_weight_hidden, grad_weight_embed)
+    return result

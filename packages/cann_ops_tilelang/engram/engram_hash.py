@@ -1,0 +1,111 @@
+"""engram_hash: n-gram token ids -> rows of the Engram hashed embedding tables."""
+
+from __future__ import annotations
+
+import torch
+
+from cann_ops_tilelang.config import device_guard, get_num_cores, require_accelerator, should_print_kernel_source
+from cann_ops_tilelang.validation import check_contiguous, check_out, check_shape, check_tensor
+
+from .engram_hash_kernel import choose_engram_hash_config, get_engram_hash_kernel
+
+_NAME = 'engram_hash'
+MAX_NGRAM = 16  # N: ids per token (hashes of orders 2..N)
+MAX_LAYERS = 32  # L
+MAX_COLS = 256  # (N - 1) * E: rows per token and layer
+
+
+def engram_hash(
+    ngram_token_ids: torch.Tensor,
+    multipliers: torch.Tensor,
+    vocab_sizes: torch.Tensor,
+    offsets: torch.Tensor,
+    *,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Embedding-table rows of the hashed n-grams, per layer l, token t, order n = 2..N and table e:
+
+        p_i = int64(ids[t, i]) * multipliers[l, i]          (int64, wrapping on overflow)
+        h_n = p_0 ^ p_1 ^ ... ^ p_(n-1)
+        out[l, t, (n-2)*E + e] = h_n % vocab_sizes[l, n-2, e] + offsets[l, (n-2)*E + e]
+
+    where `%` takes the sign of the divisor (torch/Python semantics) and the int64 sum is wrapped to int32.
+
+    Args:
+        ngram_token_ids: (T, N) int32, contiguous; T >= 0 (T = 0 returns an empty result, no launch).
+        multipliers: (L, N) int64, contiguous; any values.
+        vocab_sizes: (L, N-1, E) int32, contiguous. Must be > 0: this is not checked (it would need a
+            device sync); a zero size gives unspecified rows, negative sizes follow the same `%` rule.
+        offsets: (L, (N-1)*E) int32, contiguous.
+        out: optional (L, T, (N-1)*E) int32 contiguous buffer on the same device, not overlapping the inputs.
+
+    Limits (ValueError): 2 <= N <= 16, 1 <= L <= 32, E >= 1 and (N-1)*E <= 256.
+
+    Returns:
+        (L, T, (N-1)*E) int32, exact.
+    """
+    check_tensor('ngram_token_ids', ngram_token_ids, dtype=torch.int32, ndim=2)
+    check_tensor('multipliers', multipliers, dtype=torch.int64, ndim=2)
+    check_tensor('vocab_sizes', vocab_sizes, dtype=torch.int32, ndim=3)
+    check_tensor('offsets', offsets, dtype=torch.int32, ndim=2)
+    num_tokens, max_ngram = ngram_token_ids.shape
+    num_layers = multipliers.shape[0]
+    num_tables = vocab_sizes.shape[2]
+    if not 2 <= max_ngram <= MAX_NGRAM:
+        raise ValueError(
+            f'{_NAME}: ngram_token_ids must have N in 2..{MAX_NGRAM} columns (ids per n-gram), got {max_ngram}'
+        )
+    if not 1 <= num_layers <= MAX_LAYERS:
+        raise ValueError(f'{_NAME}: multipliers must have L in 1..{MAX_LAYERS} rows (layers), got {num_layers}')
+    if num_tables < 1:
+        raise ValueError(f'{_NAME}: vocab_sizes must have E >= 1 tables per n-gram order, got {num_tables}')
+    num_cols = (max_ngram - 1) * num_tables
+    if num_cols > MAX_COLS:
+        raise ValueError(f'{_NAME}: (N - 1) * E must be at most {MAX_COLS}, got ({max_ngram} - 1) * {num_tables}')
+    check_shape('multipliers', multipliers, (num_layers, max_ngram))
+    check_shape('vocab_sizes', vocab_sizes, (num_layers, max_ngram - 1, num_tables))
+    check_shape('offsets', offsets, (num_layers, num_cols))
+    for name, value in (
+        ('ngram_token_ids', ngram_token_ids),
+        ('multipliers', multipliers),
+        ('vocab_sizes', vocab_sizes),
+        ('offsets', offsets),
+    ):
+        check_contiguous(name, value)
+    shape = (num_layers, num_tokens, num_cols)
+    if out is not None:
+        check_out(
+            'out',
+            out,
+            shape=shape,
+            dtype=torch.int32,
+            device=ngram_token_ids.device,
+            inputs={
+                'ngram_token_ids': ngram_token_ids,
+                'multipliers': multipliers,
+                'vocab_sizes': vocab_sizes,
+                'offsets': offsets,
+            },
+        )
+
+    tensors = (ngram_token_ids, multipliers, vocab_sizes, offsets)
+    backend = require_accelerator(*tensors, *(() if out is None else (out,)))
+    device = ngram_token_ids.device
+
+    result = torch.empty(shape, dtype=torch.int32, device=device) if out is None else out
+    if num_tokens == 0:
+        return result
+
+    cfg = choose_engram_hash_config(
+        backend=backend,
+        num_layers=num_layers,
+        max_ngram=max_ngram,
+        num_tables=num_tables,
+        num_cores=get_num_cores(device),
+    )
+    with device_guard(device):
+        kernel = get_engram_hash_kernel(cfg)
+        if should_print_kernel_source():
+            print(kernel.get_kernel_source())
+        kernel(ngram_token_ids, multipliers, vocab_sizes, offsets, result)
+    return result

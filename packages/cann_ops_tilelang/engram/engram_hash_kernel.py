@@ -1,0 +1,158 @@
+"""Kernels of engram_hash: n-gram token ids -> rows of the hashed embedding tables.
+
+For layer l, token t, order n = 2..N and table e (k = (n - 2) * E + e):
+
+    p_i        = int64(ids[t, i]) * multipliers[l, i]            (wrapping, computed in uint64)
+    h_n        = p_0 xor p_1 xor ... xor p_(n-1)
+    out[l,t,k] = int32(floormod(h_n, vocab_sizes[l, n-2, e]) + offsets[layer, k])
+
+floormod takes the sign of the divisor (torch `%`, Python semantics), for either sign of the vocab
+size; a zero vocab size gives an unspecified row. The final sum is formed in int64 and wrapped to
+int32, as the int64 reference does before its cast. Exact integer math: bit-exact on every backend.
+"""
+
+# No `from __future__ import annotations`: TileLang evaluates the prim_func annotations, which
+# refer to the generator's local shape variables.
+import dataclasses
+import functools
+
+from cann_ops_tilelang.config import Backend
+from cann_ops_tilelang.kernel_target import compile_kernel
+
+
+@dataclasses.dataclass(frozen=True)
+class EngramHashConfig:
+    backend: Backend
+    num_layers: int  # L
+    max_ngram: int  # N: ids per token; hashes of orders 2..N
+    num_tables: int  # E: tables per n-gram order
+    num_cores: int  # Ascend: vector cores of the persistent grid; CUDA: SMs (informational)
+    block_tokens: int  # tokens per task (Ascend) / per thread block (CUDA)
+    threads: int  # SIMT threads (Ascend T.SimtVF) / CUDA threads per block
+    num_stages: int  # Ascend buffer versions of the persistent loop (unused on CUDA)
+
+    def __post_init__(self):
+        if self.backend not in ('ascend', 'cuda'):
+            raise ValueError(f'backend must be "ascend" or "cuda", got {self.backend!r}')
+        if self.num_layers < 1 or self.max_ngram < 2 or self.num_tables < 1:
+            raise ValueError(f'need num_layers >= 1, max_ngram >= 2, num_tables >= 1, got {self}')
+
+    @property
+    def num_cols(self) -> int:
+        """K = (N - 1) * E output columns per layer and token."""
+        return (self.max_ngram - 1) * self.num_tables
+
+
+def choose_engram_hash_config(
+    *, backend: Backend, num_layers: int, max_ngram: int, num_tables: int, num_cores: int
+) -> EngramHashConfig:
+    """Pure choice of the compile-time parameters (no device query). T is a runtime size."""
+    cols = (max_ngram - 1) * num_tables
+    if backend == 'ascend':
+        # ~32 KB of int32 results per task (one layer at a time), tokens a power of two in 8..512.
+        block = 512
+        while block > 8 and block * cols > 8192:
+            block //= 2
+        return EngramHashConfig(backend, num_layers, max_ngram, num_tables, num_cores, block, 256, 2)
+    # CUDA: one (token, column) element per thread and layer, ~1024 elements per 256-thread block.
+    block = 256
+    while block > 1 and block * cols > 1024:
+        block //= 2
+    return EngramHashConfig(backend, num_layers, max_ngram, num_tables, num_cores, block, 256, 1)
+
+
+def _ascend_engram_hash_kernel(cfg: EngramHashConfig):
+    import tilelang.ascend.language as T
+
+    L, N, E, K = cfg.num_layers, cfg.max_ngram, cfg.num_tables, cfg.num_cols
+    B, num_cores, threads, stages = cfg.block_tokens, cfg.num_cores, cfg.threads, cfg.num_stages
+    num_tokens = T.dynamic('num_tokens')
+
+    @T.prim_func
+    def engram_hash_kernel(
+        ngram_token_ids: T.Tensor((num_tokens, N), T.int32),
+        multipliers: T.Tensor((L, N), T.int64),
+        vocab_sizes: T.Tensor((L, N - 1, E), T.int32),
+        offsets: T.Tensor((L, K), T.int32),
+        out: T.Tensor((L, num_tokens, K), T.int32),
+    ):
+        with T.Kernel(num_cores) as cid:
+            ids_ub = T.alloc_shared((B, N), T.int32)
+            m_ub = T.alloc_shared((L, N), T.int64)
+            v_ub = T.alloc_shared((L, N - 1, E), T.int32)
+            o_ub = T.alloc_shared((L, K), T.int32)
+            r_ub = T.alloc_shared((B, K), T.int32)
+            T.copy(multipliers, m_ub)
+            T.copy(vocab_sizes, v_ub)
+            T.copy(offsets, o_ub)
+            for blk in T.Persistent([T.ceildiv(num_tokens, B)], num_cores, cid, group_size=1, num_stages=stages):
+                t0 = blk * B
+                nv = T.min(B, num_tokens - t0)
+                T.copy(ngram_token_ids[t0 : t0 + B, :], ids_ub)  # tail rows clamped by the DMA
+                for layer in T.serial(L):
+                    with T.SimtVF(threads=threads):
+                        for i, k in T.Parallel(B, K):
+                            n = k // E  # order n + 2
+                            h = T.alloc_var(T.uint64)
+                            h = T.cast(T.cast(ids_ub[i, 0], T.int64), T.uint64) * T.cast(m_ub[layer, 0], T.uint64)
+                            for j in T.unroll(1, N):
+                                if j <= n + 1:
+                                    h = h ^ (
+                                        T.cast(T.cast(ids_ub[i, j], T.int64), T.uint64)
+                                        * T.cast(m_ub[layer, j], T.uint64)
+                                    )
+                            row = T.floormod(T.cast(h, T.int64), T.cast(v_ub[layer, n, k % E], T.int64))
+                            r_ub[i, k] = T.cast(row + T.cast(o_ub[layer, k], T.int64), T.int32)
+                    T.copy(r_ub[:nv, :], out[layer, t0 : t0 + nv, :])
+
+    return engram_hash_kernel
+
+
+def _cuda_engram_hash_kernel(cfg: EngramHashConfig):
+    import tilelang.language as T
+
+    L, N, E, K = cfg.num_layers, cfg.max_ngram, cfg.num_tables, cfg.num_cols
+    B = cfg.block_tokens
+    num_tokens = T.dynamic('num_tokens')
+
+    @T.prim_func
+    def engram_hash_kernel(
+        ngram_token_ids: T.Tensor((num_tokens, N), T.int32),
+        multipliers: T.Tensor((L, N), T.int64),
+        vocab_sizes: T.Tensor((L, N - 1, E), T.int32),
+        offsets: T.Tensor((L, K), T.int32),
+        out: T.Tensor((L, num_tokens, K), T.int32),
+    ):
+        with T.Kernel(T.ceildiv(num_tokens, B), threads=cfg.threads) as bx:
+            for layer in T.unroll(L):
+                for i, k in T.Parallel(B, K):
+                    t = bx * B + i
+                    if t < num_tokens:
+                        n = k // E  # order n + 2
+                        h = T.alloc_var(T.uint64)
+                        h = T.cast(T.cast(ngram_token_ids[t, 0], T.int64), T.uint64) * T.cast(
+                            multipliers[layer, 0], T.uint64
+                        )
+                        for j in T.unroll(1, N):
+                            if j <= n + 1:
+                                h = h ^ (
+                                    T.cast(T.cast(ngram_token_ids[t, j], T.int64), T.uint64)
+                                    * T.cast(multipliers[layer, j], T.uint64)
+                                )
+                        row = T.floormod(T.cast(h, T.int64), T.cast(vocab_sizes[layer, n, k % E], T.int64))
+                        out[layer, t, k] = T.cast(row + T.cast(offsets[layer, k], T.int64), T.int32)
+
+    return engram_hash_kernel
+
+
+def make_engram_hash_kernel(cfg: EngramHashConfig):
+    """The TileLang prim_func `engram_hash_kernel` for `cfg.backend` (no compile)."""
+    if cfg.backend == 'ascend':
+        return _ascend_engram_hash_kernel(cfg)
+    return _cuda_engram_hash_kernel(cfg)
+
+
+@functools.cache
+def get_engram_hash_kernel(cfg: EngramHashConfig):
+    """Compiled kernel for `cfg` (compiled on first use, for the current device)."""
+    return compile_kernel(make_engram_hash_kernel(cfg), cfg.backend)

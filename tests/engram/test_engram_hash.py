@@ -1,0 +1,274 @@
+"""engram_hash: lowering (CPU tier), argument contract and reference (CPU tier), values and benchmark (device)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import cann_ops_tilelang
+from cann_ops_tilelang.engram.engram_hash_kernel import choose_engram_hash_config, make_engram_hash_kernel
+from tests.engram.engram_hash_ref import engram_hash_ref
+from tests.testing.bench import make_param_id
+from tests.testing.generator import BENCHMARK_NUM_TOKENS, gen_num_tokens, generate_samples, get_test_level
+from tests.testing.lowering import assert_ascend_kernel_lowers, assert_cuda_kernel_lowers
+from tests.testing.numeric import assert_equal, count_bytes
+
+ASCEND_950_VECTOR_CORES = 64
+H200_SMS = 132
+KERNEL_NAME = 'engram_hash_kernel'
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+
+
+def gen_hash_configs(level: int) -> list[dict]:
+    """(L, N, E): the compile-time sizes. Core: the Engram setting and the minimum; full: the maxima."""
+    core = [dict(num_layers=2, max_ngram=3, num_tables=8), dict(num_layers=1, max_ngram=2, num_tables=1)]
+    default = [dict(num_layers=1, max_ngram=3, num_tables=5), dict(num_layers=3, max_ngram=4, num_tables=2)]
+    full = [dict(num_layers=32, max_ngram=16, num_tables=17), dict(num_layers=2, max_ngram=2, num_tables=256)]
+    return core + (default if level >= 1 else []) + (full if level >= 2 else [])
+
+
+LEVEL = get_test_level()
+CONFIGS = gen_hash_configs(LEVEL)
+VALUE_PARAMS = [
+    {**cfg, 'num_tokens': t} for cfg in CONFIGS for t in gen_num_tokens(LEVEL) if cfg['num_layers'] <= 4 or t <= 1000
+]
+BENCHMARK_PARAMS = generate_samples(num_tokens=BENCHMARK_NUM_TOKENS, num_layers=[2], max_ngram=[3], num_tables=[8])
+
+
+def _inputs(num_tokens: int, num_layers: int, max_ngram: int, num_tables: int, device, *, small_vocab: bool = False):
+    """Token ids >= 0; multipliers over the whole int64 range (products wrap); vocab sizes > 0;
+    offsets over the whole int32 range (the final int32 sum wraps too)."""
+    ids = torch.randint(0, INT32_MAX, (num_tokens, max_ngram), dtype=torch.int32)
+    mult = torch.randint(INT64_MIN, INT64_MAX, (num_layers, max_ngram), dtype=torch.int64)
+    high = 1000 if small_vocab else INT32_MAX
+    vocab = torch.randint(1, high, (num_layers, max_ngram - 1, num_tables), dtype=torch.int32)
+    vocab.view(-1)[:2] = torch.tensor([1, INT32_MAX], dtype=torch.int32)[: vocab.numel()]  # extremes
+    offsets = torch.randint(INT32_MIN, INT32_MAX, (num_layers, (max_ngram - 1) * num_tables), dtype=torch.int32)
+    return tuple(t.to(device) for t in (ids, mult, vocab, offsets))
+
+
+# ---------------------------------------------------------------- CPU tier: kernels lower, reference
+
+
+@pytest.mark.parametrize('params', CONFIGS, ids=make_param_id)
+def test_engram_hash_ascend_lowers(params):
+    cfg = choose_engram_hash_config(backend='ascend', **params, num_cores=ASCEND_950_VECTOR_CORES)
+    assert (cfg.num_layers, cfg.max_ngram, cfg.num_tables, cfg.num_cores) == (*params.values(), 64)
+    assert cfg.block_tokens * cfg.num_cols * 4 <= 32 * 1024 or cfg.block_tokens == 8
+    assert_ascend_kernel_lowers(lambda: make_engram_hash_kernel(cfg), key=cfg, kernel_name=KERNEL_NAME)
+
+
+@pytest.mark.parametrize('params', CONFIGS, ids=make_param_id)
+def test_engram_hash_cuda_lowers(params):
+    cfg = choose_engram_hash_config(backend='cuda', **params, num_cores=H200_SMS)
+    assert (cfg.backend, cfg.num_layers, cfg.max_ngram, cfg.num_tables) == ('cuda', *params.values())
+    lowered = assert_cuda_kernel_lowers(lambda: make_engram_hash_kernel(cfg), key=cfg, kernel_name=KERNEL_NAME)
+    assert 'num_tokens' in lowered.source  # T stays a runtime argument
+
+
+def _python_hash(ids, mult, vocab, offsets) -> list:
+    """Arbitrary-precision Python ints with explicit two's-complement wrapping: the oracle's oracle."""
+
+    def wrap(x: int, bits: int) -> int:
+        x &= (1 << bits) - 1
+        return x - (1 << bits) if x >> (bits - 1) else x
+
+    num_layers, max_ngram = len(mult), len(mult[0])
+    num_tables = len(vocab[0][0])
+    out = []
+    for layer in range(num_layers):
+        rows = []
+        for token in ids:
+            p = [wrap(int(token[i]) * int(mult[layer][i]), 64) for i in range(max_ngram)]
+            row, h = [], p[0]
+            for n in range(2, max_ngram + 1):
+                h ^= p[n - 1]
+                for e in range(num_tables):
+                    k = (n - 2) * num_tables + e
+                    row.append(wrap(h % int(vocab[layer][n - 2][e]) + int(offsets[layer][k]), 32))
+            rows.append(row)
+        out.append(rows)
+    return out
+
+
+@pytest.mark.parametrize('negative', [False, True], ids=['vocab>0', 'vocab<0'])
+def test_engram_hash_reference_matches_python_ints(negative):
+    ids, mult, vocab, offsets = _inputs(37, 2, 4, 3, 'cpu')
+    ids[0] = torch.tensor([INT32_MAX, 0, 1, INT32_MAX - 1], dtype=torch.int32)
+    ids[1] = -ids[1]  # negative ids: not token ids, but the arithmetic is defined
+    mult[0, :] = torch.tensor([INT64_MAX, INT64_MIN, -1, 3], dtype=torch.int64)
+    if negative:
+        vocab = -vocab
+    expected = torch.tensor(_python_hash(ids.tolist(), mult.tolist(), vocab.tolist(), offsets.tolist()))
+    assert_equal(engram_hash_ref(ids, mult, vocab, offsets), expected.to(torch.int32))
+
+
+def test_engram_hash_config_is_pure():
+    a = choose_engram_hash_config(backend='ascend', num_layers=2, max_ngram=3, num_tables=8, num_cores=64)
+    assert a == choose_engram_hash_config(backend='ascend', num_layers=2, max_ngram=3, num_tables=8, num_cores=64)
+    assert a.num_cols == 16
+    with pytest.raises(ValueError, match='max_ngram >= 2'):
+        choose_engram_hash_config(backend='cuda', num_layers=2, max_ngram=1, num_tables=8, num_cores=132)
+
+
+# ---------------------------------------------------------------- CPU tier: argument contract
+
+_ARG_NAMES = ('ngram_token_ids', 'multipliers', 'vocab_sizes', 'offsets')
+_ARG_DTYPES = (torch.int32, torch.int64, torch.int32, torch.int32)
+
+
+def _cpu_args():
+    return list(_inputs(5, 2, 3, 4, 'cpu'))
+
+
+@pytest.mark.parametrize('index', range(4), ids=_ARG_NAMES)
+def test_engram_hash_rejects_non_tensors_and_dtypes(index):
+    args = _cpu_args()
+    bad = list(args)
+    bad[index] = args[index].tolist()
+    with pytest.raises(TypeError, match=f'{_ARG_NAMES[index]} must be a torch.Tensor'):
+        cann_ops_tilelang.engram_hash(*bad)
+    wrong = torch.int64 if _ARG_DTYPES[index] == torch.int32 else torch.int32
+    bad[index] = args[index].to(wrong)
+    with pytest.raises(TypeError, match=f'{_ARG_NAMES[index]} must have dtype {_ARG_DTYPES[index]}'):
+        cann_ops_tilelang.engram_hash(*bad)
+    with pytest.raises(TypeError, match='out must have dtype torch.int32'):
+        cann_ops_tilelang.engram_hash(*args, out=torch.empty(2, 5, 8, dtype=torch.int64))
+
+
+@pytest.mark.parametrize('index', range(4), ids=_ARG_NAMES)
+def test_engram_hash_rejects_ndim(index):
+    args = _cpu_args()
+    args[index] = args[index].unsqueeze(0)
+    with pytest.raises(ValueError, match=f'{_ARG_NAMES[index]} must have {args[index].dim() - 1} dimensions'):
+        cann_ops_tilelang.engram_hash(*args)
+
+
+def test_engram_hash_rejects_sizes():
+    ids, mult, vocab, offsets = _cpu_args()  # T=5, L=2, N=3, E=4
+    with pytest.raises(ValueError, match=r'N in 2\.\.16'):
+        cann_ops_tilelang.engram_hash(ids[:, :1].contiguous(), mult[:, :1].contiguous(), vocab[:, :0], offsets[:, :0])
+    with pytest.raises(ValueError, match=r'N in 2\.\.16'):
+        cann_ops_tilelang.engram_hash(torch.zeros(5, 17, dtype=torch.int32), mult, vocab, offsets)
+    with pytest.raises(ValueError, match=r'L in 1\.\.32'):
+        cann_ops_tilelang.engram_hash(ids, mult[:0], vocab[:0], offsets[:0])
+    with pytest.raises(ValueError, match=r'L in 1\.\.32'):
+        cann_ops_tilelang.engram_hash(ids, torch.zeros(33, 3, dtype=torch.int64), vocab, offsets)
+    with pytest.raises(ValueError, match='E >= 1'):
+        cann_ops_tilelang.engram_hash(ids, mult, vocab[..., :0], offsets[:, :0])
+    with pytest.raises(ValueError, match=r'\(N - 1\) \* E must be at most 256'):
+        cann_ops_tilelang.engram_hash(ids, mult, torch.ones(2, 2, 129, dtype=torch.int32), offsets)
+
+
+def test_engram_hash_rejects_shapes():
+    ids, mult, vocab, offsets = _cpu_args()
+    with pytest.raises(ValueError, match=r'multipliers must have shape \(2, 3\)'):
+        cann_ops_tilelang.engram_hash(ids, mult[:, :2].contiguous(), vocab, offsets)
+    with pytest.raises(ValueError, match=r'vocab_sizes must have shape \(2, 2, 4\)'):
+        cann_ops_tilelang.engram_hash(ids, mult, vocab[:1].contiguous(), offsets)
+    with pytest.raises(ValueError, match=r'vocab_sizes must have shape \(2, 2, 4\)'):
+        cann_ops_tilelang.engram_hash(ids, mult, torch.ones(2, 1, 4, dtype=torch.int32), offsets)
+    with pytest.raises(ValueError, match=r'offsets must have shape \(2, 8\)'):
+        cann_ops_tilelang.engram_hash(ids, mult, vocab, offsets[:, :7].contiguous())
+    with pytest.raises(ValueError, match=r'out must have shape \(2, 5, 8\)'):
+        cann_ops_tilelang.engram_hash(ids, mult, vocab, offsets, out=torch.empty(2, 8, 5, dtype=torch.int32))
+
+
+@pytest.mark.parametrize('index', range(4), ids=_ARG_NAMES)
+def test_engram_hash_rejects_layouts(index):
+    args = _cpu_args()
+    t = args[index]
+    dims = tuple(reversed(range(t.dim())))
+    args[index] = torch.zeros(tuple(reversed(t.shape)), dtype=t.dtype).permute(*dims)  # same shape, transposed
+    assert not args[index].is_contiguous()
+    with pytest.raises(ValueError, match=f'{_ARG_NAMES[index]} must be contiguous'):
+        cann_ops_tilelang.engram_hash(*args)
+
+
+def test_engram_hash_rejects_out():
+    ids, mult, vocab, offsets = _cpu_args()
+    with pytest.raises(ValueError, match='out must be contiguous'):
+        cann_ops_tilelang.engram_hash(
+            ids, mult, vocab, offsets, out=torch.empty(8, 5, 2, dtype=torch.int32).permute(2, 1, 0)
+        )
+    big = torch.zeros(2 * 5 * 8 + 8, dtype=torch.int32)
+    offsets_alias = big[:16].view(2, 8)
+    with pytest.raises(ValueError, match='out must not alias the input offsets'):
+        cann_ops_tilelang.engram_hash(ids, mult, vocab, offsets_alias, out=big[8:].view(2, 5, 8))
+    with pytest.raises(RuntimeError, match='out must be on cpu'):
+        cann_ops_tilelang.engram_hash(
+            ids, mult, vocab, offsets, out=torch.empty(2, 5, 8, dtype=torch.int32, device='meta')
+        )
+
+
+def test_engram_hash_rejects_devices():
+    ids, mult, vocab, offsets = _cpu_args()
+    with pytest.raises(RuntimeError, match='no kernels for .cpu. tensors'):
+        cann_ops_tilelang.engram_hash(ids, mult, vocab, offsets)
+    with pytest.raises(RuntimeError, match='no kernels for .cpu. tensors'):
+        cann_ops_tilelang.engram_hash(ids[:0], mult, vocab, offsets)  # T = 0 still needs an accelerator
+    with pytest.raises(RuntimeError, match='one device'):
+        cann_ops_tilelang.engram_hash(ids, mult.to('meta'), vocab, offsets)
+
+
+# ---------------------------------------------------------------- device tier
+
+
+@pytest.mark.npu
+@pytest.mark.parametrize('params', VALUE_PARAMS, ids=make_param_id)
+def test_engram_hash_values(params, device):
+    num_tokens = params['num_tokens']
+    sizes = {k: v for k, v in params.items() if k != 'num_tokens'}
+    for small_vocab in (False, True):
+        ids, mult, vocab, offsets = _inputs(num_tokens, **sizes, device=device, small_vocab=small_vocab)
+        expected = engram_hash_ref(ids, mult, vocab, offsets)
+        out = cann_ops_tilelang.engram_hash(ids, mult, vocab, offsets)
+        assert_equal(out, expected)  # exact integers
+
+        buf = torch.randint(INT32_MIN, INT32_MAX, expected.shape, dtype=torch.int32, device=device)  # poison
+        res = cann_ops_tilelang.engram_hash(ids, mult, vocab, offsets, out=buf)
+        assert res is buf
+        assert_equal(buf, expected)
+
+
+@pytest.mark.npu
+def test_engram_hash_edge_values(device):
+    """Extreme multipliers (every product wraps), id extremes, negative ids and negative vocab sizes."""
+    ids, mult, vocab, offsets = _inputs(300, 3, 4, 3, 'cpu')
+    mult[0] = torch.tensor([INT64_MAX, INT64_MIN, -1, INT64_MIN + 1], dtype=torch.int64)
+    ids[:4] = torch.tensor([INT32_MAX, 0, 1, INT32_MAX - 1], dtype=torch.int32)
+    ids[4:8] = -ids[4:8]  # not token ids, but the arithmetic is defined
+    vocab[2] = -vocab[2].clamp(min=2)  # negative sizes: the result takes the sign of the divisor
+    args = tuple(t.to(device) for t in (ids, mult, vocab, offsets))
+    assert_equal(cann_ops_tilelang.engram_hash(*args), engram_hash_ref(*args))
+
+
+@pytest.mark.npu
+def test_engram_hash_empty(device):
+    ids, mult, vocab, offsets = _inputs(0, 2, 3, 8, device)
+    out = cann_ops_tilelang.engram_hash(ids, mult, vocab, offsets)
+    assert out.shape == (2, 0, 16)
+    assert out.dtype == torch.int32
+    assert out.device == ids.device
+    buf = torch.empty(2, 0, 16, dtype=torch.int32, device=device)
+    assert cann_ops_tilelang.engram_hash(ids, mult, vocab, offsets, out=buf) is buf
+
+
+@pytest.mark.npu
+@pytest.mark.benchmark
+@pytest.mark.parametrize('params', BENCHMARK_PARAMS, ids=make_param_id)
+def test_engram_hash_benchmark(params, device, benchmark_timer, benchmark_record):
+    sizes = {k: v for k, v in params.items() if k != 'num_tokens'}
+    ids, mult, vocab, offsets = _inputs(params['num_tokens'], **sizes, device=device)
+    out = cann_ops_tilelang.engram_hash(ids, mult, vocab, offsets)
+    assert_equal(out, engram_hash_ref(ids, mult, vocab, offsets))
+
+    time_us = benchmark_timer(lambda: cann_ops_tilelang.engram_hash(ids, mult, vocab, offsets, out=out))
+    benchmark_record(
+        kernel='engram_hash',
+        operation='hash',
+        params=params,
+        time_us=time_us,
+        bandwidth_gbs=count_bytes(ids, mult, vocab, offsets, out) / time_us / 1e3,
+    )
