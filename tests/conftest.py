@@ -3,4 +3,6 @@
 pytest_plugins = [
     'tests.testing.plugins.seed',
     'tests.testing.plugins.devices',
+    'tests.testing.plugins.device_binding',
+    'tests.testing.plugins.npu_mem',
 ]
