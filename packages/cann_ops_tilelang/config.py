@@ -130,14 +130,19 @@ def get_num_cores(device: torch.device) -> int:
     return get_num_sms(device)
 
 
+def cuda_arch_for(major: int, minor: int) -> str:
+    """TileLang's arch for a compute capability; Hopper/Blackwell get the arch-specific 'a' target
+    (TileLang's warp-specialised TMA pipelines use setmaxnreg, which plain sm_90 rejects)."""
+    return f'sm_{major}{minor}' + ('a' if major in (9, 10) else '')
+
+
 @functools.cache
 def _cuda_arch(index: int) -> str:
-    major, minor = torch.cuda.get_device_capability(index)
-    return f'sm_{major}{minor}'
+    return cuda_arch_for(*torch.cuda.get_device_capability(index))
 
 
 def get_cuda_arch(device: torch.device | None = None) -> str:
-    """Compute capability of a CUDA device as TileLang's target wants it, e.g. 'sm_90'."""
+    """Arch of a CUDA device as TileLang's target wants it, e.g. 'sm_90a' on an H200."""
     return _cuda_arch(_index(device, 'cuda'))
 
 

@@ -119,3 +119,10 @@ def test_core_counts_are_cached_per_device(monkeypatch):
     finally:
         config._cuda_sm_count.cache_clear()
     assert calls == [0, 1]
+
+
+@pytest.mark.parametrize(
+    ('cc', 'arch'), [((8, 0), 'sm_80'), ((8, 9), 'sm_89'), ((9, 0), 'sm_90a'), ((10, 0), 'sm_100a')]
+)
+def test_cuda_arch_uses_arch_specific_targets_where_tilelang_needs_them(cc, arch):
+    assert config.cuda_arch_for(*cc) == arch

@@ -65,7 +65,7 @@ def assert_ascend_kernel_lowers(
 def assert_cuda_kernel_lowers(
     make_prim_func: Callable[[], object], *, key: Hashable, kernel_name: str
 ) -> LoweredKernel:
-    """Lower for CUDA sm_90 on the CPU and check the source names the kernel."""
+    """Lower for CUDA (sm_90a) on the CPU and check the source names the kernel."""
     lowered = lower_kernel(make_prim_func, backend='cuda', key=key)
     assert kernel_name in lowered.source, f'{kernel_name!r} does not appear in the CUDA source'
     return lowered
