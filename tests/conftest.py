@@ -3,6 +3,8 @@
 pytest_plugins = [
     'tests.testing.plugins.seed',
     'tests.testing.plugins.devices',
+    'tests.testing.plugins.benchmark',
+    'tests.testing.plugins.param_select',
     'tests.testing.plugins.device_binding',
     'tests.testing.plugins.npu_mem',
 ]
