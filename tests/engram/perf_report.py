@@ -98,6 +98,57 @@ def _fwd_check(ours, ref) -> None:
 register('fwd', PerfEntry(_fwd_inputs, _fwd_ours, _fwd_ref, _fwd_bytes, _fwd_check))
 
 
+# ---------------------------------------------------------------- engram_gate_bwd
+
+_BWD_ARGS = ('grad_out', 'hidden_states', 'k', 'v', 'weight_fused', 'dot', 'gate_score', 'rstd_x', 'rstd_k')
+
+
+def _bwd_inputs(num_tokens: int, hc: int, hidden: int, device: torch.device) -> dict:
+    from tests.engram.engram_gate_fwd_ref import engram_gate_fwd_ref
+
+    inp = _fwd_inputs(num_tokens, hc, hidden, device)
+    saved = engram_gate_fwd_ref(inp['hidden_states'], inp['k'], inp['v'], inp['weight_fused'])
+    inp['grad_out'] = torch.randn(num_tokens, hc, hidden, device=device).to(torch.bfloat16)
+    inp.update(dot=saved.dot, gate_score=saved.gate_score, rstd_x=saved.rstd_x, rstd_k=saved.rstd_k)
+    return inp
+
+
+def _bwd_ours(inp: dict):
+    import cann_ops_tilelang
+
+    return cann_ops_tilelang.engram_gate_bwd(*(inp[name] for name in _BWD_ARGS))
+
+
+def _bwd_ref(inp: dict):
+    from tests.engram.engram_gate_bwd_ref import engram_gate_bwd_ref  # the explicit formulas, fp32
+
+    return engram_gate_bwd_ref(*(inp[name] for name in _BWD_ARGS))
+
+
+def _bwd_bytes(inp: dict, out) -> int:
+    from tests.testing.numeric import count_bytes
+
+    # Reads grad_out, x, k, v and the four saved fp32 tensors; writes grad_x, grad_k, grad_v and the
+    # fp32 partial weight gradients (engram.md's byte count; weight_fused stays in L2, not counted).
+    saved = (inp['dot'], inp['gate_score'], inp['rstd_x'], inp['rstd_k'])
+    return count_bytes(inp['grad_out'], inp['hidden_states'], inp['k'], inp['v'], *saved, *out)
+
+
+def _bwd_check(ours, ref) -> None:
+    # bf16 grads: rounding of the fp32 value (2**-8 relative) plus fp32 reassociation of dL/dg over H;
+    # the weight gradient: the fp32 partials summed over P vs the reference's sum over T (tests use
+    # element-wise bounds, tests/engram/test_engram_gate_bwd.py; this is the report's sanity check).
+    for name, a, e in zip(('grad_hidden_states', 'grad_k', 'grad_v'), ours[:3], ref[:3], strict=True):
+        scale = float(e.abs().max())
+        torch.testing.assert_close(a.float(), e, rtol=2**-7, atol=1e-3 * scale, msg=lambda m, n=name: f'{n}: {m}')
+    grad_w = ours.grad_w_partial.double().sum(0)
+    scale = float(ref.grad_weight_fused.abs().max())
+    torch.testing.assert_close(grad_w, ref.grad_weight_fused.double(), rtol=1e-4, atol=1e-4 * scale)
+
+
+register('bwd', PerfEntry(_bwd_inputs, _bwd_ours, _bwd_ref, _bwd_bytes, _bwd_check))
+
+
 # ---------------------------------------------------------------- timing and report
 
 

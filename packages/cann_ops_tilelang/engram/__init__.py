@@ -1,14 +1,17 @@
 """Engram: hashed n-gram memory lookups gated into hyper-connection hidden states."""
 
 from .engram_fused_weight import engram_fused_weight
+from .engram_gate_bwd import EngramGateBwdResult, engram_gate_bwd
 from .engram_gate_fwd import EngramGateFwdResult, engram_gate_fwd
 from .engram_grad_w_reduce import EngramGradWReduceResult, engram_grad_w_reduce
 from .engram_hash import engram_hash
 
 __all__: list[str] = [
+    'EngramGateBwdResult',
     'EngramGateFwdResult',
     'EngramGradWReduceResult',
     'engram_fused_weight',
+    'engram_gate_bwd',
     'engram_gate_fwd',
     'engram_grad_w_reduce',
     'engram_hash',

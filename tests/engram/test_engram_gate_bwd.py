@@ -1,0 +1,500 @@
+"""engram_gate_bwd: formulas vs autograd and lowering (CPU tier), argument contract (CPU tier), values and
+benchmark (device)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+import cann_ops_tilelang
+from cann_ops_tilelang.config import get_num_cores
+from cann_ops_tilelang.engram import EngramGateBwdResult
+from cann_ops_tilelang.engram._contract import HIDDEN_ALIGN, MAX_HC, MAX_HIDDEN
+from cann_ops_tilelang.engram.engram_gate_bwd_kernel import (
+    choose_engram_gate_bwd_config,
+    make_engram_gate_bwd_kernel,
+)
+from tests.engram.engram_gate_bwd_ref import engram_gate_bwd_autograd_ref, engram_gate_bwd_ref
+from tests.engram.engram_gate_fwd_ref import engram_gate_fwd_ref
+from tests.testing.bench import make_param_id
+from tests.testing.generator import (
+    BENCHMARK_HC,
+    BENCHMARK_HIDDEN,
+    gen_benchmark_shapes,
+    gen_hc,
+    gen_hidden,
+    gen_num_tokens,
+    generate_samples,
+    get_test_level,
+)
+from tests.testing.lowering import assert_ascend_kernel_lowers, assert_cuda_kernel_lowers
+from tests.testing.numeric import calc_diff, count_bytes
+
+ASCEND_950_VECTOR_CORES = 64
+H200_SMS = 132
+KERNEL_NAME = 'engram_gate_bwd_kernel'
+EPS = 1e-6
+U32 = 2.0**-24  # fp32 unit roundoff
+U16 = 2.0**-8  # bf16 unit roundoff (round to nearest)
+
+LEVEL = get_test_level()
+SHAPES = generate_samples(LEVEL, hc=gen_hc, hidden=gen_hidden)
+VALUE_PARAMS = generate_samples(
+    LEVEL, hc=gen_hc, hidden=gen_hidden, num_tokens=gen_num_tokens, where=lambda p: p['num_tokens'] > 0
+)
+# hc * H too large for the register-resident CUDA kernel: the chunked variant (grad_out read twice).
+CHUNKED_CUDA_SHAPES = [{'hc': 8, 'hidden': MAX_HIDDEN}, {'hc': 3, 'hidden': 12288}]
+
+
+def _inputs(num_tokens: int, hc: int, hidden: int, device, *, clamp_value: float = 1e-6):
+    """grad_out, x, k, v, w and the forward's saved dot, gate_score, rstd_x, rstd_k (fp32 reference)."""
+    x = torch.randn(num_tokens, hc, hidden).to(torch.bfloat16)
+    k = torch.randn(num_tokens, hc, hidden).to(torch.bfloat16)
+    v = torch.randn(num_tokens, hidden).to(torch.bfloat16)
+    wh = (1.0 + 0.5 * torch.randn(hc, hidden)).to(torch.bfloat16)
+    we = (1.0 + 0.5 * torch.randn(hc, hidden)).to(torch.bfloat16)
+    w = wh.float() * we.float()  # engram_fused_weight: exact in fp32
+    grad_out = torch.randn(num_tokens, hc, hidden).to(torch.bfloat16)
+    x, k, v, w, grad_out = (t.to(device) for t in (x, k, v, w, grad_out))
+    fwd = engram_gate_fwd_ref(x, k, v, w, eps=EPS, clamp_value=clamp_value)
+    return grad_out, x, k, v, w, fwd.dot, fwd.gate_score, fwd.rstd_x, fwd.rstd_k
+
+
+def _error_bounds(grad_out, x, k, v, w, dot, g, rx, rk, *, clamp_value, num_partials, rounded):
+    """Element-wise bounds on |actual - autograd| for the four grads (fp64, justified term by term).
+
+    Both sides evaluate the same exact expressions in fp32 in different orders. rfac = g(1-g) / 2 *
+    sqrt(s rx rk / |dot|) (0 where clamped; the clamp decision uses the same fp32 d on both sides).
+    - dL/dg sums H products: error <= (H + 8) u32 sum|go v|, so |dr| <= rfac (H + 8) u32 sum|go v| + 8 u32 |r|.
+    - grad_x = go + r (k w - x cx): few-ulp evaluation error of the terms plus |dr| (|k w| + |x cx|);
+      grad_k likewise; grad_v sums hc products; grad_w sums T products per block then P partials.
+    Doubled for the two sides; bf16 outputs (`rounded`) add round-to-nearest: u16 |expected| + u16 err.
+    """
+    f = torch.float64
+    go, xf, kf, vf, wf = (t.to(f) for t in (grad_out, x, k, v, w))
+    dot, g, rx, rk = (t.to(f) for t in (dot, g, rx, rk))
+    hidden = xf.shape[-1]
+    s = hidden**-0.5
+    d = dot.float() * rx.float() * rk.float() * s  # the fp32 decision of the kernels and the reference
+    rfac = g * (1 - g) * 0.5 * torch.sqrt(s * rx * rk / dot.abs())
+    rfac = torch.where(d.abs() < clamp_value, torch.zeros_like(rfac), rfac)
+    gv_abs = (go * vf.unsqueeze(-2)).abs().sum(-1)
+    r = (go * vf.unsqueeze(-2)).sum(-1) * rfac
+    dr = (rfac * (hidden + 8) * U32 * gv_abs + 8 * U32 * r.abs()).unsqueeze(-1)
+    r3 = r.abs().unsqueeze(-1)
+    kw, xw = (kf * wf).abs(), (xf * wf).abs()
+    xcx = (xf * (dot * rx * rx / hidden).unsqueeze(-1)).abs()
+    kck = (kf * (dot * rk * rk / hidden).unsqueeze(-1)).abs()
+    err_x = 8 * U32 * (go.abs() + r3 * (kw + xcx)) + dr * (kw + xcx)
+    err_k = 8 * U32 * r3 * (xw + kck) + dr * (xw + kck)
+    err_v = (go.shape[1] + 4) * U32 * (go * g.unsqueeze(-1)).abs().sum(-2)
+    num_tokens = xf.shape[0]
+    err_w = (num_tokens + num_partials + 8) * U32 * (r3 * (xf * kf).abs()).sum(0) + (dr * (xf * kf).abs()).sum(0)
+    bounds = [2 * e for e in (err_x, err_k, err_v, err_w)]
+    if rounded:
+        bounds[:3] = [(1 + U16) * b for b in bounds[:3]]
+    return bounds
+
+
+def _assert_within(name, actual, expected, bound, *, rounded):
+    err = (actual.double() - expected.double()).abs()
+    limit = bound + (U16 * expected.double().abs() if rounded else 0.0)
+    bad = ~(err <= limit)  # NaN fails too
+    if bool(bad.any()):
+        first = tuple(int(i) for i in bad.nonzero()[0])
+        raise AssertionError(
+            f'{name}: {int(bad.sum())} of {actual.numel()} elements off; first at {first}: '
+            f'{actual[first].item()!r} vs {expected[first].item()!r}, limit {limit[first].item():.3g}'
+        )
+
+
+def _clamp_between(dot, rx, rk, hidden):
+    """A clamp_value splitting the tokens' |d| in two halves, far (relatively) from every |d|."""
+    d = (dot * rx * rk * hidden**-0.5).abs().flatten().sort().values
+    gaps = d[1:] / d[:-1].clamp_min(1e-30)
+    mid = len(d) // 2
+    lo = max(1, mid - len(d) // 4)
+    i = lo + int(gaps[lo : mid + len(d) // 4].argmax())  # the widest relative gap near the median
+    return float((d[i - 1] * d[i]).sqrt())
+
+
+# ---------------------------------------------------------------- CPU tier: the formulas are right
+
+
+@pytest.mark.parametrize(
+    'params',
+    [{'num_tokens': 9, 'hc': 3, 'hidden': 192}, {'num_tokens': 40, 'hc': 4, 'hidden': 1088}],
+    ids=make_param_id,
+)
+@pytest.mark.parametrize('clamped', [False, True], ids=['clamp=1e-6', 'clamp=median'])
+def test_engram_gate_bwd_formulas_match_autograd(params, clamped):
+    """engram.md's explicit formulas (fp64, from the saved tensors) equal autograd of the forward (fp32)."""
+    inputs = _inputs(params['num_tokens'], params['hc'], params['hidden'], 'cpu')
+    grad_out, x, k, v, w, dot, g, rx, rk = inputs
+    clamp_value = _clamp_between(dot, rx, rk, params['hidden']) if clamped else 1e-6
+    if clamped:  # the saved tensors do not depend on the clamp; the gate does
+        g = engram_gate_fwd_ref(x, k, v, w, eps=EPS, clamp_value=clamp_value).gate_score
+    formulas = engram_gate_bwd_ref(
+        grad_out, x, k, v, w, dot, g, rx, rk, clamp_value=clamp_value, compute_dtype=torch.float64
+    )
+    autograd = engram_gate_bwd_autograd_ref(grad_out, x, k, v, w, eps=EPS, clamp_value=clamp_value)
+    bounds = _error_bounds(grad_out, x, k, v, w, dot, g, rx, rk, clamp_value=clamp_value, num_partials=1, rounded=False)
+    for name, a, e, b in zip(('grad_x', 'grad_k', 'grad_v', 'grad_w'), formulas, autograd, bounds, strict=True):
+        _assert_within(name, a, e, b, rounded=False)
+    d = dot * rx * rk * params['hidden'] ** -0.5
+    zero_rows = d.abs() < clamp_value
+    assert bool(zero_rows.any()) == clamped
+    assert torch.equal(formulas.grad_k[zero_rows], torch.zeros_like(formulas.grad_k[zero_rows]))
+    assert torch.equal(autograd.grad_k[zero_rows], torch.zeros_like(autograd.grad_k[zero_rows]))
+
+
+# ---------------------------------------------------------------- CPU tier: kernels lower
+
+
+@pytest.mark.parametrize('params', SHAPES, ids=make_param_id)
+def test_engram_gate_bwd_ascend_lowers(params):
+    cfg = choose_engram_gate_bwd_config(backend='ascend', **params, num_cores=ASCEND_950_VECTOR_CORES)
+    assert (cfg.backend, cfg.hc, cfg.hidden, cfg.num_cores) == ('ascend', params['hc'], params['hidden'], 64)
+    assert cfg.variant == 'chunked'
+    assert cfg.num_blocks == 64  # P: one slice of grad_w_partial per vector core
+    assert params['hidden'] % cfg.tile_cols == 0
+    assert cfg.tile_cols % 64 == 0
+    assert cfg.token_chunk * params['hc'] <= 64  # one vector register of per-(token, branch) scalars
+    lowered = assert_ascend_kernel_lowers(lambda: make_engram_gate_bwd_kernel(cfg), key=cfg, kernel_name=KERNEL_NAME)
+    assert 'num_tokens' in lowered.source  # T stays a runtime argument
+
+
+# The CPU tier lowers with TileLang's default pass configs (tests/testing/lowering.py); the compiled kernel
+# also carries tilelang_pass_configs (no automatic shared-memory barriers: its staging slots are
+# thread-private), so the lowered source here may hold a few barriers the device kernel does not.
+@pytest.mark.parametrize('params', SHAPES, ids=make_param_id)
+def test_engram_gate_bwd_cuda_lowers(params):
+    cfg = choose_engram_gate_bwd_config(backend='cuda', **params, num_cores=H200_SMS)
+    assert (cfg.backend, cfg.hc, cfg.hidden, cfg.num_blocks) == ('cuda', params['hc'], params['hidden'], H200_SMS)
+    if params['hc'] * params['hidden'] <= 4 * 7168:
+        assert cfg.variant == 'resident'  # the one-pass kernel up to the benchmark's hc * H at least
+    lowered = assert_cuda_kernel_lowers(lambda: make_engram_gate_bwd_kernel(cfg), key=cfg, kernel_name=KERNEL_NAME)
+    assert 'num_tokens' in lowered.source
+    assert 'cp_async' in lowered.source  # 16-byte asynchronous staging
+
+
+@pytest.mark.parametrize('params', CHUNKED_CUDA_SHAPES, ids=make_param_id)
+def test_engram_gate_bwd_cuda_chunked_lowers(params):
+    cfg = choose_engram_gate_bwd_config(backend='cuda', **params, num_cores=H200_SMS)
+    assert cfg.variant == 'chunked'
+    assert_cuda_kernel_lowers(lambda: make_engram_gate_bwd_kernel(cfg), key=cfg, kernel_name=KERNEL_NAME)
+
+
+def test_engram_gate_bwd_config_covers_supported_range():
+    """Every supported (hc, H) gets a valid config on both backends (pure Python, no lowering)."""
+    for hc in range(1, MAX_HC + 1):
+        for hidden in range(HIDDEN_ALIGN, MAX_HIDDEN + 1, HIDDEN_ALIGN):
+            cfg = choose_engram_gate_bwd_config(backend='cuda', hc=hc, hidden=hidden, num_cores=H200_SMS)
+            if cfg.variant == 'resident':
+                covered = cfg.threads * cfg.groups_per_thread * 8
+                assert hidden <= covered < hidden + 32 * 8 * cfg.groups_per_thread
+                assert (3 * hc + 1) * covered * 2 <= 200 * 1024  # thread-private staging slots
+            asc = choose_engram_gate_bwd_config(backend='ascend', hc=hc, hidden=hidden, num_cores=64)
+            assert hidden % asc.tile_cols == 0
+            assert (18 * hc + 4) * asc.tile_cols <= 180 * 1024
+    for hidden in BENCHMARK_HIDDEN:  # the benchmark shapes take the one-pass kernel
+        assert choose_engram_gate_bwd_config(backend='cuda', hc=4, hidden=hidden, num_cores=132).variant == 'resident'
+    with pytest.raises(ValueError, match='backend'):
+        dataclasses.replace(choose_engram_gate_bwd_config(backend='cuda', hc=4, hidden=64, num_cores=1), backend='x')
+
+
+# ---------------------------------------------------------------- CPU tier: argument contract
+
+_ARG_NAMES = ('grad_out', 'hidden_states', 'k', 'v', 'weight_fused', 'dot', 'gate_score', 'rstd_x', 'rstd_k')
+_ARG_DTYPES = (torch.bfloat16,) * 4 + (torch.float32,) * 5
+
+
+def _cpu_args(num_tokens=3, hc=4, hidden=128):
+    return list(_inputs(num_tokens, hc, hidden, 'cpu'))
+
+
+def _call(*args, **kwargs):
+    return cann_ops_tilelang.engram_gate_bwd(*args, **kwargs)
+
+
+@pytest.mark.parametrize('index', range(9), ids=_ARG_NAMES)
+def test_engram_gate_bwd_rejects_non_tensors_and_dtypes(index):
+    args = _cpu_args()
+    bad = list(args)
+    bad[index] = args[index].float().numpy()
+    with pytest.raises(TypeError, match=f'{_ARG_NAMES[index]} must be a torch.Tensor'):
+        _call(*bad)
+    bad[index] = None
+    with pytest.raises(TypeError, match=f'{_ARG_NAMES[index]} must be a torch.Tensor'):
+        _call(*bad)
+    bad[index] = args[index].to(torch.float16)
+    with pytest.raises(TypeError, match=f'{_ARG_NAMES[index]} must have dtype {_ARG_DTYPES[index]}'):
+        _call(*bad)
+
+
+@pytest.mark.parametrize('index', range(9), ids=_ARG_NAMES)
+def test_engram_gate_bwd_rejects_shapes(index):
+    args = _cpu_args()
+    name = _ARG_NAMES[index]
+    bad = list(args)
+    bad[index] = args[index].unsqueeze(0)
+    with pytest.raises(ValueError, match=f'{name} must have {args[index].dim()} dimensions'):
+        _call(*bad)
+    if index == 1:  # hidden_states defines T, hc, H: a mismatch is reported on another tensor
+        bad[index] = args[index][:2].contiguous()
+        with pytest.raises(ValueError, match=r'grad_out must have shape \(2, 4, 128\)'):
+            _call(*bad)
+        return
+    for cut in range(args[index].dim()):  # one fewer row along each axis
+        shrunk = args[index].narrow(cut, 0, args[index].shape[cut] - 1).contiguous()
+        bad[index] = shrunk
+        expected = tuple(args[index].shape)
+        with pytest.raises(ValueError, match=rf'{name} must have shape {_shape_re(expected)}'):
+            _call(*bad)
+
+
+def _shape_re(shape):
+    return r'\(' + r', '.join(str(s) for s in shape) + r'\)'
+
+
+@pytest.mark.parametrize(
+    ('hc', 'hidden', 'match'),
+    [
+        (0, 128, 'hc'),
+        (9, 128, 'hc'),
+        (4, 96, 'multiple of 64'),
+        (1, 16384 + 64, 'multiple of 64 up to 16384'),
+    ],
+)
+def test_engram_gate_bwd_rejects_hc_hidden(hc, hidden, match):
+    args = [
+        torch.zeros(2, hc, hidden, dtype=torch.bfloat16),
+        torch.zeros(2, hc, hidden, dtype=torch.bfloat16),
+        torch.zeros(2, hc, hidden, dtype=torch.bfloat16),
+        torch.zeros(2, hidden, dtype=torch.bfloat16),
+        torch.zeros(hc, hidden),
+    ] + [torch.zeros(2, hc) for _ in range(4)]
+    with pytest.raises(ValueError, match=match):
+        _call(*args)
+
+
+@pytest.mark.parametrize('index', [0, 1, 4, 5, 6, 7, 8], ids=[_ARG_NAMES[i] for i in (0, 1, 4, 5, 6, 7, 8)])
+def test_engram_gate_bwd_rejects_non_contiguous(index):
+    args = _cpu_args()
+    bad = list(args)
+    wide = torch.zeros(*args[index].shape[:-1], 2 * args[index].shape[-1], dtype=args[index].dtype)
+    bad[index] = wide[..., : args[index].shape[-1]]  # rows twice as far apart
+    with pytest.raises(ValueError, match=f'{_ARG_NAMES[index]} must be contiguous'):
+        _call(*bad)
+
+
+@pytest.mark.parametrize('index', [2, 3], ids=['k', 'v'])
+def test_engram_gate_bwd_k_v_layouts(index):
+    """k and v: any outer strides pass validation (the CPU device is rejected next); the last must be 1."""
+    args = _cpu_args()
+    name = _ARG_NAMES[index]
+    good = list(args)
+    wide = torch.zeros(*args[index].shape[:-1], 3 * args[index].shape[-1] + 8, dtype=args[index].dtype)
+    good[index] = wide[..., 5 : 5 + args[index].shape[-1]]  # odd offset and strides
+    with pytest.raises(RuntimeError, match='no kernels'):
+        _call(*good)
+    if index == 2:
+        good[index] = args[index][:, :1].expand(-1, 4, -1)  # one key row broadcast over the branches
+        with pytest.raises(RuntimeError, match='no kernels'):
+            _call(*good)
+    bad = list(args)
+    bad[index] = args[index].transpose(-1, -2).contiguous().transpose(-1, -2)  # last stride != 1
+    with pytest.raises(ValueError, match=f'{name} must have a contiguous last dimension'):
+        _call(*bad)
+
+
+@pytest.mark.parametrize(
+    ('value', 'error', 'match'),
+    [
+        ('1e-6', TypeError, 'clamp_value must be a float'),
+        (None, TypeError, 'clamp_value must be a float'),
+        (True, TypeError, 'clamp_value must be a float'),
+        (torch.tensor(1e-6), TypeError, 'clamp_value must be a float'),
+        (0.0, ValueError, 'clamp_value must be a finite number > 0'),
+        (-1e-6, ValueError, 'clamp_value must be a finite number > 0'),
+        (float('inf'), ValueError, 'clamp_value must be a finite number > 0'),
+        (float('nan'), ValueError, 'clamp_value must be a finite number > 0'),
+    ],
+)
+def test_engram_gate_bwd_rejects_clamp_value(value, error, match):
+    with pytest.raises(error, match=match):
+        _call(*_cpu_args(), clamp_value=value)
+
+
+def test_engram_gate_bwd_rejects_devices():
+    args = _cpu_args()
+    with pytest.raises(RuntimeError, match='no kernels for .cpu. tensors'):
+        _call(*args)
+    with pytest.raises(RuntimeError, match='no kernels for .cpu. tensors'):
+        _call(*(t[:0] for t in args[:4]), args[4], *(t[:0] for t in args[5:]))  # T = 0 is validated too
+    for index in range(1, 9):
+        mixed = list(args)
+        mixed[index] = args[index].to('meta')
+        with pytest.raises(RuntimeError, match='one device'):
+            _call(*mixed)
+    with pytest.raises(TypeError):
+        _call(*args, 1e-6)  # clamp_value is keyword-only
+
+
+# ---------------------------------------------------------------- device tier
+
+
+def _poison_allocator(device, num_bytes: int) -> None:
+    """Leave NaN bit patterns in the caching allocator's free blocks: outputs the kernel skipped show up."""
+    torch.full((num_bytes // 4 + 1024,), float('nan'), device=device)
+
+
+def _check_result(result, inputs, *, clamp_value, num_cores):
+    grad_out, x, k, v, w, dot, g, rx, rk = inputs
+    num_tokens, hc, hidden = x.shape
+    assert isinstance(result, EngramGateBwdResult)
+    for t, shape, dtype in zip(
+        result,
+        ((num_tokens, hc, hidden), (num_tokens, hc, hidden), (num_tokens, hidden), (num_cores, hc, hidden)),
+        (torch.bfloat16, torch.bfloat16, torch.bfloat16, torch.float32),
+        strict=True,
+    ):
+        assert t.shape == shape
+        assert t.dtype == dtype
+        assert t.device == x.device
+        assert t.is_contiguous()
+    expected = engram_gate_bwd_autograd_ref(grad_out, x, k, v, w, eps=EPS, clamp_value=clamp_value)
+    bounds = _error_bounds(
+        grad_out, x, k, v, w, dot, g, rx, rk, clamp_value=clamp_value, num_partials=num_cores, rounded=True
+    )
+    grad_w = result.grad_w_partial.double().sum(0)
+    for name, actual, exp, bound, rounded in zip(
+        ('grad_hidden_states', 'grad_k', 'grad_v', 'grad_w_partial.sum(0)'),
+        (*result[:3], grad_w),
+        expected,
+        bounds,
+        (True, True, True, False),
+        strict=True,
+    ):
+        _assert_within(name, actual, exp, bound, rounded=rounded)
+        if exp.numel() and float(exp.abs().max()) > 0:
+            assert calc_diff(actual, exp) < 1e-5, name  # bf16 rounding alone gives ~1e-6
+    return expected
+
+
+@pytest.mark.npu
+@pytest.mark.parametrize('params', VALUE_PARAMS, ids=make_param_id)
+def test_engram_gate_bwd_values(params, device):
+    num_tokens, hc, hidden = params['num_tokens'], params['hc'], params['hidden']
+    inputs = _inputs(num_tokens, hc, hidden, device)
+    before = [t.clone() for t in inputs]
+    num_cores = get_num_cores(device)
+    _poison_allocator(device, 4 * (2 * num_tokens * hc * hidden + num_tokens * hidden + num_cores * hc * hidden))
+
+    result = cann_ops_tilelang.engram_gate_bwd(*inputs)
+
+    _check_result(result, inputs, clamp_value=1e-6, num_cores=num_cores)
+    for t, b in zip(inputs, before, strict=True):
+        assert torch.equal(t, b)  # inputs untouched
+
+
+@pytest.mark.npu
+def test_engram_gate_bwd_empty(device):
+    inputs = _inputs(0, 4, 192, device)
+    result = cann_ops_tilelang.engram_gate_bwd(*inputs)
+    num_cores = get_num_cores(device)
+    assert [tuple(t.shape) for t in result[:3]] == [(0, 4, 192), (0, 4, 192), (0, 192)]
+    assert [t.dtype for t in result[:3]] == [torch.bfloat16] * 3
+    # No launch: P is the block count a launch would use, and the partial weight gradients are zero.
+    assert result.grad_w_partial.shape == (num_cores, 4, 192)
+    assert result.grad_w_partial.dtype == torch.float32
+    assert not bool(result.grad_w_partial.any())
+    assert all(t.device == inputs[0].device for t in result)
+
+
+@pytest.mark.npu
+def test_engram_gate_bwd_chunked_values(device):
+    """hc * H beyond the register-resident CUDA kernel: the chunked variant, with T large enough that a
+    block handles several chunks (132 SMs: 33 tokens per block > 32 per chunk) and adds its tiles to its
+    partial slice more than once."""
+    num_tokens, hc, hidden = 132 * 32 + 5, 3, 12288
+    inputs = _inputs(num_tokens, hc, hidden, device)
+    num_cores = get_num_cores(device)
+    result = cann_ops_tilelang.engram_gate_bwd(*inputs)
+    _check_result(result, inputs, clamp_value=1e-6, num_cores=num_cores)
+
+
+@pytest.mark.npu
+@pytest.mark.parametrize(
+    'layout', ['strided', 'odd_offset', 'broadcast_k'], ids=['strided', 'odd_offset', 'broadcast_k']
+)
+def test_engram_gate_bwd_non_contiguous_k_v(layout, device):
+    num_tokens, hc, hidden = 257, 3, 1088
+    grad_out, x, k, v, w, *_ = _inputs(num_tokens, hc, hidden, device)
+    if layout == 'broadcast_k':
+        k = k[:, :1].expand(-1, hc, -1)  # stride 0 over the branches
+    else:
+        pad = 64 if layout == 'strided' else 5  # 5: neither the address nor the strides are 16-byte multiples
+        k_wide = torch.zeros(num_tokens, hc, hidden + 2 * pad, dtype=k.dtype, device=device)
+        k_wide[:, :, pad : pad + hidden] = k
+        k = k_wide[:, :, pad : pad + hidden]
+        v_wide = torch.zeros(num_tokens, 2 * hidden + pad, dtype=v.dtype, device=device)
+        v_wide[:, pad : pad + hidden] = v
+        v = v_wide[:, pad : pad + hidden]
+        assert not k.is_contiguous()
+        assert not v.is_contiguous()
+    fwd = engram_gate_fwd_ref(x, k, v, w, eps=EPS)
+    inputs = (grad_out, x, k, v, w, fwd.dot, fwd.gate_score, fwd.rstd_x, fwd.rstd_k)
+    num_cores = get_num_cores(device)
+    result = cann_ops_tilelang.engram_gate_bwd(*inputs)
+    _check_result(result, inputs, clamp_value=1e-6, num_cores=num_cores)
+    # Same values as with contiguous copies (bit for bit: the kernels read the same numbers).
+    contiguous = cann_ops_tilelang.engram_gate_bwd(*inputs[:2], k.contiguous(), v.contiguous(), *inputs[4:])
+    for a, b in zip(result, contiguous, strict=True):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.npu
+@pytest.mark.parametrize(
+    'params',
+    [{'num_tokens': 1000, 'hc': 4, 'hidden': 4096}, {'num_tokens': 257, 'hc': 3, 'hidden': 192}],
+    ids=make_param_id,
+)
+def test_engram_gate_bwd_clamp_region(params, device):
+    """Tokens with |d| < clamp_value get r = 0: grad_k = 0 and grad_hidden_states = grad_out exactly."""
+    num_tokens, hc, hidden = params['num_tokens'], params['hc'], params['hidden']
+    grad_out, x, k, v, w, dot, _, rx, rk = _inputs(num_tokens, hc, hidden, device)
+    clamp_value = _clamp_between(dot, rx, rk, hidden)
+    g = engram_gate_fwd_ref(x, k, v, w, eps=EPS, clamp_value=clamp_value).gate_score
+    inputs = (grad_out, x, k, v, w, dot, g, rx, rk)
+    num_cores = get_num_cores(device)
+    result = cann_ops_tilelang.engram_gate_bwd(*inputs, clamp_value=clamp_value)
+    _check_result(result, inputs, clamp_value=clamp_value, num_cores=num_cores)
+    clamped = (dot * rx * rk * hidden**-0.5).abs() < clamp_value
+    assert 0.3 < float(clamped.float().mean()) < 0.7
+    assert torch.equal(result.grad_k[clamped], torch.zeros_like(result.grad_k[clamped]))
+    assert torch.equal(result.grad_hidden_states[clamped], grad_out[clamped])
+    assert bool(result.grad_k[~clamped].any())
+
+
+@pytest.mark.npu
+@pytest.mark.benchmark
+@pytest.mark.parametrize('params', gen_benchmark_shapes(), ids=make_param_id)
+def test_engram_gate_bwd_benchmark(params, device, benchmark_timer, benchmark_record):
+    assert params['hc'] == BENCHMARK_HC
+    inputs = _inputs(params['num_tokens'], params['hc'], params['hidden'], device)
+    result = cann_ops_tilelang.engram_gate_bwd(*inputs)
+    time_us = benchmark_timer(lambda: cann_ops_tilelang.engram_gate_bwd(*inputs))
+    # Reads grad_out, x, k, v and the four saved fp32 tensors (weight_fused is L2-resident: not counted);
+    # writes grad_x, grad_k, grad_v and the fp32 partial weight gradients.
+    num_bytes = count_bytes(*inputs[:4], *inputs[5:], *result)
+    benchmark_record(
+        kernel='engram_gate_bwd',
+        operation='bwd',
+        params=params,
+        time_us=time_us,
+        bandwidth_gbs=num_bytes / time_us / 1e3,
+        extras={'num_blocks': result.grad_w_partial.shape[0]},
+    )
