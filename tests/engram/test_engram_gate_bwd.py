@@ -29,11 +29,14 @@ from tests.testing.generator import (
     generate_samples,
     get_test_level,
 )
-from tests.testing.lowering import assert_ascend_kernel_lowers, assert_cuda_kernel_lowers
+from tests.testing.lowering import (
+    ASCEND_950_VECTOR_CORES,
+    H200_SMS,
+    assert_ascend_kernel_lowers,
+    assert_cuda_kernel_lowers,
+)
 from tests.testing.numeric import calc_diff, count_bytes
 
-ASCEND_950_VECTOR_CORES = 64
-H200_SMS = 132
 KERNEL_NAME = 'engram_gate_bwd_kernel'
 EPS = 1e-6
 U32 = 2.0**-24  # fp32 unit roundoff

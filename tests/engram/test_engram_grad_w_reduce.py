@@ -21,11 +21,14 @@ from tests.testing.generator import (
     generate_samples,
     get_test_level,
 )
-from tests.testing.lowering import assert_ascend_kernel_lowers, assert_cuda_kernel_lowers
+from tests.testing.lowering import (
+    ASCEND_950_VECTOR_CORES,
+    H200_SMS,
+    assert_ascend_kernel_lowers,
+    assert_cuda_kernel_lowers,
+)
 from tests.testing.numeric import count_bytes
 
-ASCEND_950_VECTOR_CORES = 64
-H200_SMS = 132
 KERNEL_NAME = 'engram_grad_w_reduce_kernel'
 BENCHMARK_PARTIALS = 132  # one partial per persistent block of the backward on an H200
 

@@ -10,11 +10,14 @@ from cann_ops_tilelang.engram.engram_hash_kernel import choose_engram_hash_confi
 from tests.engram.engram_hash_ref import engram_hash_ref
 from tests.testing.bench import make_param_id
 from tests.testing.generator import BENCHMARK_NUM_TOKENS, gen_num_tokens, generate_samples, get_test_level
-from tests.testing.lowering import assert_ascend_kernel_lowers, assert_cuda_kernel_lowers
+from tests.testing.lowering import (
+    ASCEND_950_VECTOR_CORES,
+    H200_SMS,
+    assert_ascend_kernel_lowers,
+    assert_cuda_kernel_lowers,
+)
 from tests.testing.numeric import assert_equal, count_bytes
 
-ASCEND_950_VECTOR_CORES = 64
-H200_SMS = 132
 KERNEL_NAME = 'engram_hash_kernel'
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1

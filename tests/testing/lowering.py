@@ -13,7 +13,9 @@ from cann_ops_tilelang.kernel_target import tilelang_target
 
 UB_BYTES = 248 * 1024  # Unified Buffer of one Ascend 950 vector core
 SIMT_RESERVED_BYTES = 32 * 1024  # reserved for the SIMT context when a kernel uses T.SimtVF
-CPU_TIER_CUDA_ARCH = 'sm_90'  # the lent H200; lowering needs no GPU
+CPU_TIER_CUDA_ARCH = 'sm_90a'  # what an H200 compiles for (config.cuda_arch_for); lowering needs no GPU
+ASCEND_950_VECTOR_CORES = 64  # Ascend 950PR: the core count the CPU tier lowers Ascend kernels for
+H200_SMS = 132  # the lent H200: the SM count the CPU tier lowers CUDA kernels for
 
 
 @dataclasses.dataclass(frozen=True)
