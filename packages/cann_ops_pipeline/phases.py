@@ -67,7 +67,8 @@ def lint() -> list[Step]:
 
 def tests_cpu(args: Sequence[str] = ()) -> list[Step]:
     """Everything that runs without an accelerator: contract and tooling tests, kernel lowering."""
-    return [_pytest('-m', CPU_TIER, *args, description='CPU tier')]
+    # Lowering is CPU-bound and independent per parameter set: one xdist worker per core.
+    return [_pytest('-m', CPU_TIER, '-n', 'auto', *args, description='CPU tier')]
 
 
 def verify(level: int, args: Sequence[str] = ()) -> list[Step]:

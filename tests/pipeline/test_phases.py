@@ -20,7 +20,7 @@ def _pytest_args(step):
 
 def test_cpu_tier_deselects_device_and_benchmark_tests():
     (step,) = phases.tests_cpu(['-x'])
-    assert _pytest_args(step) == ['-m', 'not npu and not benchmark', '-x']
+    assert _pytest_args(step) == ['-m', 'not npu and not benchmark', '-n', 'auto', '-x']
 
 
 @pytest.mark.parametrize('level', [0, 1, 2])
