@@ -9,6 +9,7 @@ is already installed or cached instead of resolving a different (possibly multi-
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 import tempfile
@@ -54,9 +55,11 @@ def check_wheel(wheel: Path) -> None:
         env_dir = Path(tmp) / 'venv'
         venv.EnvBuilder(with_pip=True).create(env_dir)
         python = env_dir / ('Scripts/python.exe' if sys.platform == 'win32' else 'bin/python')
-        subprocess.run([str(python), '-m', 'pip', 'install', '-q', str(wheel), *pinned_requirements()], check=True)
-        # Run from the empty temp dir so the source tree cannot shadow the installed package.
-        subprocess.run([str(python), '-c', IMPORT_CHECK], check=True, cwd=tmp)
+        # Neither PYTHONPATH nor the working directory may let the source tree shadow the wheel.
+        env = {key: value for key, value in os.environ.items() if key != 'PYTHONPATH'}
+        install = [str(python), '-m', 'pip', 'install', '-q', str(wheel), *pinned_requirements()]
+        subprocess.run(install, check=True, env=env, cwd=tmp)
+        subprocess.run([str(python), '-c', IMPORT_CHECK], check=True, env=env, cwd=tmp)
 
 
 def main(argv: list[str] | None = None) -> int:
