@@ -3,22 +3,34 @@
     python -m cann_ops_pipeline.two_phase [--phase1-workers N] [--phase2-workers N] [--fail-fast]
                                           [--dry-run] [pytest args...] [-- pytest args...]
 
-Phase 1 runs `-m 'not large_npu_mem'` with many workers (4 per device, or one per CPU without a
-device), phase 2 runs `-m large_npu_mem` with one worker per device (1 without a device); a `-m`
-among the pytest args is combined with the phase's expression by `and`. Arguments this runner does
-not know go to both pytest runs unchanged, as does everything after `--`. Exit code 5 (no test
-selected) does not fail a phase; a failing phase 1 still runs phase 2 unless --fail-fast (an
-interrupted phase 1 stops the run). The exit code is 0 when no phase failed (5 when neither phase
-ran a test), else the first failing phase's exit code.
+Phase 1 runs `-m 'not large_npu_mem'` with many workers, phase 2 runs `-m large_npu_mem` with one
+worker per device (1 without a device); a `-m` among the pytest args is combined with the phase's
+expression by `and`. A phase with 0 or 1 worker runs in-process (`-n 0`): no xdist start-up.
 
-Pure standard library. Devices are counted by cann_ops_pipeline.device_count (never by torch), and
-the count is exported as OPS_TILELANG_DEVICE_COUNT so that both pytest runs bind workers alike.
+Phase 1 defaults to W = max(1, min(CPUs // devices, 16)) workers per device, or one per CPU without a
+device. The device binding caps each worker's allocator to 1/W of its device, so the runner passes
+`--npu-mem-threshold X` to both phases, X = min(the user's --npu-mem-threshold if given, the npu_mem
+default 15000 MB, the per-worker share device MB // W of the smallest device): a test whose profiled
+peak exceeds its worker's share is marked large_npu_mem and goes to phase 2. With --phase1-workers N
+the share uses W = ceil(N / devices) (1 in-process); when the device memory is unknown there is no
+share (X is the given threshold or the default) and the default W is at most 4. The dry run and the
+final summary show X and why, e.g. `--npu-mem-threshold 8985 (device share: 143771 MB / 16 workers; ...)`.
+
+Arguments this runner does not know go to both pytest runs unchanged, as does everything after `--`.
+Exit code 5 (no test selected) does not fail a phase; a failing phase 1 still runs phase 2 unless
+--fail-fast (an interrupted phase 1 stops the run). The exit code is 0 when no phase failed (5 when
+neither phase ran a test), else the first failing phase's exit code.
+
+Pure standard library. Devices are counted and their memory read by cann_ops_pipeline.device_count
+(never by torch), and the count is exported as OPS_TILELANG_DEVICE_COUNT so that both pytest runs
+bind workers alike.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import os
 import re
 import shlex
@@ -28,10 +40,13 @@ import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-from cann_ops_pipeline.device_count import DEVICE_COUNT_ENV, count_devices
+from cann_ops_pipeline.device_count import DEVICE_COUNT_ENV, Tool, count_devices, device_memory_mb, run_tool
 
 LARGE_MARKER = 'large_npu_mem'
-WORKERS_PER_DEVICE_PHASE1 = 4
+THRESHOLD_OPTION = '--npu-mem-threshold'
+DEFAULT_NPU_MEM_THRESHOLD_MB = 15000.0  # the npu_mem plugin's default (tests/testing/plugins/npu_mem.py imports it)
+MAX_WORKERS_PER_DEVICE = 16  # phase 1 default: one worker per CPU per device, at most this many
+UNKNOWN_MEMORY_WORKERS_PER_DEVICE = 4  # phase 1 default cap when the device memory cannot be read
 WORKERS_PER_DEVICE_PHASE2 = 1
 NO_TESTS = 5
 INTERRUPTED = 2
@@ -65,6 +80,20 @@ class PhaseResult:
 Runner = Callable[[Sequence[str], Mapping[str, str]], PhaseResult]
 
 
+@dataclasses.dataclass(frozen=True)
+class Threshold:
+    """The --npu-mem-threshold both phases get, and why."""
+
+    mb: float
+    reason: str
+
+    def args(self) -> list[str]:
+        return [THRESHOLD_OPTION, format_mb(self.mb)]
+
+    def describe(self) -> str:
+        return f'{THRESHOLD_OPTION} {format_mb(self.mb)} ({self.reason})'
+
+
 class UsageError(ValueError):
     """A command line this runner cannot honour."""
 
@@ -88,6 +117,37 @@ def split_markexpr(args: Sequence[str]) -> tuple[str | None, list[str]]:
     return expr, rest
 
 
+def parse_threshold(text: str) -> float:
+    """A --npu-mem-threshold value: a number of MB >= 0, as the npu_mem plugin takes it."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        raise UsageError(f'{THRESHOLD_OPTION} {text!r}: expected a number of MB >= 0')
+    return value
+
+
+def split_threshold(args: Sequence[str]) -> tuple[float | None, list[str]]:
+    """Take `--npu-mem-threshold N` / `--npu-mem-threshold=N` out of args: (the value, the other args).
+
+    As in pytest, the last one wins; the runner passes the final threshold to both phases itself.
+    """
+    value, rest = None, []
+    it = iter(args)
+    for arg in it:
+        if arg == THRESHOLD_OPTION:
+            text = next(it, None)
+            if text is None:
+                raise UsageError(f'{THRESHOLD_OPTION} needs a number of MB')
+            value = parse_threshold(text)
+        elif arg.startswith(f'{THRESHOLD_OPTION}='):
+            value = parse_threshold(arg.partition('=')[2])
+        else:
+            rest.append(arg)
+    return value, rest
+
+
 def check_passthrough(args: Sequence[str]) -> None:
     """The phases choose the worker count: pytest's own -n would fight with it."""
     for arg in args:
@@ -102,17 +162,80 @@ def combine_markexpr(user: str | None, phase: str) -> str:
     return f'({user}) and ({phase})'
 
 
+def xdist_count(workers: int) -> int:
+    """What `-n` gets: 0 or 1 worker runs in-process (`-n 0`), without xdist's worker start-up."""
+    return workers if workers > 1 else 0
+
+
 def phase_argv(phase: Phase, user_markexpr: str | None, args: Sequence[str], python: str = sys.executable) -> list[str]:
     """The pytest command of one phase."""
     markexpr = combine_markexpr(user_markexpr, phase.marker)
-    return [python, '-m', 'pytest', '-m', markexpr, '-n', str(phase.workers), *args]
+    return [python, '-m', 'pytest', '-m', markexpr, '-n', str(xdist_count(phase.workers)), *args]
 
 
-def default_workers(device_count: int, cpu_count: int) -> tuple[int, int]:
-    """(phase 1, phase 2) workers: 4 and 1 per device; one per CPU and 1 without a device."""
+def phase1_workers_per_device(device_count: int, cpu_count: int, memory_known: bool = True) -> int:
+    """Default phase-1 workers per device: the CPUs per device, 1 to 16 (at most 4 with unknown memory)."""
+    per_device = max(1, min(cpu_count // device_count, MAX_WORKERS_PER_DEVICE))
+    return per_device if memory_known else min(per_device, UNKNOWN_MEMORY_WORKERS_PER_DEVICE)
+
+
+def default_workers(device_count: int, cpu_count: int, memory_known: bool = True) -> tuple[int, int]:
+    """(phase 1, phase 2) workers: see phase1_workers_per_device, and 1 per device; one per CPU and 1 without one."""
     if device_count > 0:
-        return WORKERS_PER_DEVICE_PHASE1 * device_count, WORKERS_PER_DEVICE_PHASE2 * device_count
+        per_device = phase1_workers_per_device(device_count, cpu_count, memory_known)
+        return per_device * device_count, WORKERS_PER_DEVICE_PHASE2 * device_count
     return max(1, cpu_count), 1
+
+
+def workers_per_device(workers: int, device_count: int) -> int:
+    """xdist workers on the busiest device (round-robin binding); 1 in-process or without a device."""
+    if device_count <= 0 or xdist_count(workers) == 0:
+        return 1
+    return math.ceil(workers / device_count)
+
+
+def format_mb(mb: float) -> str:
+    """8985 for 8985.0, 20.5 for 20.5: what pytest gets and the summary shows."""
+    return str(int(mb)) if float(mb).is_integer() else repr(float(mb))
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+    """One bound on the threshold: `name` and how it came about (`detail`)."""
+
+    mb: float
+    name: str
+    detail: str = ''
+
+    def as_winner(self) -> str:
+        return f'{self.name}: {self.detail}' if self.detail else self.name
+
+    def as_other(self) -> str:
+        return f'{self.name} {format_mb(self.mb)}' + (f' ({self.detail})' if self.detail else '')
+
+
+def threshold_candidates(user_mb: float | None, memory_mb: int | None, per_device: int) -> list[Candidate]:
+    """The device share (smallest device's MB // workers on one device), the user's value, the default."""
+    candidates = []
+    if memory_mb is not None:
+        workers = f'{per_device} worker{"s" if per_device != 1 else ""}'
+        candidates.append(Candidate(memory_mb // per_device, 'device share', f'{memory_mb} MB / {workers}'))
+    if user_mb is not None:
+        candidates.append(Candidate(user_mb, 'given'))
+    candidates.append(Candidate(DEFAULT_NPU_MEM_THRESHOLD_MB, 'npu_mem default'))
+    return candidates
+
+
+def choose_threshold(user_mb: float | None, memory_mb: int | None, per_device: int, note: str = '') -> Threshold:
+    """The smallest candidate (on a tie the first: share, given, default); the reason names it, then the rest.
+
+    E.g. `device share: 143771 MB / 16 workers; min with npu_mem default 15000`.
+    """
+    candidates = threshold_candidates(user_mb, memory_mb, per_device)
+    best = min(candidates, key=lambda candidate: candidate.mb)
+    others = [candidate.as_other() for candidate in candidates if candidate is not best]
+    parts = [best.as_winner(), *([f'min with {", ".join(others)}'] if others else []), *([note] if note else [])]
+    return Threshold(float(best.mb), '; '.join(parts))
 
 
 def build_phases(phase1_workers: int, phase2_workers: int) -> list[Phase]:
@@ -177,13 +300,18 @@ def run_subprocess(argv: Sequence[str], env: Mapping[str, str]) -> PhaseResult:
     return PhaseResult(returncode, time.monotonic() - start, summary)
 
 
-def format_summary(phases: Sequence[Phase], markexprs: Sequence[str], results: Sequence[PhaseResult | None]) -> str:
-    """The verdict and one line per phase: marker expression, workers, exit status, selected, time."""
+def format_summary(
+    phases: Sequence[Phase],
+    markexprs: Sequence[str],
+    results: Sequence[PhaseResult | None],
+    threshold: Threshold | None = None,
+) -> str:
+    """The verdict, the threshold, and one line per phase: marker expression, -n, exit status, selected, time."""
     codes = [result.returncode for result in results if result is not None]
     verdict = 'FAILED' if any(failed(code) for code in codes) else 'passed'
-    lines = [f'two-phase run: {verdict}']
+    lines = [f'two-phase run: {verdict}', *([f'  {threshold.describe()}'] if threshold else [])]
     for phase, markexpr, result in zip(phases, markexprs, results, strict=True):
-        head = f'  {phase.name}: -m {shlex.quote(markexpr)} -n {phase.workers}'
+        head = f'  {phase.name}: -m {shlex.quote(markexpr)} -n {xdist_count(phase.workers)}'
         if result is None:
             lines.append(f'{head}: not run')
             continue
@@ -208,7 +336,9 @@ def make_parser() -> argparse.ArgumentParser:
         '--phase1-workers',
         type=_count,
         metavar='N',
-        help=f'xdist workers of phase 1 (default {WORKERS_PER_DEVICE_PHASE1} per device, one per CPU without one)',
+        help=f'xdist workers of phase 1 (default: CPUs // devices per device, at most {MAX_WORKERS_PER_DEVICE}, '
+        f'at most {UNKNOWN_MEMORY_WORKERS_PER_DEVICE} when the device memory is unknown; one per CPU without a '
+        f'device). Also sets the per-worker device share that caps {THRESHOLD_OPTION}',
     )
     parser.add_argument(
         '--phase2-workers',
@@ -217,7 +347,7 @@ def make_parser() -> argparse.ArgumentParser:
         help=f'xdist workers of phase 2 (default {WORKERS_PER_DEVICE_PHASE2} per device, 1 without a device)',
     )
     parser.add_argument('--fail-fast', action='store_true', help='skip phase 2 when phase 1 failed')
-    parser.add_argument('--dry-run', action='store_true', help='print both pytest commands and exit')
+    parser.add_argument('--dry-run', action='store_true', help='print the threshold and both pytest commands and exit')
     return parser
 
 
@@ -227,7 +357,7 @@ def _count(text: str) -> int:
     except ValueError:
         value = -1
     if value < 0:
-        raise argparse.ArgumentTypeError(f'{text!r} is not a worker count (an integer >= 0; 0 runs without xdist)')
+        raise argparse.ArgumentTypeError(f'{text!r} is not a worker count (an integer >= 0; 0 or 1: no xdist)')
     return value
 
 
@@ -245,36 +375,59 @@ def _cpu_count() -> int:
     return os.cpu_count() or 1
 
 
+def threshold_note(device_count: int, memory_mb: int | None, default_phase1: bool) -> str:
+    """Why the threshold has no device share, if it has none."""
+    if device_count <= 0:
+        return 'no device'
+    if memory_mb is not None:
+        return ''
+    cap = f', phase 1 at most {UNKNOWN_MEMORY_WORKERS_PER_DEVICE} workers per device' if default_phase1 else ''
+    return f'device memory unknown{cap}'
+
+
+def plan_run(
+    options: argparse.Namespace, user_threshold: float | None, device_count: int, memory_mb: int | None, cpus: int
+) -> tuple[list[Phase], Threshold]:
+    """Both phases' worker counts and the threshold they share, from the options and the host."""
+    default1, default2 = default_workers(device_count, cpus, memory_known=memory_mb is not None)
+    workers1 = default1 if options.phase1_workers is None else options.phase1_workers
+    workers2 = default2 if options.phase2_workers is None else options.phase2_workers
+    note = threshold_note(device_count, memory_mb, default_phase1=options.phase1_workers is None)
+    threshold = choose_threshold(user_threshold, memory_mb, workers_per_device(workers1, device_count), note)
+    return build_phases(workers1, workers2), threshold
+
+
 def run(
     argv: Sequence[str],
     *,
     runner: Runner = run_subprocess,
     environ: Mapping[str, str] | None = None,
     cpu_count: Callable[[], int] = _cpu_count,
+    tool: Tool = run_tool,
     out: Callable[[str], None] = print,
 ) -> int:
-    """The whole run; returns the exit code. `runner` executes one pytest command."""
+    """The whole run; returns the exit code. `runner` executes one pytest command, `tool` a vendor tool."""
     environ = dict(os.environ if environ is None else environ)
     options, pytest_args = parse_command_line(argv)
     try:
         check_passthrough(pytest_args)
         user_markexpr, rest = split_markexpr(pytest_args)
-        device_count = count_devices(environ).count
+        user_threshold, rest = split_threshold(rest)
+        device_count = count_devices(environ, tool).count
+        memory_mb = device_memory_mb(environ, tool) if device_count > 0 else None
     except ValueError as exc:
         out(f'two_phase: error: {exc}')
         return 4
     environ[DEVICE_COUNT_ENV] = str(device_count)  # the pytest runs bind workers without probing again
-    default1, default2 = default_workers(device_count, cpu_count())
-    phases = build_phases(
-        default1 if options.phase1_workers is None else options.phase1_workers,
-        default2 if options.phase2_workers is None else options.phase2_workers,
-    )
+    phases, threshold = plan_run(options, user_threshold, device_count, memory_mb, cpu_count())
     markexprs = [combine_markexpr(user_markexpr, phase.marker) for phase in phases]
-    argvs = [phase_argv(phase, user_markexpr, rest) for phase in phases]
+    argvs = [phase_argv(phase, user_markexpr, [*threshold.args(), *rest]) for phase in phases]
     if options.dry_run:
+        out(f'threshold: {threshold.describe()}')
         for phase, phase_args in zip(phases, argvs, strict=True):
             out(f'{phase.name}: {DEVICE_COUNT_ENV}={device_count} {shlex.join(phase_args)}')
         return 0
+    out(f'==> threshold: {threshold.describe()}')
     results: list[PhaseResult | None] = [None] * len(phases)
     for i, (phase, phase_args) in enumerate(zip(phases, argvs, strict=True)):
         out(f'==> {phase.name}: {shlex.join(phase_args)}')
@@ -282,7 +435,7 @@ def run(
         code = results[i].returncode
         if code == INTERRUPTED or (options.fail_fast and failed(code)):
             break
-    out(format_summary(phases, markexprs, results))
+    out(format_summary(phases, markexprs, results, threshold))
     return combined_exit_code([result.returncode for result in results if result is not None])
 
 

@@ -1,4 +1,4 @@
-"""Device binding of xdist workers and the device count, with a fake device count on a CPU."""
+"""Device binding of xdist workers, the device count and memory, with fake counts and vendor tools on a CPU."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import types
 import pytest
 
 from cann_ops_pipeline import device_count
-from cann_ops_pipeline.device_count import DeviceInventory, count_devices
+from cann_ops_pipeline.device_count import DeviceInventory, count_devices, device_memory_mb
 from tests.testing.plugins import device_binding
 from tests.testing.plugins.device_binding import Binding, plan_binding
 
@@ -120,6 +120,115 @@ def test_device_count_sources():
 def test_a_missing_tool_counts_nothing(monkeypatch):
     monkeypatch.setattr(device_count.shutil, 'which', lambda name: None)
     assert device_count.run_tool(['nvidia-smi', '-L']) is None
+
+
+NVIDIA_SMI_MEMORY = """143771
+143771
+81559
+"""
+NPU_SMI_LIST = """
+        Total Count                    : 2
+
+        NPU ID                         : 0
+        Chip Count                     : 1
+
+        NPU ID                         : 1
+        Chip Count                     : 1
+"""
+
+
+def npu_smi_usages(npu_id, hbm_mb):
+    """`npu-smi info -t usages -i <id>` of a one-chip NPU.
+
+    Not captured on an Ascend 950: the layout (one 'Field(Unit) : value' line per metric, padded with
+    spaces) follows the sample in Huawei's npu-smi reference for `info -t usages`; the parser reads
+    only the 'HBM Capacity(MB)' lines, one per chip.
+    """
+    return f"""
+        NPU ID                         : {npu_id}
+        Chip Count                     : 1
+
+        DDR Capacity(MB)               : 15171
+        DDR Usage Rate(%)              : 3
+        DDR Hugepages Total(page)      : 0
+        DDR Hugepages Usage Rate(%)    : 0
+        HBM Capacity(MB)               : {hbm_mb}
+        HBM Usage Rate(%)              : 0
+        Aicore Usage Rate(%)           : 0
+        Aicpu Usage Rate(%)            : 0
+        Ctrlcpu Usage Rate(%)          : 1
+        DDR Bandwidth Usage Rate(%)    : 0
+        HBM Bandwidth Usage Rate(%)    : 0
+        Chip ID                        : 0
+"""
+
+
+def fake_commands(outputs):
+    """A vendor tool that knows whole command lines; everything else is not installed."""
+    calls = []
+
+    def tool(argv):
+        calls.append(' '.join(argv))
+        return outputs.get(' '.join(argv))
+
+    tool.calls = calls
+    return tool
+
+
+NVIDIA_MEMORY_QUERY = 'nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits'
+ASCEND = {
+    'npu-smi info -l': NPU_SMI_LIST,
+    'npu-smi info -t usages -i 0': npu_smi_usages(0, 65536),
+    'npu-smi info -t usages -i 1': npu_smi_usages(1, 32768),
+}
+
+
+def test_the_vendor_tool_outputs_parse():
+    assert device_count.parse_nvidia_smi_memory(NVIDIA_SMI_MEMORY) == [143771, 143771, 81559]
+    assert device_count.parse_nvidia_smi_memory('[N/A]\n81559\n') == [None, 81559], 'positions stay indices'
+    assert device_count.parse_npu_smi_ids(NPU_SMI_LIST) == [0, 1]
+    assert device_count.parse_npu_smi_hbm(npu_smi_usages(3, 65536)) == [65536]
+    assert device_count.parse_npu_smi_hbm('HBM Usage Rate(%) : 6') == []
+
+
+@pytest.mark.parametrize(
+    ('environ', 'expected'),
+    [
+        ({}, 81559),  # the smallest GPU
+        ({'CUDA_VISIBLE_DEVICES': '0,1'}, 143771),  # index entries select their GPUs
+        ({'CUDA_VISIBLE_DEVICES': ' 1 '}, 143771),
+        ({'CUDA_VISIBLE_DEVICES': 'GPU-aaaa'}, 81559),  # not resolved: all GPUs count, the safe answer
+        ({'CUDA_VISIBLE_DEVICES': '7'}, None),  # no such GPU
+        ({'CUDA_VISIBLE_DEVICES': ''}, None),  # no GPU visible
+        ({'ASCEND_RT_VISIBLE_DEVICES': '0'}, 81559),  # the other vendor's variable does not apply
+    ],
+)
+def test_cuda_device_memory_respects_the_visible_devices(environ, expected):
+    assert device_memory_mb(environ, fake_commands({NVIDIA_MEMORY_QUERY: NVIDIA_SMI_MEMORY})) == expected
+
+
+def test_ascend_device_memory_is_read_per_npu():
+    tool = fake_commands(ASCEND)
+    assert device_memory_mb({}, tool) == 32768
+    assert tool.calls == ['npu-smi info -l', 'npu-smi info -t usages -i 0', 'npu-smi info -t usages -i 1']
+    assert device_memory_mb({'ASCEND_RT_VISIBLE_DEVICES': '0'}, fake_commands(ASCEND)) == 65536
+    unreadable = fake_commands({**ASCEND, 'npu-smi info -t usages -i 1': 'HBM Usage Rate(%) : 0'})
+    assert device_memory_mb({}, unreadable) is None, 'one NPU unknown: the smallest is unknown'
+
+
+def test_device_memory_override_and_unknown_memory():
+    tool = fake_commands({NVIDIA_MEMORY_QUERY: NVIDIA_SMI_MEMORY})
+    assert device_memory_mb({'OPS_TILELANG_DEVICE_MEMORY_MB': ' 143771 '}, tool) == 143771, 'the override wins'
+    assert tool.calls == [], 'and no tool runs'
+    assert device_memory_mb({'OPS_TILELANG_DEVICE_MEMORY_MB': ''}, tool) == 81559, 'empty: unset'
+    assert device_memory_mb({}, fake_commands({})) is None, 'no tool, no device'
+    assert device_memory_mb({}, fake_commands({NVIDIA_MEMORY_QUERY: ''})) is None
+
+
+@pytest.mark.parametrize('value', ['0', '-5', 'lots', '1.5', '80G'])
+def test_a_bad_device_memory_override_is_an_error_naming_it(value):
+    with pytest.raises(ValueError, match=f"OPS_TILELANG_DEVICE_MEMORY_MB='{value}' is not a device memory size"):
+        device_memory_mb({'OPS_TILELANG_DEVICE_MEMORY_MB': value}, fake_commands({}))
 
 
 BINDING_CONFTEST = """

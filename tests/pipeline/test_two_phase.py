@@ -1,7 +1,8 @@
-"""The two-phase runner: argv building, phase split, exit-code combination, and one real run."""
+"""The two-phase runner: argv building, worker counts, memory threshold, exit codes, and one real run."""
 
 from __future__ import annotations
 
+import re
 import sys
 
 import pytest
@@ -69,11 +70,91 @@ def test_phase_argv():
     assert phase2_argv == ['py', '-m', 'pytest', '-m', 'large_npu_mem', '-n', '2']
 
 
+@pytest.mark.parametrize(('workers', 'n'), [(0, 0), (1, 0), (2, 2), (16, 16)])
+def test_one_worker_runs_in_process_without_xdist(workers, n):
+    assert two_phase.xdist_count(workers) == n
+    phase = Phase('phase 2', 'large_npu_mem', workers)
+    assert two_phase.phase_argv(phase, None, [], python='py')[5:] == ['-n', str(n)]
+
+
 @pytest.mark.parametrize(
-    ('devices', 'cpus', 'expected'), [(2, 16, (8, 2)), (1, 16, (4, 1)), (0, 2, (2, 1)), (0, 0, (1, 1))]
+    ('devices', 'cpus', 'memory_known', 'expected'),
+    [
+        (1, 16, True, (16, 1)),  # one worker per CPU of the device
+        (2, 16, True, (16, 2)),  # 8 per device
+        (1, 128, True, (16, 1)),  # at most 16 per device
+        (8, 4, True, (8, 8)),  # at least 1 per device
+        (1, 16, False, (4, 1)),  # memory unknown: at most 4 per device
+        (2, 4, False, (4, 2)),  # 2 per device, under that cap
+        (0, 2, True, (2, 1)),  # no device: one per CPU
+        (0, 0, False, (1, 1)),
+    ],
 )
-def test_default_workers(devices, cpus, expected):
-    assert two_phase.default_workers(devices, cpus) == expected
+def test_default_workers(devices, cpus, memory_known, expected):
+    assert two_phase.default_workers(devices, cpus, memory_known) == expected
+
+
+@pytest.mark.parametrize(
+    ('workers', 'devices', 'per_device'), [(16, 1, 16), (8, 2, 4), (3, 2, 2), (1, 1, 1), (0, 2, 1), (6, 0, 1)]
+)
+def test_workers_on_the_busiest_device(workers, devices, per_device):
+    assert two_phase.workers_per_device(workers, devices) == per_device
+
+
+@pytest.mark.parametrize(
+    ('args', 'value', 'rest'),
+    [
+        (['tests', '--npu-mem-threshold', '9000', '-x'], 9000.0, ['tests', '-x']),
+        (['--npu-mem-threshold=20.5', 'tests'], 20.5, ['tests']),
+        (['--npu-mem-threshold=1', '--npu-mem-threshold', '2'], 2.0, []),  # as in pytest, the last wins
+        (['--npu-mem-thresholds=1', 'tests'], None, ['--npu-mem-thresholds=1', 'tests']),  # not ours
+    ],
+)
+def test_the_users_threshold_is_taken_out(args, value, rest):
+    assert two_phase.split_threshold(args) == (value, rest)
+
+
+@pytest.mark.parametrize(
+    ('args', 'message'),
+    [
+        (['--npu-mem-threshold'], '--npu-mem-threshold needs a number of MB'),
+        (['--npu-mem-threshold', 'big'], "--npu-mem-threshold 'big': expected a number of MB >= 0"),
+        (['--npu-mem-threshold=-1'], "--npu-mem-threshold '-1': expected a number of MB >= 0"),
+        (['--npu-mem-threshold=nan'], "--npu-mem-threshold 'nan': expected a number of MB >= 0"),
+    ],
+)
+def test_a_bad_threshold_is_a_usage_error(args, message):
+    with pytest.raises(two_phase.UsageError, match=re.escape(message)):
+        two_phase.split_threshold(args)
+
+
+@pytest.mark.parametrize(
+    ('user', 'memory', 'per_device', 'note', 'mb', 'reason'),
+    [
+        (None, 143771, 16, '', 8985, 'device share: 143771 MB / 16 workers; min with npu_mem default 15000'),
+        (None, 143771, 4, '', 15000, 'npu_mem default; min with device share 35942 (143771 MB / 4 workers)'),
+        (
+            9000.0, 143771, 16, '', 8985,
+            'device share: 143771 MB / 16 workers; min with given 9000, npu_mem default 15000',
+        ),
+        (
+            20.5, 143771, 1, '', 20.5,
+            'given; min with device share 143771 (143771 MB / 1 worker), npu_mem default 15000',
+        ),
+        (
+            20000.0, None, 1, 'device memory unknown', 15000,
+            'npu_mem default; min with given 20000; device memory unknown',
+        ),
+        (15000.0, None, 1, 'no device', 15000, 'given; min with npu_mem default 15000; no device'),  # a tie: given
+    ],
+)  # fmt: skip
+def test_the_threshold_is_the_smallest_bound(user, memory, per_device, note, mb, reason):
+    assert two_phase.choose_threshold(user, memory, per_device, note) == two_phase.Threshold(mb, reason)
+
+
+@pytest.mark.parametrize(('mb', 'text'), [(8985, '8985'), (15000.0, '15000'), (20.5, '20.5'), (0.0, '0')])
+def test_thresholds_are_written_as_pytest_reads_them(mb, text):
+    assert two_phase.format_mb(mb) == text
 
 
 @pytest.mark.parametrize(
@@ -118,35 +199,106 @@ class FakeRunner:
         return PhaseResult(self.codes.pop(0), 1.25, '3 passed, 1 deselected in 1.00s')
 
 
-def run(argv, runner, devices='2'):
+def no_tools(argv):
+    """Neither npu-smi nor nvidia-smi is installed."""
+    return None
+
+
+def run(argv, runner, devices='2', memory='143771', cpus=16, tool=no_tools):
     lines = []
-    code = two_phase.run(
-        argv, runner=runner, environ={'OPS_TILELANG_DEVICE_COUNT': devices}, cpu_count=lambda: 6, out=lines.append
-    )
+    environ = {'OPS_TILELANG_DEVICE_COUNT': devices}
+    if memory is not None:
+        environ['OPS_TILELANG_DEVICE_MEMORY_MB'] = memory
+    code = two_phase.run(argv, runner=runner, environ=environ, cpu_count=lambda: cpus, tool=tool, out=lines.append)
     return code, '\n'.join(lines)
 
 
-def test_both_phases_run_with_the_extra_args_and_the_device_count():
+def workers_and_thresholds(runner):
+    """(-n, --npu-mem-threshold) of each phase that ran."""
+    return [(argv[argv.index('-n') + 1], argv[argv.index('--npu-mem-threshold') + 1]) for argv, _ in runner.calls]
+
+
+def test_both_phases_run_with_the_extra_args_the_threshold_and_the_device_count():
     runner = FakeRunner(0, 5)
     code, out = run(['tests/engram', '-m', 'npu', '-x'], runner)
     assert code == 0
     argv1, argv2 = (argv for argv, _ in runner.calls)
-    assert argv1[3:] == ['-m', '(npu) and (not large_npu_mem)', '-n', '8', 'tests/engram', '-x']
-    assert argv2[3:] == ['-m', '(npu) and (large_npu_mem)', '-n', '2', 'tests/engram', '-x']
+    assert argv1[3:] == [
+        '-m', '(npu) and (not large_npu_mem)', '-n', '16', '--npu-mem-threshold', '15000', 'tests/engram', '-x'
+    ]  # fmt: skip
+    assert argv2[3:] == [
+        '-m', '(npu) and (large_npu_mem)', '-n', '2', '--npu-mem-threshold', '15000', 'tests/engram', '-x'
+    ]  # fmt: skip
     assert all(env['OPS_TILELANG_DEVICE_COUNT'] == '2' for _, env in runner.calls)
-    assert out.splitlines()[-3:] == [
+    threshold = '--npu-mem-threshold 15000 (npu_mem default; min with device share 17971 (143771 MB / 8 workers))'
+    assert out.splitlines()[0] == f'==> threshold: {threshold}'
+    assert out.splitlines()[-4:] == [
         'two-phase run: passed',
-        "  phase 1: -m '(npu) and (not large_npu_mem)' -n 8: exit 0 (passed), selected 3, 1.2 s "
+        f'  {threshold}',
+        "  phase 1: -m '(npu) and (not large_npu_mem)' -n 16: exit 0 (passed), selected 3, 1.2 s "
         '[3 passed, 1 deselected in 1.00s]',
         "  phase 2: -m '(npu) and (large_npu_mem)' -n 2: exit 5 (no tests selected), selected 3, 1.2 s "
         '[3 passed, 1 deselected in 1.00s]',
     ]
 
 
+def test_one_device_16_cpus_phase_1_gets_16_workers_and_their_share_phase_2_runs_in_process():
+    runner = FakeRunner(0, 0)
+    code, out = run([], runner, devices='1')
+    assert code == 0
+    assert workers_and_thresholds(runner) == [('16', '8985'), ('0', '8985')]
+    assert '  --npu-mem-threshold 8985 (device share: 143771 MB / 16 workers; min with npu_mem default 15000)' in out
+    assert out.splitlines()[-1].startswith('  phase 2: -m large_npu_mem -n 0: exit 0 (passed)')
+
+
+@pytest.mark.parametrize(
+    ('args', 'phase1_n', 'threshold'),
+    [
+        (['--npu-mem-threshold', '9000'], '16', '8985'),  # the share is smaller
+        (['--npu-mem-threshold=5000.5'], '16', '5000.5'),  # the user's is smaller
+        (['--', '--npu-mem-threshold', '100'], '16', '100'),  # also after --
+        (['--npu-mem-threshold=20000'], '16', '8985'),  # never above the share
+        (['--phase1-workers', '4'], '4', '15000'),  # share 35942: the default is smaller
+        (['--phase1-workers', '1'], '0', '15000'),  # in-process: the whole device, 143771
+    ],
+)
+def test_the_threshold_is_the_min_of_the_users_the_default_and_the_share(args, phase1_n, threshold):
+    runner = FakeRunner(0, 0)
+    run(['tests', *args], runner, devices='1')
+    assert workers_and_thresholds(runner) == [(phase1_n, threshold), ('0', threshold)]
+    assert all(argv.count('--npu-mem-threshold') == 1 for argv, _ in runner.calls), "the user's is replaced"
+    assert not any(arg.startswith('--npu-mem-threshold=') for argv, _ in runner.calls for arg in argv)
+
+
+def test_with_unknown_device_memory_phase_1_takes_at_most_4_per_device_and_the_threshold_stays():
+    runner = FakeRunner(0, 0)
+    code, out = run(['--npu-mem-threshold', '12000'], runner, devices='1', memory=None)
+    assert code == 0
+    assert workers_and_thresholds(runner) == [('4', '12000'), ('0', '12000')]
+    assert (
+        '--npu-mem-threshold 12000 (given; min with npu_mem default 15000; '
+        'device memory unknown, phase 1 at most 4 workers per device)'
+    ) in out
+    explicit = FakeRunner(0, 0)
+    code, out = run(['--phase1-workers', '12'], explicit, devices='1', memory=None)
+    assert code == 0
+    assert workers_and_thresholds(explicit) == [('12', '15000'), ('0', '15000')]
+    assert '(npu_mem default; device memory unknown)' in out
+
+
+def test_the_device_memory_comes_from_the_vendor_tool():
+    runner = FakeRunner(0, 0)
+    tool = {'nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits': '143771\n81559\n'}.get
+    run([], runner, memory=None, tool=lambda argv: tool(' '.join(argv)))
+    assert workers_and_thresholds(runner) == [('16', '10194'), ('2', '10194')], '81559 MB / 8 workers'
+
+
 def test_without_devices_phase_1_uses_the_cpus():
     runner = FakeRunner(0, 0)
-    run(['--phase2-workers', '0'], runner, devices='0')
-    assert [argv[6] for argv, _ in runner.calls] == ['6', '0']
+    code, out = run(['--phase2-workers', '0'], runner, devices='0', cpus=6)
+    assert code == 0
+    assert workers_and_thresholds(runner) == [('6', '15000'), ('0', '15000')]
+    assert '  --npu-mem-threshold 15000 (npu_mem default; no device)' in out
 
 
 def test_a_failing_phase_1_still_runs_phase_2():
@@ -175,14 +327,24 @@ def test_command_line_errors_run_nothing():
     assert code == 4
     assert "two_phase: error: '-n': set the worker counts with --phase1-workers / --phase2-workers" in out
     assert run([], runner, devices='lots')[0] == 4
+    code, out = run([], runner, memory='80G')
+    assert code == 4
+    assert "two_phase: error: OPS_TILELANG_DEVICE_MEMORY_MB='80G' is not a device memory size" in out
+    code, out = run(['--npu-mem-threshold=lots'], runner)
+    assert (code, out) == (4, "two_phase: error: --npu-mem-threshold 'lots': expected a number of MB >= 0")
+    assert run(['--dry-run'], runner, devices='0', memory='80G')[0] == 0, 'without a device the memory is not read'
 
 
-def test_dry_run_prints_both_commands():
-    code, out = run(['--dry-run', '-k', 'x y'], FakeRunner())
+def test_dry_run_prints_the_threshold_and_both_commands():
+    args = ['--dry-run', 'tests/engram', '-m', 'npu and not benchmark', '-k', 'x y']
+    code, out = run(args, FakeRunner(), devices='1')
     assert code == 0
     assert out.splitlines() == [
-        f"phase 1: OPS_TILELANG_DEVICE_COUNT=2 {PY} -m pytest -m 'not large_npu_mem' -n 8 -k 'x y'",
-        f"phase 2: OPS_TILELANG_DEVICE_COUNT=2 {PY} -m pytest -m large_npu_mem -n 2 -k 'x y'",
+        'threshold: --npu-mem-threshold 8985 (device share: 143771 MB / 16 workers; min with npu_mem default 15000)',
+        f"phase 1: OPS_TILELANG_DEVICE_COUNT=1 {PY} -m pytest -m '(npu and not benchmark) and (not large_npu_mem)' "
+        "-n 16 --npu-mem-threshold 8985 tests/engram -k 'x y'",
+        f"phase 2: OPS_TILELANG_DEVICE_COUNT=1 {PY} -m pytest -m '(npu and not benchmark) and (large_npu_mem)' "
+        "-n 0 --npu-mem-threshold 8985 tests/engram -k 'x y'",
     ]
 
 
@@ -244,6 +406,7 @@ def test_a_real_two_phase_run(pytester, monkeypatch):
     result.stdout.fnmatch_lines(
         [
             'two-phase run: FAILED',
+            '  --npu-mem-threshold 15000 (npu_mem default; no device)',
             "  phase 1: -m '(npu or not npu) and (not large_npu_mem)' -n 0: exit 1 (tests failed), selected 2, *",
             "  phase 2: -m '(npu or not npu) and (large_npu_mem)' -n 0: exit 0 (passed), selected 2, *",
         ]

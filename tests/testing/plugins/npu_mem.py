@@ -23,12 +23,13 @@ from typing import Protocol
 
 import pytest
 
+from cann_ops_pipeline.two_phase import DEFAULT_NPU_MEM_THRESHOLD_MB
 from tests.testing.files import CorruptFileError
 from tests.testing.mem_profiles import load_profile, make_record, profile_path, update_records, write_profile
 from tests.testing.plugins.device_binding import workers_sharing_device
 
 LARGE_MARKER = 'large_npu_mem'
-DEFAULT_THRESHOLD_MB = 15000.0
+DEFAULT_THRESHOLD_MB = DEFAULT_NPU_MEM_THRESHOLD_MB  # defined once, beside the two-phase run that relies on it
 WORKEROUTPUT_KEY = 'ops_tilelang_npu_mem'
 NOT_WRITTEN = {
     pytest.ExitCode.INTERRUPTED: 'interrupted',
