@@ -215,14 +215,16 @@ class Candidate:
 
 
 def threshold_candidates(user_mb: float | None, memory_mb: int | None, per_device: int) -> list[Candidate]:
-    """The device share (smallest device's MB // workers on one device), the user's value, the default."""
+    """The device share (smallest device's MB // workers on one device), and the user's value if given,
+    else the plugin's default (a given value replaces the default, so it may be higher)."""
     candidates = []
     if memory_mb is not None:
         workers = f'{per_device} worker{"s" if per_device != 1 else ""}'
         candidates.append(Candidate(memory_mb // per_device, 'device share', f'{memory_mb} MB / {workers}'))
     if user_mb is not None:
         candidates.append(Candidate(user_mb, 'given'))
-    candidates.append(Candidate(DEFAULT_NPU_MEM_THRESHOLD_MB, 'npu_mem default'))
+    else:
+        candidates.append(Candidate(DEFAULT_NPU_MEM_THRESHOLD_MB, 'npu_mem default'))
     return candidates
 
 

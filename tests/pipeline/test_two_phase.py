@@ -133,19 +133,12 @@ def test_a_bad_threshold_is_a_usage_error(args, message):
     [
         (None, 143771, 16, '', 8985, 'device share: 143771 MB / 16 workers; min with npu_mem default 15000'),
         (None, 143771, 4, '', 15000, 'npu_mem default; min with device share 35942 (143771 MB / 4 workers)'),
-        (
-            9000.0, 143771, 16, '', 8985,
-            'device share: 143771 MB / 16 workers; min with given 9000, npu_mem default 15000',
-        ),
-        (
-            20.5, 143771, 1, '', 20.5,
-            'given; min with device share 143771 (143771 MB / 1 worker), npu_mem default 15000',
-        ),
-        (
-            20000.0, None, 1, 'device memory unknown', 15000,
-            'npu_mem default; min with given 20000; device memory unknown',
-        ),
-        (15000.0, None, 1, 'no device', 15000, 'given; min with npu_mem default 15000; no device'),  # a tie: given
+        (9000.0, 143771, 16, '', 8985, 'device share: 143771 MB / 16 workers; min with given 9000'),
+        (20.5, 143771, 1, '', 20.5, 'given; min with device share 143771 (143771 MB / 1 worker)'),
+        # a given threshold replaces the default, also upwards; only the device share caps it
+        (20000.0, 143771, 4, '', 20000, 'given; min with device share 35942 (143771 MB / 4 workers)'),
+        (20000.0, None, 1, 'device memory unknown', 20000, 'given; device memory unknown'),
+        (15000.0, None, 1, 'no device', 15000, 'given; no device'),
     ],
 )  # fmt: skip
 def test_the_threshold_is_the_smallest_bound(user, memory, per_device, note, mb, reason):
@@ -262,7 +255,7 @@ def test_one_device_16_cpus_phase_1_gets_16_workers_and_their_share_phase_2_runs
         (['--phase1-workers', '1'], '0', '15000'),  # in-process: the whole device, 143771
     ],
 )
-def test_the_threshold_is_the_min_of_the_users_the_default_and_the_share(args, phase1_n, threshold):
+def test_the_threshold_is_the_users_or_the_default_capped_by_the_share(args, phase1_n, threshold):
     runner = FakeRunner(0, 0)
     run(['tests', *args], runner, devices='1')
     assert workers_and_thresholds(runner) == [(phase1_n, threshold), ('0', threshold)]
@@ -275,10 +268,7 @@ def test_with_unknown_device_memory_phase_1_takes_at_most_4_per_device_and_the_t
     code, out = run(['--npu-mem-threshold', '12000'], runner, devices='1', memory=None)
     assert code == 0
     assert workers_and_thresholds(runner) == [('4', '12000'), ('0', '12000')]
-    assert (
-        '--npu-mem-threshold 12000 (given; min with npu_mem default 15000; '
-        'device memory unknown, phase 1 at most 4 workers per device)'
-    ) in out
+    assert '--npu-mem-threshold 12000 (given; device memory unknown, phase 1 at most 4 workers per device)' in out
     explicit = FakeRunner(0, 0)
     code, out = run(['--phase1-workers', '12'], explicit, devices='1', memory=None)
     assert code == 0
