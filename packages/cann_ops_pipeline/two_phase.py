@@ -43,6 +43,7 @@ from collections.abc import Callable, Mapping, Sequence
 from cann_ops_pipeline.device_count import DEVICE_COUNT_ENV, Tool, count_devices, device_memory_mb, run_tool
 
 LARGE_MARKER = 'large_npu_mem'
+DEFAULT_DIST = 'worksteal'  # see phase_argv
 THRESHOLD_OPTION = '--npu-mem-threshold'
 DEFAULT_NPU_MEM_THRESHOLD_MB = 15000.0  # the npu_mem plugin's default (tests/testing/plugins/npu_mem.py imports it)
 MAX_WORKERS_PER_DEVICE = 16  # phase 1 default: one worker per CPU per device, at most this many
@@ -167,10 +168,23 @@ def xdist_count(workers: int) -> int:
     return workers if workers > 1 else 0
 
 
+def gives_dist(args: Sequence[str]) -> bool:
+    """Whether the pytest args choose xdist's distribution mode themselves (--dist X, --dist=X, -d)."""
+    return any(arg == '-d' or arg.split('=')[0] == '--dist' for arg in args)
+
+
 def phase_argv(phase: Phase, user_markexpr: str | None, args: Sequence[str], python: str = sys.executable) -> list[str]:
-    """The pytest command of one phase."""
+    """The pytest command of one phase.
+
+    With xdist workers the distribution defaults to `worksteal`: each worker starts with a contiguous share of
+    the tests, so neighbouring parametrizations (the same kernel configuration, other runtime sizes) compile
+    their kernel once on one worker instead of once per worker, as xdist's round-robin `load` would have it;
+    idle workers then steal from the others' tails.
+    """
     markexpr = combine_markexpr(user_markexpr, phase.marker)
-    return [python, '-m', 'pytest', '-m', markexpr, '-n', str(xdist_count(phase.workers)), *args]
+    count = xdist_count(phase.workers)
+    dist = ['--dist', DEFAULT_DIST] if count > 0 and not gives_dist(args) else []
+    return [python, '-m', 'pytest', '-m', markexpr, '-n', str(count), *dist, *args]
 
 
 def phase1_workers_per_device(device_count: int, cpu_count: int, memory_known: bool = True) -> int:

@@ -64,17 +64,26 @@ def test_phase_argv():
     phase1, phase2 = two_phase.build_phases(8, 2)
     assert phase1 == Phase('phase 1', 'not large_npu_mem', 8)
     assert two_phase.phase_argv(phase1, 'npu', ['tests', '-x'], python='py') == [
-        'py', '-m', 'pytest', '-m', '(npu) and (not large_npu_mem)', '-n', '8', 'tests', '-x'
+        'py', '-m', 'pytest', '-m', '(npu) and (not large_npu_mem)', '-n', '8', '--dist', 'worksteal', 'tests', '-x'
     ]  # fmt: skip
     phase2_argv = two_phase.phase_argv(phase2, None, [], python='py')
-    assert phase2_argv == ['py', '-m', 'pytest', '-m', 'large_npu_mem', '-n', '2']
+    assert phase2_argv == ['py', '-m', 'pytest', '-m', 'large_npu_mem', '-n', '2', '--dist', 'worksteal']
+
+
+@pytest.mark.parametrize('given', [['--dist', 'load'], ['--dist=loadfile'], ['-d', '--tx', 'popen']])
+def test_a_given_distribution_mode_is_kept(given):
+    phase = Phase('phase 1', 'not large_npu_mem', 8)
+    argv = two_phase.phase_argv(phase, None, given, python='py')
+    assert argv[5:] == ['-n', '8', *given]  # no --dist worksteal of ours next to the user's
 
 
 @pytest.mark.parametrize(('workers', 'n'), [(0, 0), (1, 0), (2, 2), (16, 16)])
 def test_one_worker_runs_in_process_without_xdist(workers, n):
     assert two_phase.xdist_count(workers) == n
     phase = Phase('phase 2', 'large_npu_mem', workers)
-    assert two_phase.phase_argv(phase, None, [], python='py')[5:] == ['-n', str(n)]
+    assert two_phase.phase_argv(phase, None, [], python='py')[5:] == ['-n', str(n)] + (
+        ['--dist', 'worksteal'] if n else []
+    )
 
 
 @pytest.mark.parametrize(
@@ -217,10 +226,12 @@ def test_both_phases_run_with_the_extra_args_the_threshold_and_the_device_count(
     assert code == 0
     argv1, argv2 = (argv for argv, _ in runner.calls)
     assert argv1[3:] == [
-        '-m', '(npu) and (not large_npu_mem)', '-n', '16', '--npu-mem-threshold', '15000', 'tests/engram', '-x'
+        '-m', '(npu) and (not large_npu_mem)', '-n', '16', '--dist', 'worksteal',
+        '--npu-mem-threshold', '15000', 'tests/engram', '-x',
     ]  # fmt: skip
     assert argv2[3:] == [
-        '-m', '(npu) and (large_npu_mem)', '-n', '2', '--npu-mem-threshold', '15000', 'tests/engram', '-x'
+        '-m', '(npu) and (large_npu_mem)', '-n', '2', '--dist', 'worksteal',
+        '--npu-mem-threshold', '15000', 'tests/engram', '-x',
     ]  # fmt: skip
     assert all(env['OPS_TILELANG_DEVICE_COUNT'] == '2' for _, env in runner.calls)
     threshold = '--npu-mem-threshold 15000 (npu_mem default; min with device share 17971 (143771 MB / 8 workers))'
@@ -332,7 +343,7 @@ def test_dry_run_prints_the_threshold_and_both_commands():
     assert out.splitlines() == [
         'threshold: --npu-mem-threshold 8985 (device share: 143771 MB / 16 workers; min with npu_mem default 15000)',
         f"phase 1: OPS_TILELANG_DEVICE_COUNT=1 {PY} -m pytest -m '(npu and not benchmark) and (not large_npu_mem)' "
-        "-n 16 --npu-mem-threshold 8985 tests/engram -k 'x y'",
+        "-n 16 --dist worksteal --npu-mem-threshold 8985 tests/engram -k 'x y'",
         f"phase 2: OPS_TILELANG_DEVICE_COUNT=1 {PY} -m pytest -m '(npu and not benchmark) and (large_npu_mem)' "
         "-n 0 --npu-mem-threshold 8985 tests/engram -k 'x y'",
     ]
