@@ -25,6 +25,11 @@ scalars of t + 2 -> block reduction -> r -> wait x/k(t) -> grad_x, grad_k, weigh
 x/k(t + 1). About one token of loads is in flight while the current one is computed. The staging slots
 take (3 hc + 1) * H * 2 bytes of shared memory and the registers ~12 * hc * H / threads per thread, which
 bounds this variant to hc * H of ~32K (choose_engram_gate_bwd_config checks both).
+Where the weight slice does not fit (hc = 4, H = 7168: 182 KB of slots), two ways to keep it on chip were
+measured on an H200 and dropped: x/k staged per (group, branch) unit in a ring of 2-3 slots (the weight in
+shared memory; 1-6 % slower: the shorter x/k prefetch costs more than the L2 reads of the weight save) and
+H split over the two CTAs of a cluster with the dL/dg partials exchanged through DSMEM (no faster). The
+whole-token prefetch depth is what this kernel's bandwidth rests on.
 
 CUDA, variant 'chunked' (hc * H beyond that) and the Ascend kernel: tokens in chunks of `token_chunk`;
 phase A computes dL/dg (and grad_v) of every token of the chunk, phase B walks the column tiles and, per
