@@ -9,8 +9,8 @@ expression by `and`. A phase with 0 or 1 worker runs in-process (`-n 0`): no xdi
 
 Phase 1 defaults to W = max(1, min(CPUs // devices, 16)) workers per device, or one per CPU without a
 device. The device binding caps each worker's allocator to 1/W of its device, so the runner passes
-`--npu-mem-threshold X` to both phases, X = min(the user's --npu-mem-threshold if given, the npu_mem
-default 15000 MB, the per-worker share device MB // W of the smallest device): a test whose profiled
+`--npu-mem-threshold X` to both phases, X = min(the user's --npu-mem-threshold if given, else the npu_mem
+default 15000 MB; the per-worker share device MB // W of the smallest device): a test whose profiled
 peak exceeds its worker's share is marked large_npu_mem and goes to phase 2. With --phase1-workers N
 the share uses W = ceil(N / devices) (1 in-process); when the device memory is unknown there is no
 share (X is the given threshold or the default) and the default W is at most 4. The dry run and the
@@ -99,23 +99,29 @@ class UsageError(ValueError):
     """A command line this runner cannot honour."""
 
 
-def split_markexpr(args: Sequence[str]) -> tuple[str | None, list[str]]:
-    """Take pytest's `-m EXPR` / `-mEXPR` out of args: (the expression, the other args).
+def split_option(args: Sequence[str], option: str, needs: str) -> tuple[str | None, list[str]]:
+    """Take a pytest option and its value out of args: (the value, the other args).
 
-    As in pytest, the last -m wins.
+    Forms: `OPTION VALUE`, and glued `--long=VALUE` or `-sVALUE` / `-s=VALUE`. As in pytest, the last wins.
     """
-    expr, rest = None, []
+    value, rest = None, []
+    glued = f'{option}=' if option.startswith('--') else option
     it = iter(args)
     for arg in it:
-        if arg == '-m':
-            expr = next(it, None)
-            if expr is None:
-                raise UsageError('-m needs a marker expression')
-        elif arg.startswith('-m') and not arg.startswith('--'):
-            expr = arg[2:].removeprefix('=')
+        if arg == option:
+            value = next(it, None)
+            if value is None:
+                raise UsageError(f'{option} needs {needs}')
+        elif arg.startswith(glued) and (glued.endswith('=') or not arg.startswith('--')):
+            value = arg[len(glued) :].removeprefix('=')
         else:
             rest.append(arg)
-    return expr, rest
+    return value, rest
+
+
+def split_markexpr(args: Sequence[str]) -> tuple[str | None, list[str]]:
+    """Take pytest's `-m EXPR` / `-mEXPR` out of args: (the expression, the other args)."""
+    return split_option(args, '-m', 'a marker expression')
 
 
 def parse_threshold(text: str) -> float:
@@ -130,23 +136,9 @@ def parse_threshold(text: str) -> float:
 
 
 def split_threshold(args: Sequence[str]) -> tuple[float | None, list[str]]:
-    """Take `--npu-mem-threshold N` / `--npu-mem-threshold=N` out of args: (the value, the other args).
-
-    As in pytest, the last one wins; the runner passes the final threshold to both phases itself.
-    """
-    value, rest = None, []
-    it = iter(args)
-    for arg in it:
-        if arg == THRESHOLD_OPTION:
-            text = next(it, None)
-            if text is None:
-                raise UsageError(f'{THRESHOLD_OPTION} needs a number of MB')
-            value = parse_threshold(text)
-        elif arg.startswith(f'{THRESHOLD_OPTION}='):
-            value = parse_threshold(arg.partition('=')[2])
-        else:
-            rest.append(arg)
-    return value, rest
+    """Take `--npu-mem-threshold N` / `=N` out of args (the runner passes the final one to both phases)."""
+    text, rest = split_option(args, THRESHOLD_OPTION, 'a number of MB')
+    return (None if text is None else parse_threshold(text)), rest
 
 
 def check_passthrough(args: Sequence[str]) -> None:

@@ -7,17 +7,20 @@ devices. Messages name the argument and what was expected.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 import torch
 
 
-def check_tensor(name: str, value, *, dtype: torch.dtype, ndim: int | None = None) -> torch.Tensor:
-    """`value` is a tensor of `dtype` with `ndim` dimensions."""
+def check_tensor(
+    name: str, value, *, dtype: torch.dtype | Collection[torch.dtype], ndim: int | None = None
+) -> torch.Tensor:
+    """`value` is a tensor of `dtype` (or of one of several dtypes) with `ndim` dimensions."""
     if not isinstance(value, torch.Tensor):
         raise TypeError(f'{name} must be a torch.Tensor, got {type(value).__name__}')
-    if value.dtype != dtype:
-        raise TypeError(f'{name} must have dtype {dtype}, got {value.dtype}')
+    allowed = (dtype,) if isinstance(dtype, torch.dtype) else tuple(dtype)
+    if value.dtype not in allowed:
+        raise TypeError(f'{name} must have dtype {" or ".join(map(str, allowed))}, got {value.dtype}')
     if ndim is not None and value.dim() != ndim:
         raise ValueError(f'{name} must have {ndim} dimensions, got shape {tuple(value.shape)}')
     return value

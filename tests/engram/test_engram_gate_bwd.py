@@ -19,6 +19,7 @@ from cann_ops_tilelang.engram.engram_gate_bwd_kernel import (
 from tests.engram.engram_gate_bwd_ref import engram_gate_bwd_autograd_ref, engram_gate_bwd_ref
 from tests.engram.engram_gate_fwd_ref import engram_gate_fwd_ref
 from tests.testing.bench import make_param_id
+from tests.testing.contract import assert_rejects_non_tensor_and_dtype
 from tests.testing.generator import (
     BENCHMARK_HC,
     BENCHMARK_HIDDEN,
@@ -225,16 +226,15 @@ def _call(*args, **kwargs):
 @pytest.mark.parametrize('index', range(9), ids=_ARG_NAMES)
 def test_engram_gate_bwd_rejects_non_tensors_and_dtypes(index):
     args = _cpu_args()
-    bad = list(args)
-    bad[index] = args[index].float().numpy()
-    with pytest.raises(TypeError, match=f'{_ARG_NAMES[index]} must be a torch.Tensor'):
-        _call(*bad)
-    bad[index] = None
-    with pytest.raises(TypeError, match=f'{_ARG_NAMES[index]} must be a torch.Tensor'):
-        _call(*bad)
-    bad[index] = args[index].to(torch.float16)
-    with pytest.raises(TypeError, match=f'{_ARG_NAMES[index]} must have dtype {_ARG_DTYPES[index]}'):
-        _call(*bad)
+    assert_rejects_non_tensor_and_dtype(
+        _call,
+        args,
+        index,
+        name=_ARG_NAMES[index],
+        dtype=_ARG_DTYPES[index],
+        non_tensors=(args[index].float().numpy(), None),
+        wrong_dtype=torch.float16,
+    )
 
 
 @pytest.mark.parametrize('index', range(9), ids=_ARG_NAMES)

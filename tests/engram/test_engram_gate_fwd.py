@@ -18,6 +18,7 @@ from cann_ops_tilelang.engram.engram_gate_fwd_kernel import (
 )
 from tests.engram.engram_gate_fwd_ref import engram_gate_fwd_ref
 from tests.testing.bench import make_param_id
+from tests.testing.contract import assert_rejects_non_tensor_and_dtype
 from tests.testing.generator import (
     gen_benchmark_shapes,
     gen_hc,
@@ -133,16 +134,15 @@ _ARG_DTYPES = (torch.bfloat16, torch.bfloat16, torch.bfloat16, torch.float32)
 @pytest.mark.parametrize('index', range(4), ids=_ARG_NAMES)
 def test_engram_gate_fwd_rejects_non_tensors_and_dtypes(index):
     args = list(_inputs(3, 4, 128, 'cpu'))
-    bad = list(args)
-    bad[index] = args[index].float().numpy()
-    with pytest.raises(TypeError, match=f'{_ARG_NAMES[index]} must be a torch.Tensor'):
-        _call(*bad)
-    bad[index] = None
-    with pytest.raises(TypeError, match=f'{_ARG_NAMES[index]} must be a torch.Tensor'):
-        _call(*bad)
-    bad[index] = args[index].to(torch.float16)
-    with pytest.raises(TypeError, match=f'{_ARG_NAMES[index]} must have dtype {_ARG_DTYPES[index]}'):
-        _call(*bad)
+    assert_rejects_non_tensor_and_dtype(
+        _call,
+        args,
+        index,
+        name=_ARG_NAMES[index],
+        dtype=_ARG_DTYPES[index],
+        non_tensors=(args[index].float().numpy(), None),
+        wrong_dtype=torch.float16,
+    )
 
 
 @pytest.mark.parametrize('index', range(4), ids=_ARG_NAMES)

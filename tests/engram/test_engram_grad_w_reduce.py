@@ -13,6 +13,7 @@ from cann_ops_tilelang.engram.engram_grad_w_reduce_kernel import (
 )
 from tests.engram.engram_grad_w_reduce_ref import engram_grad_w_reduce_error_scale, engram_grad_w_reduce_ref
 from tests.testing.bench import make_param_id
+from tests.testing.contract import assert_rejects_non_tensor_and_dtype
 from tests.testing.generator import (
     BENCHMARK_HC,
     BENCHMARK_HIDDEN,
@@ -118,13 +119,15 @@ _ARG_DTYPES = (torch.float32, torch.bfloat16, torch.bfloat16, torch.float32, tor
 @pytest.mark.parametrize('index', range(5), ids=_ARG_NAMES)
 def test_engram_grad_w_reduce_rejects_non_tensors_and_dtypes(index):
     args = list(_inputs(3, 4, 128, 'cpu'))
-    bad = list(args)
-    bad[index] = args[index].numpy() if args[index].dtype == torch.float32 else 1.0
-    with pytest.raises(TypeError, match=f'{_ARG_NAMES[index]} must be a torch.Tensor'):
-        _call(*bad)
-    bad[index] = args[index].to(torch.float16)
-    with pytest.raises(TypeError, match=f'{_ARG_NAMES[index]} must have dtype {_ARG_DTYPES[index]}'):
-        _call(*bad)
+    assert_rejects_non_tensor_and_dtype(
+        _call,
+        args,
+        index,
+        name=_ARG_NAMES[index],
+        dtype=_ARG_DTYPES[index],
+        non_tensors=(args[index].numpy() if args[index].dtype == torch.float32 else 1.0,),
+        wrong_dtype=torch.float16,
+    )
 
 
 @pytest.mark.parametrize('index', range(5), ids=_ARG_NAMES)

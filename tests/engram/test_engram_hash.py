@@ -9,6 +9,7 @@ import cann_ops_tilelang
 from cann_ops_tilelang.engram.engram_hash_kernel import choose_engram_hash_config, make_engram_hash_kernel
 from tests.engram.engram_hash_ref import engram_hash_ref
 from tests.testing.bench import make_param_id
+from tests.testing.contract import assert_rejects_non_tensor_and_dtype
 from tests.testing.generator import BENCHMARK_NUM_TOKENS, gen_num_tokens, generate_samples, get_test_level
 from tests.testing.lowering import (
     ASCEND_950_VECTOR_CORES,
@@ -128,14 +129,15 @@ def _cpu_args():
 @pytest.mark.parametrize('index', range(4), ids=_ARG_NAMES)
 def test_engram_hash_rejects_non_tensors_and_dtypes(index):
     args = _cpu_args()
-    bad = list(args)
-    bad[index] = args[index].tolist()
-    with pytest.raises(TypeError, match=f'{_ARG_NAMES[index]} must be a torch.Tensor'):
-        cann_ops_tilelang.engram_hash(*bad)
-    wrong = torch.int64 if _ARG_DTYPES[index] == torch.int32 else torch.int32
-    bad[index] = args[index].to(wrong)
-    with pytest.raises(TypeError, match=f'{_ARG_NAMES[index]} must have dtype {_ARG_DTYPES[index]}'):
-        cann_ops_tilelang.engram_hash(*bad)
+    assert_rejects_non_tensor_and_dtype(
+        cann_ops_tilelang.engram_hash,
+        args,
+        index,
+        name=_ARG_NAMES[index],
+        dtype=_ARG_DTYPES[index],
+        non_tensors=(args[index].tolist(),),
+        wrong_dtype=torch.int64 if _ARG_DTYPES[index] == torch.int32 else torch.int32,
+    )
     with pytest.raises(TypeError, match='out must have dtype torch.int32'):
         cann_ops_tilelang.engram_hash(*args, out=torch.empty(2, 5, 8, dtype=torch.int64))
 

@@ -23,13 +23,12 @@ from typing import Protocol
 
 import pytest
 
-from cann_ops_pipeline.two_phase import DEFAULT_NPU_MEM_THRESHOLD_MB
+# defined once, beside the two-phase run that relies on them
+from cann_ops_pipeline.two_phase import DEFAULT_NPU_MEM_THRESHOLD_MB, LARGE_MARKER
 from tests.testing.files import CorruptFileError
 from tests.testing.mem_profiles import load_profile, make_record, profile_path, update_records, write_profile
 from tests.testing.plugins.device_binding import workers_sharing_device
 
-LARGE_MARKER = 'large_npu_mem'
-DEFAULT_THRESHOLD_MB = DEFAULT_NPU_MEM_THRESHOLD_MB  # defined once, beside the two-phase run that relies on it
 WORKEROUTPUT_KEY = 'ops_tilelang_npu_mem'
 NOT_WRITTEN = {
     pytest.ExitCode.INTERRUPTED: 'interrupted',
@@ -113,10 +112,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption(
         '--npu-mem-threshold',
         type=float,
-        default=DEFAULT_THRESHOLD_MB,
+        default=DEFAULT_NPU_MEM_THRESHOLD_MB,
         metavar='MB',
         help='device tests whose profiled peak exceeds MB (MiB), or that have no profile, are marked '
-        f'large_npu_mem (default {DEFAULT_THRESHOLD_MB:g})',
+        f'large_npu_mem (default {DEFAULT_NPU_MEM_THRESHOLD_MB:g})',
     )
 
 
