@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import os
+
 from cann_ops_tilelang.config import Backend, get_cuda_arch
 
 
@@ -30,5 +34,24 @@ def compile_kernel(prim_func, backend: Backend):
     import tilelang
 
     target = tilelang_target(backend)
-    with target:
+    with target, compile_lock(prim_func, target):
         return tilelang.compile(prim_func, target=target)
+
+
+def compile_lock(prim_func, target):
+    """An inter-process lock per kernel: processes that need the same kernel compile it once.
+
+    TileLang's disk cache (TILELANG_CACHE_DIR) is shared by processes but not locked, so test workers or
+    training ranks that meet an uncompiled kernel together would each compile it. Under this lock the first
+    compiles and fills the cache; the others wait and then load it from there. The OS drops the lock if its
+    holder dies. No lock when TileLang's cache is disabled (nothing would be shared).
+    """
+    import filelock
+    from tilelang import env
+
+    if not env.is_cache_enabled():
+        return contextlib.nullcontext()
+    key = hashlib.sha256(f'{target}\n{prim_func.script()}'.encode()).hexdigest()
+    lock_dir = os.path.join(env.TILELANG_CACHE_DIR, 'cann_ops_tilelang_locks')
+    os.makedirs(lock_dir, exist_ok=True)
+    return filelock.FileLock(os.path.join(lock_dir, f'{key}.lock'))
