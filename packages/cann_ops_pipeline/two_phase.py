@@ -15,6 +15,9 @@ peak exceeds its worker's share is marked large_npu_mem and goes to phase 2. Wit
 the share uses W = ceil(N / devices) (1 in-process); when the device memory is unknown there is no
 share (X is the given threshold or the default) and the default W is at most 4. The dry run and the
 final summary show X and why, e.g. `--npu-mem-threshold 8985 (device share: 143771 MB / 16 workers; ...)`.
+CPUs are shared the same way: an xdist phase with N workers gets OMP_NUM_THREADS (and the MKL, OpenBLAS
+and TVM equivalents) = max(1, CPUs // N) unless the environment sets them, since every worker's torch
+and TVM thread pools would otherwise size themselves to the whole host.
 
 Arguments this runner does not know go to both pytest runs unchanged, as does everything after `--`.
 Exit code 5 (no test selected) does not fail a phase; a failing phase 1 still runs phase 2 unless
@@ -46,6 +49,7 @@ LARGE_MARKER = 'large_npu_mem'
 DEFAULT_DIST = 'worksteal'  # see phase_argv
 THRESHOLD_OPTION = '--npu-mem-threshold'
 DEFAULT_NPU_MEM_THRESHOLD_MB = 15000.0  # the npu_mem plugin's default (tests/testing/plugins/npu_mem.py imports it)
+THREAD_ENV_VARS = ('OMP_NUM_THREADS', 'MKL_NUM_THREADS', 'OPENBLAS_NUM_THREADS', 'TVM_NUM_THREADS')
 MAX_WORKERS_PER_DEVICE = 16  # phase 1 default: one worker per CPU per device, at most this many
 UNKNOWN_MEMORY_WORKERS_PER_DEVICE = 4  # phase 1 default cap when the device memory cannot be read
 WORKERS_PER_DEVICE_PHASE2 = 1
@@ -253,6 +257,14 @@ def build_phases(phase1_workers: int, phase2_workers: int) -> list[Phase]:
     ]
 
 
+def thread_env(workers: int, cpus: int, environ: Mapping[str, str]) -> dict[str, str]:
+    """Thread-pool sizes for a phase's workers: an even share of the CPUs; variables already set are kept."""
+    if xdist_count(workers) == 0:
+        return {}
+    share = str(max(1, cpus // workers))
+    return {name: share for name in THREAD_ENV_VARS if name not in environ}
+
+
 def failed(returncode: int) -> bool:
     return returncode not in (0, NO_TESTS)
 
@@ -427,19 +439,22 @@ def run(
         out(f'two_phase: error: {exc}')
         return 4
     environ[DEVICE_COUNT_ENV] = str(device_count)  # the pytest runs bind workers without probing again
-    phases, threshold = plan_run(options, user_threshold, device_count, memory_mb, cpu_count())
+    cpus = cpu_count()
+    phases, threshold = plan_run(options, user_threshold, device_count, memory_mb, cpus)
     markexprs = [combine_markexpr(user_markexpr, phase.marker) for phase in phases]
     argvs = [phase_argv(phase, user_markexpr, [*threshold.args(), *rest]) for phase in phases]
+    threads = [thread_env(phase.workers, cpus, environ) for phase in phases]
     if options.dry_run:
         out(f'threshold: {threshold.describe()}')
-        for phase, phase_args in zip(phases, argvs, strict=True):
-            out(f'{phase.name}: {DEVICE_COUNT_ENV}={device_count} {shlex.join(phase_args)}')
+        for phase, phase_args, phase_threads in zip(phases, argvs, threads, strict=True):
+            assignments = [f'{DEVICE_COUNT_ENV}={device_count}', *(f'{k}={v}' for k, v in phase_threads.items())]
+            out(f'{phase.name}: {" ".join(assignments)} {shlex.join(phase_args)}')
         return 0
     out(f'==> threshold: {threshold.describe()}')
     results: list[PhaseResult | None] = [None] * len(phases)
     for i, (phase, phase_args) in enumerate(zip(phases, argvs, strict=True)):
         out(f'==> {phase.name}: {shlex.join(phase_args)}')
-        results[i] = runner(phase_args, environ)
+        results[i] = runner(phase_args, {**environ, **threads[i]})
         code = results[i].returncode
         if code == INTERRUPTED or (options.fail_fast and failed(code)):
             break

@@ -206,9 +206,9 @@ def no_tools(argv):
     return None
 
 
-def run(argv, runner, devices='2', memory='143771', cpus=16, tool=no_tools):
+def run(argv, runner, devices='2', memory='143771', cpus=16, tool=no_tools, env=None):
     lines = []
-    environ = {'OPS_TILELANG_DEVICE_COUNT': devices}
+    environ = {'OPS_TILELANG_DEVICE_COUNT': devices, **(env or {})}
     if memory is not None:
         environ['OPS_TILELANG_DEVICE_MEMORY_MB'] = memory
     code = two_phase.run(argv, runner=runner, environ=environ, cpu_count=lambda: cpus, tool=tool, out=lines.append)
@@ -302,6 +302,35 @@ def test_without_devices_phase_1_uses_the_cpus():
     assert '  --npu-mem-threshold 15000 (npu_mem default; no device)' in out
 
 
+@pytest.mark.parametrize(
+    ('workers', 'cpus', 'threads'),
+    [(16, 16, '1'), (4, 16, '4'), (3, 16, '5'), (32, 16, '1'), (2, 1, '1')],
+)
+def test_thread_env_gives_each_worker_its_share_of_the_cpus(workers, cpus, threads):
+    assert two_phase.thread_env(workers, cpus, {}) == dict.fromkeys(two_phase.THREAD_ENV_VARS, threads)
+
+
+def test_thread_env_leaves_in_process_phases_and_the_users_settings_alone():
+    assert two_phase.thread_env(1, 16, {}) == {}
+    assert two_phase.thread_env(0, 16, {}) == {}
+    env = two_phase.thread_env(8, 16, {'OMP_NUM_THREADS': '3'})
+    assert 'OMP_NUM_THREADS' not in env
+    assert env['TVM_NUM_THREADS'] == '2'
+
+
+def test_each_phase_runs_with_its_thread_share():
+    runner = FakeRunner(0, 0)
+    run([], runner, devices='2', cpus=16, env={'MKL_NUM_THREADS': '7'})
+    (argv1, env1), (argv2, env2) = runner.calls
+    assert argv1[argv1.index('-n') + 1] == '16'
+    assert (env1['OMP_NUM_THREADS'], env1['TVM_NUM_THREADS'], env1['MKL_NUM_THREADS']) == ('1', '1', '7')
+    assert argv2[argv2.index('-n') + 1] == '2'
+    assert (env2['OMP_NUM_THREADS'], env2['MKL_NUM_THREADS']) == ('8', '7')
+    runner = FakeRunner(0, 0)
+    run([], runner, devices='1', cpus=16)
+    assert 'OMP_NUM_THREADS' not in runner.calls[1][1], 'phase 2 in-process (-n 0) keeps the default pools'
+
+
 def test_a_failing_phase_1_still_runs_phase_2():
     runner = FakeRunner(1, 0)
     code, out = run([], runner)
@@ -342,7 +371,8 @@ def test_dry_run_prints_the_threshold_and_both_commands():
     assert code == 0
     assert out.splitlines() == [
         'threshold: --npu-mem-threshold 8985 (device share: 143771 MB / 16 workers; min with npu_mem default 15000)',
-        f"phase 1: OPS_TILELANG_DEVICE_COUNT=1 {PY} -m pytest -m '(npu and not benchmark) and (not large_npu_mem)' "
+        'phase 1: OPS_TILELANG_DEVICE_COUNT=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 '
+        f"TVM_NUM_THREADS=1 {PY} -m pytest -m '(npu and not benchmark) and (not large_npu_mem)' "
         "-n 16 --dist worksteal --npu-mem-threshold 8985 tests/engram -k 'x y'",
         f"phase 2: OPS_TILELANG_DEVICE_COUNT=1 {PY} -m pytest -m '(npu and not benchmark) and (large_npu_mem)' "
         "-n 0 --npu-mem-threshold 8985 tests/engram -k 'x y'",
