@@ -53,15 +53,17 @@ CHUNKED_CUDA_SHAPES = [{'hc': 8, 'hidden': MAX_HIDDEN}, {'hc': 3, 'hidden': 1228
 
 
 def _inputs(num_tokens: int, hc: int, hidden: int, device, *, clamp_value: float = 1e-6):
-    """grad_out, x, k, v, w and the forward's saved dot, gate_score, rstd_x, rstd_k (fp32 reference)."""
-    x = torch.randn(num_tokens, hc, hidden).to(torch.bfloat16)
-    k = torch.randn(num_tokens, hc, hidden).to(torch.bfloat16)
-    v = torch.randn(num_tokens, hidden).to(torch.bfloat16)
-    wh = (1.0 + 0.5 * torch.randn(hc, hidden)).to(torch.bfloat16)
-    we = (1.0 + 0.5 * torch.randn(hc, hidden)).to(torch.bfloat16)
+    """grad_out, x, k, v, w and the forward's saved dot, gate_score, rstd_x, rstd_k (fp32 reference).
+
+    Drawn on the device, in the final dtype: the CPU generator would take seconds at the large shapes.
+    """
+    x = torch.randn(num_tokens, hc, hidden, dtype=torch.bfloat16, device=device)
+    k = torch.randn(num_tokens, hc, hidden, dtype=torch.bfloat16, device=device)
+    v = torch.randn(num_tokens, hidden, dtype=torch.bfloat16, device=device)
+    wh = (1.0 + 0.5 * torch.randn(hc, hidden, device=device)).to(torch.bfloat16)
+    we = (1.0 + 0.5 * torch.randn(hc, hidden, device=device)).to(torch.bfloat16)
     w = wh.float() * we.float()  # engram_fused_weight: exact in fp32
-    grad_out = torch.randn(num_tokens, hc, hidden).to(torch.bfloat16)
-    x, k, v, w, grad_out = (t.to(device) for t in (x, k, v, w, grad_out))
+    grad_out = torch.randn(num_tokens, hc, hidden, dtype=torch.bfloat16, device=device)
     fwd = engram_gate_fwd_ref(x, k, v, w, eps=EPS, clamp_value=clamp_value)
     return grad_out, x, k, v, w, fwd.dot, fwd.gate_score, fwd.rstd_x, fwd.rstd_k
 
@@ -115,13 +117,13 @@ def _assert_within(name, actual, expected, bound, *, rounded):
 
 
 def _clamp_between(dot, rx, rk, hidden):
-    """A clamp_value splitting the tokens' |d| in two halves, far (relatively) from every |d|."""
+    """A clamp_value in the widest relative gap between the middle half of the sorted |d|: between 25 % and
+    75 % of the (token, branch) pairs are clamped, and no |d| is near the clamp."""
     d = (dot * rx * rk * hidden**-0.5).abs().flatten().sort().values
-    gaps = d[1:] / d[:-1].clamp_min(1e-30)
-    mid = len(d) // 2
-    lo = max(1, mid - len(d) // 4)
-    i = lo + int(gaps[lo : mid + len(d) // 4].argmax())  # the widest relative gap near the median
-    return float((d[i - 1] * d[i]).sqrt())
+    gaps = d[1:] / d[:-1].clamp_min(1e-30)  # gaps[i]: from d[i] to d[i + 1]
+    quarter = len(d) // 4
+    i = quarter + int(gaps[quarter : len(d) - quarter - 1].argmax())
+    return float((d[i] * d[i + 1]).sqrt())  # d[: i + 1] are clamped
 
 
 # ---------------------------------------------------------------- CPU tier: the formulas are right
@@ -476,7 +478,7 @@ def test_engram_gate_bwd_clamp_region(params, device):
     result = cann_ops_tilelang.engram_gate_bwd(*inputs, clamp_value=clamp_value)
     _check_result(result, inputs, clamp_value=clamp_value, num_cores=num_cores)
     clamped = (dot * rx * rk * hidden**-0.5).abs() < clamp_value
-    assert 0.3 < float(clamped.float().mean()) < 0.7
+    assert 0.25 <= float(clamped.float().mean()) <= 0.75
     assert torch.equal(result.grad_k[clamped], torch.zeros_like(result.grad_k[clamped]))
     assert torch.equal(result.grad_hidden_states[clamped], grad_out[clamped])
     assert bool(result.grad_k[~clamped].any())

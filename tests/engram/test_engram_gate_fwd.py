@@ -44,11 +44,12 @@ SHAPES = generate_samples(LEVEL, hc=gen_hc, hidden=gen_hidden)
 
 
 def _inputs(num_tokens: int, hc: int, hidden: int, device) -> tuple[torch.Tensor, ...]:
-    x = torch.randn(num_tokens, hc, hidden).to(torch.bfloat16)
-    k = torch.randn(num_tokens, hc, hidden).to(torch.bfloat16)
-    v = torch.randn(num_tokens, hidden).to(torch.bfloat16)
-    w = 1.0 + 0.5 * torch.randn(hc, hidden)  # a product of two RMSNorm weights around 1
-    return tuple(t.to(device) for t in (x, k, v, w))
+    # Drawn on the device, in the final dtype: the CPU generator would take seconds at benchmark shapes.
+    x = torch.randn(num_tokens, hc, hidden, dtype=torch.bfloat16, device=device)
+    k = torch.randn(num_tokens, hc, hidden, dtype=torch.bfloat16, device=device)
+    v = torch.randn(num_tokens, hidden, dtype=torch.bfloat16, device=device)
+    w = 1.0 + 0.5 * torch.randn(hc, hidden, device=device)  # a product of two RMSNorm weights around 1
+    return x, k, v, w
 
 
 # ---------------------------------------------------------------- CPU tier: kernels lower
@@ -295,8 +296,8 @@ def _assert_matches_reference(res, x, k, v, w, *, eps=1e-6, clamp_value=1e-6) ->
     - output: out = bf16(x + g*v). Against the same formula with the kernel's own g in fp32: within one bf16
       ulp (one rounding of the fp32 value) plus 2**-22 * |g*v| (that fp32 value may differ by the rounding
       of the product: fused multiply-add vs separate multiply and add). Against the reference: the same
-      plus |v| * |g - g_ref|; and at least 99.9 % of the elements bit-identical to the reference (observed
-      >= 99.99 % on an H200).
+      plus |v| * |g - g_ref|; and, from 10 000 elements on, at least 99.9 % of them bit-identical to the
+      reference (observed >= 99.99 % on an H200; a tiny output can miss it by one element).
     """
     num_tokens, hc, hidden = x.shape
     ref = engram_gate_fwd_ref(x, k, v, w, eps=eps, clamp_value=clamp_value)
@@ -333,7 +334,7 @@ def _assert_matches_reference(res, x, k, v, w, *, eps=1e-6, clamp_value=1e-6) ->
     ref64 = ref.output.double()
     tol = _bf16_ulp(ref64) + vf.abs().unsqueeze(-2) * g_err.unsqueeze(-1) + 2.0**-22 * gv.abs()
     assert bool(((out64 - ref64).abs() <= tol).all()), 'output differs from the reference beyond its bound'
-    if out.numel():
+    if out.numel() >= 10_000:  # below that, 0.1 % is less than one element
         same = float((out.view(torch.int16) == ref.output.view(torch.int16)).double().mean())
         assert same >= 0.999, f'only {same:.5f} of the outputs are bit-identical to the reference'
 
