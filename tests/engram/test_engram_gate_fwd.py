@@ -18,7 +18,7 @@ from cann_ops_tilelang.engram.engram_gate_fwd_kernel import (
 )
 from tests.engram.engram_gate_fwd_ref import engram_gate_fwd_ref
 from tests.testing.bench import make_param_id
-from tests.testing.contract import assert_rejects_non_tensor_and_dtype
+from tests.testing.contract import assert_rejects_extra_dimension, assert_rejects_non_tensor_and_dtype
 from tests.testing.generator import (
     gen_benchmark_shapes,
     gen_hc,
@@ -148,11 +148,7 @@ def test_engram_gate_fwd_rejects_non_tensors_and_dtypes(index):
 
 @pytest.mark.parametrize('index', range(4), ids=_ARG_NAMES)
 def test_engram_gate_fwd_rejects_ndim(index):
-    args = list(_inputs(3, 4, 128, 'cpu'))
-    bad = list(args)
-    bad[index] = args[index].unsqueeze(0)
-    with pytest.raises(ValueError, match=f'{_ARG_NAMES[index]} must have {args[index].dim()} dimensions'):
-        _call(*bad)
+    assert_rejects_extra_dimension(_call, _inputs(3, 4, 128, 'cpu'), index, name=_ARG_NAMES[index])
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,7 @@ import cann_ops_tilelang
 from cann_ops_tilelang.engram.engram_hash_kernel import choose_engram_hash_config, make_engram_hash_kernel
 from tests.engram.engram_hash_ref import engram_hash_ref
 from tests.testing.bench import make_param_id
-from tests.testing.contract import assert_rejects_non_tensor_and_dtype
+from tests.testing.contract import assert_rejects_extra_dimension, assert_rejects_non_tensor_and_dtype
 from tests.testing.generator import BENCHMARK_NUM_TOKENS, gen_num_tokens, generate_samples, get_test_level
 from tests.testing.lowering import (
     ASCEND_950_VECTOR_CORES,
@@ -144,10 +144,7 @@ def test_engram_hash_rejects_non_tensors_and_dtypes(index):
 
 @pytest.mark.parametrize('index', range(4), ids=_ARG_NAMES)
 def test_engram_hash_rejects_ndim(index):
-    args = _cpu_args()
-    args[index] = args[index].unsqueeze(0)
-    with pytest.raises(ValueError, match=f'{_ARG_NAMES[index]} must have {args[index].dim() - 1} dimensions'):
-        cann_ops_tilelang.engram_hash(*args)
+    assert_rejects_extra_dimension(cann_ops_tilelang.engram_hash, _cpu_args(), index, name=_ARG_NAMES[index])
 
 
 def test_engram_hash_rejects_sizes():

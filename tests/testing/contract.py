@@ -28,3 +28,14 @@ def assert_rejects_non_tensor_and_dtype(
     bad[index] = args[index].to(wrong_dtype)
     with pytest.raises(TypeError, match=f'{name} must have dtype {dtype}'):
         call(*bad)
+
+
+def assert_rejects_extra_dimension(
+    call: Callable[..., object], args: Sequence[object], index: int, *, name: str
+) -> None:
+    """call(*args) with args[index] given a leading size-1 dimension raises ValueError ('<name> must have
+    <ndim> dimensions')."""
+    bad = list(args)
+    bad[index] = args[index].unsqueeze(0)
+    with pytest.raises(ValueError, match=f'{name} must have {args[index].dim()} dimensions'):
+        call(*bad)
