@@ -3,6 +3,7 @@ benchmark (device)."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import re
 
@@ -185,6 +186,15 @@ def test_engram_gate_bwd_cuda_lowers(params):
     lowered = assert_cuda_kernel_lowers(lambda: make_engram_gate_bwd_kernel(cfg), key=cfg, kernel_name=KERNEL_NAME)
     assert 'num_tokens' in lowered.source
     assert 'cp_async' in lowered.source  # 16-byte asynchronous staging
+    if cfg.variant == 'resident':
+        assert cfg.dynamic_tokens
+        assert 'AtomicAddRet' in lowered.source  # the blocks claim tokens from the counter
+        fixed = choose_engram_gate_bwd_config(backend='cuda', **params, num_cores=H200_SMS, deterministic=True)
+        assert not fixed.dynamic_tokens
+        lowered = assert_cuda_kernel_lowers(
+            lambda: make_engram_gate_bwd_kernel(fixed), key=fixed, kernel_name=KERNEL_NAME
+        )
+        assert 'Atomic' not in lowered.source  # fixed token ranges: nothing to claim
 
 
 @pytest.mark.parametrize('params', CHUNKED_CUDA_SHAPES, ids=make_param_id)
@@ -210,6 +220,27 @@ def test_engram_gate_bwd_config_covers_supported_range():
         assert choose_engram_gate_bwd_config(backend='cuda', hc=4, hidden=hidden, num_cores=132).variant == 'resident'
     with pytest.raises(ValueError, match='backend'):
         dataclasses.replace(choose_engram_gate_bwd_config(backend='cuda', hc=4, hidden=64, num_cores=1), backend='x')
+
+
+def test_engram_gate_bwd_config_token_schedule():
+    """Only the resident CUDA kernel claims tokens at run time, and not in deterministic mode."""
+    resident = choose_engram_gate_bwd_config(backend='cuda', hc=4, hidden=7168, num_cores=132)
+    assert (resident.variant, resident.dynamic_tokens, resident.takes_token_counter) == ('resident', True, True)
+    fixed = choose_engram_gate_bwd_config(backend='cuda', hc=4, hidden=7168, num_cores=132, deterministic=True)
+    assert (fixed.variant, fixed.dynamic_tokens, fixed.takes_token_counter) == ('resident', False, True)
+    for params in CHUNKED_CUDA_SHAPES:
+        for deterministic in (False, True):
+            chunked = choose_engram_gate_bwd_config(
+                backend='cuda', **params, num_cores=132, deterministic=deterministic
+            )
+            assert (chunked.variant, chunked.dynamic_tokens, chunked.takes_token_counter) == ('chunked', False, False)
+    ascend = choose_engram_gate_bwd_config(backend='ascend', hc=4, hidden=7168, num_cores=64)
+    assert (ascend.dynamic_tokens, ascend.takes_token_counter) == (False, False)
+    chunked = choose_engram_gate_bwd_config(backend='cuda', hc=8, hidden=MAX_HIDDEN, num_cores=132)
+    with pytest.raises(ValueError, match='claims tokens'):
+        dataclasses.replace(chunked, dynamic_tokens=True)
+    with pytest.raises(ValueError, match='claims tokens'):
+        dataclasses.replace(ascend, dynamic_tokens=True)
 
 
 # ---------------------------------------------------------------- CPU tier: argument contract
@@ -346,6 +377,21 @@ def test_engram_gate_bwd_rejects_devices():
 # ---------------------------------------------------------------- device tier
 
 
+@contextlib.contextmanager
+def _deterministic_algorithms():
+    """torch.use_deterministic_algorithms(True) around the operator calls only (the references use ops that
+    this mode restricts), restored afterwards."""
+    enabled, warn_only = (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+    )
+    torch.use_deterministic_algorithms(True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
+
+
 def _poison_allocator(device, num_bytes: int) -> None:
     """Leave NaN bit patterns in the caching allocator's free blocks: outputs the kernel skipped show up."""
     torch.full((num_bytes // 4 + 1024,), float('nan'), device=device)
@@ -428,6 +474,37 @@ def test_engram_gate_bwd_chunked_values(device):
 
 @pytest.mark.npu
 @pytest.mark.parametrize(
+    'params',
+    [
+        {'num_tokens': 100, 'hc': 4, 'hidden': 4096},  # T < P: blocks 0..99 get one token each
+        {'num_tokens': 1000, 'hc': 4, 'hidden': 4096},
+        {'num_tokens': 4001, 'hc': 4, 'hidden': 7168},  # a benchmark row: ~30 claims per block
+    ],
+    ids=make_param_id,
+)
+def test_engram_gate_bwd_token_schedule(params, device):
+    """Tokens claimed at run time (the default) and fixed token ranges (deterministic mode) give the same
+    per-token grads bit for bit, since a token's arithmetic does not depend on the block that does it;
+    both sum every token into grad_w_partial exactly once; fixed ranges repeat to the bit."""
+    num_tokens, hc, hidden = params['num_tokens'], params['hc'], params['hidden']
+    inputs = _inputs(num_tokens, hc, hidden, device)
+    num_cores = get_num_cores(device)
+    claimed = cann_ops_tilelang.engram_gate_bwd(*inputs)
+    with _deterministic_algorithms():
+        fixed = cann_ops_tilelang.engram_gate_bwd(*inputs)
+        fixed_again = cann_ops_tilelang.engram_gate_bwd(*inputs)
+    for result in (claimed, fixed):
+        _check_result(result, inputs, clamp_value=1e-6, num_cores=num_cores)
+        if num_tokens < num_cores:  # one token per busy block: exactly T slices are non-zero
+            assert int(result.grad_w_partial.flatten(1).ne(0).any(1).sum()) == num_tokens
+    for a, b in zip(claimed[:3], fixed[:3], strict=True):
+        assert torch.equal(a, b)
+    for a, b in zip(fixed, fixed_again, strict=True):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.npu
+@pytest.mark.parametrize(
     'layout', ['strided', 'odd_offset', 'broadcast_k'], ids=['strided', 'odd_offset', 'broadcast_k']
 )
 def test_engram_gate_bwd_non_contiguous_k_v(layout, device):
@@ -450,9 +527,12 @@ def test_engram_gate_bwd_non_contiguous_k_v(layout, device):
     num_cores = get_num_cores(device)
     result = cann_ops_tilelang.engram_gate_bwd(*inputs)
     _check_result(result, inputs, clamp_value=1e-6, num_cores=num_cores)
-    # Same values as with contiguous copies (bit for bit: the kernels read the same numbers).
-    contiguous = cann_ops_tilelang.engram_gate_bwd(*inputs[:2], k.contiguous(), v.contiguous(), *inputs[4:])
-    for a, b in zip(result, contiguous, strict=True):
+    # Same values as with contiguous copies, bit for bit (the kernels read the same numbers; fixed token
+    # ranges so that grad_w_partial compares too).
+    with _deterministic_algorithms():
+        strided = cann_ops_tilelang.engram_gate_bwd(*inputs)
+        contiguous = cann_ops_tilelang.engram_gate_bwd(*inputs[:2], k.contiguous(), v.contiguous(), *inputs[4:])
+    for a, b in zip(strided, contiguous, strict=True):
         assert torch.equal(a, b)
 
 

@@ -87,6 +87,10 @@ def engram_gate_bwd(
         their inputs (grad_k contiguous); grad_w_partial (P, hc, H) fp32, one slice per persistent block of
         the kernel (P = the device's SMs / vector cores). The weight gradient d/d(weight_fused) is
         grad_w_partial.sum(0); engram_grad_w_reduce finishes the RMSNorm weight gradients from it.
+        On CUDA (hc * H up to about 32K) the blocks claim tokens at run time, so which tokens a slice
+        sums, and the last bits of the weight gradient, can differ between runs; the other three grads
+        never do. Under torch.use_deterministic_algorithms(True) every block takes a fixed token range
+        instead and all four results are the same bits on every run.
         For T == 0 nothing is launched: the grads are empty and grad_w_partial is zeros with the same P
         a launch on this device would use.
     """
@@ -118,7 +122,13 @@ def engram_gate_bwd(
     backend = require_accelerator(grad_out, x, k, v, weight_fused, dot, gate_score, rstd_x, rstd_k)
     device = x.device
 
-    cfg = choose_engram_gate_bwd_config(backend=backend, hc=hc, hidden=hidden, num_cores=get_num_cores(device))
+    cfg = choose_engram_gate_bwd_config(
+        backend=backend,
+        hc=hc,
+        hidden=hidden,
+        num_cores=get_num_cores(device),
+        deterministic=torch.are_deterministic_algorithms_enabled(),
+    )
     grad_x = torch.empty((num_tokens, hc, hidden), dtype=torch.bfloat16, device=device)
     grad_k = torch.empty((num_tokens, hc, hidden), dtype=torch.bfloat16, device=device)
     grad_v = torch.empty((num_tokens, hidden), dtype=torch.bfloat16, device=device)
@@ -127,6 +137,13 @@ def engram_gate_bwd(
         return EngramGateBwdResult(grad_x, grad_k, grad_v, grad_w_partial)
     alloc = torch.zeros if cfg.accumulates_into_partials else torch.empty
     grad_w_partial = alloc((cfg.num_blocks, hc, hidden), dtype=torch.float32, device=device)
+
+    extra = ()
+    if cfg.takes_token_counter:
+        # A fresh counter per call (zero-filled only where the blocks claim from it): stream-ordered and
+        # captured with the launch in CUDA graphs, so concurrent calls never share one.
+        alloc_counter = torch.zeros if cfg.dynamic_tokens else torch.empty
+        extra = (alloc_counter((1,), dtype=torch.int32, device=device),)
 
     grad_out, x, k, v, weight_fused = (_aligned(t) for t in (grad_out, x, k, v, weight_fused))
     with device_guard(device):
@@ -148,5 +165,6 @@ def engram_gate_bwd(
             grad_v,
             grad_w_partial,
             clamp_value,
+            *extra,
         )
     return EngramGateBwdResult(grad_x, grad_k, grad_v, grad_w_partial)

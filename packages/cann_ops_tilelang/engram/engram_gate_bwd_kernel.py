@@ -8,23 +8,31 @@ Per token t and branch h (vectors over H, fp32 math, s = H ** -0.5):
     grad_x = grad_out + r * (k * w - x * dot * rstd_x**2 / H)
     grad_k =            r * (x * w - k * dot * rstd_k**2 / H)
     grad_v[t]         = sum_h grad_out[t, h] * g[t, h]
-    grad_w_partial[p] = sum over the tokens of block p of r * x * k        (no atomics: one slice per block)
+    grad_w_partial[p] = sum over the tokens of block p of r * x * k        (one slice per block, no float atomics)
 
 Every kernel launches `num_cores` persistent blocks (P = cfg.num_blocks = grad_w_partial.shape[0]). The
 CUDA kernels write each block's whole slice of grad_w_partial (zeros when the block handles no token); the
 Ascend kernel adds into it, so the caller passes it zero-filled (cfg.accumulates_into_partials).
 
-CUDA, variant 'resident' (the fast path, one pass over memory): block p owns a contiguous token range of
-T // P or T // P + 1 tokens. Thread i owns column groups c = j * threads + i (8 bf16 = 16 bytes, all hc
+CUDA, variant 'resident' (the fast path, one pass over memory): block p starts with tokens p, P + p and
+2 P + p and then claims one token at a time from a zero-filled counter (atomicAdd, three tokens ahead of
+the one it computes, so the claim's round trip hides behind the work). Claiming is what makes this kernel
+fast: with a fixed range per block, globaltimer traces on an H200 (hc = 4, H = 7168, T = 4001) showed the
+blocks drifting apart by up to ~3 tokens (~30 us) by the end, at random from run to run, and the slowest
+block set the kernel's time; claiming took that row from 332-343 us to 320-327 us (T = 32768: from
+2589-2601 to 2481-2515 us; two runs of interleaved A/B). Under cfg.dynamic_tokens = False (deterministic
+mode) block p keeps its contiguous range of T // P or T // P + 1 tokens instead, so that grad_w_partial is
+reproducible bit for bit. Thread i owns column groups c = j * threads + i (8 bf16 = 16 bytes, all hc
 branches) for the whole kernel: its slice of the weight gradient lives in registers, its slice of
 weight_fused in shared memory where it fits (else it is read through L1/L2 per token), and every staging
 slot in shared memory is private to the thread that fills it with cp.async, so no barrier guards the data:
-the only block barrier per token is the dL/dg reduction. Per token t: wait grad_out/v(t) -> dL/dg partials
-and grad_v (grad_out kept in registers as packed bf16 pairs) -> issue grad_out/v(t + 1) and the saved
-scalars of t + 2 -> block reduction -> r -> wait x/k(t) -> grad_x, grad_k, weight-gradient slice -> issue
-x/k(t + 1). About one token of loads is in flight while the current one is computed. The staging slots
-take (3 hc + 1) * H * 2 bytes of shared memory and the registers ~12 * hc * H / threads per thread, which
-bounds this variant to hc * H of ~32K (choose_engram_gate_bwd_config checks both).
+the only block barrier per token is the dL/dg reduction (it also publishes the claimed token). With c_i
+the block's i-th token: wait grad_out/v(c_i) -> dL/dg partials and grad_v (grad_out kept in registers as
+packed bf16 pairs) -> issue grad_out/v(c_(i+1)) and the saved scalars of c_(i+2) -> block reduction -> r
+-> wait x/k(c_i) -> grad_x, grad_k, weight-gradient slice -> issue x/k(c_(i+1)). About one token of loads
+is in flight while the current one is computed. The staging slots take (3 hc + 1) * H * 2 bytes of shared
+memory and the registers ~12 * hc * H / threads per thread, which bounds this variant to hc * H of ~32K
+(choose_engram_gate_bwd_config checks both).
 Where the weight slice does not fit (hc = 4, H = 7168: 182 KB of slots), two ways to keep it on chip were
 measured on an H200 and dropped: x/k staged per (group, branch) unit in a ring of 2-3 slots (the weight in
 shared memory; 1-6 % slower: the shorter x/k prefetch costs more than the L2 reads of the weight save) and
@@ -60,6 +68,12 @@ _PASS_CONFIGS = {
     'tl.disable_warp_specialized': True,
     'tl.disable_thread_storage_sync': True,
 }
+_RESIDENT_PASS_CONFIGS = {
+    **_PASS_CONFIGS,
+    # Its token indices come from a counter or a range the analyzer cannot bound; every access already sits
+    # under `token < num_tokens`, so TileLang's extra bounds checks would only add predicates and branches.
+    'tl.disable_safe_memory_legalize': True,
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,6 +88,7 @@ class EngramGateBwdConfig:
     w_in_smem: bool  # resident: weight_fused staged in shared memory (else read through L1/L2)
     tile_cols: int  # chunked: columns per tile (Ascend: divides hidden; CUDA: threads * 8)
     token_chunk: int  # chunked: tokens per chunk
+    dynamic_tokens: bool = False  # resident: blocks claim tokens from a counter (else a fixed contiguous range)
 
     def __post_init__(self):
         if self.backend not in ('ascend', 'cuda'):
@@ -91,11 +106,19 @@ class EngramGateBwdConfig:
                 raise ValueError(f'bad Ascend tiling: tile_cols={self.tile_cols}, token_chunk={self.token_chunk}')
         if self.backend == 'cuda' and (self.threads % 32 != 0 or not 32 <= self.threads <= 1024):
             raise ValueError(f'CUDA threads must be a multiple of 32 in 32..1024, got {self.threads}')
+        if self.dynamic_tokens and self.variant != 'resident':
+            raise ValueError('only the resident CUDA kernel claims tokens dynamically')
 
     @property
     def num_blocks(self) -> int:
         """P: the first dimension of grad_w_partial."""
         return self.num_cores
+
+    @property
+    def takes_token_counter(self) -> bool:
+        """The kernel takes a last argument token_counter, int32 (1,), which must be zero when it claims
+        tokens (dynamic_tokens) and is not read otherwise."""
+        return self.variant == 'resident'
 
     @property
     def accumulates_into_partials(self) -> bool:
@@ -161,8 +184,15 @@ def _ascend_tile_cols(hc: int, hidden: int) -> int:
     return best * _LANES
 
 
-def choose_engram_gate_bwd_config(*, backend: Backend, hc: int, hidden: int, num_cores: int) -> EngramGateBwdConfig:
-    """Pure choice of the compile-time parameters (no device query). T is a runtime size."""
+def choose_engram_gate_bwd_config(
+    *, backend: Backend, hc: int, hidden: int, num_cores: int, deterministic: bool = False
+) -> EngramGateBwdConfig:
+    """Pure choice of the compile-time parameters (no device query). T is a runtime size.
+
+    `deterministic` keeps the resident kernel on its fixed token ranges, so that grad_w_partial is the same
+    bits on every run; otherwise its blocks claim tokens from a counter (faster, same grads; each slice of
+    grad_w_partial then sums whichever tokens its block claimed).
+    """
     if backend == 'ascend':
         return EngramGateBwdConfig(
             backend,
@@ -190,6 +220,7 @@ def choose_engram_gate_bwd_config(*, backend: Backend, hc: int, hidden: int, num
             w_in_smem=w_in_smem,
             tile_cols=_LANES,
             token_chunk=1,
+            dynamic_tokens=not deterministic,
         )
     threads = 256
     return EngramGateBwdConfig(
@@ -210,7 +241,7 @@ def _cuda_resident_kernel(cfg: EngramGateBwdConfig):
     import tilelang.language as T
 
     hc, hidden, P = cfg.hc, cfg.hidden, cfg.num_blocks
-    threads, g, w_in_smem = cfg.threads, cfg.groups_per_thread, cfg.w_in_smem
+    threads, g, w_in_smem, dynamic = cfg.threads, cfg.groups_per_thread, cfg.w_in_smem, cfg.dynamic_tokens
     groups = hidden // VEC
     nw = threads // 32
     tv = threads * VEC
@@ -231,9 +262,8 @@ def _cuda_resident_kernel(cfg: EngramGateBwdConfig):
         return T.reinterpret(bits, T.float32)
 
     @T.macro
-    def issue_scalars(tt, tid, sc_s, dot, gate_score, rstd_x, rstd_k):
+    def issue_scalars(tt, sl, tid, sc_s, dot, gate_score, rstd_x, rstd_k):
         if tid < hc:
-            sl = tt % 4
             T.ptx_cp_async(T.access_ptr(sc_s[sl, 0, tid], 'w', 1), T.access_ptr(dot[tt, tid], 'r', 1), 1)
             T.ptx_cp_async(T.access_ptr(sc_s[sl, 1, tid], 'w', 1), T.access_ptr(gate_score[tt, tid], 'r', 1), 1)
             T.ptx_cp_async(T.access_ptr(sc_s[sl, 2, tid], 'w', 1), T.access_ptr(rstd_x[tt, tid], 'r', 1), 1)
@@ -285,6 +315,7 @@ def _cuda_resident_kernel(cfg: EngramGateBwdConfig):
         grad_v: T.Tensor((num_tokens, hidden), T.bfloat16),
         grad_w_partial: T.Tensor((P, hc, hidden), T.float32),
         clamp_value: T.float32,
+        token_counter: T.Tensor((1,), T.int32),
     ):
         with T.Kernel(P, threads=threads) as pid:
             tid = T.get_thread_binding()
@@ -319,19 +350,38 @@ def _cuda_resident_kernel(cfg: EngramGateBwdConfig):
             cx = T.alloc_local((hc,), T.float32)
             ck = T.alloc_local((hc,), T.float32)
 
-            t0, t1 = _token_range(num_tokens, pid, P)
+            # The block's tokens c_0, c_1, ... (ends with a value >= num_tokens). In iteration i the block
+            # computes cur = c_i, streams in c_(i + 1) = nx1 and the scalars of c_(i + 2) = nx2. Static: its
+            # contiguous range. Dynamic: pid, pid + P, pid + 2 P, then claims from token_counter, made
+            # three tokens ahead by thread 0 and published through tok_s by the block barrier.
+            tok_s = T.alloc_shared((2,), T.int32)
+            cur = T.alloc_var(T.int32)
+            nx1 = T.alloc_var(T.int32)
+            nx2 = T.alloc_var(T.int32)
+            claim = T.alloc_var(T.int32)
+            it = T.alloc_var(T.int32)
+            if dynamic:
+                cur = pid
+                nx1 = pid + P
+                nx2 = pid + 2 * P
+            else:
+                t0, t1 = _token_range(num_tokens, pid, P)
+                cur = T.if_then_else(t0 < t1, t0, num_tokens)
+                nx1 = T.if_then_else(t0 + 1 < t1, t0 + 1, num_tokens)
+                nx2 = T.if_then_else(t0 + 2 < t1, t0 + 2, num_tokens)
+            it = 0
 
             for j in T.unroll(g):
                 for h in T.unroll(hc):
                     for e in T.unroll(VEC):
                         gw[j, h, e] = 0.0
 
-            # Prologue. Group 1: grad_out/v of t0, the scalars of t0 and t0 + 1, this thread's slice of
-            # weight_fused; group 2: x/k of t0. Loop invariant at the top of iteration t: the pending groups
-            # are [grad_out/v(t) (+ scalars(t + 1))], [x/k(t)], in that order.
-            if t0 < t1:
-                issue_go_v(t0, tid, go_s, v_s, grad_out, v)
-                issue_scalars(t0, tid, sc_s, dot, gate_score, rstd_x, rstd_k)
+            # Prologue. Group 1: grad_out/v of c_0, the scalars of c_0 and c_1, this thread's slice of
+            # weight_fused; group 2: x/k of c_0. Loop invariant at the top of iteration i: the pending groups
+            # are [grad_out/v(c_i) (+ scalars(c_(i + 1)))], [x/k(c_i)], in that order.
+            if cur < num_tokens:
+                issue_go_v(cur, tid, go_s, v_s, grad_out, v)
+                issue_scalars(cur, 0, tid, sc_s, dot, gate_score, rstd_x, rstd_k)
                 if w_in_smem:
                     for j in T.unroll(g):
                         if j * threads + tid < groups:
@@ -342,19 +392,22 @@ def _cuda_resident_kernel(cfg: EngramGateBwdConfig):
                                         T.access_ptr(weight_fused[h, (j * threads + tid) * VEC + q * 4], 'r', 4),
                                         4,
                                     )
-            if t0 + 1 < t1:
-                issue_scalars(t0 + 1, tid, sc_s, dot, gate_score, rstd_x, rstd_k)
+            if nx1 < num_tokens:
+                issue_scalars(nx1, 1, tid, sc_s, dot, gate_score, rstd_x, rstd_k)
             T.ptx_commit_group()
-            if t0 < t1:
-                issue_x_k(t0, tid, x_s, k_s, hidden_states, k)
+            if cur < num_tokens:
+                issue_x_k(cur, tid, x_s, k_s, hidden_states, k)
             T.ptx_commit_group()
 
-            for t in T.serial(t0, t1):
-                sl = t % 4
-                # ---- phase A: dL/dg partials and grad_v from grad_out and v of token t
+            while cur < num_tokens:
+                if dynamic and tid == 0:
+                    # Issued first, used at the barrier: the atomic's round trip overlaps phase A.
+                    claim = T.atomic_add(token_counter[0], 1, return_prev=True) + 3 * P
+                sl = it % 4
+                # ---- phase A: dL/dg partials and grad_v from grad_out and v of token cur
                 T.ptx_wait_group(1)
-                if t == t0:
-                    T.sync_threads()  # publish the scalars of t0 and t0 + 1 (block-uniform condition)
+                if it == 0:
+                    T.sync_threads()  # publish the scalars of c_0 and c_1 (block-uniform condition)
                 for h in T.unroll(hc):
                     part[h] = 0.0
                 for j in T.unroll(g):
@@ -374,26 +427,32 @@ def _cuda_resident_kernel(cfg: EngramGateBwdConfig):
                                 part[h] += gof * vf[e]
                                 ov[e] += gof * gsc
                         for e in T.vectorized(VEC):
-                            grad_v[t, col + e] = T.cast(ov[e], T.bfloat16)
-                # ---- prefetch grad_out/v of t + 1 (slots consumed above) and the scalars of t + 2
-                # (ring slot (t + 2) % 4 was last read in iteration t - 2, before barrier t - 1)
-                if t + 1 < t1:
-                    issue_go_v(t + 1, tid, go_s, v_s, grad_out, v)
-                if t + 2 < t1:
-                    issue_scalars(t + 2, tid, sc_s, dot, gate_score, rstd_x, rstd_k)
+                            grad_v[cur, col + e] = T.cast(ov[e], T.bfloat16)
+                # ---- prefetch grad_out/v of c_(i + 1) (slots consumed above) and the scalars of c_(i + 2)
+                # (ring slot (i + 2) % 4 was last read in iteration i - 2, before barrier i - 1)
+                if nx1 < num_tokens:
+                    issue_go_v(nx1, tid, go_s, v_s, grad_out, v)
+                if nx2 < num_tokens:
+                    issue_scalars(nx2, (it + 2) % 4, tid, sc_s, dot, gate_score, rstd_x, rstd_k)
                 T.ptx_commit_group()
-                # ---- block reduction of dL/dg: the only barrier per token
+                # ---- block reduction of dL/dg: the only barrier per token (it also publishes c_(i + 3))
                 for h in T.unroll(hc):
                     part[h] = T.warp_reduce_sum(part[h])
                 if lane == 0:
                     for h in T.unroll(hc):
-                        red_s[t % 2, wid, h] = part[h]
+                        red_s[it % 2, wid, h] = part[h]
+                if dynamic and tid == 0:
+                    tok_s[it % 2] = claim
                 T.sync_threads()
+                if dynamic:
+                    claim = tok_s[it % 2]  # read before barrier i + 1; rewritten after it
+                else:
+                    claim = T.if_then_else(nx2 + 1 < t1, nx2 + 1, num_tokens)
                 for h in T.unroll(hc):
                     part[h] = 0.0
                 for q in T.unroll(nw):
                     for h in T.unroll(hc):
-                        part[h] += red_s[t % 2, q, h]
+                        part[h] += red_s[it % 2, q, h]
                 for h in T.unroll(hc):
                     dv = sc_s[sl, 0, h]
                     gv = sc_s[sl, 1, h]
@@ -406,7 +465,7 @@ def _cuda_resident_kernel(cfg: EngramGateBwdConfig):
                     )
                     cx[h] = dv * rx * rx * inv_h
                     ck[h] = dv * rk * rk * inv_h
-                # ---- phase B: grads of token t from x, k (staged one token ahead) and grad_out (registers)
+                # ---- phase B: grads of token cur from x, k (staged one token ahead) and grad_out (registers)
                 T.ptx_wait_group(1)
                 for j in T.unroll(g):
                     if j * threads + tid < groups:
@@ -431,13 +490,17 @@ def _cuda_resident_kernel(cfg: EngramGateBwdConfig):
                                 )
                                 ok[e] = rr[h] * (xf[e] * wf[e] - kf[e] * ck[h])
                             for e in T.vectorized(VEC):
-                                grad_x[t, h, col + e] = T.cast(ox[e], T.bfloat16)
+                                grad_x[cur, h, col + e] = T.cast(ox[e], T.bfloat16)
                             for e in T.vectorized(VEC):
-                                grad_k[t, h, col + e] = T.cast(ok[e], T.bfloat16)
-                # ---- prefetch x, k of t + 1 (slots consumed above)
-                if t + 1 < t1:
-                    issue_x_k(t + 1, tid, x_s, k_s, hidden_states, k)
+                                grad_k[cur, h, col + e] = T.cast(ok[e], T.bfloat16)
+                # ---- prefetch x, k of c_(i + 1) (slots consumed above)
+                if nx1 < num_tokens:
+                    issue_x_k(nx1, tid, x_s, k_s, hidden_states, k)
                 T.ptx_commit_group()
+                cur = nx1
+                nx1 = nx2
+                nx2 = claim
+                it = it + 1
 
             T.ptx_wait_group(0)
             for j in T.unroll(g):
@@ -769,10 +832,8 @@ def make_engram_gate_bwd_kernel(cfg: EngramGateBwdConfig):
     if cfg.backend == 'ascend':
         return _ascend_chunked_kernel(cfg)
     if cfg.variant == 'resident':
-        func = _cuda_resident_kernel(cfg)
-    else:
-        func = _cuda_chunked_kernel(cfg)
-    return func.with_attr('tilelang_pass_configs', dict(_PASS_CONFIGS))
+        return _cuda_resident_kernel(cfg).with_attr('tilelang_pass_configs', dict(_RESIDENT_PASS_CONFIGS))
+    return _cuda_chunked_kernel(cfg).with_attr('tilelang_pass_configs', dict(_PASS_CONFIGS))
 
 
 @functools.cache
