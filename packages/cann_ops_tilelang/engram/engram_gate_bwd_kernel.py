@@ -19,8 +19,8 @@ CUDA, variant 'resident' (the fast path, one pass over memory): block p starts w
 the one it computes, so the claim's round trip hides behind the work). Claiming is what makes this kernel
 fast: with a fixed range per block, globaltimer traces on an H200 (hc = 4, H = 7168, T = 4001) showed the
 blocks drifting apart by up to ~3 tokens (~30 us) by the end, at random from run to run, and the slowest
-block set the kernel's time; claiming took that row from 332-343 us to 320-327 us (T = 32768: from
-2589-2601 to 2481-2515 us; two runs of interleaved A/B). Under cfg.dynamic_tokens = False (deterministic
+block set the kernel's time; claiming took that row from 335-343 us to 319-327 us (T = 32768: from
+2565-2601 to 2469-2515 us; four runs of interleaved A/B). Under cfg.dynamic_tokens = False (deterministic
 mode) block p keeps its contiguous range of T // P or T // P + 1 tokens instead, so that grad_w_partial is
 reproducible bit for bit. Thread i owns column groups c = j * threads + i (8 bf16 = 16 bytes, all hc
 branches) for the whole kernel: its slice of the weight gradient lives in registers, its slice of
@@ -350,10 +350,14 @@ def _cuda_resident_kernel(cfg: EngramGateBwdConfig):
             cx = T.alloc_local((hc,), T.float32)
             ck = T.alloc_local((hc,), T.float32)
 
-            # The block's tokens c_0, c_1, ... (ends with a value >= num_tokens). In iteration i the block
-            # computes cur = c_i, streams in c_(i + 1) = nx1 and the scalars of c_(i + 2) = nx2. Static: its
-            # contiguous range. Dynamic: pid, pid + P, pid + 2 P, then claims from token_counter, made
-            # three tokens ahead by thread 0 and published through tok_s by the block barrier.
+            # The block's tokens c_0, c_1, ...: iteration i computes c_i, streams in c_(i + 1) and the
+            # scalars of c_(i + 2). Fixed range (deterministic): c_i = t0 + i is the loop counter itself.
+            # Registers are tight (ptxas caps 448 threads at 128 each): at hc = 4, H = 7168 a while loop
+            # with c_i, c_(i + 1), c_(i + 2) in variables spilled 32 bytes here and cost 3 % (H200), the
+            # counter spills nothing. Claimed: cur, nx1, nx2 = c_i, c_(i + 1), c_(i + 2), starting from pid,
+            # pid + P, pid + 2 P; thread 0 claims c_(i + 3) from token_counter in iteration i and the block
+            # barrier publishes it through tok_s; the block stops at the first c_i >= num_tokens.
+            t0, t1 = _token_range(num_tokens, pid, P)
             tok_s = T.alloc_shared((2,), T.int32)
             cur = T.alloc_var(T.int32)
             nx1 = T.alloc_var(T.int32)
@@ -364,12 +368,9 @@ def _cuda_resident_kernel(cfg: EngramGateBwdConfig):
                 cur = pid
                 nx1 = pid + P
                 nx2 = pid + 2 * P
-            else:
-                t0, t1 = _token_range(num_tokens, pid, P)
-                cur = T.if_then_else(t0 < t1, t0, num_tokens)
-                nx1 = T.if_then_else(t0 + 1 < t1, t0 + 1, num_tokens)
-                nx2 = T.if_then_else(t0 + 2 < t1, t0 + 2, num_tokens)
-            it = 0
+                it = 0
+            c0, c1 = (pid, pid + P) if dynamic else (t0, t0 + 1)
+            has_c0, has_c1 = (c0 < num_tokens, c1 < num_tokens) if dynamic else (t0 < t1, t0 + 1 < t1)
 
             for j in T.unroll(g):
                 for h in T.unroll(hc):
@@ -379,9 +380,9 @@ def _cuda_resident_kernel(cfg: EngramGateBwdConfig):
             # Prologue. Group 1: grad_out/v of c_0, the scalars of c_0 and c_1, this thread's slice of
             # weight_fused; group 2: x/k of c_0. Loop invariant at the top of iteration i: the pending groups
             # are [grad_out/v(c_i) (+ scalars(c_(i + 1)))], [x/k(c_i)], in that order.
-            if cur < num_tokens:
-                issue_go_v(cur, tid, go_s, v_s, grad_out, v)
-                issue_scalars(cur, 0, tid, sc_s, dot, gate_score, rstd_x, rstd_k)
+            if has_c0:
+                issue_go_v(c0, tid, go_s, v_s, grad_out, v)
+                issue_scalars(c0, 0 if dynamic else c0 % 4, tid, sc_s, dot, gate_score, rstd_x, rstd_k)
                 if w_in_smem:
                     for j in T.unroll(g):
                         if j * threads + tid < groups:
@@ -392,21 +393,30 @@ def _cuda_resident_kernel(cfg: EngramGateBwdConfig):
                                         T.access_ptr(weight_fused[h, (j * threads + tid) * VEC + q * 4], 'r', 4),
                                         4,
                                     )
-            if nx1 < num_tokens:
-                issue_scalars(nx1, 1, tid, sc_s, dot, gate_score, rstd_x, rstd_k)
+            if has_c1:
+                issue_scalars(c1, 1 if dynamic else c1 % 4, tid, sc_s, dot, gate_score, rstd_x, rstd_k)
             T.ptx_commit_group()
-            if cur < num_tokens:
-                issue_x_k(cur, tid, x_s, k_s, hidden_states, k)
+            if has_c0:
+                issue_x_k(c0, tid, x_s, k_s, hidden_states, k)
             T.ptx_commit_group()
 
-            while cur < num_tokens:
+            for t in T.serial(num_tokens) if dynamic else T.serial(t0, t1):
+                if dynamic:
+                    if cur >= num_tokens:
+                        T.loop_break()
+                    tok, tok1, tok2 = cur, nx1, nx2
+                    has1, has2 = nx1 < num_tokens, nx2 < num_tokens
+                    sl, sl2, first = it % 4, (it + 2) % 4, it == 0
+                else:
+                    tok, tok1, tok2 = t, t + 1, t + 2
+                    has1, has2 = t + 1 < t1, t + 2 < t1
+                    sl, sl2, first = t % 4, (t + 2) % 4, t == t0
                 if dynamic and tid == 0:
                     # Issued first, used at the barrier: the atomic's round trip overlaps phase A.
                     claim = T.atomic_add(token_counter[0], 1, return_prev=True) + 3 * P
-                sl = it % 4
-                # ---- phase A: dL/dg partials and grad_v from grad_out and v of token cur
+                # ---- phase A: dL/dg partials and grad_v from grad_out and v of token c_i
                 T.ptx_wait_group(1)
-                if it == 0:
+                if first:
                     T.sync_threads()  # publish the scalars of c_0 and c_1 (block-uniform condition)
                 for h in T.unroll(hc):
                     part[h] = 0.0
@@ -427,32 +437,30 @@ def _cuda_resident_kernel(cfg: EngramGateBwdConfig):
                                 part[h] += gof * vf[e]
                                 ov[e] += gof * gsc
                         for e in T.vectorized(VEC):
-                            grad_v[cur, col + e] = T.cast(ov[e], T.bfloat16)
+                            grad_v[tok, col + e] = T.cast(ov[e], T.bfloat16)
                 # ---- prefetch grad_out/v of c_(i + 1) (slots consumed above) and the scalars of c_(i + 2)
                 # (ring slot (i + 2) % 4 was last read in iteration i - 2, before barrier i - 1)
-                if nx1 < num_tokens:
-                    issue_go_v(nx1, tid, go_s, v_s, grad_out, v)
-                if nx2 < num_tokens:
-                    issue_scalars(nx2, (it + 2) % 4, tid, sc_s, dot, gate_score, rstd_x, rstd_k)
+                if has1:
+                    issue_go_v(tok1, tid, go_s, v_s, grad_out, v)
+                if has2:
+                    issue_scalars(tok2, sl2, tid, sc_s, dot, gate_score, rstd_x, rstd_k)
                 T.ptx_commit_group()
                 # ---- block reduction of dL/dg: the only barrier per token (it also publishes c_(i + 3))
                 for h in T.unroll(hc):
                     part[h] = T.warp_reduce_sum(part[h])
                 if lane == 0:
                     for h in T.unroll(hc):
-                        red_s[it % 2, wid, h] = part[h]
+                        red_s[sl % 2, wid, h] = part[h]
                 if dynamic and tid == 0:
-                    tok_s[it % 2] = claim
+                    tok_s[sl % 2] = claim
                 T.sync_threads()
                 if dynamic:
-                    claim = tok_s[it % 2]  # read before barrier i + 1; rewritten after it
-                else:
-                    claim = T.if_then_else(nx2 + 1 < t1, nx2 + 1, num_tokens)
+                    claim = tok_s[sl % 2]  # read before barrier i + 1; rewritten after it
                 for h in T.unroll(hc):
                     part[h] = 0.0
                 for q in T.unroll(nw):
                     for h in T.unroll(hc):
-                        part[h] += red_s[it % 2, q, h]
+                        part[h] += red_s[sl % 2, q, h]
                 for h in T.unroll(hc):
                     dv = sc_s[sl, 0, h]
                     gv = sc_s[sl, 1, h]
@@ -490,17 +498,18 @@ def _cuda_resident_kernel(cfg: EngramGateBwdConfig):
                                 )
                                 ok[e] = rr[h] * (xf[e] * wf[e] - kf[e] * ck[h])
                             for e in T.vectorized(VEC):
-                                grad_x[cur, h, col + e] = T.cast(ox[e], T.bfloat16)
+                                grad_x[tok, h, col + e] = T.cast(ox[e], T.bfloat16)
                             for e in T.vectorized(VEC):
-                                grad_k[cur, h, col + e] = T.cast(ok[e], T.bfloat16)
+                                grad_k[tok, h, col + e] = T.cast(ok[e], T.bfloat16)
                 # ---- prefetch x, k of c_(i + 1) (slots consumed above)
-                if nx1 < num_tokens:
-                    issue_x_k(nx1, tid, x_s, k_s, hidden_states, k)
+                if has1:
+                    issue_x_k(tok1, tid, x_s, k_s, hidden_states, k)
                 T.ptx_commit_group()
-                cur = nx1
-                nx1 = nx2
-                nx2 = claim
-                it = it + 1
+                if dynamic:
+                    cur = nx1
+                    nx1 = nx2
+                    nx2 = claim
+                    it = it + 1
 
             T.ptx_wait_group(0)
             for j in T.unroll(g):
