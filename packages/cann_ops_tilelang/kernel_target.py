@@ -1,4 +1,4 @@
-"""TileLang targets per backend, and the one place operators compile a kernel."""
+"""TileLang targets per backend, and the one place operators compile and launch a kernel."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import contextlib
 import hashlib
 import os
 
-from cann_ops_tilelang.config import Backend, get_cuda_arch
+from cann_ops_tilelang.config import Backend, device_guard, get_cuda_arch, should_print_kernel_source
 
 
 def tilelang_target(backend: Backend, *, cuda_arch: str | None = None):
@@ -36,6 +36,16 @@ def compile_kernel(prim_func, backend: Backend):
     target = tilelang_target(backend)
     with target, compile_lock(prim_func, target):
         return tilelang.compile(prim_func, target=target)
+
+
+def launch_kernel(get_kernel, cfg, device, *args) -> None:
+    """The last steps of every operator: `get_kernel(cfg)` (compiled for `device` on first use), its source
+    printed when OPS_TILELANG_PRINT_KERNEL_SOURCE asks, then the launch with `args` on `device`'s stream."""
+    with device_guard(device):
+        kernel = get_kernel(cfg)
+        if should_print_kernel_source():
+            print(kernel.get_kernel_source())
+        kernel(*args)
 
 
 def compile_lock(prim_func, target):

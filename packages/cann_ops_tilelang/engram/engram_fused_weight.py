@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from cann_ops_tilelang.config import device_guard, get_num_cores, require_accelerator, should_print_kernel_source
+from cann_ops_tilelang.config import get_num_cores, require_accelerator
 from cann_ops_tilelang.engram._contract import check_hc_hidden
+from cann_ops_tilelang.kernel_target import launch_kernel
 from cann_ops_tilelang.validation import check_contiguous, check_out, check_shape, check_tensor
 
 from .engram_fused_weight_kernel import choose_engram_fused_weight_config, get_engram_fused_weight_kernel
@@ -65,9 +66,5 @@ def engram_fused_weight(
     # hc >= 1 and H >= 64 after validation: never empty.
 
     cfg = choose_engram_fused_weight_config(backend=backend, hc=hc, hidden=hidden, num_cores=get_num_cores(device))
-    with device_guard(device):
-        kernel = get_engram_fused_weight_kernel(cfg)
-        if should_print_kernel_source():
-            print(kernel.get_kernel_source())
-        kernel(weight_hidden, weight_embed, result)
+    launch_kernel(get_engram_fused_weight_kernel, cfg, device, weight_hidden, weight_embed, result)
     return result

@@ -6,8 +6,9 @@ from typing import NamedTuple
 
 import torch
 
-from cann_ops_tilelang.config import device_guard, get_num_cores, require_accelerator, should_print_kernel_source
+from cann_ops_tilelang.config import get_num_cores, require_accelerator
 from cann_ops_tilelang.engram._contract import check_hc_hidden
+from cann_ops_tilelang.kernel_target import launch_kernel
 from cann_ops_tilelang.validation import (
     check_contiguous,
     check_last_dim_contiguous,
@@ -146,25 +147,24 @@ def engram_gate_bwd(
         extra = (alloc_counter((1,), dtype=torch.int32, device=device),)
 
     grad_out, x, k, v, weight_fused = (_aligned(t) for t in (grad_out, x, k, v, weight_fused))
-    with device_guard(device):
-        kernel = get_engram_gate_bwd_kernel(cfg)
-        if should_print_kernel_source():
-            print(kernel.get_kernel_source())
-        kernel(
-            grad_out,
-            x,
-            k,
-            v,
-            weight_fused,
-            dot,
-            gate_score,
-            rstd_x,
-            rstd_k,
-            grad_x,
-            grad_k,
-            grad_v,
-            grad_w_partial,
-            clamp_value,
-            *extra,
-        )
+    launch_kernel(
+        get_engram_gate_bwd_kernel,
+        cfg,
+        device,
+        grad_out,
+        x,
+        k,
+        v,
+        weight_fused,
+        dot,
+        gate_score,
+        rstd_x,
+        rstd_k,
+        grad_x,
+        grad_k,
+        grad_v,
+        grad_w_partial,
+        clamp_value,
+        *extra,
+    )
     return EngramGateBwdResult(grad_x, grad_k, grad_v, grad_w_partial)

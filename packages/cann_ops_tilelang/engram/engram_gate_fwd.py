@@ -6,8 +6,9 @@ from typing import NamedTuple
 
 import torch
 
-from cann_ops_tilelang.config import device_guard, get_num_cores, require_accelerator, should_print_kernel_source
+from cann_ops_tilelang.config import get_num_cores, require_accelerator
 from cann_ops_tilelang.engram._contract import check_hc_hidden
+from cann_ops_tilelang.kernel_target import launch_kernel
 from cann_ops_tilelang.validation import (
     check_bool,
     check_contiguous,
@@ -107,12 +108,6 @@ def engram_gate_fwd(
         save_for_backward=save_for_backward,
         vec=vec,
     )
-    with device_guard(device):
-        kernel = get_engram_gate_fwd_kernel(cfg)
-        if should_print_kernel_source():
-            print(kernel.get_kernel_source())
-        if save_for_backward:
-            kernel(x, k, v, weight_fused, output, *saved, eps, clamp_value)
-        else:
-            kernel(x, k, v, weight_fused, output, eps, clamp_value)
+    outputs = (output, *saved) if save_for_backward else (output,)  # the kernel without saved outputs has no slots
+    launch_kernel(get_engram_gate_fwd_kernel, cfg, device, x, k, v, weight_fused, *outputs, eps, clamp_value)
     return EngramGateFwdResult(output, *saved)

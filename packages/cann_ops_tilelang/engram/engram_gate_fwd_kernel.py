@@ -160,6 +160,48 @@ def get_engram_gate_fwd_kernel(cfg: EngramGateFwdConfig):
     return compile_kernel(make_engram_gate_fwd_kernel(cfg), cfg.backend)
 
 
+def _engram_gate_fwd_prim_func(T, body, *, hc, hidden, save, num_tokens, strides):
+    """The prim_func `engram_gate_fwd_kernel` around a backend's kernel body, a T.macro taking (x, k, v, w,
+    out, dot, gate_score, rstd_x, rstd_k, eps, clamp_value) with None for the saved outputs it does not
+    write: those four (T, hc) fp32 outputs are arguments only when `save`. `T` is the backend's language
+    module; `strides` the dynamic (k_stride_t, k_stride_h, v_stride_t)."""
+    k_st, k_sh, v_st = strides
+    f32, bf16 = T.float32, T.bfloat16
+    if save:
+
+        @T.prim_func
+        def engram_gate_fwd_kernel(
+            x: T.Tensor((num_tokens, hc, hidden), bf16),
+            k: T.StridedTensor((num_tokens, hc, hidden), (k_st, k_sh, 1), bf16),
+            v: T.StridedTensor((num_tokens, hidden), (v_st, 1), bf16),
+            w: T.Tensor((hc, hidden), f32),
+            out: T.Tensor((num_tokens, hc, hidden), bf16),
+            dot_o: T.Tensor((num_tokens, hc), f32),
+            g_o: T.Tensor((num_tokens, hc), f32),
+            rx_o: T.Tensor((num_tokens, hc), f32),
+            rk_o: T.Tensor((num_tokens, hc), f32),
+            eps: T.float32,
+            clamp_value: T.float32,
+        ):
+            body(x, k, v, w, out, dot_o, g_o, rx_o, rk_o, eps, clamp_value)
+
+    else:
+
+        @T.prim_func
+        def engram_gate_fwd_kernel(
+            x: T.Tensor((num_tokens, hc, hidden), bf16),
+            k: T.StridedTensor((num_tokens, hc, hidden), (k_st, k_sh, 1), bf16),
+            v: T.StridedTensor((num_tokens, hidden), (v_st, 1), bf16),
+            w: T.Tensor((hc, hidden), f32),
+            out: T.Tensor((num_tokens, hc, hidden), bf16),
+            eps: T.float32,
+            clamp_value: T.float32,
+        ):
+            body(x, k, v, w, out, None, None, None, None, eps, clamp_value)
+
+    return engram_gate_fwd_kernel
+
+
 # ==============================================================================================
 # CUDA
 # ==============================================================================================
@@ -278,39 +320,9 @@ def _cuda_engram_gate_fwd_kernel(cfg: EngramGateFwdConfig):
                                     bf16,
                                 )
 
-    if save:
-
-        @T.prim_func
-        def engram_gate_fwd_kernel(
-            x: T.Tensor((num_tokens, hc, hidden), bf16),
-            k: T.StridedTensor((num_tokens, hc, hidden), (k_st, k_sh, 1), bf16),
-            v: T.StridedTensor((num_tokens, hidden), (v_st, 1), bf16),
-            w: T.Tensor((hc, hidden), f32),
-            out: T.Tensor((num_tokens, hc, hidden), bf16),
-            dot_o: T.Tensor((num_tokens, hc), f32),
-            g_o: T.Tensor((num_tokens, hc), f32),
-            rx_o: T.Tensor((num_tokens, hc), f32),
-            rk_o: T.Tensor((num_tokens, hc), f32),
-            eps: T.float32,
-            clamp_value: T.float32,
-        ):
-            body(x, k, v, w, out, dot_o, g_o, rx_o, rk_o, eps, clamp_value)
-
-    else:
-
-        @T.prim_func
-        def engram_gate_fwd_kernel(
-            x: T.Tensor((num_tokens, hc, hidden), bf16),
-            k: T.StridedTensor((num_tokens, hc, hidden), (k_st, k_sh, 1), bf16),
-            v: T.StridedTensor((num_tokens, hidden), (v_st, 1), bf16),
-            w: T.Tensor((hc, hidden), f32),
-            out: T.Tensor((num_tokens, hc, hidden), bf16),
-            eps: T.float32,
-            clamp_value: T.float32,
-        ):
-            body(x, k, v, w, out, None, None, None, None, eps, clamp_value)
-
-    return engram_gate_fwd_kernel
+    return _engram_gate_fwd_prim_func(
+        T, body, hc=hc, hidden=hidden, save=save, num_tokens=num_tokens, strides=(k_st, k_sh, v_st)
+    )
 
 
 # ==============================================================================================
@@ -422,36 +434,6 @@ def _ascend_engram_gate_fwd_kernel(cfg: EngramGateFwdConfig):
                         T.copy(s_ub[2, 0:grp], rx_o[t, h0 : h0 + grp])
                         T.copy(s_ub[3, 0:grp], rk_o[t, h0 : h0 + grp])
 
-    if save:
-
-        @T.prim_func
-        def engram_gate_fwd_kernel(
-            x: T.Tensor((num_tokens, hc, hidden), bf16),
-            k: T.StridedTensor((num_tokens, hc, hidden), (k_st, k_sh, 1), bf16),
-            v: T.StridedTensor((num_tokens, hidden), (v_st, 1), bf16),
-            w: T.Tensor((hc, hidden), f32),
-            out: T.Tensor((num_tokens, hc, hidden), bf16),
-            dot_o: T.Tensor((num_tokens, hc), f32),
-            g_o: T.Tensor((num_tokens, hc), f32),
-            rx_o: T.Tensor((num_tokens, hc), f32),
-            rk_o: T.Tensor((num_tokens, hc), f32),
-            eps: T.float32,
-            clamp_value: T.float32,
-        ):
-            body(x, k, v, w, out, dot_o, g_o, rx_o, rk_o, eps, clamp_value)
-
-    else:
-
-        @T.prim_func
-        def engram_gate_fwd_kernel(
-            x: T.Tensor((num_tokens, hc, hidden), bf16),
-            k: T.StridedTensor((num_tokens, hc, hidden), (k_st, k_sh, 1), bf16),
-            v: T.StridedTensor((num_tokens, hidden), (v_st, 1), bf16),
-            w: T.Tensor((hc, hidden), f32),
-            out: T.Tensor((num_tokens, hc, hidden), bf16),
-            eps: T.float32,
-            clamp_value: T.float32,
-        ):
-            body(x, k, v, w, out, None, None, None, None, eps, clamp_value)
-
-    return engram_gate_fwd_kernel
+    return _engram_gate_fwd_prim_func(
+        T, body, hc=hc, hidden=hidden, save=save, num_tokens=num_tokens, strides=(k_st, k_sh, v_st)
+    )

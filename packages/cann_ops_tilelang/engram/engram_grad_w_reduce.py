@@ -6,8 +6,9 @@ from typing import NamedTuple
 
 import torch
 
-from cann_ops_tilelang.config import device_guard, get_num_cores, require_accelerator, should_print_kernel_source
+from cann_ops_tilelang.config import get_num_cores, require_accelerator
 from cann_ops_tilelang.engram._contract import check_hc_hidden
+from cann_ops_tilelang.kernel_target import launch_kernel
 from cann_ops_tilelang.validation import check_contiguous, check_shape, check_tensor, may_overlap
 
 from .engram_grad_w_reduce_kernel import choose_engram_grad_w_reduce_config, get_engram_grad_w_reduce_kernel
@@ -94,9 +95,14 @@ def engram_grad_w_reduce(
         return result
 
     cfg = choose_engram_grad_w_reduce_config(backend=backend, hc=hc, hidden=hidden, num_cores=get_num_cores(device))
-    with device_guard(device):
-        kernel = get_engram_grad_w_reduce_kernel(cfg)
-        if should_print_kernel_source():
-            print(kernel.get_kernel_source())
-        kernel(grad_w_partial, weight_hidden, weight_embed, grad_weight_hidden, grad_weight_embed)
+    launch_kernel(
+        get_engram_grad_w_reduce_kernel,
+        cfg,
+        device,
+        grad_w_partial,
+        weight_hidden,
+        weight_embed,
+        grad_weight_hidden,
+        grad_weight_embed,
+    )
     return result

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from cann_ops_tilelang.config import device_guard, get_num_cores, require_accelerator, should_print_kernel_source
+from cann_ops_tilelang.config import get_num_cores, require_accelerator
+from cann_ops_tilelang.kernel_target import launch_kernel
 from cann_ops_tilelang.validation import check_contiguous, check_out, check_shape, check_tensor
 
 from .engram_hash_kernel import choose_engram_hash_config, get_engram_hash_kernel
@@ -103,9 +104,5 @@ def engram_hash(
         num_tables=num_tables,
         num_cores=get_num_cores(device),
     )
-    with device_guard(device):
-        kernel = get_engram_hash_kernel(cfg)
-        if should_print_kernel_source():
-            print(kernel.get_kernel_source())
-        kernel(ngram_token_ids, multipliers, vocab_sizes, offsets, result)
+    launch_kernel(get_engram_hash_kernel, cfg, device, ngram_token_ids, multipliers, vocab_sizes, offsets, result)
     return result
