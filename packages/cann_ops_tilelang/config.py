@@ -2,12 +2,19 @@
 
 Everything here is lazy. Importing this module (or the package) never imports torch_npu,
 never initialises CUDA and never compiles a kernel: the first operator call does that.
+
+The Ascend C emulator (OPS_TILELANG_ASCEND_EMULATOR=1, a development opt-in of this repository's
+`cann_ops_ascend_emu` package, not shipped in the wheel) makes CPU tensors run the Ascend kernels:
+lowered to Ascend C and executed on the CPU against an emulation of the Ascend 950 C API. It is never
+a fallback: without the opt-in, CPU tensors raise RuntimeError.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
+import importlib.util
 import os
 from typing import Literal
 
@@ -16,8 +23,26 @@ import torch
 Backend = Literal['ascend', 'cuda']
 
 PRINT_KERNEL_SOURCE_ENV = 'OPS_TILELANG_PRINT_KERNEL_SOURCE'
+ASCEND_EMULATOR_ENV = 'OPS_TILELANG_ASCEND_EMULATOR'
+# The emulated chip: Ascend 950PR, 64 vector (AIV) cores, what the CPU tier lowers Ascend kernels for.
+EMULATED_VECTOR_CORES = 64
 _TRUE = {'1', 'true', 'yes', 'on'}
 _FALSE = {'', '0', 'false', 'no', 'off'}
+
+
+def _env_flag(name: str) -> bool:
+    """A boolean environment variable (unset or empty is False); anything else is a ValueError."""
+    value = os.environ.get(name, '').strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ValueError(f'{name}={os.environ[name]!r} is not a boolean: use 1/0, true/false, yes/no or on/off')
+
+
+def ascend_emulator_enabled() -> bool:
+    """Whether OPS_TILELANG_ASCEND_EMULATOR opts CPU tensors into the Ascend kernels on the emulator."""
+    return _env_flag(ASCEND_EMULATOR_ENV)
 
 
 @functools.cache
@@ -45,12 +70,22 @@ def require_ascend() -> None:
         raise RuntimeError('this operator needs an Ascend NPU: torch_npu found no NPU device')
 
 
+def is_emulated(device: torch.device) -> bool:
+    """Whether tensors on `device` run on the Ascend C emulator (CPU tensors under the opt-in)."""
+    return device.type == 'cpu' and ascend_emulator_enabled()
+
+
 def backend_of(device: torch.device) -> Backend:
-    """Map a tensor's device to the kernel backend; CPU and other devices raise RuntimeError."""
+    """Map a tensor's device to the kernel backend; CPU and other devices raise RuntimeError.
+
+    CPU tensors map to 'ascend' only under the emulator opt-in (OPS_TILELANG_ASCEND_EMULATOR=1).
+    """
     if device.type == 'npu':
         return 'ascend'
     if device.type == 'cuda':
         return 'cuda'
+    if is_emulated(device):
+        return 'ascend'
     raise RuntimeError(
         f'cann_ops_tilelang has no kernels for {device.type!r} tensors: move the inputs to an '
         'Ascend NPU (npu) or a CUDA GPU (cuda); there is no CPU fallback'
@@ -70,24 +105,43 @@ def require_accelerator(*tensors: torch.Tensor) -> Backend:
         if t.device != device:
             raise RuntimeError(f'all tensors must be on one device, got {device} and {t.device}')
     backend = backend_of(device)
-    if backend == 'ascend':
+    if is_emulated(device):
+        require_emulator()
+    elif backend == 'ascend':
         require_ascend()
     return backend
 
 
+def require_emulator() -> None:
+    """RuntimeError unless the Ascend C emulator can run here: its package importable, and no real NPU
+    (kernels are compiled once per configuration, for one of the two)."""
+    if importlib.util.find_spec('cann_ops_ascend_emu') is None:
+        raise RuntimeError(
+            f'{ASCEND_EMULATOR_ENV}=1 needs the development package cann_ops_ascend_emu: run from a '
+            'checkout of the cann_ops_tilelang repository with its packages/ directory on sys.path'
+        )
+    if is_ascend_available():
+        raise RuntimeError(f'{ASCEND_EMULATOR_ENV}=1 is for machines without an Ascend NPU: this one has one')
+
+
 def device_guard(device: torch.device):
     """Context manager making `device` current, so kernels compile for it and launch on its stream."""
+    if is_emulated(device):
+        return contextlib.nullcontext()
     if backend_of(device) == 'ascend':
         return torch.npu.device(device)
     return torch.cuda.device(device)
 
 
 def get_device() -> torch.device:
-    """The current accelerator device: the current NPU where torch_npu has one, else the current GPU."""
+    """The current accelerator device: the current NPU where torch_npu has one, else the current GPU,
+    else the CPU under the Ascend C emulator opt-in."""
     if is_ascend_available():
         return torch.device('npu', torch.npu.current_device())
     if is_cuda_available():
         return torch.device('cuda', torch.cuda.current_device())
+    if ascend_emulator_enabled():
+        return torch.device('cpu')
     raise RuntimeError('no accelerator: neither an Ascend NPU (torch_npu) nor a CUDA GPU is available')
 
 
@@ -108,11 +162,6 @@ def get_num_vector_cores(device: torch.device | None = None) -> int:
     return int(_npu_properties(_index(device, 'ascend')).vector_core_num)
 
 
-def get_num_ai_cores(device: torch.device | None = None) -> int:
-    """AI (cube) cores of an Ascend device; one mixed Cube/Vector kernel block runs per core."""
-    return int(_npu_properties(_index(device, 'ascend')).cube_core_num)
-
-
 @functools.cache
 def _cuda_sm_count(index: int) -> int:
     return int(torch.cuda.get_device_properties(index).multi_processor_count)
@@ -124,7 +173,10 @@ def get_num_sms(device: torch.device | None = None) -> int:
 
 
 def get_num_cores(device: torch.device) -> int:
-    """Cores a persistent vector kernel spreads over: AIV cores on Ascend, SMs on CUDA."""
+    """Cores a persistent vector kernel spreads over: AIV cores on Ascend (the emulated chip's on the
+    emulator), SMs on CUDA."""
+    if is_emulated(device):
+        return EMULATED_VECTOR_CORES
     if backend_of(device) == 'ascend':
         return get_num_vector_cores(device)
     return get_num_sms(device)
@@ -148,12 +200,4 @@ def get_cuda_arch(device: torch.device | None = None) -> str:
 
 def should_print_kernel_source() -> bool:
     """Whether OPS_TILELANG_PRINT_KERNEL_SOURCE asks operators to print the generated source."""
-    value = os.environ.get(PRINT_KERNEL_SOURCE_ENV, '').strip().lower()
-    if value in _TRUE:
-        return True
-    if value in _FALSE:
-        return False
-    raise ValueError(
-        f'{PRINT_KERNEL_SOURCE_ENV}={os.environ[PRINT_KERNEL_SOURCE_ENV]!r} is not a boolean: '
-        'use 1/0, true/false, yes/no or on/off'
-    )
+    return _env_flag(PRINT_KERNEL_SOURCE_ENV)

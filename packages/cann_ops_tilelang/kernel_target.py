@@ -6,7 +6,14 @@ import contextlib
 import hashlib
 import os
 
-from cann_ops_tilelang.config import Backend, device_guard, get_cuda_arch, should_print_kernel_source
+from cann_ops_tilelang.config import (
+    Backend,
+    ascend_emulator_enabled,
+    device_guard,
+    get_cuda_arch,
+    is_ascend_available,
+    should_print_kernel_source,
+)
 
 
 def tilelang_target(backend: Backend, *, cuda_arch: str | None = None):
@@ -29,8 +36,16 @@ def tilelang_target(backend: Backend, *, cuda_arch: str | None = None):
 def compile_kernel(prim_func, backend: Backend):
     """Compile a TileLang prim_func for `backend` on the current device (call inside `device_guard`).
 
-    Generators cache the result per compile-time configuration; runtime sizes are T.dynamic.
+    Generators cache the result per compile-time configuration; runtime sizes are T.dynamic. Ascend
+    kernels on a machine without an NPU but with the emulator opt-in (config.ASCEND_EMULATOR_ENV) are
+    lowered to Ascend C and built for the CPU emulator instead; `config.require_emulator` has made sure
+    that no real NPU shares this process, so the per-configuration cache holds one kind only.
     """
+    if backend == 'ascend' and ascend_emulator_enabled() and not is_ascend_available():
+        import cann_ops_ascend_emu
+
+        return cann_ops_ascend_emu.compile_prim_func(prim_func)
+
     import tilelang
 
     target = tilelang_target(backend)

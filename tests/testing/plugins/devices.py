@@ -1,7 +1,14 @@
-"""The `npu` marker: tests that need an accelerator (Ascend NPU or CUDA GPU).
+"""The `npu` marker: tests that need an accelerator (Ascend NPU or CUDA GPU), or the Ascend C emulator.
 
 On a machine without one they are skipped with the reason, never silently passed. The `device`
-fixture hands such tests the accelerator to put their inputs on.
+fixture hands such tests the device to put their inputs on.
+
+`--ascend-emulator` (or OPS_TILELANG_ASCEND_EMULATOR=1 in the environment) runs them on a machine
+without an accelerator on the CPU instead, through the public interfaces: CPU tensors, with the Ascend
+kernels lowered to Ascend C and executed on the emulator of `cann_ops_ascend_emu`. Results are "Ascend C
+emulated on CPU", never hardware-verified. The opt-in applies to `npu` tests only: every other test
+runs with it unset, so contract tests still see CPU tensors refused. On the emulator, tests marked
+`cuda_only` (CUDA-only kernel variants) and benchmarks skip with the reason.
 """
 
 from __future__ import annotations
@@ -9,34 +16,86 @@ from __future__ import annotations
 import pytest
 import torch
 
-from cann_ops_tilelang import config
+from cann_ops_tilelang import config as ops_config
+
+EMULATOR_OPTION = '--ascend-emulator'
+CUDA_ONLY_MARKER = 'cuda_only'
+emulator_key = pytest.StashKey[bool]()
 
 
-def accelerator_missing_reason() -> str | None:
-    """None when an accelerator is usable, else why not."""
-    if config.is_ascend_available() or config.is_cuda_available():
+def emulator_requested(config: pytest.Config) -> bool:
+    """The opt-in, by option or by the environment at start-up."""
+    return config.stash[emulator_key]
+
+
+def real_accelerator() -> bool:
+    return ops_config.is_ascend_available() or ops_config.is_cuda_available()
+
+
+def accelerator_missing_reason(emulator: bool = False) -> str | None:
+    """None when an accelerator (or, with `emulator`, the emulator) is usable, else why not."""
+    if emulator or real_accelerator():
         return None
-    npu = 'torch_npu not installed' if config._torch_npu() is None else 'torch_npu sees no NPU'
-    return f'needs an accelerator: no Ascend NPU ({npu}) and no CUDA GPU (torch {torch.__version__})'
+    npu = 'torch_npu not installed' if ops_config._torch_npu() is None else 'torch_npu sees no NPU'
+    return (
+        f'needs an accelerator: no Ascend NPU ({npu}) and no CUDA GPU (torch {torch.__version__}); '
+        f'{EMULATOR_OPTION} runs it on the Ascend C emulator'
+    )
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.getgroup('cann_ops_tilelang').addoption(
+        EMULATOR_OPTION,
+        action='store_true',
+        default=False,
+        help=f'run device tests (npu) on the Ascend C emulator, on CPU tensors (as {ops_config.ASCEND_EMULATOR_ENV}=1)',
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line('markers', 'npu: needs an accelerator (Ascend NPU or CUDA GPU); skipped without one')
+    config.addinivalue_line(
+        'markers', f'{CUDA_ONLY_MARKER}: device test of a CUDA-only kernel variant; skipped on Ascend and the emulator'
+    )
+    config.stash[emulator_key] = config.getoption(EMULATOR_OPTION) or ops_config.ascend_emulator_enabled()
 
 
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     device_items = [item for item in items if item.get_closest_marker('npu') is not None]
-    # Probe the device only here, after any xdist worker has been bound to its device.
-    reason = accelerator_missing_reason() if device_items else None
-    if reason is None:
+    if not device_items:
         return
-    skip = pytest.mark.skip(reason=reason)
-    for item in device_items:
-        item.add_marker(skip)
+    # Probe the device only here, after any xdist worker has been bound to its device.
+    reason = accelerator_missing_reason(emulator_requested(config))
+    if reason is not None:
+        _skip(device_items, reason)
+        return
+    emulated = not real_accelerator()
+    if emulated or ops_config.is_ascend_available():
+        where = 'the Ascend C emulator' if emulated else 'Ascend'
+        cuda_only = [item for item in device_items if item.get_closest_marker(CUDA_ONLY_MARKER) is not None]
+        _skip(cuda_only, f'a CUDA-only kernel variant: not run on {where}')
+    if emulated:
+        benchmarks = [item for item in device_items if item.get_closest_marker('benchmark') is not None]
+        _skip(benchmarks, 'the Ascend C emulator does not model speed: no benchmark on it')
+
+
+def _skip(items: list[pytest.Item], reason: str) -> None:
+    marker = pytest.mark.skip(reason=reason)
+    for item in items:
+        item.add_marker(marker)
+
+
+@pytest.fixture(autouse=True)
+def _ascend_emulator_scope(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The opt-in is on during `npu` tests of an emulated run and off for every other test."""
+    if emulator_requested(request.config) and request.node.get_closest_marker('npu') is not None:
+        monkeypatch.setenv(ops_config.ASCEND_EMULATOR_ENV, '1')
+    else:
+        monkeypatch.delenv(ops_config.ASCEND_EMULATOR_ENV, raising=False)
 
 
 @pytest.fixture
 def device() -> torch.device:
-    """The accelerator this test runs on (after xdist binding, the worker's device)."""
-    return config.get_device()
+    """The device this test runs on: the worker's accelerator, or the CPU on the Ascend C emulator."""
+    return ops_config.get_device()
