@@ -21,7 +21,7 @@ import nox
 ROOT = Path(__file__).parent
 sys.path.insert(0, str(ROOT / 'packages'))
 
-from cann_ops_pipeline import phases  # noqa: E402
+from cann_ops_pipeline import conventions, phases  # noqa: E402
 
 nox.options.sessions = ['lint', 'tests-cpu']
 nox.options.reuse_existing_virtualenvs = True
@@ -66,7 +66,7 @@ def _verify_session(level: int):
     return nox.session(name=f'verify-{level}')(verify)
 
 
-verify_0, verify_1, verify_2 = (_verify_session(level) for level in phases.TEST_LEVELS)
+verify_0, verify_1, verify_2 = (_verify_session(level) for level in conventions.TEST_LEVELS)
 
 
 @nox.session(name='run-tests')

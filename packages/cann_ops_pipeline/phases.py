@@ -14,18 +14,20 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from cann_ops_pipeline.conventions import (
+    DEFAULT_MIN_DELTA_US,
+    DEFAULT_REGRESSION_THRESHOLD,
+    LEVEL_ENV,
+    check_test_level,
+)
+
 ROOT = Path(__file__).resolve().parents[2]
-LEVEL_ENV = 'OPS_TILELANG_TEST_LEVEL'
-TEST_LEVELS = (0, 1, 2)
 
 # Marker expressions of the phases.
 CPU_TIER = 'not npu and not benchmark'
 CORRECTNESS = 'not benchmark'
 DEVICE_CORRECTNESS = 'npu and not benchmark'
 BENCHMARKS = 'benchmark'
-
-REGRESSION_THRESHOLD = 0.10
-MIN_DELTA_US = 1.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,12 +45,6 @@ class Step:
 
 def _pytest(*args: str, env: dict[str, str] | None = None, description: str = '') -> Step:
     return Step(('python', '-m', 'pytest', *args), env or {}, description)
-
-
-def _check_level(level: int) -> int:
-    if isinstance(level, bool) or level not in TEST_LEVELS:
-        raise ValueError(f'test level must be one of {TEST_LEVELS}, got {level!r}')
-    return level
 
 
 def _pipeline_env() -> dict[str, str]:
@@ -73,7 +69,7 @@ def tests_cpu(args: Sequence[str] = ()) -> list[Step]:
 
 def verify(level: int, args: Sequence[str] = ()) -> list[Step]:
     """Correctness at a test level: the CPU tier plus device tests where an accelerator exists."""
-    env = {LEVEL_ENV: str(_check_level(level))}
+    env = {LEVEL_ENV: str(check_test_level(level))}
     return [_pytest('-m', CORRECTNESS, *args, env=env, description=f'correctness, level {level}')]
 
 
@@ -91,8 +87,8 @@ def verify_baseline(args: Sequence[str] = ()) -> list[Step]:
     return [
         _pytest(
             '-m', BENCHMARKS, '--run-benchmark',
-            f'--benchmark-regression-threshold={REGRESSION_THRESHOLD}',
-            f'--benchmark-min-delta-us={MIN_DELTA_US}',
+            f'--benchmark-regression-threshold={DEFAULT_REGRESSION_THRESHOLD}',
+            f'--benchmark-min-delta-us={DEFAULT_MIN_DELTA_US}',
             *args, description='verify baselines',
         )
     ]  # fmt: skip

@@ -7,37 +7,20 @@ boundary and maximum shapes, the benchmark shapes among them.
 from __future__ import annotations
 
 import itertools
-import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
-LEVEL_ENV = 'OPS_TILELANG_TEST_LEVEL'
-DEFAULT_LEVEL = 1
-LEVELS = (0, 1, 2)
+# The variable, the levels and their check are the pipeline's: cann_ops_pipeline.conventions.
+from cann_ops_pipeline.conventions import check_test_level, test_level_from_env
 
 
 def get_test_level() -> int:
-    """The level from OPS_TILELANG_TEST_LEVEL (0, 1 or 2; 1 when unset)."""
-    raw = os.environ.get(LEVEL_ENV)
-    if raw is None or raw.strip() == '':
-        return DEFAULT_LEVEL
-    try:
-        level = int(raw.strip())
-    except ValueError:
-        level = None
-    if level not in LEVELS:
-        raise ValueError(f'{LEVEL_ENV}={raw!r} is not a test level: use 0 (core), 1 (default) or 2 (full)')
-    return level
-
-
-def _check_level(level: int) -> int:
-    if isinstance(level, bool) or level not in LEVELS:
-        raise ValueError(f'test level must be 0, 1 or 2, got {level!r}')
-    return level
+    """The level from OPS_TILELANG_TEST_LEVEL (0, 1 or 2; 1 when unset); anything else is a ValueError."""
+    return test_level_from_env()
 
 
 def _by_level(level: int, core: Sequence, default: Sequence = (), full: Sequence = ()) -> list:
     """Values of level 0, plus those of level 1, plus those of level 2, in order, no duplicates."""
-    _check_level(level)
+    check_test_level(level)
     chosen = list(core) + (list(default) if level >= 1 else []) + (list(full) if level >= 2 else [])
     return list(dict.fromkeys(chosen))
 
@@ -63,7 +46,7 @@ BENCHMARK_HC = 4
 
 
 def gen_benchmark_shapes() -> list[dict]:
-    """The Engram benchmark grid of shared/docs/engram.md: T x hidden, hc = 4."""
+    """The Engram benchmark grid of docs/engram.md: T x hidden, hc = 4."""
     return generate_samples(num_tokens=BENCHMARK_NUM_TOKENS, hidden=BENCHMARK_HIDDEN, hc=[BENCHMARK_HC])
 
 
@@ -83,7 +66,7 @@ def generate_samples(
         if callable(axis):
             if level is None:
                 raise ValueError(f'axis {name!r} is a level generator: pass level=')
-            values[name] = list(axis(_check_level(level)))
+            values[name] = list(axis(check_test_level(level)))
         else:
             values[name] = list(axis)
     samples = [dict(zip(values, combo, strict=True)) for combo in itertools.product(*values.values())]

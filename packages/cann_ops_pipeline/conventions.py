@@ -1,0 +1,57 @@
+"""Names and defaults that the pipeline (nox, invoke, the two-phase runner) and the pytest plugins share.
+
+Each is defined once, here; `cann_ops_pipeline.phases`, `cann_ops_pipeline.two_phase` and the plugins
+in `tests/testing/plugins/` import them. Pure standard library, so the noxfile can import it before
+any virtual environment exists.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+# Test levels: the parameter sets a run collects (tests/testing/generator.py).
+LEVEL_ENV = 'OPS_TILELANG_TEST_LEVEL'
+TEST_LEVELS = (0, 1, 2)
+DEFAULT_TEST_LEVEL = 1
+
+# The memory-aware run: the npu_mem plugin marks, the two-phase runner splits on the marker.
+LARGE_MARKER = 'large_npu_mem'
+NPU_MEM_THRESHOLD_OPTION = '--npu-mem-threshold'
+DEFAULT_NPU_MEM_THRESHOLD_MB = 15000.0
+
+# Baseline verification (the benchmark plugin's defaults, passed explicitly by the verify phases).
+DEFAULT_REGRESSION_THRESHOLD = 0.10
+DEFAULT_MIN_DELTA_US = 1.0
+
+# One exit code for usage errors everywhere: pytest's (pytest.ExitCode.USAGE_ERROR).
+USAGE_ERROR = 4
+
+
+def check_test_level(level: int) -> int:
+    """`level` if it is one of TEST_LEVELS (an int, not a bool), else ValueError."""
+    if isinstance(level, bool) or level not in TEST_LEVELS:
+        raise ValueError(f'test level must be one of {TEST_LEVELS}, got {level!r}')
+    return level
+
+
+def parse_test_level(text: str | int) -> int:
+    """A level given as text ('0', ' 2 ') or int; ValueError naming the accepted values."""
+    try:
+        level = int(text.strip()) if isinstance(text, str) else text
+    except ValueError:
+        level = None
+    if isinstance(level, bool) or level not in TEST_LEVELS:
+        raise ValueError(f'{text!r} is not a test level: use 0 (core), 1 (default) or 2 (full)')
+    return level
+
+
+def test_level_from_env(environ: Mapping[str, str] | None = None) -> int:
+    """The level from OPS_TILELANG_TEST_LEVEL (DEFAULT_TEST_LEVEL when unset or blank)."""
+    raw = (os.environ if environ is None else environ).get(LEVEL_ENV)
+    if raw is None or raw.strip() == '':
+        return DEFAULT_TEST_LEVEL
+    try:
+        return parse_test_level(raw)
+    except ValueError:
+        raise ValueError(f'{LEVEL_ENV}={raw!r} is not a test level: use 0 (core), 1 (default) or 2 (full)') from None
