@@ -43,12 +43,11 @@ import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 
+from cann_ops_pipeline.conventions import DEFAULT_NPU_MEM_THRESHOLD_MB, LARGE_MARKER, USAGE_ERROR
+from cann_ops_pipeline.conventions import NPU_MEM_THRESHOLD_OPTION as THRESHOLD_OPTION
 from cann_ops_pipeline.device_count import DEVICE_COUNT_ENV, Tool, count_devices, device_memory_mb, run_tool
 
-LARGE_MARKER = 'large_npu_mem'
 DEFAULT_DIST = 'worksteal'  # see phase_argv
-THRESHOLD_OPTION = '--npu-mem-threshold'
-DEFAULT_NPU_MEM_THRESHOLD_MB = 15000.0  # the npu_mem plugin's default (tests/testing/plugins/npu_mem.py imports it)
 THREAD_ENV_VARS = ('OMP_NUM_THREADS', 'MKL_NUM_THREADS', 'OPENBLAS_NUM_THREADS', 'TVM_NUM_THREADS')
 MAX_WORKERS_PER_DEVICE = 16  # phase 1 default: one worker per CPU per device, at most this many
 UNKNOWN_MEMORY_WORKERS_PER_DEVICE = 4  # phase 1 default cap when the device memory cannot be read
@@ -60,7 +59,7 @@ EXIT_MEANING = {
     1: 'tests failed',
     2: 'interrupted',
     3: 'internal error',
-    4: 'usage error',
+    USAGE_ERROR: 'usage error',
     5: 'no tests selected',
 }
 OUTCOME_WORDS = ('passed', 'failed', 'skipped', 'xfailed', 'xpassed', 'error', 'errors')
@@ -437,7 +436,7 @@ def run(
         memory_mb = device_memory_mb(environ, tool) if device_count > 0 else None
     except ValueError as exc:
         out(f'two_phase: error: {exc}')
-        return 4
+        return USAGE_ERROR
     environ[DEVICE_COUNT_ENV] = str(device_count)  # the pytest runs bind workers without probing again
     cpus = cpu_count()
     phases, threshold = plan_run(options, user_threshold, device_count, memory_mb, cpus)

@@ -23,8 +23,13 @@ from typing import Protocol
 
 import pytest
 
-# defined once, beside the two-phase run that relies on them
-from cann_ops_pipeline.two_phase import DEFAULT_NPU_MEM_THRESHOLD_MB, LARGE_MARKER
+from cann_ops_pipeline.conventions import (
+    DEFAULT_NPU_MEM_THRESHOLD_MB,
+    LARGE_MARKER,
+    NPU_MEM_THRESHOLD_OPTION,
+    TEST_LEVELS,
+    test_level_from_env,
+)
 from tests.testing.files import CorruptFileError
 from tests.testing.mem_profiles import load_profile, make_record, profile_path, update_records, write_profile
 from tests.testing.plugins.device_binding import workers_sharing_device
@@ -110,7 +115,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help='with --refresh-mem: measure only device tests without a record; existing records stay as they are',
     )
     group.addoption(
-        '--npu-mem-threshold',
+        NPU_MEM_THRESHOLD_OPTION,
         type=float,
         default=DEFAULT_NPU_MEM_THRESHOLD_MB,
         metavar='MB',
@@ -276,10 +281,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 def _full_level() -> bool:
     """Only the full level collects every parameter set, so only it can tell a node ID is gone."""
-    from tests.testing.generator import LEVELS, get_test_level
-
     try:
-        return get_test_level() == max(LEVELS)
+        return test_level_from_env() == max(TEST_LEVELS)
     except ValueError:
         return False
 
