@@ -24,12 +24,11 @@ from pathlib import Path
 
 import pytest
 
+from cann_ops_pipeline.conventions import DEFAULT_MIN_DELTA_US, DEFAULT_REGRESSION_THRESHOLD
 from tests.testing import baseline
 from tests.testing.files import CorruptFileError, atomic_write_text
 from tests.testing.timing import DeviceBackend, NoAcceleratorError
 
-DEFAULT_REGRESSION_THRESHOLD = 0.10
-DEFAULT_MIN_DELTA_US = 1.0
 _WORKEROUTPUT_KEY = 'benchmark_records'
 
 
