@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 from invoke import Exit, task
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / 'packages'))
 
 from cann_ops_pipeline import scaffold
 

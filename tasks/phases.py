@@ -8,11 +8,8 @@ from __future__ import annotations
 
 import shlex
 import sys
-from pathlib import Path
 
 from invoke import Context, task
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / 'packages'))
 
 from cann_ops_pipeline import phases
 
