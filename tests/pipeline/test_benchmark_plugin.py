@@ -388,6 +388,15 @@ def test_thresholds_are_options(pytester, project):
     assert result.ret == pytest.ExitCode.USAGE_ERROR
 
 
+@pytest.mark.parametrize('option', ['--benchmark-regression-threshold', '--benchmark-min-delta-us'])
+@pytest.mark.parametrize('value', ['-1', 'abc', 'inf'])
+def test_a_bad_threshold_names_its_option(pytester, option, value):
+    pytester.makeconftest("pytest_plugins = ['tests.testing.plugins.benchmark']")
+    result = pytester.runpytest(*QUIET, f'{option}={value}')
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"*error: argument {option}: expected a finite number >= 0, got '{value}'"])
+
+
 def test_improvement_alone_passes(pytester, project):
     setup_project(pytester, times=with_times(a_7168=100.0))
     result = pytester.runpytest(*RUN)
@@ -480,6 +489,24 @@ def test_corrupt_baseline_is_a_usage_error_naming_file_and_line(pytester, projec
                 "time_us must be a finite number of microseconds > 0, got 'fast'*"
             ]
         )
+
+
+def test_a_record_of_another_test_file_is_an_error_naming_file_and_line(pytester, project):
+    records = read_records(project)
+    foreign = {**records[0], 'node_id': records[0]['node_id'].replace('test_ops.py', 'test_other.py'), 'cluster': 'x'}
+    project.write_text(project.read_text() + json.dumps(foreign) + '\n')
+    for args in (RUN, (*RUN, '--refresh-baseline')):
+        result = pytester.runpytest(*args)
+        assert result.ret == pytest.ExitCode.USAGE_ERROR
+        result.stderr.fnmatch_lines(
+            [
+                f'*corrupt baseline file {project}: line 5: '
+                "node_id 'test_other.py::test_op_a_benchmark*' is not a test of test_ops.py*"
+            ]
+        )
+    with pytest.raises(CorruptFileError, match='line 5: node_id .* is not a test of test_ops.py'):
+        baseline.load_baseline(project, 'test_ops.py')
+    assert len(baseline.load_baseline(project)) == 5  # without a test file: no ownership check
 
 
 def test_unknown_kernel_is_a_clear_error(pytester):

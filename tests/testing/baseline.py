@@ -166,8 +166,12 @@ def check_record(obj) -> dict:
     return obj
 
 
-def load_baseline(path: str | os.PathLike) -> list[dict]:
-    """The records of a baseline file ([] if it does not exist); CorruptFileError names file and line."""
+def load_baseline(path: str | os.PathLike, test_file: str | None = None) -> list[dict]:
+    """The records of a baseline file ([] if it does not exist); CorruptFileError names file and line.
+
+    `test_file`: the node ID of the test module the file belongs to (`tests/engram/test_x.py`); a record
+    whose `node_id` is not one of its tests is an error (each test file has its own baseline file).
+    """
     path = Path(path)
     try:
         text = path.read_text(encoding='utf-8')
@@ -183,6 +187,11 @@ def load_baseline(path: str | os.PathLike) -> list[dict]:
             record = check_record(json.loads(line, parse_constant=_reject_constant))
         except (ValueError, TypeError) as exc:  # json.JSONDecodeError is a ValueError
             raise CorruptFileError(path, f'line {number}: {exc}') from exc
+        if test_file is not None and record['node_id'].split('::', 1)[0] != test_file:
+            raise CorruptFileError(
+                path, f'line {number}: node_id {record["node_id"]!r} is not a test of {test_file} (its records belong '
+                'in the baseline file of its own test file)'
+            )
         key = record_key(record)
         if key in lines:
             raise CorruptFileError(path, f'line {number}: duplicate of line {lines[key]} ({format_key(key)})')

@@ -16,8 +16,10 @@ The device side is injectable: implement `pytest_benchmark_backend(config)` in a
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
+import math
 import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -63,9 +65,13 @@ def pytest_benchmark_backend(config: pytest.Config):
 
 
 def _non_negative_float(text: str) -> float:
-    value = float(text)
-    if not value >= 0 or value == float('inf'):
-        raise ValueError(text)
+    """An option value >= 0; argparse prefixes the message with the option's name."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 <= value < math.inf:
+        raise argparse.ArgumentTypeError(f'expected a finite number >= 0, got {text!r}')
     return value
 
 
@@ -227,6 +233,13 @@ class BenchmarkSession:
     def baseline_file(self, nodeid: str) -> Path:
         return baseline.baseline_path(self.config.rootpath / nodeid.split('::', 1)[0])
 
+    def test_file(self, path: Path) -> str:
+        """The node ID of the test module whose baseline file `path` is (inverse of baseline_file)."""
+        return Path(os.path.relpath(path.parent.parent / f'{path.stem}.py', self.config.rootpath)).as_posix()
+
+    def load(self, path: Path) -> list[dict]:
+        return baseline.load_baseline(path, self.test_file(path))
+
     def relative(self, path: Path) -> str:
         return os.path.relpath(path, self.config.rootpath)
 
@@ -234,7 +247,7 @@ class BenchmarkSession:
         """Why a baseline file of these tests cannot be read, or None."""
         for path in sorted({self.baseline_file(nodeid) for nodeid in nodeids}):
             try:
-                baseline.load_baseline(path)
+                self.load(path)
             except CorruptFileError as exc:
                 return f'corrupt baseline file {exc}'
         return None
@@ -306,7 +319,7 @@ class BenchmarkSession:
             outcome.failures.append(f'{baseline.format_key(key)} recorded more than once, by {", ".join(nodes)}')
         files = sorted({self.baseline_file(nodeid) for nodeid in self.ran | recorded})
         try:
-            old = {path: baseline.load_baseline(path) for path in files}
+            old = {path: self.load(path) for path in files}
         except CorruptFileError as exc:
             outcome.failures.append(f'corrupt baseline file {exc}')
             return outcome
