@@ -44,6 +44,17 @@ def check_last_dim_contiguous(name: str, value: torch.Tensor) -> None:
         raise ValueError(f'{name} must not have negative strides, got {value.stride()}')
 
 
+ALIGN_BYTES = 16  # the kernels move 16-byte vectors (CUDA cp.async / uint4 / TMA, Ascend DMA bursts)
+
+
+def check_aligned(name: str, value: torch.Tensor) -> None:
+    """`value` starts at an ALIGN_BYTES-aligned address."""
+    if value.data_ptr() % ALIGN_BYTES != 0:
+        raise ValueError(
+            f'{name} must start at a {ALIGN_BYTES}-byte aligned address, got data_ptr() = {value.data_ptr():#x}'
+        )
+
+
 def check_bool(name: str, value) -> bool:
     if not isinstance(value, bool):
         raise TypeError(f'{name} must be a bool, got {type(value).__name__}')

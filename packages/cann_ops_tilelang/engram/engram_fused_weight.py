@@ -7,19 +7,11 @@ import torch
 from cann_ops_tilelang.config import get_num_cores, require_accelerator
 from cann_ops_tilelang.engram._contract import check_hc_hidden
 from cann_ops_tilelang.kernel_target import launch_kernel
-from cann_ops_tilelang.validation import check_contiguous, check_out, check_shape, check_tensor
+from cann_ops_tilelang.validation import check_aligned, check_contiguous, check_out, check_shape, check_tensor
 
 from .engram_fused_weight_kernel import choose_engram_fused_weight_config, get_engram_fused_weight_kernel
 
 _NAME = 'engram_fused_weight'
-_ALIGN = 16  # bytes: 8/16-byte vector loads and stores of the CUDA kernel, 32-byte-friendly Ascend DMA bursts
-
-
-def _check_aligned(name: str, value: torch.Tensor) -> None:
-    if value.data_ptr() % _ALIGN != 0:
-        raise ValueError(
-            f'{name} must start at a {_ALIGN}-byte aligned address, got data_ptr() = {value.data_ptr():#x}'
-        )
 
 
 def engram_fused_weight(
@@ -45,8 +37,8 @@ def engram_fused_weight(
     check_shape('weight_embed', weight_embed, (hc, hidden))
     check_contiguous('weight_hidden', weight_hidden)
     check_contiguous('weight_embed', weight_embed)
-    _check_aligned('weight_hidden', weight_hidden)
-    _check_aligned('weight_embed', weight_embed)
+    check_aligned('weight_hidden', weight_hidden)
+    check_aligned('weight_embed', weight_embed)
     if out is not None:
         check_out(
             'out',
@@ -56,7 +48,7 @@ def engram_fused_weight(
             device=weight_hidden.device,
             inputs={'weight_hidden': weight_hidden, 'weight_embed': weight_embed},
         )
-        _check_aligned('out', out)
+        check_aligned('out', out)
 
     tensors = (weight_hidden, weight_embed) if out is None else (weight_hidden, weight_embed, out)
     backend = require_accelerator(*tensors)

@@ -10,6 +10,7 @@ from cann_ops_tilelang.config import get_num_cores, require_accelerator
 from cann_ops_tilelang.engram._contract import check_hc_hidden
 from cann_ops_tilelang.kernel_target import launch_kernel
 from cann_ops_tilelang.validation import (
+    ALIGN_BYTES,
     check_contiguous,
     check_last_dim_contiguous,
     check_positive_float,
@@ -20,7 +21,6 @@ from cann_ops_tilelang.validation import (
 from .engram_gate_bwd_kernel import choose_engram_gate_bwd_config, get_engram_gate_bwd_kernel
 
 _NAME = 'engram_gate_bwd'
-_ALIGN = 16  # bytes: the kernels move 16-byte vectors (CUDA cp.async / float4, Ascend DMA bursts)
 _MAX_STRIDE = 2**31 - 1  # strides are int32 kernel arguments
 
 
@@ -37,8 +37,8 @@ def _aligned(value: torch.Tensor) -> torch.Tensor:
     Strides of size-1 dimensions are never used and do not count. The copy (contiguous, from the caching
     allocator, so aligned) keeps views with odd offsets or strides correct at the price of one extra pass.
     """
-    elems = _ALIGN // value.element_size()
-    ok = value.data_ptr() % _ALIGN == 0
+    elems = ALIGN_BYTES // value.element_size()
+    ok = value.data_ptr() % ALIGN_BYTES == 0
     for size, stride in zip(value.shape[:-1], value.stride()[:-1], strict=True):
         if size > 1 and (stride % elems != 0 or stride > _MAX_STRIDE):
             ok = False

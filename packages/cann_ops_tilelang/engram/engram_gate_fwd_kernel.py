@@ -14,6 +14,7 @@ import dataclasses
 import functools
 
 from cann_ops_tilelang.config import Backend
+from cann_ops_tilelang.engram._contract import HIDDEN_ALIGN, MAX_HC, MAX_HIDDEN
 from cann_ops_tilelang.kernel_target import compile_kernel
 
 # --- CUDA tuning model -----------------------------------------------------------------------
@@ -48,7 +49,7 @@ class EngramGateFwdConfig:
     def __post_init__(self):
         if self.backend not in ('ascend', 'cuda'):
             raise ValueError(f'unknown backend {self.backend!r}')
-        if not 1 <= self.hc <= 8 or self.hidden % 64 or not 64 <= self.hidden <= 16384:
+        if not 1 <= self.hc <= MAX_HC or self.hidden % HIDDEN_ALIGN or not HIDDEN_ALIGN <= self.hidden <= MAX_HIDDEN:
             raise ValueError(f'unsupported hc={self.hc}, hidden={self.hidden}')
         if self.vec not in (1, 2, 4, 8):
             raise ValueError(f'vec must be 1, 2, 4 or 8, got {self.vec}')

@@ -9,19 +9,11 @@ import torch
 from cann_ops_tilelang.config import get_num_cores, require_accelerator
 from cann_ops_tilelang.engram._contract import check_hc_hidden
 from cann_ops_tilelang.kernel_target import launch_kernel
-from cann_ops_tilelang.validation import check_contiguous, check_shape, check_tensor, may_overlap
+from cann_ops_tilelang.validation import check_aligned, check_contiguous, check_shape, check_tensor, may_overlap
 
 from .engram_grad_w_reduce_kernel import choose_engram_grad_w_reduce_config, get_engram_grad_w_reduce_kernel
 
 _NAME = 'engram_grad_w_reduce'
-_ALIGN = 16  # bytes: TMA and 16-byte vector accesses of the CUDA kernel, 32-byte-friendly Ascend DMA bursts
-
-
-def _check_aligned(name: str, value: torch.Tensor) -> None:
-    if value.data_ptr() % _ALIGN != 0:
-        raise ValueError(
-            f'{name} must start at a {_ALIGN}-byte aligned address, got data_ptr() = {value.data_ptr():#x}'
-        )
 
 
 class EngramGradWReduceResult(NamedTuple):
@@ -78,7 +70,7 @@ def engram_grad_w_reduce(
         ('grad_weight_embed', grad_weight_embed),
     ):
         check_contiguous(name, value)
-        _check_aligned(name, value)
+        check_aligned(name, value)
     if may_overlap(grad_weight_hidden, grad_weight_embed):
         raise ValueError(f'{_NAME}: grad_weight_hidden and grad_weight_embed must not overlap')
     inputs = {'grad_w_partial': grad_w_partial, 'weight_hidden': weight_hidden, 'weight_embed': weight_embed}
