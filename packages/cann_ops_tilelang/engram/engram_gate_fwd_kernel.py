@@ -24,7 +24,6 @@ CUDA_MAX_BLOCKS_PER_SM = 8
 
 # --- Ascend 950 model --------------------------------------------------------------------------
 ASCEND_LANES = 64  # fp32 lanes of one 256-byte vector register
-ASCEND_UB_BYTES = 248 * 1024
 ASCEND_UB_BUDGET = 232 * 1024  # keep a margin for the small buffers and alignment padding
 
 
