@@ -3,10 +3,9 @@
 CUDA, variant 'resident' (the fast path, one pass over memory): block p starts with tokens p, P + p and
 2 P + p and then claims one token at a time from a zero-filled counter (atomicAdd, three tokens ahead of
 the one it computes, so the claim's round trip hides behind the work). Claiming is what makes this kernel
-fast: with a fixed range per block, globaltimer traces on an H200 (hc = 4, H = 7168, T = 4001) showed the
-blocks drifting apart by up to ~3 tokens (~30 us) by the end, at random from run to run, and the slowest
-block set the kernel's time; claiming took that row from 335-343 us to 319-327 us (T = 32768: from
-2565-2601 to 2469-2515 us; four runs of interleaved A/B). Under cfg.dynamic_tokens = False (deterministic
+fast: with a fixed range per block, globaltimer traces showed the blocks drifting apart by a few tokens by
+the end, at random from run to run, and the slowest block set the kernel's time (figures: README,
+Performance). Under cfg.dynamic_tokens = False (deterministic
 mode) block p keeps its contiguous range of T // P or T // P + 1 tokens instead, so that grad_w_partial is
 reproducible bit for bit. Thread i owns column groups c = j * threads + i (8 bf16 = 16 bytes, all hc
 branches) for the whole kernel: its slice of the weight gradient lives in registers, its slice of
@@ -20,9 +19,9 @@ is in flight while the current one is computed. The staging slots take (3 hc + 1
 memory and the registers ~12 * hc * H / threads per thread, which bounds this variant to hc * H of ~32K
 (choose_engram_gate_bwd_config checks both).
 Where the weight slice does not fit (hc = 4, H = 7168: 182 KB of slots), two ways to keep it on chip were
-measured on an H200 and dropped: x/k staged per (group, branch) unit in a ring of 2-3 slots (the weight in
-shared memory; 1-6 % slower: the shorter x/k prefetch costs more than the L2 reads of the weight save) and
-H split over the two CTAs of a cluster with the dL/dg partials exchanged through DSMEM (no faster). The
+measured and dropped (README, Performance): x/k staged per (group, branch) unit in a ring of 2-3 slots (the
+weight in shared memory; slower: the shorter x/k prefetch costs more than the L2 reads of the weight save)
+and H split over the two CTAs of a cluster with the dL/dg partials exchanged through DSMEM (no faster). The
 whole-token prefetch depth is what this kernel's bandwidth rests on.
 
 CUDA, variant 'chunked' (hc * H beyond that), also the scheme of the Ascend kernel: tokens in chunks of
@@ -41,9 +40,8 @@ def _token_range(num_tokens, pid, num_blocks):
     """Block pid's contiguous tokens [t0, t1) = [pid * T // P, (pid + 1) * T // P): T // P or T // P + 1 each.
 
     Balanced to one token, unlike ceil(T / P) per block (at T = 4001 on 132 SMs that keeps 129 blocks busy
-    for a 31st token and leaves 2 idle). On an H200 at hc = 4, H = 7168 this took T = 8001 / 32768 from
-    650-658 / 2619-2629 us to 643-646 / 2570-2578 us. int64 products: pid * T overflows int32 beyond 16M
-    tokens.
+    for a 31st token and leaves 2 idle; measured gain: README, Performance). int64 products: pid * T
+    overflows int32 beyond 16M tokens.
     """
     import tilelang.language as T
 
@@ -169,7 +167,7 @@ def cuda_resident_kernel(cfg: EngramGateBwdConfig):
             # The block's tokens c_0, c_1, ...: iteration i computes c_i, streams in c_(i + 1) and the
             # scalars of c_(i + 2). Fixed range (deterministic): c_i = t0 + i is the loop counter itself.
             # Registers are tight (ptxas caps 448 threads at 128 each): at hc = 4, H = 7168 a while loop
-            # with c_i, c_(i + 1), c_(i + 2) in variables spilled 32 bytes here and cost 3 % (H200), the
+            # with c_i, c_(i + 1), c_(i + 2) in variables spilled (32 bytes, measurably slower), the
             # counter spills nothing. Claimed: cur, nx1, nx2 = c_i, c_(i + 1), c_(i + 2), starting from pid,
             # pid + P, pid + 2 P; thread 0 claims c_(i + 3) from token_counter in iteration i and the block
             # barrier publishes it through tok_s; the block stops at the first c_i >= num_tokens.

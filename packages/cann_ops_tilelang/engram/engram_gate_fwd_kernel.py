@@ -70,7 +70,7 @@ class EngramGateFwdConfig:
 def _cuda_regs_estimate(chunks: int) -> int:
     # w: 8 fp32 per chunk; x, k, v: 8 bf16 (4 registers) per chunk; plus addressing/reductions
     # (ptxas, sm_90: 65 registers at 2 chunks, 104 at 4, 162 at 7, 187 at 8). Forcing one more block
-    # per SM than this allows spills (H200: 4001x4x4096 at 6 blocks of 128 threads: 161 us instead of 105).
+    # per SM than this allows spills, which cost far more than the lost occupancy (README, Performance).
     return 20 * chunks + 24
 
 

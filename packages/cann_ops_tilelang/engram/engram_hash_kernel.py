@@ -55,8 +55,8 @@ def choose_engram_hash_config(
             block //= 2
         return EngramHashConfig(backend, num_layers, max_ngram, num_tables, num_cores, block, 256, 2)
     # CUDA: about one (token, column) element per thread and layer (the smallest power-of-two token
-    # block with block * K >= 256 threads): many small blocks keep many int64 divisions in flight.
-    # Measured on the H200 at T=4001, L=2, N=3, E=8: 2.5 us with 16 tokens per block, 5.4 us with 64.
+    # block with block * K >= 256 threads): many small blocks keep many int64 divisions in flight
+    # (measured against larger blocks: README, Performance).
     block = 1
     while block < 256 and block * cols < 256:
         block *= 2
