@@ -7,6 +7,8 @@ import re
 import pytest
 import torch
 
+from cann_ops_pipeline.conventions import LEVEL_ENV
+from tests.testing import param_expr
 from tests.testing.param_expr import And, Compare, Not, Or, ParamExprError, matches, parse
 
 pytest_plugins = ['pytester']
@@ -139,3 +141,44 @@ def test_option_malformed_is_a_usage_error_with_the_column(k_pytester):
     result = k_pytester.runpytest(*QUIET, '-K', 'hidden=4096 or')
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(['*-K: expected a comparison, got the end at column 15*'])
+
+
+def test_names_of_an_expression():
+    assert param_expr.names(parse('not (hidden>64 and hc=4) or dtype=bf16')) == {'hidden', 'hc', 'dtype'}
+
+
+@pytest.mark.parametrize('xdist', [(), ('-n', '2')], ids=['in-process', 'xdist'])
+def test_a_parameter_no_test_has_is_a_usage_error_listing_the_parameters(k_pytester, xdist):
+    result = k_pytester.runpytest_subprocess(*QUIET, *xdist, '-K', 'hiden=4096 or hc=4')
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    output = result.stdout.str() + result.stderr.str()
+    message = "-K 'hiden=4096 or hc=4': no collected test has the parameter(s) hiden; parameters: hc, hidden"
+    assert output.count(message) == 1, output
+    assert not re.search(r'\d+ passed', output)
+
+
+@pytest.mark.parametrize('xdist', [(), ('-n', '2')], ids=['in-process', 'xdist'])
+@pytest.mark.parametrize(
+    ('args', 'env', 'message'),
+    [
+        (
+            ('-m', 'npu or'),
+            {},
+            "Wrong expression passed to '-m': npu or: at column 7: expected not OR left parenthesis",
+        ),
+        ((), {LEVEL_ENV: '7'}, f"{LEVEL_ENV}='7' is not a test level: use 0 (core), 1 (default) or 2 (full)"),
+        ((), {LEVEL_ENV: 'abc'}, f"{LEVEL_ENV}='abc' is not a test level"),
+    ],
+    ids=['markexpr', 'level-7', 'level-abc'],
+)
+def test_bad_selection_stops_the_run_before_any_test_with_one_message(
+    k_pytester, monkeypatch, xdist, args, env, message
+):
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    result = k_pytester.runpytest_subprocess(*QUIET, *xdist, *args)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    output = result.stdout.str() + result.stderr.str()
+    assert output.count(message) == 1, output
+    assert 'INTERNALERROR' not in output
+    assert not re.search(r'\d+ passed', output)

@@ -214,6 +214,15 @@ def parse(text: str) -> Expr:
     return _Parser(text).parse()
 
 
+def names(expr: Expr) -> set[str]:
+    """The parameter names an expression compares."""
+    if isinstance(expr, Compare):
+        return {expr.name}
+    if isinstance(expr, Not):
+        return names(expr.operand)
+    return names(expr.left) | names(expr.right)
+
+
 def matches(text: str, params: Mapping) -> bool:
     """Whether `params` satisfies the expression `text`."""
     return parse(text).evaluate(params)
