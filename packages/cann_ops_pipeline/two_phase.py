@@ -20,9 +20,10 @@ and TVM equivalents) = max(1, CPUs // N) unless the environment sets them, since
 and TVM thread pools would otherwise size themselves to the whole host.
 
 Arguments this runner does not know go to both pytest runs unchanged, as does everything after `--`.
-Exit code 5 (no test selected) does not fail a phase; a failing phase 1 still runs phase 2 unless
---fail-fast (an interrupted phase 1 stops the run). The exit code is 0 when no phase failed (5 when
-neither phase ran a test), else the first failing phase's exit code.
+The test level, `-m` and `-K` are checked once before any phase. Exit code 5 (no test selected) does
+not fail a phase; a failing phase 1 still runs phase 2 unless --fail-fast (an interrupted phase 1, or
+one that ended in a usage error, stops the run). The exit code is 0 when no phase failed (5 when
+neither phase ran a test), else the first failing phase's exit code; usage errors exit 4, as in pytest.
 
 Pure standard library. Devices are counted and their memory read by cann_ops_pipeline.device_count
 (never by torch), and the count is exported as OPS_TILELANG_DEVICE_COUNT so that both pytest runs
@@ -43,7 +44,7 @@ import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-from cann_ops_pipeline.conventions import DEFAULT_NPU_MEM_THRESHOLD_MB, LARGE_MARKER, USAGE_ERROR
+from cann_ops_pipeline.conventions import DEFAULT_NPU_MEM_THRESHOLD_MB, LARGE_MARKER, USAGE_ERROR, test_level_from_env
 from cann_ops_pipeline.conventions import NPU_MEM_THRESHOLD_OPTION as THRESHOLD_OPTION
 from cann_ops_pipeline.device_count import DEVICE_COUNT_ENV, Tool, count_devices, device_memory_mb, run_tool
 
@@ -54,6 +55,7 @@ UNKNOWN_MEMORY_WORKERS_PER_DEVICE = 4  # phase 1 default cap when the device mem
 WORKERS_PER_DEVICE_PHASE2 = 1
 NO_TESTS = 5
 INTERRUPTED = 2
+STOPS_THE_RUN = (INTERRUPTED, USAGE_ERROR)  # phase 2 would be interrupted too, or refuse the same arguments
 EXIT_MEANING = {
     0: 'passed',
     1: 'tests failed',
@@ -142,6 +144,31 @@ def split_threshold(args: Sequence[str]) -> tuple[float | None, list[str]]:
     """Take `--npu-mem-threshold N` / `=N` out of args (the runner passes the final one to both phases)."""
     text, rest = split_option(args, THRESHOLD_OPTION, 'a number of MB')
     return (None if text is None else parse_threshold(text)), rest
+
+
+def check_selection(markexpr: str | None, args: Sequence[str], environ: Mapping[str, str]) -> None:
+    """Check once, before any phase, what both phases would refuse: the test level, `-m` and `-K`.
+
+    pytest's own parser judges `-m` (its message); the -K grammar is the param_select plugin's. A -K
+    parameter that no test has can only be known after collection: phase 1 reports it (exit 4, which
+    stops the run).
+    """
+    test_level_from_env(environ)
+    if markexpr is not None and markexpr.strip():
+        from _pytest.mark import _parse_expression  # the runner's interpreter runs pytest: it has it
+
+        try:
+            _parse_expression(markexpr, "Wrong expression passed to '-m'")
+        except Exception as exc:  # pytest.UsageError
+            raise UsageError(str(exc)) from None
+    param_text, _ = split_option(args, '-K', 'a parameter expression')
+    if param_text is not None:
+        from tests.testing.param_expr import ParamExprError, parse  # the repository's -K plugin, from the root
+
+        try:
+            parse(param_text)
+        except ParamExprError as exc:
+            raise UsageError(f'-K: {exc}') from None
 
 
 def check_passthrough(args: Sequence[str]) -> None:
@@ -344,8 +371,15 @@ def format_summary(
     return '\n'.join(lines)
 
 
+class _ArgumentParser(argparse.ArgumentParser):
+    def error(self, message: str):
+        """argparse's message, with the usage-error exit code of pytest and this runner (not argparse's 2)."""
+        self.print_usage(sys.stderr)
+        self.exit(USAGE_ERROR, f'{self.prog}: error: {message}\n')
+
+
 def make_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _ArgumentParser(
         prog='python -m cann_ops_pipeline.two_phase',
         description='Run pytest in two phases: -m "not large_npu_mem" with many xdist workers, then '
         '-m large_npu_mem with few. Unknown arguments, and all arguments after --, go to both pytest runs.',
@@ -432,6 +466,7 @@ def run(
         check_passthrough(pytest_args)
         user_markexpr, rest = split_markexpr(pytest_args)
         user_threshold, rest = split_threshold(rest)
+        check_selection(user_markexpr, rest, environ)
         device_count = count_devices(environ, tool).count
         memory_mb = device_memory_mb(environ, tool) if device_count > 0 else None
     except ValueError as exc:
@@ -455,7 +490,7 @@ def run(
         out(f'==> {phase.name}: {shlex.join(phase_args)}')
         results[i] = runner(phase_args, {**environ, **threads[i]})
         code = results[i].returncode
-        if code == INTERRUPTED or (options.fail_fast and failed(code)):
+        if code in STOPS_THE_RUN or (options.fail_fast and failed(code)):
             break
     out(format_summary(phases, markexprs, results, threshold))
     return combined_exit_code([result.returncode for result in results if result is not None])

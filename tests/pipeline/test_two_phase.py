@@ -25,8 +25,9 @@ def test_unknown_arguments_and_everything_after_the_separator_go_to_pytest():
 
 @pytest.mark.parametrize('bad', ['-1', 'many'])
 def test_worker_counts_must_be_counts(bad, capsys):
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit) as info:
         two_phase.parse_command_line(['--phase2-workers', bad])
+    assert info.value.code == 4, 'the one usage-error code, as in pytest'
     assert f'{bad!r} is not a worker count' in capsys.readouterr().err
 
 
@@ -363,6 +364,32 @@ def test_command_line_errors_run_nothing():
     code, out = run(['--npu-mem-threshold=lots'], runner)
     assert (code, out) == (4, "two_phase: error: --npu-mem-threshold 'lots': expected a number of MB >= 0")
     assert run(['--dry-run'], runner, devices='0', memory='80G')[0] == 0, 'without a device the memory is not read'
+
+
+@pytest.mark.parametrize(
+    ('args', 'env', 'message'),
+    [
+        (
+            ['tests', '-m', 'npu or'],
+            {},
+            "Wrong expression passed to '-m': npu or: at column 7: expected not OR left parenthesis OR identifier",
+        ),
+        (['-K', 'hidden=4096 or'], {}, '-K: expected a comparison, got the end at column 15'),
+        (['-Khidden'], {}, "-K: expected a comparison (= == != < <= > >=) after 'hidden', got the end"),
+        ([], {'OPS_TILELANG_TEST_LEVEL': '7'}, "OPS_TILELANG_TEST_LEVEL='7' is not a test level"),
+    ],
+)
+def test_the_selection_is_checked_once_before_any_phase(args, env, message):
+    runner = FakeRunner()
+    code, out = run(args, runner, env=env)
+    assert (code, runner.calls) == (4, [])
+    assert out.startswith(f'two_phase: error: {message}')
+
+
+def test_a_usage_error_in_phase_1_stops_the_run():
+    runner = FakeRunner(4)
+    assert run([], runner)[0] == 4
+    assert len(runner.calls) == 1, 'phase 2 would refuse the same arguments'
 
 
 def test_dry_run_prints_the_threshold_and_both_commands():

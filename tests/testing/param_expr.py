@@ -21,8 +21,6 @@ import operator
 import re
 from collections.abc import Callable, Mapping
 
-from tests.testing.bench import format_param_value
-
 KEYWORDS = ('and', 'or', 'not')
 _OPERATORS: dict[str, Callable] = {
     '=': operator.eq,
@@ -100,6 +98,8 @@ class Compare:
         actual, expected = params[self.name], self.value
         numeric = (int, float)
         if not (isinstance(actual, numeric) and not isinstance(actual, bool) and isinstance(expected, numeric)):
+            from tests.testing.bench import format_param_value  # imports torch: only when params are judged
+
             actual, expected = format_param_value(actual), str(expected)
         return _OPERATORS[self.op](actual, expected)
 
