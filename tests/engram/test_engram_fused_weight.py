@@ -6,10 +6,12 @@ import pytest
 import torch
 
 import cann_ops_tilelang
+from cann_ops_tilelang.engram.engram_fused_weight import engram_fused_weight_config
 from cann_ops_tilelang.engram.engram_fused_weight_kernel import (
     choose_engram_fused_weight_config,
     make_engram_fused_weight_kernel,
 )
+from tests.engram._extras import config_extras
 from tests.engram.engram_fused_weight_ref import engram_fused_weight_ref
 from tests.testing.bench import make_param_id
 from tests.testing.generator import (
@@ -206,4 +208,5 @@ def test_engram_fused_weight_benchmark(params, device, benchmark_timer, benchmar
         params=params,
         time_us=time_us,
         bandwidth_gbs=count_bytes(wh, we, out) / time_us / 1e3,
+        extras=config_extras(engram_fused_weight_config(wh, we, out=out)),
     )

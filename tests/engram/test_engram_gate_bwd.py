@@ -14,10 +14,12 @@ import cann_ops_tilelang
 from cann_ops_tilelang.config import get_num_cores
 from cann_ops_tilelang.engram import EngramGateBwdResult
 from cann_ops_tilelang.engram._contract import HIDDEN_ALIGN, MAX_HC, MAX_HIDDEN
+from cann_ops_tilelang.engram.engram_gate_bwd import engram_gate_bwd_config
 from cann_ops_tilelang.engram.engram_gate_bwd_kernel import (
     choose_engram_gate_bwd_config,
     make_engram_gate_bwd_kernel,
 )
+from tests.engram._extras import config_extras
 from tests.engram.engram_gate_bwd_ref import engram_gate_bwd_autograd_ref, engram_gate_bwd_ref
 from tests.engram.engram_gate_fwd_ref import engram_gate_fwd_ref
 from tests.testing.bench import make_param_id
@@ -576,5 +578,5 @@ def test_engram_gate_bwd_benchmark(params, device, benchmark_timer, benchmark_re
         params=params,
         time_us=time_us,
         bandwidth_gbs=num_bytes / time_us / 1e3,
-        extras={'num_blocks': result.grad_w_partial.shape[0]},
+        extras=config_extras(engram_gate_bwd_config(*inputs)),
     )

@@ -2,20 +2,19 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
 
 import cann_ops_tilelang
-from cann_ops_tilelang.config import get_num_cores
 from cann_ops_tilelang.engram import EngramGateFwdResult
+from cann_ops_tilelang.engram.engram_gate_fwd import engram_gate_fwd_config
 from cann_ops_tilelang.engram.engram_gate_fwd_kernel import (
     ASCEND_UB_BUDGET,
     _ascend_ub_bytes,
     choose_engram_gate_fwd_config,
     make_engram_gate_fwd_kernel,
 )
+from tests.engram._extras import config_extras
 from tests.engram.engram_gate_fwd_ref import engram_gate_fwd_ref
 from tests.testing.bench import make_param_id
 from tests.testing.contract import assert_rejects_extra_dimension, assert_rejects_non_tensor_and_dtype
@@ -423,17 +422,11 @@ def test_engram_gate_fwd_benchmark(params, device, benchmark_timer, benchmark_re
     out = torch.empty_like(x)
     time_us = benchmark_timer(lambda: cann_ops_tilelang.engram_gate_fwd(x, k, v, w, out=out))
     num_bytes = count_bytes(x, k, v, res.output, res.dot, res.gate_score, res.rstd_x, res.rstd_k)
-    cfg = choose_engram_gate_fwd_config(
-        backend='ascend' if device.type == 'npu' else 'cuda',
-        hc=params['hc'],
-        hidden=params['hidden'],
-        num_cores=get_num_cores(device),
-    )
     benchmark_record(
         kernel='engram_gate_fwd',
         operation='fwd',
         params=params,
         time_us=time_us,
         bandwidth_gbs=num_bytes / time_us / 1e3,
-        extras={key: value for key, value in dataclasses.asdict(cfg).items() if key != 'backend'},
+        extras=config_extras(engram_gate_fwd_config(x, k, v, w, out=out)),
     )

@@ -7,10 +7,12 @@ import torch
 
 import cann_ops_tilelang
 from cann_ops_tilelang.engram import EngramGradWReduceResult
+from cann_ops_tilelang.engram.engram_grad_w_reduce import engram_grad_w_reduce_config
 from cann_ops_tilelang.engram.engram_grad_w_reduce_kernel import (
     choose_engram_grad_w_reduce_config,
     make_engram_grad_w_reduce_kernel,
 )
+from tests.engram._extras import config_extras
 from tests.engram.engram_grad_w_reduce_ref import engram_grad_w_reduce_error_scale, engram_grad_w_reduce_ref
 from tests.testing.bench import make_param_id
 from tests.testing.contract import assert_rejects_extra_dimension, assert_rejects_non_tensor_and_dtype
@@ -256,4 +258,5 @@ def test_engram_grad_w_reduce_benchmark(params, device, benchmark_timer, benchma
         params=params,
         time_us=time_us,
         bandwidth_gbs=num_bytes / time_us / 1e3,
+        extras=config_extras(engram_grad_w_reduce_config(partial, wh, we, gwh, gwe)),
     )

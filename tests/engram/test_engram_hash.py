@@ -6,7 +6,9 @@ import pytest
 import torch
 
 import cann_ops_tilelang
+from cann_ops_tilelang.engram.engram_hash import engram_hash_config
 from cann_ops_tilelang.engram.engram_hash_kernel import choose_engram_hash_config, make_engram_hash_kernel
+from tests.engram._extras import config_extras
 from tests.engram.engram_hash_ref import engram_hash_ref
 from tests.testing.bench import make_param_id
 from tests.testing.contract import assert_rejects_extra_dimension, assert_rejects_non_tensor_and_dtype
@@ -273,4 +275,5 @@ def test_engram_hash_benchmark(params, device, benchmark_timer, benchmark_record
         params=params,
         time_us=time_us,
         bandwidth_gbs=count_bytes(ids, mult, vocab, offsets, out) / time_us / 1e3,
+        extras=config_extras(engram_hash_config(ids, mult, vocab, offsets, out=out)),
     )

@@ -18,7 +18,7 @@ from cann_ops_tilelang.validation import (
     check_tensor,
 )
 
-from .engram_gate_bwd_kernel import choose_engram_gate_bwd_config, get_engram_gate_bwd_kernel
+from .engram_gate_bwd_kernel import EngramGateBwdConfig, choose_engram_gate_bwd_config, get_engram_gate_bwd_kernel
 
 _NAME = 'engram_gate_bwd'
 _MAX_STRIDE = 2**31 - 1  # strides are int32 kernel arguments
@@ -45,6 +45,50 @@ def _aligned(value: torch.Tensor) -> torch.Tensor:
     if ok:
         return value
     return value.clone(memory_format=torch.contiguous_format)
+
+
+class _Plan(NamedTuple):
+    cfg: EngramGateBwdConfig
+    device: torch.device
+
+
+def _plan(grad_out, hidden_states, k, v, weight_fused, dot, gate_score, rstd_x, rstd_k, clamp_value) -> _Plan:
+    """Validate the arguments and choose the kernel configuration (no allocation, no launch)."""
+    check_tensor('grad_out', grad_out, dtype=torch.bfloat16, ndim=3)
+    x = check_tensor('hidden_states', hidden_states, dtype=torch.bfloat16, ndim=3)
+    check_tensor('k', k, dtype=torch.bfloat16, ndim=3)
+    check_tensor('v', v, dtype=torch.bfloat16, ndim=2)
+    check_tensor('weight_fused', weight_fused, dtype=torch.float32, ndim=2)
+    saved = {'dot': dot, 'gate_score': gate_score, 'rstd_x': rstd_x, 'rstd_k': rstd_k}
+    for name, value in saved.items():
+        check_tensor(name, value, dtype=torch.float32, ndim=2)
+    num_tokens, hc, hidden = x.shape
+    check_hc_hidden(_NAME, hc, hidden)
+    check_shape('grad_out', grad_out, (num_tokens, hc, hidden))
+    check_shape('k', k, (num_tokens, hc, hidden))
+    check_shape('v', v, (num_tokens, hidden))
+    check_shape('weight_fused', weight_fused, (hc, hidden))
+    for name, value in saved.items():
+        check_shape(name, value, (num_tokens, hc))
+    check_contiguous('grad_out', grad_out)
+    check_contiguous('hidden_states', x)
+    check_last_dim_contiguous('k', k)
+    check_last_dim_contiguous('v', v)
+    check_contiguous('weight_fused', weight_fused)
+    for name, value in saved.items():
+        check_contiguous(name, value)
+    check_positive_float('clamp_value', clamp_value)
+
+    backend = require_accelerator(grad_out, x, k, v, weight_fused, dot, gate_score, rstd_x, rstd_k)
+    device = x.device
+    cfg = choose_engram_gate_bwd_config(
+        backend=backend,
+        hc=hc,
+        hidden=hidden,
+        num_cores=get_num_cores(device),
+        deterministic=torch.are_deterministic_algorithms_enabled(),
+    )
+    return _Plan(cfg, device)
 
 
 def engram_gate_bwd(
@@ -95,41 +139,9 @@ def engram_gate_bwd(
         For T == 0 nothing is launched: the grads are empty and grad_w_partial is zeros with the same P
         a launch on this device would use.
     """
-    check_tensor('grad_out', grad_out, dtype=torch.bfloat16, ndim=3)
-    x = check_tensor('hidden_states', hidden_states, dtype=torch.bfloat16, ndim=3)
-    check_tensor('k', k, dtype=torch.bfloat16, ndim=3)
-    check_tensor('v', v, dtype=torch.bfloat16, ndim=2)
-    check_tensor('weight_fused', weight_fused, dtype=torch.float32, ndim=2)
-    saved = {'dot': dot, 'gate_score': gate_score, 'rstd_x': rstd_x, 'rstd_k': rstd_k}
-    for name, value in saved.items():
-        check_tensor(name, value, dtype=torch.float32, ndim=2)
-    num_tokens, hc, hidden = x.shape
-    check_hc_hidden(_NAME, hc, hidden)
-    check_shape('grad_out', grad_out, (num_tokens, hc, hidden))
-    check_shape('k', k, (num_tokens, hc, hidden))
-    check_shape('v', v, (num_tokens, hidden))
-    check_shape('weight_fused', weight_fused, (hc, hidden))
-    for name, value in saved.items():
-        check_shape(name, value, (num_tokens, hc))
-    check_contiguous('grad_out', grad_out)
-    check_contiguous('hidden_states', x)
-    check_last_dim_contiguous('k', k)
-    check_last_dim_contiguous('v', v)
-    check_contiguous('weight_fused', weight_fused)
-    for name, value in saved.items():
-        check_contiguous(name, value)
-    clamp_value = check_positive_float('clamp_value', clamp_value)
-
-    backend = require_accelerator(grad_out, x, k, v, weight_fused, dot, gate_score, rstd_x, rstd_k)
-    device = x.device
-
-    cfg = choose_engram_gate_bwd_config(
-        backend=backend,
-        hc=hc,
-        hidden=hidden,
-        num_cores=get_num_cores(device),
-        deterministic=torch.are_deterministic_algorithms_enabled(),
-    )
+    cfg, device = _plan(grad_out, hidden_states, k, v, weight_fused, dot, gate_score, rstd_x, rstd_k, clamp_value)
+    num_tokens, hc, hidden = hidden_states.shape
+    x = hidden_states
     grad_x = torch.empty((num_tokens, hc, hidden), dtype=torch.bfloat16, device=device)
     grad_k = torch.empty((num_tokens, hc, hidden), dtype=torch.bfloat16, device=device)
     grad_v = torch.empty((num_tokens, hidden), dtype=torch.bfloat16, device=device)
@@ -164,7 +176,24 @@ def engram_gate_bwd(
         grad_k,
         grad_v,
         grad_w_partial,
-        clamp_value,
+        float(clamp_value),
         *extra,
     )
     return EngramGateBwdResult(grad_x, grad_k, grad_v, grad_w_partial)
+
+
+def engram_gate_bwd_config(
+    grad_out: torch.Tensor,
+    hidden_states: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    weight_fused: torch.Tensor,
+    dot: torch.Tensor,
+    gate_score: torch.Tensor,
+    rstd_x: torch.Tensor,
+    rstd_k: torch.Tensor,
+    *,
+    clamp_value: float = 1e-6,
+) -> EngramGateBwdConfig:
+    """The kernel configuration engram_gate_bwd launches for these arguments (validated alike; no launch)."""
+    return _plan(grad_out, hidden_states, k, v, weight_fused, dot, gate_score, rstd_x, rstd_k, clamp_value).cfg

@@ -11,7 +11,11 @@ from cann_ops_tilelang.engram._contract import check_hc_hidden
 from cann_ops_tilelang.kernel_target import launch_kernel
 from cann_ops_tilelang.validation import check_aligned, check_contiguous, check_shape, check_tensor, may_overlap
 
-from .engram_grad_w_reduce_kernel import choose_engram_grad_w_reduce_config, get_engram_grad_w_reduce_kernel
+from .engram_grad_w_reduce_kernel import (
+    EngramGradWReduceConfig,
+    choose_engram_grad_w_reduce_config,
+    get_engram_grad_w_reduce_kernel,
+)
 
 _NAME = 'engram_grad_w_reduce'
 
@@ -21,33 +25,14 @@ class EngramGradWReduceResult(NamedTuple):
     grad_weight_embed: torch.Tensor  # (hc, H) fp32, the updated input tensor
 
 
-def engram_grad_w_reduce(
-    grad_w_partial: torch.Tensor,
-    weight_hidden: torch.Tensor,
-    weight_embed: torch.Tensor,
-    grad_weight_hidden: torch.Tensor,
-    grad_weight_embed: torch.Tensor,
-) -> EngramGradWReduceResult:
-    """Accumulate the weight gradients in place (fp32):
+class _Plan(NamedTuple):
+    cfg: EngramGradWReduceConfig
+    device: torch.device
+    num_partials: int
 
-        s = sum_p grad_w_partial[p]
-        grad_weight_hidden += s * float(weight_embed)
-        grad_weight_embed  += s * float(weight_hidden)
 
-    Args:
-        grad_w_partial: (P, hc, H) fp32; any P >= 0 (P = 0 leaves the gradients unchanged).
-        weight_hidden, weight_embed: (hc, H) bf16.
-        grad_weight_hidden, grad_weight_embed: (hc, H) fp32, updated in place. They must
-            not overlap each other or any input (ValueError).
-
-    All tensors contiguous and 16-byte aligned, on one device; hc in 1..8, H a multiple of 64 up to 16384.
-
-    Returns:
-        EngramGradWReduceResult(grad_weight_hidden, grad_weight_embed): the two updated tensors.
-
-    The fp32 sum over P runs in another order than torch's, so results differ from an fp32
-    reference by rounding only (a few ulps of sum_p |partial[p]| * |w|).
-    """
+def _plan(grad_w_partial, weight_hidden, weight_embed, grad_weight_hidden, grad_weight_embed) -> _Plan:
+    """Validate the arguments and choose the kernel configuration (no launch)."""
     check_tensor('grad_w_partial', grad_w_partial, dtype=torch.float32, ndim=3)
     check_tensor('weight_hidden', weight_hidden, dtype=torch.bfloat16, ndim=2)
     check_tensor('weight_embed', weight_embed, dtype=torch.bfloat16, ndim=2)
@@ -81,12 +66,43 @@ def engram_grad_w_reduce(
 
     backend = require_accelerator(grad_w_partial, weight_hidden, weight_embed, grad_weight_hidden, grad_weight_embed)
     device = grad_w_partial.device
+    cfg = choose_engram_grad_w_reduce_config(backend=backend, hc=hc, hidden=hidden, num_cores=get_num_cores(device))
+    return _Plan(cfg, device, num_partials)
 
+
+def engram_grad_w_reduce(
+    grad_w_partial: torch.Tensor,
+    weight_hidden: torch.Tensor,
+    weight_embed: torch.Tensor,
+    grad_weight_hidden: torch.Tensor,
+    grad_weight_embed: torch.Tensor,
+) -> EngramGradWReduceResult:
+    """Accumulate the weight gradients in place (fp32):
+
+        s = sum_p grad_w_partial[p]
+        grad_weight_hidden += s * float(weight_embed)
+        grad_weight_embed  += s * float(weight_hidden)
+
+    Args:
+        grad_w_partial: (P, hc, H) fp32; any P >= 0 (P = 0 leaves the gradients unchanged).
+        weight_hidden, weight_embed: (hc, H) bf16.
+        grad_weight_hidden, grad_weight_embed: (hc, H) fp32, updated in place. They must
+            not overlap each other or any input (ValueError).
+
+    All tensors contiguous and 16-byte aligned, on one device; hc in 1..8, H a multiple of 64 up to 16384.
+
+    Returns:
+        EngramGradWReduceResult(grad_weight_hidden, grad_weight_embed): the two updated tensors.
+
+    The fp32 sum over P runs in another order than torch's, so results differ from an fp32
+    reference by rounding only (a few ulps of sum_p |partial[p]| * |w|).
+    """
+    cfg, device, num_partials = _plan(
+        grad_w_partial, weight_hidden, weight_embed, grad_weight_hidden, grad_weight_embed
+    )
     result = EngramGradWReduceResult(grad_weight_hidden, grad_weight_embed)
     if num_partials == 0:  # empty sum: nothing to add
         return result
-
-    cfg = choose_engram_grad_w_reduce_config(backend=backend, hc=hc, hidden=hidden, num_cores=get_num_cores(device))
     launch_kernel(
         get_engram_grad_w_reduce_kernel,
         cfg,
@@ -98,3 +114,14 @@ def engram_grad_w_reduce(
         grad_weight_embed,
     )
     return result
+
+
+def engram_grad_w_reduce_config(
+    grad_w_partial: torch.Tensor,
+    weight_hidden: torch.Tensor,
+    weight_embed: torch.Tensor,
+    grad_weight_hidden: torch.Tensor,
+    grad_weight_embed: torch.Tensor,
+) -> EngramGradWReduceConfig:
+    """The kernel configuration engram_grad_w_reduce launches for these arguments (validated alike; no launch)."""
+    return _plan(grad_w_partial, weight_hidden, weight_embed, grad_weight_hidden, grad_weight_embed).cfg

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from cann_ops_tilelang.config import get_num_cores, require_accelerator
 from cann_ops_tilelang.kernel_target import launch_kernel
 from cann_ops_tilelang.validation import check_contiguous, check_out, check_shape, check_tensor
 
-from .engram_hash_kernel import choose_engram_hash_config, get_engram_hash_kernel
+from .engram_hash_kernel import EngramHashConfig, choose_engram_hash_config, get_engram_hash_kernel
 
 _NAME = 'engram_hash'
 MAX_NGRAM = 16  # N: ids per token (hashes of orders 2..N)
@@ -16,35 +18,14 @@ MAX_LAYERS = 32  # L
 MAX_COLS = 256  # (N - 1) * E: rows per token and layer
 
 
-def engram_hash(
-    ngram_token_ids: torch.Tensor,
-    multipliers: torch.Tensor,
-    vocab_sizes: torch.Tensor,
-    offsets: torch.Tensor,
-    *,
-    out: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Embedding-table rows of the hashed n-grams, per layer l, token t, order n = 2..N and table e:
+class _Plan(NamedTuple):
+    cfg: EngramHashConfig
+    device: torch.device
+    shape: tuple[int, int, int]  # (L, T, (N - 1) * E)
 
-        p_i = int64(ids[t, i]) * multipliers[l, i]          (int64, wrapping on overflow)
-        h_n = p_0 ^ p_1 ^ ... ^ p_(n-1)
-        out[l, t, (n-2)*E + e] = h_n % vocab_sizes[l, n-2, e] + offsets[l, (n-2)*E + e]
 
-    where `%` takes the sign of the divisor (torch/Python semantics) and the int64 sum is wrapped to int32.
-
-    Args:
-        ngram_token_ids: (T, N) int32, contiguous; T >= 0 (T = 0 returns an empty result, no launch).
-        multipliers: (L, N) int64, contiguous; any values.
-        vocab_sizes: (L, N-1, E) int32, contiguous. Must be > 0: this is not checked (it would need a
-            device sync); a zero size gives unspecified rows, negative sizes follow the same `%` rule.
-        offsets: (L, (N-1)*E) int32, contiguous.
-        out: optional (L, T, (N-1)*E) int32 contiguous buffer on the same device, not overlapping the inputs.
-
-    Limits (ValueError): 2 <= N <= 16, 1 <= L <= 32, E >= 1 and (N-1)*E <= 256.
-
-    Returns:
-        (L, T, (N-1)*E) int32, exact.
-    """
+def _plan(ngram_token_ids, multipliers, vocab_sizes, offsets, out) -> _Plan:
+    """Validate the arguments and choose the kernel configuration (no allocation, no launch)."""
     check_tensor('ngram_token_ids', ngram_token_ids, dtype=torch.int32, ndim=2)
     check_tensor('multipliers', multipliers, dtype=torch.int64, ndim=2)
     check_tensor('vocab_sizes', vocab_sizes, dtype=torch.int32, ndim=3)
@@ -92,11 +73,6 @@ def engram_hash(
     tensors = (ngram_token_ids, multipliers, vocab_sizes, offsets)
     backend = require_accelerator(*tensors, *(() if out is None else (out,)))
     device = ngram_token_ids.device
-
-    result = torch.empty(shape, dtype=torch.int32, device=device) if out is None else out
-    if num_tokens == 0:
-        return result
-
     cfg = choose_engram_hash_config(
         backend=backend,
         num_layers=num_layers,
@@ -104,5 +80,53 @@ def engram_hash(
         num_tables=num_tables,
         num_cores=get_num_cores(device),
     )
+    return _Plan(cfg, device, shape)
+
+
+def engram_hash(
+    ngram_token_ids: torch.Tensor,
+    multipliers: torch.Tensor,
+    vocab_sizes: torch.Tensor,
+    offsets: torch.Tensor,
+    *,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Embedding-table rows of the hashed n-grams, per layer l, token t, order n = 2..N and table e:
+
+        p_i = int64(ids[t, i]) * multipliers[l, i]          (int64, wrapping on overflow)
+        h_n = p_0 ^ p_1 ^ ... ^ p_(n-1)
+        out[l, t, (n-2)*E + e] = h_n % vocab_sizes[l, n-2, e] + offsets[l, (n-2)*E + e]
+
+    where `%` takes the sign of the divisor (torch/Python semantics) and the int64 sum is wrapped to int32.
+
+    Args:
+        ngram_token_ids: (T, N) int32, contiguous; T >= 0 (T = 0 returns an empty result, no launch).
+        multipliers: (L, N) int64, contiguous; any values.
+        vocab_sizes: (L, N-1, E) int32, contiguous. Must be > 0: this is not checked (it would need a
+            device sync); a zero size gives unspecified rows, negative sizes follow the same `%` rule.
+        offsets: (L, (N-1)*E) int32, contiguous.
+        out: optional (L, T, (N-1)*E) int32 contiguous buffer on the same device, not overlapping the inputs.
+
+    Limits (ValueError): 2 <= N <= 16, 1 <= L <= 32, E >= 1 and (N-1)*E <= 256.
+
+    Returns:
+        (L, T, (N-1)*E) int32, exact.
+    """
+    cfg, device, shape = _plan(ngram_token_ids, multipliers, vocab_sizes, offsets, out)
+    result = torch.empty(shape, dtype=torch.int32, device=device) if out is None else out
+    if shape[1] == 0:
+        return result
     launch_kernel(get_engram_hash_kernel, cfg, device, ngram_token_ids, multipliers, vocab_sizes, offsets, result)
     return result
+
+
+def engram_hash_config(
+    ngram_token_ids: torch.Tensor,
+    multipliers: torch.Tensor,
+    vocab_sizes: torch.Tensor,
+    offsets: torch.Tensor,
+    *,
+    out: torch.Tensor | None = None,
+) -> EngramHashConfig:
+    """The kernel configuration engram_hash launches for these arguments (validated alike; no launch)."""
+    return _plan(ngram_token_ids, multipliers, vocab_sizes, offsets, out).cfg
