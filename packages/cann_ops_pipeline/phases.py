@@ -20,6 +20,7 @@ from cann_ops_pipeline.conventions import (
     LEVEL_ENV,
     check_test_level,
 )
+from cann_ops_pipeline.device_count import count_devices
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -67,37 +68,72 @@ def tests_cpu(args: Sequence[str] = ()) -> list[Step]:
     return [_pytest('-m', CPU_TIER, '-n', 'auto', *args, description='CPU tier')]
 
 
-def verify(level: int, args: Sequence[str] = ()) -> list[Step]:
-    """Correctness at a test level: the CPU tier plus device tests where an accelerator exists."""
+def _host_device_count() -> int:
+    """Devices of this host (vendor tools, never torch); an invalid override counts as a device, so that
+    the two-phase runner, which the device path takes, reports it."""
+    try:
+        return count_devices().count
+    except ValueError:
+        return 1
+
+
+def require_device(session: str) -> Step:
+    """The first step of a session whose point is a device: fails without one (see require_device.py)."""
+    return Step(
+        ('python', '-m', 'cann_ops_pipeline.require_device', session),
+        _pipeline_env(),
+        'check for an accelerator',
+    )
+
+
+def _two_phase(args: Sequence[str], env: dict[str, str] | None = None, description: str = 'two-phase xdist run'):
+    return Step(('python', '-m', 'cann_ops_pipeline.two_phase', *args), {**_pipeline_env(), **(env or {})}, description)
+
+
+def verify(level: int, args: Sequence[str] = (), device_count: int | None = None) -> list[Step]:
+    """Correctness at a test level: the CPU tier plus device tests where an accelerator exists.
+
+    With a device (`device_count`, counted here when None) through the memory-aware two-phase runner;
+    without one in one pytest run with a worker per core (the CPU tier is CPU-bound lowering).
+    """
     env = {LEVEL_ENV: str(check_test_level(level))}
-    return [_pytest('-m', CORRECTNESS, *args, env=env, description=f'correctness, level {level}')]
+    description = f'correctness, level {level}'
+    if (_host_device_count() if device_count is None else device_count) > 0:
+        return [_two_phase(['-m', CORRECTNESS, *args], env, f'{description}, two-phase run')]
+    return [_pytest('-m', CORRECTNESS, '-n', 'auto', *args, env=env, description=description)]
 
 
 def run_tests(args: Sequence[str] = ()) -> list[Step]:
     """The two-phase xdist run (memory-aware); see cann_ops_pipeline.two_phase."""
-    return [Step(('python', '-m', 'cann_ops_pipeline.two_phase', *args), _pipeline_env(), 'two-phase xdist run')]
+    return [require_device('run-tests'), _two_phase(args)]
 
 
 def refresh_mem(args: Sequence[str] = ()) -> list[Step]:
     """Measure the peak device memory of device tests and rewrite their profiles."""
-    return [_pytest('-m', DEVICE_CORRECTNESS, '--refresh-mem', *args, description='refresh memory profiles')]
-
-
-def verify_baseline(args: Sequence[str] = ()) -> list[Step]:
     return [
-        _pytest(
+        require_device('refresh-mem'),
+        _pytest('-m', DEVICE_CORRECTNESS, '--refresh-mem', *args, description='refresh memory profiles'),
+    ]
+
+
+def _verify_baseline(args: Sequence[str]) -> Step:
+    return _pytest(
             '-m', BENCHMARKS, '--run-benchmark',
             f'--benchmark-regression-threshold={DEFAULT_REGRESSION_THRESHOLD}',
             f'--benchmark-min-delta-us={DEFAULT_MIN_DELTA_US}',
             *args, description='verify baselines',
-        )
-    ]  # fmt: skip
+        )  # fmt: skip
+
+
+def verify_baseline(args: Sequence[str] = ()) -> list[Step]:
+    """Compare benchmark results with the committed baselines."""
+    return [require_device('verify-baseline'), _verify_baseline(args)]
 
 
 def refresh_baseline(args: Sequence[str] = ()) -> list[Step]:
     """Refresh the current cluster's records, then verify at once: every record must be hit."""
     refresh = _pytest('-m', BENCHMARKS, '--run-benchmark', '--refresh-baseline', *args, description='refresh')
-    return [refresh, *verify_baseline(args)]
+    return [require_device('refresh-baseline'), refresh, _verify_baseline(args)]
 
 
 def build_wheel(outdir: str | os.PathLike = 'dist') -> list[Step]:

@@ -25,9 +25,24 @@ def test_cpu_tier_deselects_device_and_benchmark_tests():
 
 @pytest.mark.parametrize('level', [0, 1, 2])
 def test_verify_sets_the_level(level):
-    (step,) = phases.verify(level, ['tests/engram'])
+    (step,) = phases.verify(level, ['tests/engram'], device_count=0)
     assert step.env == {'OPS_TILELANG_TEST_LEVEL': str(level)}
-    assert _pytest_args(step) == ['-m', 'not benchmark', 'tests/engram']
+    assert _pytest_args(step) == ['-m', 'not benchmark', '-n', 'auto', 'tests/engram']
+
+
+def test_verify_runs_through_the_two_phase_runner_where_a_device_is():
+    (step,) = phases.verify(0, ['tests/engram', '-x'], device_count=1)
+    assert step.argv == ('python', '-m', 'cann_ops_pipeline.two_phase', '-m', 'not benchmark', 'tests/engram', '-x')
+    assert step.env['OPS_TILELANG_TEST_LEVEL'] == '0'
+    assert str(phases.ROOT / 'packages') in step.env['PYTHONPATH']
+    assert 'two-phase' in step.description
+
+
+@pytest.mark.parametrize('session', ['run-tests', 'refresh-mem', 'refresh-baseline', 'verify-baseline'])
+def test_device_sessions_check_for_a_device_first(session):
+    steps = getattr(phases, session.replace('-', '_'))()
+    assert steps[0].argv == ('python', '-m', 'cann_ops_pipeline.require_device', session)
+    assert [step.argv[:3] for step in steps].count(steps[0].argv[:3]) == 1
 
 
 @pytest.mark.parametrize('level', [3, -1, True, '0'])
@@ -37,9 +52,9 @@ def test_verify_refuses_unknown_levels(level):
 
 
 def test_refresh_baseline_refreshes_then_verifies_with_the_same_args():
-    refresh, verify = phases.refresh_baseline(['-K', 'hidden=4096'])
+    _, refresh, verify = phases.refresh_baseline(['-K', 'hidden=4096'])
     assert _pytest_args(refresh) == ['-m', 'benchmark', '--run-benchmark', '--refresh-baseline', '-K', 'hidden=4096']
-    assert verify == phases.verify_baseline(['-K', 'hidden=4096'])[0]
+    assert verify == phases.verify_baseline(['-K', 'hidden=4096'])[1]
     args = _pytest_args(verify)
     assert '--refresh-baseline' not in args
     assert '--benchmark-regression-threshold=0.1' in args
@@ -47,12 +62,12 @@ def test_refresh_baseline_refreshes_then_verifies_with_the_same_args():
 
 
 def test_memory_profiles_come_from_device_tests():
-    (step,) = phases.refresh_mem()
+    _, step = phases.refresh_mem()
     assert _pytest_args(step) == ['-m', 'npu and not benchmark', '--refresh-mem']
 
 
 def test_pipeline_modules_run_from_the_source_tree():
-    for step in [*phases.run_tests(['-x']), phases.build_wheel('dist')[1]]:
+    for step in [*phases.run_tests(['-x']), phases.build_wheel('dist')[1], phases.verify(1, device_count=1)[0]]:
         assert step.argv[:3] == ('python', '-m', step.argv[2])
         assert str(phases.ROOT / 'packages') in step.env['PYTHONPATH']
 
@@ -81,3 +96,13 @@ def test_invoke_lists_the_same_phases():
     tasks = {line.split()[0] for line in listing.splitlines()[1:] if line.strip()}
     expected = {name for name in SESSIONS if not name.startswith('verify-')} | {'verify'}
     assert expected <= tasks
+
+
+@pytest.mark.parametrize('level', ['7', 'abc'])
+def test_invoke_verify_refuses_a_bad_level_in_one_line(level):
+    done = subprocess.run(
+        [sys.executable, '-m', 'invoke', 'verify', '--level', level], capture_output=True, text=True, cwd=phases.ROOT
+    )
+    assert done.returncode == 4
+    assert done.stderr == f'verify: --level {level!r} is not a test level: use 0 (core), 1 (default) or 2 (full)\n'
+    assert done.stdout == ''
