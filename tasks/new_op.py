@@ -7,6 +7,7 @@ from pathlib import Path
 from invoke import Exit, task
 
 from cann_ops_pipeline import scaffold
+from cann_ops_pipeline.conventions import USAGE_ERROR
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -24,10 +25,19 @@ def new_op(c, name, public=False, dry_run=False, root=''):
     target = Path(root).resolve() if root else ROOT
     try:
         plan = scaffold.plan_operator(target, name, public=public)
-        if not dry_run:
-            scaffold.apply_plan(plan)
     except scaffold.ScaffoldError as error:
-        raise Exit(f'new-op: {error}', code=2) from None
+        raise Exit(f'new-op: {error}', code=USAGE_ERROR) from None
+    if not dry_run:
+        try:
+            scaffold.apply_plan(plan)
+        except scaffold.ScaffoldError as error:  # the tree changed since planning: nothing written
+            raise Exit(f'new-op: {error}', code=USAGE_ERROR) from None
+        except OSError as error:
+            raise Exit(
+                f'new-op: writing failed ({error}); rolled back: the files it had created are removed and the '
+                'edited ones restored, the tree is as before',
+                code=1,
+            ) from None
     verb = 'would ' if dry_run else ''
     for path in plan.created:
         print(f'{verb}create  {path}')

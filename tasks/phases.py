@@ -9,16 +9,20 @@ from __future__ import annotations
 import shlex
 import sys
 
-from invoke import Context, task
+from invoke import Context, Exit, task
 
 from cann_ops_pipeline import phases
+from cann_ops_pipeline.conventions import DEFAULT_TEST_LEVEL, USAGE_ERROR, parse_test_level
 
 
 def _run(c: Context, steps: list[phases.Step]) -> None:
+    """Run the steps in order; the first failing one ends the task with its exit code (its output said why)."""
     with c.cd(str(phases.ROOT)):
         for step in steps:
             print(f'--- {step.description}', flush=True)
-            c.run(shlex.join(step.resolved_argv(sys.executable)), env=step.env, pty=False)
+            result = c.run(shlex.join(step.resolved_argv(sys.executable)), env=step.env, pty=False, warn=True)
+            if result.failed:
+                raise Exit(code=result.exited or 1)
 
 
 def _args(pytest_args: str) -> list[str]:
@@ -38,9 +42,13 @@ def tests_cpu(c, pytest_args=''):
 
 
 @task(help={'level': 'test level 0, 1 or 2', 'pytest_args': 'extra pytest arguments'})
-def verify(c, level=1, pytest_args=''):
+def verify(c, level=str(DEFAULT_TEST_LEVEL), pytest_args=''):  # a str: invoke's int cast would raise
     """Correctness at a test level: CPU tier plus device tests where a device exists."""
-    _run(c, phases.verify(int(level), _args(pytest_args)))
+    try:
+        level = parse_test_level(level)
+    except ValueError as error:
+        raise Exit(f'verify: --level {error}', code=USAGE_ERROR) from None
+    _run(c, phases.verify(level, _args(pytest_args)))
 
 
 @task(help={'args': 'arguments for the two-phase runner (see python -m cann_ops_pipeline.two_phase -h)'})
