@@ -1,8 +1,9 @@
 """`invoke new-op`: name rules, no overwrite, rollback, edits of __init__.py, generated code that works.
 
-The end-to-end test scaffolds foo/foo_bar into a temporary copy of the repository's needed parts
-and runs the generated test file there in a child pytest (CPU tier: Ascend and CUDA lowering,
-contract tests pass; device tests skip with the reason), then ruff over the generated files.
+The end-to-end test scaffolds foo/foo_bar (foo2/foo2_bar, ... when the working package has a `foo` domain
+already) into a temporary copy of the repository's needed parts and runs the generated test file there in
+a child pytest (CPU tier: Ascend and CUDA lowering, contract tests pass; device tests skip with the reason
+on a CPU, run and pass where an accelerator is), then ruff over the generated files.
 """
 
 from __future__ import annotations
@@ -17,13 +18,16 @@ from pathlib import Path
 
 import pytest
 
-from cann_ops_pipeline import scaffold
+from cann_ops_pipeline import file_transaction, scaffold
 from cann_ops_pipeline.scaffold import ScaffoldError
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = 'packages/cann_ops_tilelang'
-RUFF = shutil.which('ruff')
-needs_ruff = pytest.mark.skipif(RUFF is None, reason='ruff is not on PATH')
+try:
+    RUFF = scaffold._ruff()  # the scaffold's own: this interpreter's ruff, else the one on PATH
+except ScaffoldError:
+    RUFF = None
+needs_ruff = pytest.mark.skipif(RUFF is None, reason='ruff is not installed')
 
 
 def snapshot(root: Path) -> dict[str, str]:
@@ -230,14 +234,15 @@ def test_unsupported_init_is_refused_before_any_write(tree):
 
 
 def failing_writer(fail_at: int, error: BaseException):
-    """A writer that behaves like the real one until its `fail_at`-th call, which raises."""
+    """A writer that behaves like the real one except at its `fail_at`-th call, which raises."""
     calls = []
+    real = file_transaction.write_file
 
     def write(path, text, *, new):
         calls.append(path)
         if len(calls) == fail_at:
             raise error
-        scaffold._write_file(path, text, new=new)
+        real(path, text, new=new)
 
     return write
 
@@ -333,14 +338,13 @@ def test_edited_init_files_are_ruff_clean(tmp_path):
         assert (f'cann_ops_tilelang.{domain}', 0, f'{domain}_b') in imports_of(edited)
         write(tmp_path, {f'root_{case}/__init__.py': edited})
     for command in (['check', '--no-cache', '.'], ['format', '--no-cache', '--check', '--diff', '.']):
-        result = subprocess.run([RUFF, *command], cwd=tmp_path, capture_output=True, text=True, check=False)
+        result = subprocess.run([*RUFF, *command], cwd=tmp_path, capture_output=True, text=True, check=False)
         assert result.returncode == 0, result.stdout + result.stderr
 
 
 @pytest.mark.parametrize(
     ('text', 'match'),
     [
-        ("__all__ = [\n    'foo_a',  # the first\n]\n", 'comments inside this statement would be lost'),
         ("__all__ = ['foo_a']\n__all__ = ['foo_a']\n", '__all__ is assigned 2 times'),
         ('__all__ = sorted(NAMES)\n', '__all__ is not a literal list of strings'),
         ("__all__ = ['foo_b']\n", "'foo_b' is already in __all__"),
@@ -351,6 +355,13 @@ def test_edited_init_files_are_ruff_clean(tmp_path):
 def test_init_files_it_will_not_edit(text, match):
     with pytest.raises(ScaffoldError, match=match):
         scaffold.add_domain_export(text, 'foo_b')
+
+
+def test_comments_in_all_are_kept():
+    text = scaffold.add_domain_export("__all__ = [\n    'foo_a',  # the first\n    'foo_c',\n]\n", 'foo_b')
+    assert text == (
+        "from .foo_b import foo_b\n\n__all__ = [\n    'foo_a',  # the first\n    'foo_b',\n    'foo_c',\n]\n"
+    )
 
 
 # --- the generated operator works ----------------------------------------------------------------
@@ -369,42 +380,80 @@ def copy_repository_parts(destination: Path) -> None:
 
 
 def child_env(root: Path) -> dict[str, str]:
+    """This environment for a child run in the copy: the copy first on PYTHONPATH, the other entries kept
+    (a pre-provisioned host may need them for torch_npu or tilelang), this checkout's own left out."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(('OPS_TILELANG_', 'PYTEST_'))}
-    env['PYTHONPATH'] = os.pathsep.join([str(root), str(root / 'packages')])
+    ours = {str(ROOT), str(ROOT / 'packages')}
+    kept = [p for p in os.environ.get('PYTHONPATH', '').split(os.pathsep) if p and p not in ours]
+    env['PYTHONPATH'] = os.pathsep.join([str(root), str(root / 'packages'), *kept])
     env['OPS_TILELANG_TEST_LEVEL'] = '1'
     return env
 
 
+def unused_domain(root: Path) -> str:
+    """'foo', or 'foo2', 'foo3', ... when the copied package already has that domain (a user's `new-op`)."""
+    for number in range(1, 100):
+        domain = 'foo' if number == 1 else f'foo{number}'
+        if not (root / PACKAGE / domain).exists() and not (root / 'tests' / domain).exists():
+            return domain
+    raise AssertionError('no unused domain name foo, foo2, ... foo99')
+
+
+def has_accelerator() -> bool:
+    from cann_ops_tilelang import config
+
+    return config.is_ascend_available() or config.is_cuda_available()
+
+
+def test_unused_domain_skips_operators_the_user_generated(tmp_path):
+    assert unused_domain(tmp_path) == 'foo'
+    (tmp_path / PACKAGE / 'foo').mkdir(parents=True)
+    (tmp_path / 'tests' / 'foo2').mkdir(parents=True)
+    assert unused_domain(tmp_path) == 'foo3'
+
+
+def test_child_env_keeps_the_other_pythonpath_entries(tmp_path, monkeypatch):
+    monkeypatch.setenv('PYTHONPATH', os.pathsep.join([str(ROOT), '/opt/vendor/python', str(ROOT / 'packages')]))
+    monkeypatch.setenv('OPS_TILELANG_TEST_LEVEL', '2')
+    env = child_env(tmp_path)
+    assert env['PYTHONPATH'].split(os.pathsep) == [str(tmp_path), str(tmp_path / 'packages'), '/opt/vendor/python']
+    assert env['OPS_TILELANG_TEST_LEVEL'] == '1'
+
+
 def test_generated_operator_passes_its_cpu_tests(tmp_path):
+    """On a CPU the device tests skip with the reason; on a machine with an accelerator they run and pass."""
     copy_repository_parts(tmp_path)
-    public = scaffold.new_operator(tmp_path, 'foo/foo_bar', public=True)
-    experimental = scaffold.new_operator(tmp_path, 'foo/foo_baz')
+    domain = unused_domain(tmp_path)
+    op, experimental_op = f'{domain}_bar', f'{domain}_baz'
+    public = scaffold.new_operator(tmp_path, f'{domain}/{op}', public=True)
+    experimental = scaffold.new_operator(tmp_path, f'{domain}/{experimental_op}')
     generated = public.created + public.edited + experimental.created + experimental.edited
 
     if RUFF is not None:
         for command in (['check', '--no-cache'], ['format', '--no-cache', '--check', '--diff']):
-            result = subprocess.run([RUFF, *command, *generated], cwd=tmp_path, capture_output=True, text=True)
+            result = subprocess.run([*RUFF, *command, *generated], cwd=tmp_path, capture_output=True, text=True)
             assert result.returncode == 0, result.stdout + result.stderr
 
     # Public through the root package, experimental through its domain only.
     probe = (
-        'import cann_ops_tilelang as c, cann_ops_tilelang.foo as foo\n'
-        "assert c.foo_bar is foo.foo_bar and 'foo_bar' in c.__all__\n"
-        "assert not hasattr(c, 'foo_baz') and 'foo_baz' not in c.__all__ and callable(foo.foo_baz)\n"
+        f'import cann_ops_tilelang as c, cann_ops_tilelang.{domain} as domain\n'
+        f"assert c.{op} is domain.{op} and '{op}' in c.__all__\n"
+        f"assert not hasattr(c, '{experimental_op}') and '{experimental_op}' not in c.__all__\n"
+        f'assert callable(domain.{experimental_op})\n'
     )
     env = child_env(tmp_path)
     result = subprocess.run([sys.executable, '-c', probe], cwd=tmp_path, env=env, capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
 
     report = tmp_path / 'report.xml'
-    command = [sys.executable, '-m', 'pytest', 'tests/foo/test_foo_bar.py', '-p', 'no:cacheprovider', '-q']
+    command = [sys.executable, '-m', 'pytest', f'tests/{domain}/test_{op}.py', '-p', 'no:cacheprovider', '-q']
     result = subprocess.run(
-        [*command, f'--junitxml={report}'], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+        [*command, f'--junitxml={report}'], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600
     )
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     outcomes: dict[str, list[str]] = {}
     for case in ET.parse(report).getroot().iter('testcase'):
-        name = case.get('name').split('[')[0]
+        name = case.get('name').split('[')[0].replace(op, 'foo_bar')
         skipped = case.find('skipped')
         failed = case.find('failure') is not None or case.find('error') is not None
         outcome = 'failed' if failed else 'passed' if skipped is None else f'skipped: {skipped.get("message")}'
@@ -425,9 +474,13 @@ def test_generated_operator_passes_its_cpu_tests(tmp_path):
     for name in cpu_tier:
         assert set(outcomes[name]) == {'passed'}, (name, outcomes[name])
     assert len(outcomes['test_foo_bar_ascend_kernel_lowers']) == 14  # level 1: 2 dtypes x 7 shapes
+    device = has_accelerator()
     for name in device_tier:
-        assert all(o.startswith('skipped: needs an accelerator') for o in outcomes[name]), (name, outcomes[name])
-    assert all(o.startswith('skipped') for o in outcomes['test_foo_bar_benchmark'])
+        if device:
+            assert set(outcomes[name]) == {'passed'}, (name, outcomes[name])
+        else:
+            assert all(o.startswith('skipped: needs an accelerator') for o in outcomes[name]), (name, outcomes[name])
+    assert all(o.startswith('skipped') for o in outcomes['test_foo_bar_benchmark'])  # needs --run-benchmark
 
 
 def test_invoke_task(tmp_path, capsys):
@@ -446,3 +499,25 @@ def test_invoke_task(tmp_path, capsys):
     new_op.new_op(Context(), 'foo/foo_bar', root=str(tmp_path))
     assert f'create  {PACKAGE}/foo/foo_bar_kernel.py' in capsys.readouterr().out
     assert (tmp_path / PACKAGE / 'foo/foo_bar.py').is_file()
+    with pytest.raises(Exit, match="'foo_bar' exists already") as info:
+        new_op.new_op(Context(), 'foo/foo_bar', root=str(tmp_path))
+    assert info.value.code == 4
+
+
+def test_invoke_task_says_it_rolled_back(tmp_path, monkeypatch, capsys):
+    from invoke import Context, Exit
+
+    from tasks import new_op
+
+    write(tmp_path, {f'{PACKAGE}/__init__.py': ROOT_INIT, 'tests/__init__.py': ''})
+    before = snapshot(tmp_path)
+    monkeypatch.setattr(file_transaction, 'write_file', failing_writer(3, PermissionError(13, 'Permission denied')))
+    with pytest.raises(Exit) as info:
+        new_op.new_op(Context(), 'foo/foo_bar', public=True, root=str(tmp_path))
+    assert info.value.code == 1
+    assert info.value.message == (
+        'new-op: writing failed ([Errno 13] Permission denied); rolled back: the files it had created are removed '
+        'and the edited ones restored, the tree is as before'
+    )
+    assert snapshot(tmp_path) == before
+    assert capsys.readouterr().out == ''
