@@ -1,0 +1,28 @@
+"""Ascend C emulated on CPU: run TileLang-lowered Ascend 950 kernels on torch CPU tensors (a development tool)."""
+
+from cann_ops_ascend_emu.driver import (
+    ENV_REPORT,
+    CoreCounters,
+    EmulatorError,
+    LaunchReport,
+    SourceKernel,
+    get_saturation,
+    set_saturation,
+    set_strict_dma_pad,
+    set_vf_membar_check,
+)
+from cann_ops_ascend_emu.kernel import EmulatedKernel, compile_prim_func
+
+__all__ = [
+    'ENV_REPORT',
+    'CoreCounters',
+    'EmulatedKernel',
+    'EmulatorError',
+    'LaunchReport',
+    'SourceKernel',
+    'compile_prim_func',
+    'get_saturation',
+    'set_saturation',
+    'set_strict_dma_pad',
+    'set_vf_membar_check',
+]

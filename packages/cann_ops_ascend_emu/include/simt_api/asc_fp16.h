@@ -1,0 +1,3 @@
+// Stand-in for CANN's simt_api/asc_fp16.h (Ascend C emulated on CPU).
+#pragma once
+#include "emu/asc_emu.h"
