@@ -9,8 +9,10 @@
 - Otherwise (verify), each record is compared with its baseline; regressions, missing baselines,
   lost records and corrupt files fail the run, and the terminal summary lists every verdict.
 
-Under xdist each worker hands its records to the controller (`workeroutput`); the controller
-checks them against the reports of every benchmark test that passed, then judges once.
+State lives on `config.stash` (a `BenchmarkState`), the hooks are module functions. Under xdist each
+worker hands its records, and which benchmark tests it ran, failed and skipped, to the controller
+(`workeroutput`); the controller checks that every benchmark test that passed sent its records, then
+judges once.
 The device side is injectable: implement `pytest_benchmark_backend(config)` in a conftest.py.
 """
 
@@ -43,7 +45,7 @@ class BenchmarkHookspecs:
         Called once per process; the first non-None result wins."""
 
 
-_SESSION = pytest.StashKey['BenchmarkSession']()
+_STATE = pytest.StashKey['BenchmarkState']()
 _BACKEND = pytest.StashKey[object]()
 _TIMED_WITH = pytest.StashKey[str]()  # on the item: the timing backend of its last benchmark_timer call
 
@@ -106,8 +108,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line('markers', 'benchmark: performance measurement; skipped unless --run-benchmark')
     if config.getoption('refresh_baseline') and not config.getoption('run_benchmark'):
         raise pytest.UsageError('--refresh-baseline needs --run-benchmark (benchmark tests are skipped without it)')
-    config.stash[_SESSION] = BenchmarkSession(config)
-    config.pluginmanager.register(config.stash[_SESSION], 'benchmark-session')
+    config.stash[_STATE] = BenchmarkState()
 
 
 def get_backend(config: pytest.Config):
@@ -163,8 +164,8 @@ def benchmark_record(request: pytest.FixtureRequest) -> Callable[..., None]:
     item = request.node
     if item.get_closest_marker('benchmark') is None:
         raise RuntimeError(f'benchmark_record is for tests marked @pytest.mark.benchmark; {item.nodeid} is not')
-    session = request.config.stash[_SESSION]
-    backend = get_backend(request.config)
+    config = request.config
+    backend = get_backend(config)
 
     def record(
         *,
@@ -183,7 +184,8 @@ def benchmark_record(request: pytest.FixtureRequest) -> Callable[..., None]:
             )
         if _TIMED_WITH not in item.stash:
             raise RuntimeError('benchmark_record: measure time_us with the benchmark_timer fixture in this test first')
-        session.add(
+        _add(
+            config.stash[_STATE],
             baseline.make_record(
                 kernel=kernel,
                 operation=operation,
@@ -193,230 +195,262 @@ def benchmark_record(request: pytest.FixtureRequest) -> Callable[..., None]:
                 extras=extras,
                 cluster=backend.cluster(),
                 timing_backend=item.stash[_TIMED_WITH],
-                environment=session.environment(),
+                environment=_environment(config),
                 node_id=item.nodeid,
-            )
+            ),
         )
 
     return record
 
 
-class BenchmarkSession:
-    """This run's benchmark results; outside xdist workers, judges them once at the end."""
+@dataclasses.dataclass
+class BenchmarkState:
+    """This run's benchmark results (on config.stash); outside xdist workers, judged once at the end."""
 
-    def __init__(self, config: pytest.Config):
-        self.config = config
-        self.records: list[dict] = []  # made in this process, or received from the workers
-        self.ran: set[str] = set()  # benchmark tests whose call phase ran (from every worker's reports)
-        self.failed: set[str] = set()  # benchmark tests that failed or errored in any phase
-        self.skipped = 0
-        self.lost_workers: list[str] = []
-        self.outcome: _Outcome | None = None
-        self._environment: dict | None = None
-        self.checked_collection = False
-        self.exitstatus: int | None = None
+    records: list[dict] = dataclasses.field(default_factory=list)  # made here, or received from the workers
+    ran: set[str] = dataclasses.field(default_factory=set)  # benchmark tests whose call phase ran (every worker)
+    failed: set[str] = dataclasses.field(default_factory=set)  # benchmark tests that failed or errored
+    skipped: int = 0
+    lost_workers: list[str] = dataclasses.field(default_factory=list)
+    outcome: _Outcome | None = None
+    environment: dict | None = None
+    checked_collection: bool = False
+    exitstatus: int | None = None
 
-    def environment(self) -> dict:
-        if self._environment is None:
-            self._environment = dict(get_backend(self.config).environment())
-        return self._environment
 
-    def add(self, record: dict) -> None:
-        key = baseline.record_key(record)
-        for other in self.records:
-            if baseline.record_key(other) == key:
-                raise ValueError(
-                    f'benchmark_record: {baseline.format_key(key)} was already recorded by {other["node_id"]}'
-                )
-        self.records.append(record)
+def _environment(config: pytest.Config) -> dict:
+    state = config.stash[_STATE]
+    if state.environment is None:
+        state.environment = dict(get_backend(config).environment())
+    return state.environment
 
-    def baseline_file(self, nodeid: str) -> Path:
-        return baseline.baseline_path(self.config.rootpath / nodeid.split('::', 1)[0])
 
-    def test_file(self, path: Path) -> str:
-        """The node ID of the test module whose baseline file `path` is (inverse of baseline_file)."""
-        return Path(os.path.relpath(path.parent.parent / f'{path.stem}.py', self.config.rootpath)).as_posix()
+def _add(state: BenchmarkState, record: dict) -> None:
+    key = baseline.record_key(record)
+    for other in state.records:
+        if baseline.record_key(other) == key:
+            raise ValueError(f'benchmark_record: {baseline.format_key(key)} was already recorded by {other["node_id"]}')
+    state.records.append(record)
 
-    def load(self, path: Path) -> list[dict]:
-        return baseline.load_baseline(path, self.test_file(path))
 
-    def relative(self, path: Path) -> str:
-        return os.path.relpath(path, self.config.rootpath)
+def _baseline_file(config: pytest.Config, nodeid: str) -> Path:
+    return baseline.baseline_path(config.rootpath / nodeid.split('::', 1)[0])
 
-    def check_baseline_files(self, nodeids) -> str | None:
-        """Why a baseline file of these tests cannot be read, or None."""
-        for path in sorted({self.baseline_file(nodeid) for nodeid in nodeids}):
-            try:
-                self.load(path)
-            except CorruptFileError as exc:
-                return f'corrupt baseline file {exc}'
-        return None
 
-    def pytest_collection_finish(self, session: pytest.Session) -> None:
-        """Fail fast on a corrupt baseline file, before any benchmark runs (xdist: the controller checks)."""
-        if not self.config.getoption('run_benchmark') or hasattr(self.config, 'workerinput'):
-            return
-        problem = self.check_baseline_files(
-            item.nodeid for item in session.items if item.get_closest_marker('benchmark')
-        )
-        if problem:
-            raise pytest.UsageError(problem)
+def _test_file(config: pytest.Config, path: Path) -> str:
+    """The node ID of the test module whose baseline file `path` is (inverse of _baseline_file)."""
+    return Path(os.path.relpath(path.parent.parent / f'{path.stem}.py', config.rootpath)).as_posix()
 
-    @pytest.hookimpl(optionalhook=True)
-    def pytest_xdist_node_collection_finished(self, node, ids: list[str]) -> None:
-        """xdist controller: the same check once a worker has collected (a UsageError would be lost there)."""
-        if not self.config.getoption('run_benchmark') or self.checked_collection:
-            return
-        self.checked_collection = True
-        problem = self.check_baseline_files(ids)
-        if problem:
-            pytest.exit(problem, returncode=pytest.ExitCode.USAGE_ERROR)
 
-    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        # Markers are keywords, and reports carry them to the xdist controller. (So are the names of
-        # parent folders: the baselines' `benchmark/` folders must not hold tests.)
-        if 'benchmark' not in report.keywords:
-            return
-        if report.when == 'call' and not report.skipped:
-            self.ran.add(report.nodeid)
-        if report.failed:
-            self.failed.add(report.nodeid)
-        elif report.skipped:
-            self.skipped += 1
+def _load(config: pytest.Config, path: Path) -> list[dict]:
+    return baseline.load_baseline(path, _test_file(config, path))
 
-    @pytest.hookimpl(optionalhook=True)
-    def pytest_testnodedown(self, node, error) -> None:
-        """xdist controller: a worker finished; take the records it handed over."""
-        output = getattr(node, 'workeroutput', None) or {}
-        if _WORKEROUTPUT_KEY in output:
-            self.records.extend(json.loads(output[_WORKEROUTPUT_KEY]))
-        else:
-            self.lost_workers.append(f'{node.gateway.id} ({error or "no output"})')
 
-    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
-        self.exitstatus = exitstatus
-        if hasattr(self.config, 'workerinput'):  # an xdist worker: the controller judges
-            self.config.workeroutput[_WORKEROUTPUT_KEY] = json.dumps(self.records)
-            return
-        if not (self.ran or self.records):  # no benchmark ran: nothing to judge
-            return
-        self.outcome = self.judge(exitstatus)
-        if self.outcome.failures and session.exitstatus == pytest.ExitCode.OK:
-            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+def _relative(config: pytest.Config, path: Path) -> str:
+    return os.path.relpath(path, config.rootpath)
 
-    def judge(self, exitstatus: int) -> _Outcome:
-        refresh = self.config.getoption('refresh_baseline')
-        outcome = _Outcome('refresh' if refresh else 'verify')
-        recorded = {r['node_id'] for r in self.records}
-        if self.ran and self.lost_workers:
-            outcome.failures.append(f'lost the benchmark records of xdist worker(s) {", ".join(self.lost_workers)}')
-        silent = sorted(self.ran - self.failed - recorded)
-        if silent:
-            outcome.failures.append(
-                f'{len(silent)} benchmark test(s) passed but none of their records arrived: {", ".join(silent)}'
-            )
-        for key, nodes in baseline.duplicate_keys(self.records).items():
-            outcome.failures.append(f'{baseline.format_key(key)} recorded more than once, by {", ".join(nodes)}')
-        files = sorted({self.baseline_file(nodeid) for nodeid in self.ran | recorded})
+
+def _check_baseline_files(config: pytest.Config, nodeids) -> str | None:
+    """Why a baseline file of these tests cannot be read, or None."""
+    for path in sorted({_baseline_file(config, nodeid) for nodeid in nodeids}):
         try:
-            old = {path: self.load(path) for path in files}
+            _load(config, path)
         except CorruptFileError as exc:
-            outcome.failures.append(f'corrupt baseline file {exc}')
-            return outcome
-        new = {path: [r for r in self.records if self.baseline_file(r['node_id']) == path] for path in files}
-        if refresh:
-            final = self.refresh(outcome, old, new, exitstatus)
-        else:
-            final = old
-            self.verify(outcome, old, new)
-        public = get_backend(self.config).public_operators()
-        for path, records in final.items():
-            for r in baseline.stale_records(records, public):
-                outcome.lines.append(
-                    (
-                        f'STALE        {baseline.format_key(baseline.record_key(r))} in {self.relative(path)}: '
-                        f'{r["kernel"]!r} is not a public operator of cann_ops_tilelang',
-                        {'yellow': True},
-                    )
-                )
-        return outcome
+            return f'corrupt baseline file {exc}'
+    return None
 
-    def refresh(self, outcome: _Outcome, old: dict, new: dict, exitstatus: int) -> dict:
-        reasons = ['the problems below'] if outcome.failures else []
-        if self.failed:
-            reasons.append(f'{len(self.failed)} benchmark test(s) failed')
-        if exitstatus != pytest.ExitCode.OK:
-            reasons.append(f'the run ended with {pytest.ExitCode(exitstatus).name}')
-        if reasons:
-            outcome.failures.append(f'baseline files left unchanged: {"; ".join(reasons)}')
-            return old
-        final = {}
-        for path, records in old.items():
-            merged = baseline.merge_refresh(records, new[path], self.ran)
-            final[path] = merged
-            text = baseline.dumps_baseline(merged)
-            if merged and (not path.exists() or path.read_text(encoding='utf-8') != text):
-                atomic_write_text(path, text)
-            clusters = ', '.join(sorted({r['cluster'] for r in new[path]})) or '-'
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Fail fast on a corrupt baseline file, before any benchmark runs (xdist: the controller checks)."""
+    config = session.config
+    if not config.getoption('run_benchmark') or hasattr(config, 'workerinput'):
+        return
+    problem = _check_baseline_files(
+        config, (item.nodeid for item in session.items if item.get_closest_marker('benchmark'))
+    )
+    if problem:
+        raise pytest.UsageError(problem)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node, ids: list[str]) -> None:
+    """xdist controller: the same check once a worker has collected (a UsageError would be lost there)."""
+    config = node.config
+    state = config.stash[_STATE]
+    if not config.getoption('run_benchmark') or state.checked_collection:
+        return
+    state.checked_collection = True
+    problem = _check_baseline_files(config, ids)
+    if problem:
+        pytest.exit(problem, returncode=pytest.ExitCode.USAGE_ERROR)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    """Note which benchmark tests ran, failed or were skipped (xdist: each worker, for the controller)."""
+    report = yield
+    if item.get_closest_marker('benchmark') is not None:
+        state = item.config.stash[_STATE]
+        if report.when == 'call' and not report.skipped:
+            state.ran.add(item.nodeid)
+        if report.failed:
+            state.failed.add(item.nodeid)
+        elif report.skipped:
+            state.skipped += 1
+    return report
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error) -> None:
+    """xdist controller: a worker finished; take the records it handed over."""
+    config = node.config
+    state = config.stash[_STATE]
+    output = getattr(node, 'workeroutput', None) or {}
+    if _WORKEROUTPUT_KEY in output:
+        wire = json.loads(output[_WORKEROUTPUT_KEY])
+        state.records.extend(wire['records'])
+        state.ran.update(wire['ran'])
+        state.failed.update(wire['failed'])
+        state.skipped += wire['skipped']
+    elif config.getoption('run_benchmark'):
+        state.lost_workers.append(f'{node.gateway.id} ({error or "no output"})')
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    config = session.config
+    state = config.stash[_STATE]
+    state.exitstatus = exitstatus
+    if hasattr(config, 'workerinput'):  # an xdist worker: the controller judges
+        wire = {'records': state.records, 'ran': sorted(state.ran), 'failed': sorted(state.failed)}
+        config.workeroutput[_WORKEROUTPUT_KEY] = json.dumps({**wire, 'skipped': state.skipped})
+        return
+    if not (state.ran or state.records or state.lost_workers):  # no benchmark ran: nothing to judge
+        return
+    state.outcome = _judge(config, state, exitstatus)
+    if state.outcome.failures and session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def _judge(config: pytest.Config, state: BenchmarkState, exitstatus: int) -> _Outcome:
+    refresh = config.getoption('refresh_baseline')
+    outcome = _Outcome('refresh' if refresh else 'verify')
+    recorded = {r['node_id'] for r in state.records}
+    if state.lost_workers:  # what those workers ran is unknown
+        outcome.failures.append(f'lost the benchmark records of xdist worker(s) {", ".join(state.lost_workers)}')
+    silent = sorted(state.ran - state.failed - recorded)
+    if silent:
+        outcome.failures.append(
+            f'{len(silent)} benchmark test(s) passed but none of their records arrived: {", ".join(silent)}'
+        )
+    for key, nodes in baseline.duplicate_keys(state.records).items():
+        outcome.failures.append(f'{baseline.format_key(key)} recorded more than once, by {", ".join(nodes)}')
+    files = sorted({_baseline_file(config, nodeid) for nodeid in state.ran | recorded})
+    try:
+        old = {path: _load(config, path) for path in files}
+    except CorruptFileError as exc:
+        outcome.failures.append(f'corrupt baseline file {exc}')
+        return outcome
+    new = {path: [r for r in state.records if _baseline_file(config, r['node_id']) == path] for path in files}
+    if refresh:
+        final = _refresh(config, state, outcome, old, new, exitstatus)
+    else:
+        final = old
+        _verify(config, outcome, old, new)
+    public = get_backend(config).public_operators()
+    for path, records in final.items():
+        for r in baseline.stale_records(records, public):
             outcome.lines.append(
                 (
-                    f'{self.relative(path)}: {len(new[path])} record(s) written for {clusters}, '
-                    f'{len(records) - (len(merged) - len(new[path]))} replaced, '
-                    f'{len(merged) - len(new[path])} kept',
-                    {},
+                    f'STALE        {baseline.format_key(baseline.record_key(r))} in {_relative(config, path)}: '
+                    f'{r["kernel"]!r} is not a public operator of cann_ops_tilelang',
+                    {'yellow': True},
                 )
             )
-        return final
+    return outcome
 
-    def verify(self, outcome: _Outcome, old: dict, new: dict) -> None:
-        threshold = self.config.getoption('benchmark_regression_threshold')
-        min_delta = self.config.getoption('benchmark_min_delta_us')
-        counts = dict.fromkeys(('ok', 'regression', 'improvement', 'missing'), 0)
-        for path in old:
-            for v in baseline.verify(new[path], old[path], threshold, min_delta):
-                counts[v.status] += 1
-                outcome.lines.append(self.verdict_line(v, path))
+
+def _refresh(
+    config: pytest.Config, state: BenchmarkState, outcome: _Outcome, old: dict, new: dict, exitstatus: int
+) -> dict:
+    reasons = ['the problems below'] if outcome.failures else []
+    if state.failed:
+        reasons.append(f'{len(state.failed)} benchmark test(s) failed')
+    if exitstatus != pytest.ExitCode.OK:
+        reasons.append(f'the run ended with {pytest.ExitCode(exitstatus).name}')
+    if reasons:
+        outcome.failures.append(f'baseline files left unchanged: {"; ".join(reasons)}')
+        return old
+    final = {}
+    for path, records in old.items():
+        merged = baseline.merge_refresh(records, new[path], state.ran)
+        final[path] = merged
+        text = baseline.dumps_baseline(merged)
+        if merged and (not path.exists() or path.read_text(encoding='utf-8') != text):
+            atomic_write_text(path, text)
+        clusters = ', '.join(sorted({r['cluster'] for r in new[path]})) or '-'
         outcome.lines.append(
             (
-                f'{sum(counts.values())} result(s): {counts["ok"]} within thresholds, {counts["regression"]} '
-                f'regression(s), {counts["improvement"]} improvement(s), {counts["missing"]} without a baseline '
-                f'(regression: slower by > {threshold:.0%} and > {min_delta:g} us)',
-                {'bold': True},
+                f'{_relative(config, path)}: {len(new[path])} record(s) written for {clusters}, '
+                f'{len(records) - (len(merged) - len(new[path]))} replaced, '
+                f'{len(merged) - len(new[path])} kept',
+                {},
             )
         )
-        if counts['regression']:
-            outcome.failures.append(f'{counts["regression"]} regression(s)')
-        if counts['missing']:
-            outcome.failures.append(
-                f'{counts["missing"]} result(s) without a baseline (refresh with --refresh-baseline)'
-            )
+    return final
 
-    def verdict_line(self, v: baseline.Verdict, path: Path) -> tuple[str, dict]:
-        r = v.record
-        head = f'{v.status.upper() if v.status in ("regression", "missing") else v.status:<12} '
-        head += f'{r["kernel"]} {r["operation"]} [{r["params_id"]}] {r["time_us"]:.3f} us'
-        if v.baseline is None:
-            return f'{head} (no baseline on {r["cluster"]} in {self.relative(path)})', {'red': True}
-        b = v.baseline
-        text = f'{head} (baseline {b["time_us"]:.3f} us, {v.ratio - 1:+.1%}, {v.delta_us:+.3f} us)'
-        if b['timing_backend'] != r['timing_backend']:
-            text += f' [timed with {r["timing_backend"]}, baseline with {b["timing_backend"]}]'
-        markup = {'regression': {'red': True}, 'improvement': {'green': True}}.get(v.status, {})
-        return text, markup
 
-    def pytest_terminal_summary(self, terminalreporter) -> None:
-        if self.outcome is None:
-            finished = self.exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED)
-            if finished and self.config.getoption('run_benchmark') and not hasattr(self.config, 'workerinput'):
-                terminalreporter.write_sep('=', f'benchmark: no benchmark test ran ({self.skipped} skipped)')
-            return
-        outcome = self.outcome
-        terminalreporter.write_sep('=', f'benchmark baselines: {outcome.mode}')
-        for text, markup in outcome.lines:
-            terminalreporter.write_line(text, **markup)
-        if outcome.failures:
-            terminalreporter.write_line(f'benchmark {outcome.mode} FAILED:', red=True, bold=True)
-            for failure in outcome.failures:
-                terminalreporter.write_line(f'  {failure}', red=True)
-        else:
-            terminalreporter.write_line(f'benchmark {outcome.mode} passed', green=True, bold=True)
+def _verify(config: pytest.Config, outcome: _Outcome, old: dict, new: dict) -> None:
+    threshold = config.getoption('benchmark_regression_threshold')
+    min_delta = config.getoption('benchmark_min_delta_us')
+    counts = dict.fromkeys(('ok', 'regression', 'improvement', 'missing'), 0)
+    for path in old:
+        for v in baseline.verify(new[path], old[path], threshold, min_delta):
+            counts[v.status] += 1
+            outcome.lines.append(_verdict_line(config, v, path))
+    outcome.lines.append(
+        (
+            f'{sum(counts.values())} result(s): {counts["ok"]} within thresholds, {counts["regression"]} '
+            f'regression(s), {counts["improvement"]} improvement(s), {counts["missing"]} without a baseline '
+            f'(regression: slower by > {threshold:.0%} and > {min_delta:g} us)',
+            {'bold': True},
+        )
+    )
+    if counts['regression']:
+        outcome.failures.append(f'{counts["regression"]} regression(s)')
+    if counts['missing']:
+        outcome.failures.append(f'{counts["missing"]} result(s) without a baseline (refresh with --refresh-baseline)')
+
+
+def _verdict_line(config: pytest.Config, v: baseline.Verdict, path: Path) -> tuple[str, dict]:
+    r = v.record
+    head = f'{v.status.upper() if v.status in ("regression", "missing") else v.status:<12} '
+    head += f'{r["kernel"]} {r["operation"]} [{r["params_id"]}] {r["time_us"]:.3f} us'
+    if v.baseline is None:
+        return f'{head} (no baseline on {r["cluster"]} in {_relative(config, path)})', {'red': True}
+    b = v.baseline
+    text = f'{head} (baseline {b["time_us"]:.3f} us, {v.ratio - 1:+.1%}, {v.delta_us:+.3f} us)'
+    if b['timing_backend'] != r['timing_backend']:
+        text += f' [timed with {r["timing_backend"]}, baseline with {b["timing_backend"]}]'
+    markup = {'regression': {'red': True}, 'improvement': {'green': True}}.get(v.status, {})
+    return text, markup
+
+
+def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
+    state = config.stash.get(_STATE, None)
+    if state is None:
+        return
+    if state.outcome is None:
+        finished = state.exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED)
+        if finished and config.getoption('run_benchmark') and not hasattr(config, 'workerinput'):
+            terminalreporter.write_sep('=', f'benchmark: no benchmark test ran ({state.skipped} skipped)')
+        return
+    outcome = state.outcome
+    terminalreporter.write_sep('=', f'benchmark baselines: {outcome.mode}')
+    for text, markup in outcome.lines:
+        terminalreporter.write_line(text, **markup)
+    if outcome.failures:
+        terminalreporter.write_line(f'benchmark {outcome.mode} FAILED:', red=True, bold=True)
+        for failure in outcome.failures:
+            terminalreporter.write_line(f'  {failure}', red=True)
+    else:
+        terminalreporter.write_line(f'benchmark {outcome.mode} passed', green=True, bold=True)
