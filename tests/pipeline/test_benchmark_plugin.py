@@ -397,6 +397,22 @@ def test_a_bad_threshold_names_its_option(pytester, option, value):
     result.stderr.fnmatch_lines([f"*error: argument {option}: expected a finite number >= 0, got '{value}'"])
 
 
+def test_geometric_mean_of_the_time_ratios():
+    assert baseline.geometric_mean([2.0, 0.5]) == pytest.approx(1.0)
+    assert baseline.format_geomean([1.2, 1.2]) == 'geometric mean of time / baseline over 2 result(s): 1.200x (+20.0%)'
+    with pytest.raises(ValueError, match='positive numbers'):
+        baseline.geometric_mean([])
+
+
+def test_verify_reports_the_geometric_mean_against_the_baselines(pytester, project):
+    setup_project(pytester, times=with_times(a_4096=200.0, a_7168=100.0, b_bf16=20.0, b_fp32=10.0))
+    result = pytester.runpytest(*RUN)
+    result.stdout.fnmatch_lines(['geometric mean of time / baseline over 4 result(s): 1.000x (+0.0%)'])
+    setup_project(pytester, times=with_times(a_4096=110.0))
+    result = pytester.runpytest(*RUN)
+    result.stdout.fnmatch_lines(['geometric mean of time / baseline over 4 result(s): 1.024x (+2.4%)'])
+
+
 def test_improvement_alone_passes(pytester, project):
     setup_project(pytester, times=with_times(a_7168=100.0))
     result = pytester.runpytest(*RUN)

@@ -189,8 +189,9 @@ def load_baseline(path: str | os.PathLike, test_file: str | None = None) -> list
             raise CorruptFileError(path, f'line {number}: {exc}') from exc
         if test_file is not None and record['node_id'].split('::', 1)[0] != test_file:
             raise CorruptFileError(
-                path, f'line {number}: node_id {record["node_id"]!r} is not a test of {test_file} (its records belong '
-                'in the baseline file of its own test file)'
+                path,
+                f'line {number}: node_id {record["node_id"]!r} is not a test of {test_file} (its records belong '
+                'in the baseline file of its own test file)',
             )
         key = record_key(record)
         if key in lines:
@@ -272,6 +273,21 @@ def verify(
                 Verdict(judge(record['time_us'], baseline['time_us'], threshold, min_delta_us), record, baseline)
             )
     return verdicts
+
+
+def geometric_mean(values: Iterable[float]) -> float:
+    """The geometric mean of positive numbers (ValueError for none)."""
+    values = list(values)
+    if not values or any(v <= 0 for v in values):
+        raise ValueError(f'the geometric mean needs positive numbers, got {values!r}')
+    return math.exp(math.fsum(math.log(v) for v in values) / len(values))
+
+
+def format_geomean(ratios: Iterable[float]) -> str:
+    """The verify report line: how this run's times compare with the baselines, all results at once."""
+    ratios = list(ratios)
+    mean = geometric_mean(ratios)
+    return f'geometric mean of time / baseline over {len(ratios)} result(s): {mean:.3f}x ({mean - 1:+.1%})'
 
 
 def stale_records(records: Iterable[Mapping], public_operators: Iterable[str]) -> list[Mapping]:

@@ -12,7 +12,7 @@
 State lives on `config.stash` (a `BenchmarkState`), the hooks are module functions. Under xdist each
 worker hands its records, and which benchmark tests it ran, failed and skipped, to the controller
 (`workeroutput`); the controller checks that every benchmark test that passed sent its records, then
-judges once.
+judges once. The verify summary ends with the geometric mean of the time ratios against the baselines.
 The device side is injectable: implement `pytest_benchmark_backend(config)` in a conftest.py.
 """
 
@@ -403,10 +403,13 @@ def _verify(config: pytest.Config, outcome: _Outcome, old: dict, new: dict) -> N
     threshold = config.getoption('benchmark_regression_threshold')
     min_delta = config.getoption('benchmark_min_delta_us')
     counts = dict.fromkeys(('ok', 'regression', 'improvement', 'missing'), 0)
+    ratios = []
     for path in old:
         for v in baseline.verify(new[path], old[path], threshold, min_delta):
             counts[v.status] += 1
             outcome.lines.append(_verdict_line(config, v, path))
+            if v.ratio is not None:
+                ratios.append(v.ratio)
     outcome.lines.append(
         (
             f'{sum(counts.values())} result(s): {counts["ok"]} within thresholds, {counts["regression"]} '
@@ -415,6 +418,8 @@ def _verify(config: pytest.Config, outcome: _Outcome, old: dict, new: dict) -> N
             {'bold': True},
         )
     )
+    if ratios:
+        outcome.lines.append((baseline.format_geomean(ratios), {'bold': True}))
     if counts['regression']:
         outcome.failures.append(f'{counts["regression"]} regression(s)')
     if counts['missing']:
