@@ -21,3 +21,15 @@ __all__: list[str] = [
     'engram_grad_w_reduce',
     'engram_hash',
 ]
+
+
+def __getattr__(name: str):
+    """`cann_ops_tilelang.<domain>` without importing it first (PEP 562), e.g. an experimental domain's
+    `cann_ops_tilelang.foo.foo_bar`: the subpackage is imported on first access. Its import, like this
+    package's, touches no device and compiles nothing."""
+    import importlib
+    import importlib.util
+
+    if not name.startswith('_') and importlib.util.find_spec(f'{__name__}.{name}') is not None:
+        return importlib.import_module(f'{__name__}.{name}')
+    raise AttributeError(f'module {__name__!r} has no attribute {name!r}')

@@ -424,9 +424,11 @@ def test_generated_operator_passes_its_cpu_tests(tmp_path):
     """On a CPU the device tests skip with the reason; on a machine with an accelerator they run and pass."""
     copy_repository_parts(tmp_path)
     domain = unused_domain(tmp_path)
-    op, experimental_op = f'{domain}_bar', f'{domain}_baz'
+    op = f'{domain}_bar'
     public = scaffold.new_operator(tmp_path, f'{domain}/{op}', public=True)
-    experimental = scaffold.new_operator(tmp_path, f'{domain}/{experimental_op}')
+    experimental_domain = unused_domain(tmp_path)  # a domain the root package does not import
+    experimental_op = f'{experimental_domain}_baz'
+    experimental = scaffold.new_operator(tmp_path, f'{experimental_domain}/{experimental_op}')
     generated = public.created + public.edited + experimental.created + experimental.edited
 
     if RUFF is not None:
@@ -434,12 +436,14 @@ def test_generated_operator_passes_its_cpu_tests(tmp_path):
             result = subprocess.run([*RUFF, *command, *generated], cwd=tmp_path, capture_output=True, text=True)
             assert result.returncode == 0, result.stdout + result.stderr
 
-    # Public through the root package, experimental through its domain only.
+    # Public through the root package; experimental through its domain, which the root imports on first use.
     probe = (
-        f'import cann_ops_tilelang as c, cann_ops_tilelang.{domain} as domain\n'
-        f"assert c.{op} is domain.{op} and '{op}' in c.__all__\n"
+        'import sys\n'
+        'import cann_ops_tilelang as c\n'
+        f"assert c.{op} is c.{domain}.{op} and '{op}' in c.__all__\n"
+        f"assert 'cann_ops_tilelang.{experimental_domain}' not in sys.modules\n"
         f"assert not hasattr(c, '{experimental_op}') and '{experimental_op}' not in c.__all__\n"
-        f'assert callable(domain.{experimental_op})\n'
+        f'assert callable(c.{experimental_domain}.{experimental_op})\n'
     )
     env = child_env(tmp_path)
     result = subprocess.run([sys.executable, '-c', probe], cwd=tmp_path, env=env, capture_output=True, text=True)
