@@ -2,6 +2,7 @@
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -106,3 +107,20 @@ def test_invoke_verify_refuses_a_bad_level_in_one_line(level):
     assert done.returncode == 4
     assert done.stderr == f'verify: --level {level!r} is not a test level: use 0 (core), 1 (default) or 2 (full)\n'
     assert done.stdout == ''
+
+
+def test_the_readme_set_up_gives_invoke():
+    """The README's set-up makes a session virtualenv with the dev extra; activated, it has invoke."""
+    readme = (phases.ROOT / 'README.md').read_text(encoding='utf-8')
+    assert 'source .nox/tests-cpu/bin/activate' in readme
+    pyproject = (phases.ROOT / 'pyproject.toml').read_text(encoding='utf-8')
+    dev = pyproject.split('dev = [', 1)[1].split(']', 1)[0]
+    assert '"invoke' in dev
+    assert '"ruff==' in dev  # new-op formats with it
+    assert "session.install('-e', '.[dev]')" in (phases.ROOT / 'noxfile.py').read_text(encoding='utf-8')
+    bin_dir = Path(sys.executable).parent
+    if '.nox' not in bin_dir.parts:
+        pytest.skip('not run from a nox session virtualenv')
+    done = subprocess.run([str(bin_dir / 'invoke'), '--list'], capture_output=True, text=True, cwd=phases.ROOT)
+    assert done.returncode == 0, done.stderr
+    assert 'new-op' in done.stdout
