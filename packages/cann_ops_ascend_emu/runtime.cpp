@@ -245,12 +245,20 @@ void on_signal(int sig, siginfo_t *si, void *) {
     if (g_ub_map && a >= g_ub_map && a < g_ub_map + g_ub_map_bytes)
       emu::fail(pipe, "UB access outside the UB: raw access at byte offset %lld of a %u-byte UB (guard page)",
                 (long long)(a - st.ub), st.ub_limit);
+    // a guard page between two regions belongs to both: name the argument whose bytes are nearest
+    int best = -1;
+    uint64_t best_dist = UINT64_MAX;
     for (auto &g : g_gm_guards)
       if (a >= g.lo && a < g.hi) {
         const emu::GmArg &arg = st.gm[g.arg];
-        emu::fail(pipe, "GM access outside the tensor argument '%s': raw access at byte offset %lld of a %llu-byte tensor",
-                  arg.name, (long long)(a - arg.base), (unsigned long long)arg.size);
+        uint64_t dist = a < arg.base ? (uint64_t)(arg.base - a) : (uint64_t)(a - (arg.base + arg.size));
+        if (dist < best_dist) best = g.arg, best_dist = dist;
       }
+    if (best >= 0) {
+      const emu::GmArg &arg = st.gm[best];
+      emu::fail(pipe, "GM access outside the tensor argument '%s': raw access at byte offset %lld of a %llu-byte tensor",
+                arg.name, (long long)(a - arg.base), (unsigned long long)arg.size);
+    }
     for (auto *s : g_stacks)
       if (a >= s && a < s + g_page) emu::fail(pipe, "SIMT thread stack overflow (%zu-byte stacks)", kStack);
     emu::fail(pipe, "segmentation fault at address %p (no UB or GM argument)", (const void *)a);
