@@ -32,7 +32,9 @@ DEV_EXTRA = nox.project.load_toml(ROOT / 'pyproject.toml')['project']['optional-
 
 
 def install_project(session: nox.Session) -> None:
-    session.install(TORCH)  # first, so resolving the project cannot pull another torch build
+    session.log(f'installing {TORCH} (first run: a large download; pip shows its progress)')
+    session.install(TORCH, silent=False)  # first, so resolving the project cannot pull another torch build
+    session.log('installing the project with its dev extra (-e .[dev])')
     session.install('-e', '.[dev]')
 
 
@@ -99,6 +101,6 @@ def verify_baseline(session: nox.Session) -> None:
 
 @nox.session(name='build-wheel')
 def build_wheel(session: nox.Session) -> None:
-    """Build sdist and wheel; install the wheel in a fresh venv and import it."""
-    install_project(session)
-    run(session, phases.build_wheel(ROOT / 'dist'))
+    """Build sdist and wheel; install the wheel (with the torch pin) in a fresh venv and import it."""
+    session.install(*[req for req in DEV_EXTRA if req.startswith('build')])  # the project itself is not needed
+    run(session, phases.build_wheel(ROOT / 'dist', pins=[TORCH]))

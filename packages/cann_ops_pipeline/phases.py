@@ -136,12 +136,16 @@ def refresh_baseline(args: Sequence[str] = ()) -> list[Step]:
     return [require_device('refresh-baseline'), refresh, _verify_baseline(args)]
 
 
-def build_wheel(outdir: str | os.PathLike = 'dist') -> list[Step]:
-    """Build sdist and wheel, then install the wheel in a fresh venv and import it there."""
+def build_wheel(outdir: str | os.PathLike = 'dist', pins: Sequence[str] = ()) -> list[Step]:
+    """Build sdist and wheel, then install the wheel in a fresh venv and import it there.
+
+    `pins`: requirements installed with the wheel (e.g. the torch pin); none: the running interpreter's
+    torch and tilelang versions (see cann_ops_pipeline.wheel_check).
+    """
     return [
         Step(('python', '-m', 'build', '--outdir', str(outdir), '.'), description='build sdist and wheel'),
         Step(
-            ('python', '-m', 'cann_ops_pipeline.wheel_check', str(outdir)),
+            ('python', '-m', 'cann_ops_pipeline.wheel_check', str(outdir), *(f'--pin={pin}' for pin in pins)),
             _pipeline_env(),
             'install the wheel in a fresh venv and import it',
         ),

@@ -1,9 +1,11 @@
 """Install a freshly built wheel into a new virtual environment and import it there.
 
-Usage: python -m cann_ops_pipeline.wheel_check DIST_DIR
+Usage: python -m cann_ops_pipeline.wheel_check DIST_DIR [--pin REQ ...]
 
-torch is pinned to the version of the interpreter running this check, so the check reuses what
-is already installed or cached instead of resolving a different (possibly multi-GB) build.
+torch (and tilelang) are pinned to the versions of the interpreter running this check, or to the
+`--pin` requirements given (the build-wheel nox session passes its torch pin and needs nothing else
+installed), so the check reuses what is cached instead of resolving a different (possibly multi-GB)
+build. pip's own lines show the progress of the install, which takes a while on a cold cache.
 """
 
 from __future__ import annotations
@@ -50,25 +52,29 @@ def pinned_requirements() -> list[str]:
     return pins
 
 
-def check_wheel(wheel: Path) -> None:
+def check_wheel(wheel: Path, pins: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory(prefix='wheel-check-') as tmp:
         env_dir = Path(tmp) / 'venv'
         venv.EnvBuilder(with_pip=True).create(env_dir)
         python = env_dir / ('Scripts/python.exe' if sys.platform == 'win32' else 'bin/python')
         # Neither PYTHONPATH nor the working directory may let the source tree shadow the wheel.
         env = {key: value for key, value in os.environ.items() if key != 'PYTHONPATH'}
-        install = [str(python), '-m', 'pip', 'install', '-q', str(wheel), *pinned_requirements()]
+        pins = pinned_requirements() if pins is None else pins
+        print(f'installing {wheel.name} with {", ".join(pins) or "its dependencies"} into a fresh venv', flush=True)
+        install = [str(python), '-m', 'pip', 'install', '--progress-bar', 'off', str(wheel), *pins]
         subprocess.run(install, check=True, env=env, cwd=tmp)
+        print('importing it there', flush=True)
         subprocess.run([str(python), '-c', IMPORT_CHECK], check=True, env=env, cwd=tmp)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument('dist_dir', type=Path)
+    parser.add_argument('--pin', action='append', metavar='REQ', help='a requirement to install with the wheel')
     args = parser.parse_args(argv)
     wheel = find_wheel(args.dist_dir)
     print(f'checking {wheel.name}', flush=True)
-    check_wheel(wheel)
+    check_wheel(wheel, args.pin)
     return 0
 
 

@@ -73,6 +73,12 @@ def test_pipeline_modules_run_from_the_source_tree():
         assert str(phases.ROOT / 'packages') in step.env['PYTHONPATH']
 
 
+def test_the_wheel_check_gets_the_pins():
+    check = phases.build_wheel('dist', pins=['torch==2.13.0'])[1]
+    assert check.argv == ('python', '-m', 'cann_ops_pipeline.wheel_check', 'dist', '--pin=torch==2.13.0')
+    assert phases.build_wheel('dist')[1].argv[-1] == 'dist'  # the running interpreter's versions
+
+
 def test_python_is_resolved_per_front_end():
     (step,) = phases.tests_cpu()
     assert step.resolved_argv('/venv/bin/python')[0] == '/venv/bin/python'
