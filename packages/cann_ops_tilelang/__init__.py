@@ -10,6 +10,7 @@ from cann_ops_tilelang.engram import (
     engram_gate_fwd,
     engram_grad_w_reduce,
     engram_hash,
+    engram_sinkhorn_momentum_update,
 )
 
 __version__ = '0.1.0'
@@ -20,6 +21,7 @@ __all__: list[str] = [
     'engram_gate_fwd',
     'engram_grad_w_reduce',
     'engram_hash',
+    'engram_sinkhorn_momentum_update',
 ]
 
 

@@ -71,6 +71,16 @@ def check_positive_float(name: str, value) -> float:
     return value
 
 
+def check_finite_float(name: str, value) -> float:
+    """A finite float of any sign (ints are accepted and converted; bools are not)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f'{name} must be a float, got {type(value).__name__}')
+    value = float(value)
+    if value != value or value in (float('inf'), float('-inf')):
+        raise ValueError(f'{name} must be a finite number, got {value}')
+    return value
+
+
 def _byte_span(t: torch.Tensor) -> tuple[int, int]:
     if t.numel() == 0:
         return (t.data_ptr(), t.data_ptr())

@@ -5,6 +5,7 @@ from .engram_gate_bwd import EngramGateBwdResult, engram_gate_bwd
 from .engram_gate_fwd import EngramGateFwdResult, engram_gate_fwd
 from .engram_grad_w_reduce import EngramGradWReduceResult, engram_grad_w_reduce
 from .engram_hash import engram_hash
+from .engram_sinkhorn_momentum_update import engram_sinkhorn_momentum_update
 
 __all__: list[str] = [
     'EngramGateBwdResult',
@@ -15,4 +16,5 @@ __all__: list[str] = [
     'engram_gate_fwd',
     'engram_grad_w_reduce',
     'engram_hash',
+    'engram_sinkhorn_momentum_update',
 ]
