@@ -11,6 +11,8 @@ from cann_ops_tilelang.engram import (
     engram_grad_w_reduce,
     engram_hash,
     engram_sinkhorn_momentum_update,
+    engram_sinkhorn_step,
+    engram_sinkhorn_step_reduce,
 )
 
 __version__ = '0.1.0'
@@ -22,6 +24,8 @@ __all__: list[str] = [
     'engram_grad_w_reduce',
     'engram_hash',
     'engram_sinkhorn_momentum_update',
+    'engram_sinkhorn_step',
+    'engram_sinkhorn_step_reduce',
 ]
 
 

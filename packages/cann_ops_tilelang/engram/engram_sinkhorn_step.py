@@ -1,0 +1,125 @@
+"""engram_sinkhorn_step: one row normalisation of the Sinkhorn iterate, with per-worker column partials."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from cann_ops_tilelang.config import get_num_cores, require_accelerator
+from cann_ops_tilelang.kernel_target import launch_kernel
+from cann_ops_tilelang.validation import (
+    check_aligned,
+    check_contiguous,
+    check_finite_float,
+    check_shape,
+    check_tensor,
+    may_overlap,
+)
+
+from .engram_sinkhorn_step_kernel import (
+    HEAD_DIM_ALIGN,
+    MAX_HEAD_DIM,
+    EngramSinkhornStepConfig,
+    choose_engram_sinkhorn_step_config,
+    get_engram_sinkhorn_step_kernel,
+)
+
+_NAME = 'engram_sinkhorn_step'
+MAX_NUMEL = 2**31 - 1  # int32 element indices of the matrix
+
+
+class EngramSinkhornStepResult(NamedTuple):
+    row_norm: torch.Tensor  # (rows,) fp32: ||r_i * M_i * c||_2 before this step's update
+    col_sumsq_partial: torch.Tensor  # (P, head_dim) fp32: per-worker column sums of squares of the new iterate
+
+
+def check_sinkhorn_matrix(name: str, matrix, row_scale, col_scale, eps) -> tuple[int, int, float]:
+    """The (matrix, row_scale, col_scale, eps) contract shared with engram_sinkhorn_finalize: fp32,
+    contiguous, (rows, head_dim) / (rows,) / (head_dim,), head_dim a multiple of 64 up to 8192, the matrix
+    and col_scale 16-byte aligned. Returns (rows, head_dim, eps)."""
+    check_tensor('matrix', matrix, dtype=torch.float32, ndim=2)
+    check_tensor('row_scale', row_scale, dtype=torch.float32, ndim=1)
+    check_tensor('col_scale', col_scale, dtype=torch.float32, ndim=1)
+    rows, head_dim = matrix.shape
+    if head_dim % HEAD_DIM_ALIGN or not HEAD_DIM_ALIGN <= head_dim <= MAX_HEAD_DIM:
+        raise ValueError(
+            f'{name}: head_dim must be a positive multiple of {HEAD_DIM_ALIGN} up to {MAX_HEAD_DIM}, got {head_dim}'
+        )
+    if matrix.numel() > MAX_NUMEL:
+        raise ValueError(f'{name}: matrix must have at most 2**31 - 1 elements, got {matrix.numel()}')
+    check_shape('row_scale', row_scale, (rows,))
+    check_shape('col_scale', col_scale, (head_dim,))
+    for arg, value in (('matrix', matrix), ('row_scale', row_scale), ('col_scale', col_scale)):
+        check_contiguous(arg, value)
+    check_aligned('matrix', matrix)
+    check_aligned('col_scale', col_scale)
+    return rows, head_dim, check_finite_float('eps', eps)
+
+
+class _Plan(NamedTuple):
+    cfg: EngramSinkhornStepConfig
+    device: torch.device
+    rows: int
+    eps: float
+
+
+def _plan(matrix, row_scale, col_scale, eps) -> _Plan:
+    """Validate the arguments and choose the kernel configuration (no allocation, no launch)."""
+    rows, head_dim, eps = check_sinkhorn_matrix(_NAME, matrix, row_scale, col_scale, eps)
+    for name, value in (('matrix', matrix), ('col_scale', col_scale)):
+        if may_overlap(row_scale, value):
+            raise ValueError(f'{_NAME}: row_scale (updated in place) must not alias the input {name}')
+    backend = require_accelerator(matrix, row_scale, col_scale)
+    device = matrix.device
+    cfg = choose_engram_sinkhorn_step_config(backend=backend, head_dim=head_dim, num_cores=get_num_cores(device))
+    return _Plan(cfg, device, rows, eps)
+
+
+def engram_sinkhorn_step(
+    matrix: torch.Tensor,
+    row_scale: torch.Tensor,
+    col_scale: torch.Tensor,
+    eps: float,
+) -> EngramSinkhornStepResult:
+    """Normalise the rows of the iterate I = r[:, None] * M * c[None, :] once.
+
+        row_norm = ||I||_2 over each row (before the update)
+        row_scale <- row_scale / (row_norm + eps)                         (in place)
+        col_sumsq_partial[p] = sum over the rows of worker p of (r'[:, None] * M * c[None, :]) ** 2
+
+    Args:
+        matrix: (rows, head_dim) fp32, contiguous, 16-byte aligned; any rows >= 0, head_dim a multiple of
+            64 up to 8192 (the reference library: a multiple of 256).
+        row_scale: (rows,) fp32, contiguous; updated in place, so it must not overlap matrix or col_scale.
+        col_scale: (head_dim,) fp32, contiguous, 16-byte aligned.
+        eps: a finite float added to each row norm.
+
+    Returns:
+        EngramSinkhornStepResult(row_norm, col_sumsq_partial), a tuple: row_norm (rows,) fp32 and
+        col_sumsq_partial (P, head_dim) fp32, P fixed by the kernel for the device (the vector cores on Ascend,
+        two per SM on CUDA). Its sum over p (engram_sinkhorn_step_reduce) is the column sum of squares.
+        rows = 0 gives zero partials without a launch.
+
+    row_scale' is the correctly rounded fp32 quotient of row_scale and fl(row_norm + eps); the norms and the
+    partials are fp32 sums in another order than torch's (a few ulps of the sum apart).
+    """
+    cfg, device, rows, eps = _plan(matrix, row_scale, col_scale, eps)
+    head_dim = cfg.head_dim
+    row_norm = torch.empty((rows,), dtype=torch.float32, device=device)
+    if rows == 0:  # no rows: every worker's partial is the empty sum
+        return EngramSinkhornStepResult(
+            row_norm, torch.zeros((cfg.num_partials, head_dim), dtype=torch.float32, device=device)
+        )
+    col_sumsq_partial = torch.empty((cfg.num_partials, head_dim), dtype=torch.float32, device=device)
+    launch_kernel(
+        get_engram_sinkhorn_step_kernel, cfg, device, matrix, row_scale, col_scale, row_norm, col_sumsq_partial, eps
+    )
+    return EngramSinkhornStepResult(row_norm, col_sumsq_partial)
+
+
+def engram_sinkhorn_step_config(
+    matrix: torch.Tensor, row_scale: torch.Tensor, col_scale: torch.Tensor, eps: float
+) -> EngramSinkhornStepConfig:
+    """The kernel configuration engram_sinkhorn_step launches for these arguments (validated alike; no launch)."""
+    return _plan(matrix, row_scale, col_scale, eps).cfg

@@ -1,0 +1,334 @@
+"""Kernels of engram_sinkhorn_step (shared/docs/engram.md, "Sinkhorn normalisation").
+
+Per row i of the (rows, D) fp32 matrix M, with r = row_scale, c = col_scale (fp32 math):
+    x_j = (r_i * M_ij) * c_j,  row_norm_i = sqrt(sum_j x_j^2)
+    r'_i = r_i / (row_norm_i + eps)                          (correctly rounded division; stored in row_scale)
+    col_sumsq_partial[p, j] += ((r'_i * M_ij) * c_j)^2       (rows of worker p only)
+The products are evaluated in the order of the torch reference, so the terms of both sums are the
+reference's; only the order of the sums differs (and the fused multiply-adds of the squares).
+
+One pass over memory: each row of M is read once (kept on chip between the norm and the column
+update); row_scale is read and written once; each worker writes its own (D,) partial, no atomics.
+P (the number of workers) is fixed by the configuration: the vector cores on Ascend, two blocks per SM
+on CUDA; a worker's rows and the order it adds them in are fixed, so the partials are reproducible.
+The row count is a runtime size (T.dynamic).
+
+engram_sinkhorn_finalize computes its row norms with this module's row layout (`row_layout`) and the same
+accumulation order, so both operators give bit-identical norms for the same row.
+"""
+
+# No `from __future__ import annotations`: TileLang evaluates the prim_func annotations, which
+# refer to the generator's local shape variables.
+import dataclasses
+import functools
+
+from cann_ops_tilelang.config import Backend
+from cann_ops_tilelang.kernel_target import compile_kernel
+
+LANES = 64  # fp32 lanes of one 256-byte Ascend vector register
+HEAD_DIM_ALIGN = 64
+MAX_HEAD_DIM = 8192  # Ascend: col_scale, the column accumulator and two row tiles must fit the UB
+CUDA_VEC = 4  # fp32 elements of one 16-byte access: the unit ("chunk") a CUDA thread owns
+CUDA_MAX_CHUNKS = 4  # chunks per thread: three (chunks * 4)-float register arrays stay small
+CUDA_BLOCK_THREADS = 512  # CUDA threads per block when a row group is narrower (G = 32)
+CUDA_BLOCKS_PER_SM = 2
+CUDA_REGS_PER_SM = 65536
+ASCEND_TILE_ELEMS = 8192  # fp32 elements of matrix per Ascend task (32 KB), whole rows
+
+
+def row_layout(head_dim: int) -> tuple[int, int]:
+    """CUDA: (G, chunks): G threads share a row, each owning `chunks` 16-byte column chunks
+    (chunk k of thread l starts at column (l + k * G) * 4).
+
+    G is the smallest multiple of 32 giving at most CUDA_MAX_CHUNKS chunks per thread, preferring a G
+    that divides the row's chunk count (no predicated thread)."""
+    n4 = head_dim // CUDA_VEC
+    for g in range(32, 1025, 32):
+        c = -(-n4 // g)
+        if c <= CUDA_MAX_CHUNKS and n4 % g == 0:
+            return g, c
+    g = -(-n4 // (CUDA_MAX_CHUNKS * 32)) * 32
+    return g, -(-n4 // g)
+
+
+def _cuda_regs_estimate(chunks: int) -> int:
+    # Four (chunks * 4)-float arrays (column scale, row, prefetched row, column sums) plus addressing.
+    return 16 * chunks + 24
+
+
+def ascend_accumulators(head_dim: int) -> int:
+    """Ascend: independent 64-lane sum-of-squares registers per row (a shorter dependency chain)."""
+    nchunk = head_dim // LANES
+    return next(a for a in (4, 2, 1) if nchunk % a == 0)
+
+
+def ascend_rows_per_task(head_dim: int) -> int:
+    return max(1, ASCEND_TILE_ELEMS // head_dim)
+
+
+@dataclasses.dataclass(frozen=True)
+class EngramSinkhornStepConfig:
+    backend: Backend
+    head_dim: int
+    num_cores: int  # Ascend: vector cores; CUDA: SMs
+    num_partials: int  # P: workers, one (head_dim,) partial each (Ascend cores / CUDA blocks)
+    rows_per_task: int  # Ascend: rows of one task (UB tile); CUDA: row groups per block (W)
+    group_threads: int  # CUDA: threads per row (G); unused on Ascend
+    chunks: int  # CUDA: 16-byte chunks per thread; unused on Ascend
+    num_stages: int  # Ascend buffer versions of the persistent loop; unused on CUDA
+
+    def __post_init__(self):
+        if self.backend not in ('ascend', 'cuda'):
+            raise ValueError(f'backend must be "ascend" or "cuda", got {self.backend!r}')
+        if self.head_dim % HEAD_DIM_ALIGN or not HEAD_DIM_ALIGN <= self.head_dim <= MAX_HEAD_DIM:
+            raise ValueError(f'head_dim must be a multiple of {HEAD_DIM_ALIGN} up to {MAX_HEAD_DIM}')
+        if self.backend == 'cuda' and self.group_threads * self.chunks * CUDA_VEC < self.head_dim:
+            raise ValueError('group_threads * chunks * 4 must cover head_dim')
+
+    @property
+    def threads(self) -> int:
+        return self.group_threads * self.rows_per_task
+
+
+def choose_engram_sinkhorn_step_config(*, backend: Backend, head_dim: int, num_cores: int) -> EngramSinkhornStepConfig:
+    """Pure choice of the compile-time parameters (no device query). The row count is a runtime size."""
+    if backend == 'ascend':
+        return EngramSinkhornStepConfig(
+            backend,
+            head_dim,
+            num_cores,
+            num_partials=num_cores,
+            rows_per_task=ascend_rows_per_task(head_dim),
+            group_threads=0,
+            chunks=0,
+            num_stages=2,
+        )
+    g, chunks = row_layout(head_dim)
+    # Narrow rows (G = 32, one warp): several warps per block, each on its own rows, no barrier per row;
+    # wider rows: one row at a time per block. Two blocks per SM: P = 2 * SMs partials.
+    w = max(1, CUDA_BLOCK_THREADS // g) if g == 32 else 1
+    return EngramSinkhornStepConfig(
+        backend,
+        head_dim,
+        num_cores,
+        num_partials=num_cores * CUDA_BLOCKS_PER_SM,
+        rows_per_task=w,
+        group_threads=g,
+        chunks=chunks,
+        num_stages=1,
+    )
+
+
+def _ascend_kernel(cfg: EngramSinkhornStepConfig):
+    import tilelang.ascend.language as T
+
+    D, P, R, stages = cfg.head_dim, cfg.num_partials, cfg.rows_per_task, cfg.num_stages
+    lanes = LANES
+    nchunk = D // lanes
+    A = ascend_accumulators(D)
+    rp = max(8, R)  # per-row stats rows padded to 32 bytes
+    f32 = T.float32
+    rows = T.dynamic('rows')
+
+    @T.prim_func
+    def engram_sinkhorn_step_kernel(
+        matrix: T.Tensor((rows, D), f32),
+        row_scale: T.Tensor((rows,), f32),
+        col_scale: T.Tensor((D,), f32),
+        row_norm: T.Tensor((rows,), f32),
+        col_sumsq_partial: T.Tensor((P, D), f32),
+        eps: T.float32,
+    ):
+        with T.Kernel(P) as cid:
+            c_ub = T.alloc_shared((D,), f32)
+            acc_ub = T.alloc_shared((D,), f32)  # this core's column sums of squares
+            m_ub = T.alloc_shared((R, D), f32)
+            rs_ub = T.alloc_shared((rp,), f32)
+            nrm_ub = T.alloc_shared((rp,), f32)
+            rsn_ub = T.alloc_shared((rp,), f32)
+            T.annotate_buffer_versions(
+                {c_ub: 1, acc_ub: 1, m_ub: stages, rs_ub: stages, nrm_ub: stages, rsn_ub: stages}
+            )
+            T.copy(col_scale, c_ub)
+            with T.SimdVF():
+                for c in T.serial(nchunk):
+                    T.simd.vsts(acc_ub[c * lanes], T.simd.vdup(0.0, f32))
+            for task in T.Persistent([T.ceildiv(rows, R)], P, cid, group_size=1, num_stages=stages):
+                r0 = task * R
+                valid = T.min(R, rows - r0)
+                T.copy(matrix[r0 : r0 + valid, :], m_ub[0:valid, :])
+                T.copy(row_scale[r0 : r0 + valid], rs_ub[0:valid])
+                with T.SimdVF():
+                    for i in T.serial(valid):
+                        sc = T.simd.vld(rs_ub[i], dist='BRC_B32')
+                        acc = T.simd.alloc_local((A,), f32)
+                        for a in T.unroll(A, explicit=True):
+                            acc[a] = T.simd.vdup(0.0, f32)
+                        for g in T.serial(nchunk // A):
+                            for a in T.unroll(A, explicit=True):
+                                off = (g * A + a) * lanes
+                                x = T.simd.vmul(T.simd.vmul(sc, T.simd.vld(m_ub[i, off])), T.simd.vld(c_ub[off]))
+                                T.simd.vmula(acc[a], x, x)
+                        if A == 4:
+                            acc[0] = T.simd.vadd(T.simd.vadd(acc[0], acc[2]), T.simd.vadd(acc[1], acc[3]))
+                        elif A == 2:
+                            acc[0] = T.simd.vadd(acc[0], acc[1])
+                        nrm = T.simd.vsqrt(T.simd.vcadd(acc[0]))
+                        rsn = T.simd.vdiv(sc, T.simd.vadds(nrm, eps))
+                        T.simd.vsts(nrm_ub[i], nrm, dist='ONEPT_B32')
+                        T.simd.vsts(rsn_ub[i], rsn, dist='ONEPT_B32')
+                        rb = T.simd.vdupv(rsn)
+                        # The previous row's acc_ub stores must land before this row loads them.
+                        T.simd.mem_bar('VST_VLD')
+                        for c in T.serial(nchunk):
+                            mv = T.simd.vld(m_ub[i, c * lanes])
+                            y = T.simd.vmul(T.simd.vmul(rb, mv), T.simd.vld(c_ub[c * lanes]))
+                            s = T.simd.alloc_var(f32)
+                            s = T.simd.vld(acc_ub[c * lanes])
+                            T.simd.vmula(s, y, y)
+                            T.simd.vsts(acc_ub[c * lanes], s)
+                T.copy(nrm_ub[0:valid], row_norm[r0 : r0 + valid])
+                T.copy(rsn_ub[0:valid], row_scale[r0 : r0 + valid])
+            # Every vector store of acc_ub done before the store to GM (cores without tasks write zeros).
+            T.ascend_pipe_barrier('PIPE_ALL')
+            T.copy(acc_ub, col_sumsq_partial[cid, :])
+
+    return engram_sinkhorn_step_kernel
+
+
+def _cuda_kernel(cfg: EngramSinkhornStepConfig):
+    import tilelang.language as T
+
+    D, P, W, G, nc = cfg.head_dim, cfg.num_partials, cfg.rows_per_task, cfg.group_threads, cfg.chunks
+    nt = cfg.threads
+    nw = G // 32  # warps per row group
+    ve = CUDA_VEC
+    guard = (D // ve) % G != 0  # some threads' last chunk lies past the row
+    f32 = T.float32
+    rows = T.dynamic('rows')
+
+    @T.macro
+    def load_row(dst, matrix, row, lane):
+        for k in T.unroll(nc):
+            col = (lane + k * G) * ve
+            if not guard or col < D:
+                for j in T.vectorized(ve):
+                    dst[k * ve + j] = matrix[row, col + j]
+            else:
+                for j in T.unroll(ve):
+                    dst[k * ve + j] = 0.0
+
+    @T.prim_func
+    def engram_sinkhorn_step_kernel(
+        matrix: T.Tensor((rows, D), f32),
+        row_scale: T.Tensor((rows,), f32),
+        col_scale: T.Tensor((D,), f32),
+        row_norm: T.Tensor((rows,), f32),
+        col_sumsq_partial: T.Tensor((P, D), f32),
+        eps: T.float32,
+    ):
+        with T.Kernel(P, threads=nt) as b:
+            # `red` alternates by row parity, so the one barrier per row is all it needs.
+            T.annotate_pass_configs({'tl.disable_thread_storage_sync': True})
+            if 2 * nt * _cuda_regs_estimate(nc) <= CUDA_REGS_PER_SM:
+                # Both blocks of an SM resident (the partials assume one wave), without spills.
+                T.annotate_min_blocks_per_sm(CUDA_BLOCKS_PER_SM)
+            tid = T.get_thread_binding()
+            lane = tid % G
+            w = tid // G
+            c_l = T.alloc_local((nc * ve,), f32)
+            m_l = T.alloc_local((nc * ve,), f32)
+            m_n = T.alloc_local((nc * ve,), f32)
+            rs_n = T.alloc_var(f32)
+            a_l = T.alloc_local((nc * ve,), f32)
+            ss = T.alloc_var(f32)
+            tot = T.alloc_var(f32)
+            rs = T.alloc_var(f32)
+            rsn = T.alloc_var(f32)
+            red = T.alloc_shared((2, nw), f32)
+            comb = T.alloc_shared((W if W > 1 else 1, D), f32)
+            for k in T.unroll(nc):
+                col = (lane + k * G) * ve
+                if not guard or col < D:
+                    for j in T.vectorized(ve):
+                        c_l[k * ve + j] = col_scale[col + j]
+                else:
+                    for j in T.unroll(ve):
+                        c_l[k * ve + j] = 0.0
+                for j in T.unroll(ve):
+                    a_l[k * ve + j] = 0.0
+            # Block b owns rows [lo, lo + n): rows // P or rows // P + 1 of them; group w takes every W-th.
+            q = rows // P
+            rem = rows % P
+            lo = b * q + T.min(b, rem)
+            n = q + T.if_then_else(b < rem, 1, 0)
+            # Software pipelining: the next row of this group is loaded (m_n, rs_n) before the current
+            # one is reduced, so two rows per group are in flight.
+            cnt = T.ceildiv(n - w, W)
+            if cnt > 0:
+                load_row(m_n, matrix, lo + w, lane)
+                rs_n = row_scale[lo + w]
+            for i in T.serial(cnt):
+                row = lo + w + i * W
+                rs = rs_n
+                for e in T.unroll(nc * ve):
+                    m_l[e] = m_n[e]
+                if i + 1 < cnt:
+                    load_row(m_n, matrix, row + W, lane)
+                    rs_n = row_scale[row + W]
+                ss = 0.0
+                for e in T.unroll(nc * ve):
+                    x = (rs * m_l[e]) * c_l[e]
+                    ss += x * x
+                tot = T.warp_reduce_sum(ss)
+                if nw > 1:
+                    if lane % 32 == 0:
+                        red[i % 2, lane // 32] = tot
+                    T.sync_threads()
+                    tot = red[i % 2, 0]
+                    for q2 in T.unroll(1, nw):
+                        tot += red[i % 2, q2]
+                tot = T.sqrt(tot)
+                rsn = rs / (tot + eps)
+                if lane == 0:
+                    row_norm[row] = tot
+                    row_scale[row] = rsn
+                for e in T.unroll(nc * ve):
+                    y = (rsn * m_l[e]) * c_l[e]
+                    a_l[e] += y * y
+            if W == 1:
+                for k in T.unroll(nc):
+                    col = (lane + k * G) * ve
+                    if not guard or col < D:
+                        for j in T.vectorized(ve):
+                            col_sumsq_partial[b, col + j] = a_l[k * ve + j]
+            else:
+                # W groups of one block: add their sums in the fixed order w = 0, 1, ..., W - 1.
+                for k in T.unroll(nc):
+                    col = (lane + k * G) * ve
+                    if not guard or col < D:
+                        for j in T.vectorized(ve):
+                            comb[w, col + j] = a_l[k * ve + j]
+                T.sync_threads()
+                for k in T.serial(T.ceildiv(D, nt)):
+                    col = k * nt + tid
+                    if col < D:
+                        tot = comb[0, col]
+                        for w2 in T.unroll(1, W):
+                            tot += comb[w2, col]
+                        col_sumsq_partial[b, col] = tot
+
+    return engram_sinkhorn_step_kernel
+
+
+def make_engram_sinkhorn_step_kernel(cfg: EngramSinkhornStepConfig):
+    """The TileLang prim_func `engram_sinkhorn_step_kernel` for `cfg.backend` (no compile)."""
+    if cfg.backend == 'ascend':
+        return _ascend_kernel(cfg)
+    return _cuda_kernel(cfg)
+
+
+@functools.cache
+def get_engram_sinkhorn_step_kernel(cfg: EngramSinkhornStepConfig):
+    """Compiled kernel for `cfg` (compiled on first use, for the current device)."""
+    return compile_kernel(make_engram_sinkhorn_step_kernel(cfg), cfg.backend)
