@@ -71,7 +71,10 @@ def tilelang_src_dir() -> Path:
 
 
 # ---------------------------------------------------------------------------------------------- rewrites
-_UB_BASE = re.compile(r'\(__ubuf__\s+uint8_t\s*\*\s*\)\s*0\b')
+_UB_TYPE = r'([A-Za-z_][\w:]*(?:\s+[A-Za-z_]\w*)*)'
+_UB_BASE = re.compile(r'\(__ubuf__\s+' + _UB_TYPE + r'\s*\*\s*\)\s*(\d+)(?![\w.])')
+_UB_PTR_TYPE = re.compile(r'__ubuf__\s+' + _UB_TYPE + r'\s*\*')
+_SIMT_DEF = re.compile(r'__simt_(?:vf|callee)__[^;{}]*?\)\s*\{')
 _UB_INDEX = re.compile(r'\(\(__ubuf__\s+([A-Za-z_][\w:]*(?:\s+[A-Za-z_]\w*)*)\s*\*\s*\)\s*([A-Za-z_]\w*)\)\s*\[')
 _SIMD_VF_DEF = re.compile(r'(__simd_vf__[^;{}()]*\b\w+\s*\([^)]*\)\s*\{)')
 ENTRY_RE = re.compile(r'extern\s+"C"\s+__global__\s+__vector__\s+void\s+(\w+)\s*\(([^)]*)\)')
@@ -80,15 +83,36 @@ ENTRY_RE = re.compile(r'extern\s+"C"\s+__global__\s+__vector__\s+void\s+(\w+)\s*
 def rewrite_source(source: str) -> str:
     """The only changes made to a lowered source (README "Rewrites"):
 
-    1. `(__ubuf__ uint8_t *)0`, the UB base, becomes the emulated core's UB (`::emu::ub_base()`).
+    1. `(__ubuf__ T *)N`, a UB address (the merged buffer's base is `(__ubuf__ uint8_t *)0`), becomes that offset
+       in the emulated core's UB (`::emu::ub_base() + N`).
     2. `((__ubuf__ T *)buf)[i]`, a scalar or SIMT access of one UB element, becomes `(::emu::ub_view<T>(buf))[i]`,
        an accessor that checks bounds and records the access for the hazard model and the written-bytes shadow.
     3. Every `__simd_vf__` function body starts with `::emu::VfScope`, so that the VF runs on PIPE_V.
+    4. Inside `__simt_vf__` / `__simt_callee__` functions (signature and body) the type `__ubuf__ T *` becomes
+       `::emu::UbPtr<T>`, so that SIMT threads' pointer-arithmetic accesses of UB (`*(__ubuf__ uint1 *)(p + k)`)
+       are checked and recorded like element accesses.
     """
-    out = _UB_BASE.sub('(__ubuf__ uint8_t *)::emu::ub_base()', source)
+    out = _UB_BASE.sub(lambda m: f'(__ubuf__ {m.group(1)} *)(::emu::ub_base() + {m.group(2)})', source)
+    out = _rewrite_simt_bodies(out)
     out = _UB_INDEX.sub(lambda m: f'(::emu::ub_view<{m.group(1)}>({m.group(2)}))[', out)
     out = _SIMD_VF_DEF.sub(lambda m: m.group(1) + ' ::emu::VfScope emu_vf_scope_;', out)
     return out
+
+
+def _rewrite_simt_bodies(source: str) -> str:
+    out, pos = [], 0
+    for m in _SIMT_DEF.finditer(source):
+        if m.start() < pos:
+            continue
+        depth, i = 1, m.end()
+        while depth and i < len(source):
+            depth += {'{': 1, '}': -1}.get(source[i], 0)
+            i += 1
+        out.append(source[pos : m.start()])
+        out.append(_UB_PTR_TYPE.sub(lambda t: f'::emu::UbPtr<{t.group(1)}>', source[m.start() : i]))
+        pos = i
+    out.append(source[pos:])
+    return ''.join(out)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -30,6 +30,15 @@ from tests.testing.numeric import assert_equal
 CORES = 64  # the CPU tier lowers Ascend kernels for the 950PR's 64 vector cores
 
 
+def call_by_name(kernel: emu.EmulatedKernel, **named) -> None:
+    """Call `kernel` with its prim_func's parameters taken by name (buffer names, scalar names) from `named`."""
+    pf = kernel.prim_func
+    names = [pf.buffer_map[p].name if p in pf.buffer_map else p.name for p in pf.params]
+    missing = [n for n in names if n not in named]
+    assert not missing, f'no argument for {missing}'
+    kernel(*(named[n] for n in names))
+
+
 @functools.cache
 def fused_weight_kernel(hc, hidden):
     cfg = fw_k.choose_engram_fused_weight_config(backend='ascend', hc=hc, hidden=hidden, num_cores=CORES)
@@ -85,13 +94,20 @@ def _gate_fwd_inputs(num_tokens, hc, hidden):
     return x, k, v, w
 
 
+def _fwd_args(x, k, v, w, out, saved):
+    named = dict(x=x, k=k, v=v, w=w, out=out, eps=1e-6, clamp_value=1e-6)
+    if saved is not None:
+        named.update(zip(('dot_o', 'g_o', 'rx_o', 'rk_o'), saved, strict=True))
+    return named
+
+
 @pytest.mark.parametrize('num_tokens', [1, 130])
 def test_gate_fwd_saved_outputs(num_tokens):
     hc, hidden = 4, 256
     x, k, v, w = _gate_fwd_inputs(num_tokens, hc, hidden)
     out = torch.empty(num_tokens, hc, hidden, dtype=torch.bfloat16)
     saved = [torch.empty(num_tokens, hc) for _ in range(4)]
-    gate_fwd_kernel(hc, hidden, True)(x, k, v, w, out, *saved, 1e-6, 1e-6)
+    call_by_name(gate_fwd_kernel(hc, hidden, True), **_fwd_args(x, k, v, w, out, saved))
     check_gate_fwd(EngramGateFwdResult(out, *saved), x, k, v, w)
 
 
@@ -101,10 +117,20 @@ def test_gate_fwd_without_saved_outputs_strided_k_v():
     kv = torch.randn(num_tokens, hc + 1, hidden).to(torch.bfloat16)  # k and v: views of one tensor
     k, v = kv[:, :hc], kv[:, hc]
     out = torch.empty(num_tokens, hc, hidden, dtype=torch.bfloat16)
-    gate_fwd_kernel(hc, hidden, False)(x, k, v, w, out, 1e-6, 1e-6)
+    call_by_name(gate_fwd_kernel(hc, hidden, False), **_fwd_args(x, k, v, w, out, None))
     saved = [torch.empty(num_tokens, hc) for _ in range(4)]
-    gate_fwd_kernel(hc, hidden, True)(x, k, v, w, torch.empty_like(out), *saved, 1e-6, 1e-6)
+    call_by_name(gate_fwd_kernel(hc, hidden, True), **_fwd_args(x, k, v, w, torch.empty_like(out), saved))
     check_gate_fwd(EngramGateFwdResult(out, *saved), x, k, v, w)
+
+
+# EngramGateBwdResult field -> the kernel's buffer holding it
+_BWD_FIELDS = {
+    'grad_hidden_states': 'grad_x',
+    'grad_k': 'grad_k',
+    'grad_v': 'grad_v',
+    'grad_kv': 'grad_kv',
+    'grad_w_partial': 'grad_w_partial',
+}
 
 
 @pytest.mark.parametrize('num_tokens', [130])
@@ -112,15 +138,24 @@ def test_gate_bwd(num_tokens):
     hc, hidden = 4, 256
     cfg, kernel = gate_bwd_kernel(hc, hidden)
     inputs = gate_bwd_inputs(num_tokens, hc, hidden, 'cpu')
-    grad_x = torch.empty(num_tokens, hc, hidden, dtype=torch.bfloat16)
-    grad_k = torch.empty_like(grad_x)
-    grad_v = torch.empty(num_tokens, hidden, dtype=torch.bfloat16)
+    if len(inputs) == 9:  # k and v separate
+        grad_out, x, k, v, w, dot, g, rx, rk = inputs
+    else:  # k and v packed as kv (T, hc + 1, H)
+        grad_out, x, kv, w, dot, g, rx, rk = inputs
+        k, v = kv[:, :hc], kv[:, hc]
     alloc = torch.zeros if cfg.accumulates_into_partials else torch.empty
-    grad_w_partial = alloc(cfg.num_blocks, hc, hidden)
-    kernel(*inputs, grad_x, grad_k, grad_v, grad_w_partial, 1e-6)
-    check_gate_bwd(
-        EngramGateBwdResult(grad_x, grad_k, grad_v, grad_w_partial), inputs, clamp_value=1e-6, num_cores=cfg.num_blocks
-    )
+    named = dict(
+        grad_out=grad_out, hidden_states=x, k=k, v=v, weight_fused=w, dot=dot, gate_score=g, rstd_x=rx, rstd_k=rk,
+        grad_x=torch.empty(num_tokens, hc, hidden, dtype=torch.bfloat16),
+        grad_k=torch.empty(num_tokens, hc, hidden, dtype=torch.bfloat16),
+        grad_v=torch.empty(num_tokens, hidden, dtype=torch.bfloat16),
+        grad_kv=torch.empty(num_tokens, hc + 1, hidden, dtype=torch.bfloat16),
+        grad_w_partial=alloc(cfg.num_blocks, hc, hidden), clamp_value=1e-6,
+        token_counter=torch.zeros(1, dtype=torch.int32),
+    )  # fmt: skip
+    call_by_name(kernel, **named)
+    result = EngramGateBwdResult(*(named[_BWD_FIELDS[f]] for f in EngramGateBwdResult._fields))
+    check_gate_bwd(result, inputs, clamp_value=1e-6, num_cores=cfg.num_blocks)
 
 
 @pytest.mark.parametrize('num_partials', [1, 70])

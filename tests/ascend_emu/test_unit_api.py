@@ -324,3 +324,21 @@ def test_report_format_and_core_order():
     assert 'unit_simt: 2 cores, seed 7' in text
     assert 'max/mean' in text
     assert rep.imbalance('gm2ub_bytes') == 1.0
+
+
+def test_every_c_api_name_tilelang_calls_is_declared():
+    """Every asc_* / CCE name called by TileLang's simd_inst.h, reduce.h and ascend_fp8.h has an emulator declaration
+    (two-phase lookup would otherwise hide a missing one until a kernel instantiates it)."""
+    tl = emu.driver.tilelang_src_dir() / 'tl_templates' / 'ascend'
+    called = set()
+    for header in ('simd_inst.h', 'reduce.h', 'ascend_fp8.h'):
+        text = re.sub(r'//[^\n]*', '', (tl / header).read_text())
+        called |= set(re.findall(r'\b(asc_\w+)\s*\(', text))
+        called |= set(re.findall(r'::(v\w+)\s*\(', text))
+        called |= set(re.findall(r'\b(__\w+2\w*)\s*\(', text))
+    ours = '\n'.join(p.read_text() for p in (emu.driver.INCLUDE_DIR / 'emu').glob('*.h'))
+    declared = set(re.findall(r'\b(asc_\w+|v\w+|__\w+)\s*\(', ours))
+    declared |= set(re.findall(r'EMU_\w+\((\w+)', ours))
+    declared |= {f'{n}_scalar' for n in re.findall(r'EMU_CMP\((\w+)', ours)}
+    missing = sorted(called - declared - {'asc_intlv_', 'asc_deintlv_'})  # token-pasted in TL_SIMD_PINTLV_IMPL
+    assert not missing, f'not declared by the emulator: {missing}'

@@ -53,6 +53,24 @@ template <class T> struct UbView {
   T *base;
   UbRef<T> operator[](int64_t i) const { return UbRef<T>{base + i}; }
 };
+// A UB pointer inside a SIMT VF (the driver rewrites `__ubuf__ T *` there): dereferences are checked and recorded.
+template <class T> struct UbPtr {
+  T *p = nullptr;
+  UbPtr() = default;
+  UbPtr(T *q) : p(q) {}
+  template <class U, std::enable_if_t<!std::is_same_v<U, T>, int> = 0> explicit UbPtr(U *q) : p((T *)(void *)q) {}
+  template <class U, std::enable_if_t<!std::is_same_v<U, T>, int> = 0> explicit UbPtr(UbPtr<U> q) : p((T *)(void *)q.p) {}
+  UbRef<T> operator*() const { return UbRef<T>{p}; }
+  template <class I, std::enable_if_t<std::is_integral_v<I>, int> = 0> UbRef<T> operator[](I i) const {
+    return UbRef<T>{p + i};
+  }
+  template <class I, std::enable_if_t<std::is_integral_v<I>, int> = 0> UbPtr operator+(I i) const { return UbPtr{p + i}; }
+  template <class I, std::enable_if_t<std::is_integral_v<I>, int> = 0> UbPtr operator-(I i) const { return UbPtr{p - i}; }
+  template <class I, std::enable_if_t<std::is_integral_v<I>, int> = 0> UbPtr &operator+=(I i) { p += i; return *this; }
+  template <class I, std::enable_if_t<std::is_integral_v<I>, int> = 0> UbPtr &operator-=(I i) { p -= i; return *this; }
+  UbPtr &operator++() { ++p; return *this; }
+  operator T *() const { return p; }  // raw: passed on to code that takes a plain pointer (untracked there)
+};
 template <class T, class P> inline UbView<T> ub_view(P *base) { return UbView<T>{(T *)(void *)base}; }
 }  // namespace emu
 
@@ -132,6 +150,24 @@ inline float2 __half22float2(half2 h) { return float2{float(h.x), float(h.y)}; }
 inline float2 __bfloat1622float2(bfloat16x2_t h) { return float2{float(h.x), float(h.y)}; }
 inline half2 __float22half2_rn(float2 f) { return half2{half(f.x), half(f.y)}; }
 inline bfloat16x2_t __float22bfloat162_rn(float2 f) { return bfloat16x2_t{bfloat16_t(f.x), bfloat16_t(f.y)}; }
+
+// Short vector types of the SIMT API (element-wise arithmetic on the pairs the code generator vectorises).
+struct uint1 { uint32_t x; };
+struct int1 { int32_t x; };
+struct float1 { float x; };
+struct uint2 { uint32_t x, y; };
+struct int2 { int32_t x, y; };
+struct uint4 { uint32_t x, y, z, w; };
+struct int4 { int32_t x, y, z, w; };
+struct float4 { float x, y, z, w; };
+#define EMU_PAIR_OP(T, OP) \
+  inline T operator OP(T a, T b) { return T{decltype(a.x)(float(a.x) OP float(b.x)), decltype(a.y)(float(a.y) OP float(b.y))}; }
+#define EMU_PAIR_OPS(T) EMU_PAIR_OP(T, +) EMU_PAIR_OP(T, -) EMU_PAIR_OP(T, *) EMU_PAIR_OP(T, /)
+EMU_PAIR_OPS(float2)
+EMU_PAIR_OPS(half2)
+EMU_PAIR_OPS(bfloat16x2_t)
+#undef EMU_PAIR_OPS
+#undef EMU_PAIR_OP
 
 // Scalar math the SIMT code generator can emit (IEEE / libm on the CPU).
 inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }

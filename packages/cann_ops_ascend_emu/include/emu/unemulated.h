@@ -52,9 +52,6 @@ EMU_UNEMULATED(asc_loadalign_brc_elem2datablock_postupdate)
 EMU_UNEMULATED(asc_storealign_intlv)
 EMU_UNEMULATED(asc_storealign_pack_quarter)
 EMU_UNEMULATED(asc_storealign_postupdate)
-// asc_reduce_max / asc_reduce_min on registers: the position of the result's index lane is not emulated.
-template <emu::vreg V> inline void asc_reduce_max(V &, V, vector_bool) { emu::unemulated("asc_reduce_max (register)"); }
-template <emu::vreg V> inline void asc_reduce_min(V &, V, vector_bool) { emu::unemulated("asc_reduce_min (register)"); }
 // Carry forms of asc_add / asc_sub (vaddc / vsubc).
 inline void asc_add(vector_bool &, vector_u32 &, vector_u32, vector_u32, vector_bool) { emu::unemulated("asc_add (carry form)"); }
 inline void asc_sub(vector_bool &, vector_u32 &, vector_u32, vector_u32, vector_bool) { emu::unemulated("asc_sub (carry form)"); }

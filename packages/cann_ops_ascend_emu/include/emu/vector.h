@@ -2,6 +2,8 @@
 // simd_inst.h calls directly (vmula, vmadd, vcvt). Document paths are relative to
 // asc-devkit docs/zh/api/SIMD-API/C-API/reg/.
 #pragma once
+#include <limits>
+
 #include "emu/sync_dma.h"
 #include "emu/types.h"
 
@@ -470,6 +472,47 @@ template <emu::calc_vreg D, emu::calc_vreg S> inline void asc_reduce_sum(D &dst,
   emu::set(r, 0, t[0]);
   dst = r;
 }
+
+// asc_reduce_max / asc_reduce_min (reduce_compute/asc_reduce_max.md, asc_reduce_min.md): the extreme value in
+// lane 0, its index (the smallest one on ties, the first NaN if any) in lane 1 stored as an integer of the lane's
+// width, every other lane 0; lanes outside the mask count as -inf (max) / +inf (min); max(-0, +0) = +0.
+template <emu::calc_vreg V, bool IsMax> inline void reduce_extreme(V &dst, V src, vector_bool mask) {
+  emu::count_vec();
+  using C = typename V::calc;
+  constexpr bool fp = std::is_floating_point_v<C>;
+  C best;
+  if constexpr (fp) best = IsMax ? -INFINITY : INFINITY;
+  else best = IsMax ? std::numeric_limits<C>::lowest() : std::numeric_limits<C>::max();
+  int at = 0;
+  bool found = false, nan = false;
+  for (int i = 0; i < V::lanes; ++i) {
+    if (!emu::on<V>(mask, i)) continue;
+    C x = emu::get(src, i);
+    if constexpr (fp) {
+      if (std::isnan(x)) {
+        best = x, at = i, nan = true;
+        break;
+      }
+    }
+    if (!found || (IsMax ? x > best : x < best)) {
+      best = x, at = i, found = true;
+    } else if constexpr (fp) {
+      if (x == C(0) && best == C(0) && std::signbit(best) != std::signbit(x) && std::signbit(x) != IsMax) best = x, at = i;
+    }
+  }
+  V r = emu::zero<V>();
+  emu::set(r, 0, best);
+  if (found || nan) {
+    using S = typename V::storage;
+    if constexpr (sizeof(S) == 4) { uint32_t ix = (uint32_t)at; std::memcpy(&r.v[1], &ix, 4); }
+    else if constexpr (sizeof(S) == 2) { uint16_t ix = (uint16_t)at; std::memcpy(&r.v[1], &ix, 2); }
+    else if constexpr (sizeof(S) == 1) { uint8_t ix = (uint8_t)at; std::memcpy(&r.v[1], &ix, 1); }
+    else { uint64_t ix = (uint64_t)at; std::memcpy(&r.v[1], &ix, 8); }
+  }
+  dst = r;
+}
+template <emu::calc_vreg V> inline void asc_reduce_max(V &dst, V src, vector_bool mask) { reduce_extreme<V, true>(dst, src, mask); }
+template <emu::calc_vreg V> inline void asc_reduce_min(V &dst, V src, vector_bool mask) { reduce_extreme<V, false>(dst, src, mask); }
 
 // ---------------------------------------------------------------- CCE builtins used by simd_inst.h
 namespace emu {
