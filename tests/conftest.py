@@ -7,4 +7,6 @@ pytest_plugins = [
     'tests.testing.plugins.param_select',
     'tests.testing.plugins.device_binding',
     'tests.testing.plugins.npu_mem',
+    'tests.testing.plugins.xdist_fail_fast',
+    'tests.testing.plugins.compile_warnings',
 ]
