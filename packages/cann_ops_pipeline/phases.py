@@ -29,6 +29,7 @@ CPU_TIER = 'not npu and not benchmark'
 CORRECTNESS = 'not benchmark'
 DEVICE_CORRECTNESS = 'npu and not benchmark'
 BENCHMARKS = 'benchmark'
+SLOWEST_SHOWN = 10  # verify runs list their slowest tests (pytest --durations)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,9 +99,10 @@ def verify(level: int, args: Sequence[str] = (), device_count: int | None = None
     """
     env = {LEVEL_ENV: str(check_test_level(level))}
     description = f'correctness, level {level}'
+    timing = [f'--durations={SLOWEST_SHOWN}']  # the long poles of the run, for whoever tunes its wall time
     if (_host_device_count() if device_count is None else device_count) > 0:
-        return [_two_phase(['-m', CORRECTNESS, *args], env, f'{description}, two-phase run')]
-    return [_pytest('-m', CORRECTNESS, '-n', 'auto', *args, env=env, description=description)]
+        return [_two_phase(['-m', CORRECTNESS, *timing, *args], env, f'{description}, two-phase run')]
+    return [_pytest('-m', CORRECTNESS, '-n', 'auto', *timing, *args, env=env, description=description)]
 
 
 def run_tests(args: Sequence[str] = ()) -> list[Step]:

@@ -28,12 +28,14 @@ def test_cpu_tier_deselects_device_and_benchmark_tests():
 def test_verify_sets_the_level(level):
     (step,) = phases.verify(level, ['tests/engram'], device_count=0)
     assert step.env == {'OPS_TILELANG_TEST_LEVEL': str(level)}
-    assert _pytest_args(step) == ['-m', 'not benchmark', '-n', 'auto', 'tests/engram']
+    assert _pytest_args(step) == ['-m', 'not benchmark', '-n', 'auto', '--durations=10', 'tests/engram']
 
 
 def test_verify_runs_through_the_two_phase_runner_where_a_device_is():
     (step,) = phases.verify(0, ['tests/engram', '-x'], device_count=1)
-    assert step.argv == ('python', '-m', 'cann_ops_pipeline.two_phase', '-m', 'not benchmark', 'tests/engram', '-x')
+    assert step.argv == (
+        'python', '-m', 'cann_ops_pipeline.two_phase', '-m', 'not benchmark', '--durations=10', 'tests/engram', '-x'
+    )  # fmt: skip
     assert step.env['OPS_TILELANG_TEST_LEVEL'] == '0'
     assert str(phases.ROOT / 'packages') in step.env['PYTHONPATH']
     assert 'two-phase' in step.description
