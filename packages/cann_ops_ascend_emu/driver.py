@@ -186,7 +186,7 @@ def _emulator_hash() -> str:
     for f in files:
         h.update(str(f.name).encode())
         h.update(f.read_bytes())
-    h.update(' '.join((CXX, *CXXFLAGS)).encode())
+    h.update(' '.join((CXX, *CXXFLAGS, '-Wl,-Bsymbolic')).encode())
     return h.hexdigest()[:24]
 
 
@@ -253,7 +253,9 @@ def build_shared_object(source: str) -> Path:
         cpp = tmp + '.cpp'
         Path(cpp).write_text(rewritten)
         try:
-            _compile([CXX, *CXXFLAGS, *_includes(), '-shared', cpp, str(runtime), '-o', tmp], 'the kernel source')
+            # -Bsymbolic: each kernel's copy of the runtime binds to itself, never to another loaded kernel's
+            link = ['-shared', '-Wl,-Bsymbolic']
+            _compile([CXX, *CXXFLAGS, *_includes(), *link, cpp, str(runtime), '-o', tmp], 'the kernel source')
         finally:
             os.unlink(cpp)
 

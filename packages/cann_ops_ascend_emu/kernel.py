@@ -20,7 +20,6 @@ from cann_ops_ascend_emu.driver import (
     LaunchReport,
     SourceKernel,
     cache_dir,
-    emulator_hash,
     parse_entry,
 )
 
@@ -55,9 +54,7 @@ def _lower(prim_func):
     from cann_ops_tilelang.kernel_target import tilelang_target
 
     target = tilelang_target('ascend')
-    key = hashlib.sha256(
-        '\0'.join((tilelang.__version__, str(target), emulator_hash(), prim_func.script())).encode()
-    ).hexdigest()[:32]
+    key = hashlib.sha256('\0'.join((tilelang.__version__, str(target), prim_func.script())).encode()).hexdigest()[:32]
     cached = cache_dir() / f'lowered-{key}.json'
     if cached.exists():
         data = json.loads(cached.read_text())
