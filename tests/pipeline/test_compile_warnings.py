@@ -41,7 +41,7 @@ def test_warning_lines():
 
 
 @pytest.mark.parametrize('xdist', [(), ('-n', '2')], ids=['in-process', 'xdist'])
-def test_summary_lists_each_warning_once_with_its_count(pytester, xdist):
+def test_summary_lists_each_warning_once_with_its_count(pytester, xdist, capsys):
     pytester.makeconftest("pytest_plugins = ['tests.testing.plugins.compile_warnings']")
     pytester.makepyfile(test_kernels=TESTS)
     result = pytester.runpytest_subprocess(*QUIET, *xdist)
@@ -55,10 +55,12 @@ def test_summary_lists_each_warning_once_with_its_count(pytester, xdist):
             '(first in test_kernels.py::test_compiles[[]0[]])',
         ]
     )
+    capsys.readouterr()  # pytester echoed the inner run: keep its warning lines out of this run's summary
 
 
-def test_no_summary_without_warnings(pytester):
+def test_no_summary_without_warnings(pytester, capsys):
     pytester.makeconftest("pytest_plugins = ['tests.testing.plugins.compile_warnings']")
     pytester.makepyfile(test_kernels="def test_quiet():\n    print('fine')\n")
     result = pytester.runpytest_subprocess(*QUIET)
     assert 'compile warnings' not in result.stdout.str()
+    capsys.readouterr()
