@@ -338,6 +338,14 @@ class _Region:
     hi_guard: int = 0
 
 
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    return t.reshape(-1).contiguous().view(torch.uint8)
+
+
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return torch.equal(_bytes(a), _bytes(b))
+
+
 def _extent(t: torch.Tensor) -> int:
     if t.numel() == 0:
         return 0
@@ -432,8 +440,8 @@ class SourceKernel:
         runs.append(self._run(values, tensors, grid, order[::-1], POISON_WORDS[1]))
         (snap_a, counters), (snap_b, _) = runs
         self._compare(tensors, snap_a, snap_b)
-        for (_name, t), before, after in zip(tensors, self._snapshot_inputs(tensors), snap_a, strict=True):
-            if not torch.equal(before.view(torch.uint8), after.view(torch.uint8)):
+        for (_name, t), after in zip(tensors, snap_a, strict=True):
+            if not _same_bits(t, after):  # the caller's tensor still holds the input: write back what changed
                 t.copy_(after)
         report = LaunchReport(
             kernel=self.entry.name,
@@ -450,27 +458,20 @@ class SourceKernel:
             print(report.format(), file=sys.stderr)
         return report
 
-    @staticmethod
-    def _snapshot_inputs(tensors):
-        return [t for _, t in tensors]
-
     def _compare(self, tensors, snap_a, snap_b) -> None:
         for (name, _t), a, b in zip(tensors, snap_a, snap_b, strict=True):
-            ab, bb = a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8)
-            if torch.equal(ab, bb):
+            if _same_bits(a, b):
                 continue
-            flat_a, flat_b = a.reshape(-1), b.reshape(-1)
-            diff = (
-                flat_a.view(torch.uint8).reshape(flat_a.numel(), -1)
-                != flat_b.view(torch.uint8).reshape(flat_b.numel(), -1)
-            ).any(dim=1)
+            n = a.numel()
+            diff = (_bytes(a).reshape(n, -1) != _bytes(b).reshape(n, -1)).any(dim=1)
             k = int(diff.nonzero()[0, 0])
             idx = tuple(int(i) for i in torch.unravel_index(torch.tensor(k), a.shape)) if a.dim() else ()
+            va, vb = a.reshape(-1)[k].item(), b.reshape(-1)[k].item()
             raise EmulatorError(
                 f'kernel {self.entry.name}: argument {name!r} element {idx} differs between the two runs '
-                f'(UB poison 0x{POISON_WORDS[0]:08X}, cores in order: {flat_a[k].item()!r}; poison '
-                f'0x{POISON_WORDS[1]:08X}, reverse order: {flat_b[k].item()!r}): a never-written UB value reached GM, '
-                'or the result depends on the order of the cores'
+                f'(UB poison 0x{POISON_WORDS[0]:08X}, cores in order: {va!r}; poison 0x{POISON_WORDS[1]:08X}, '
+                f'reverse order: {vb!r}): a never-written UB value reached GM, or the result depends on the order '
+                'of the cores'
             )
 
     def _run(self, values, tensors, grid, order, poison):

@@ -31,7 +31,9 @@ template <class T> struct UbRef {
     std::memcpy(p, &v, sizeof(T));
   }
   operator T() const { return load(); }
-  template <class U = T, std::enable_if_t<std::is_class_v<U>, int> = 0> operator float() const { return float(load()); }
+  // bf16 / half elements also read as float (the one conversion generated code then relies on)
+  template <class U = T, std::enable_if_t<std::is_class_v<U> && std::is_convertible_v<U, float>, int> = 0>
+  operator float() const { return float(load()); }
   const UbRef &operator=(const T &v) const { store(v); return *this; }
   const UbRef &operator=(const UbRef &o) const { store(o.load()); return *this; }
   template <class U, std::enable_if_t<!std::is_same_v<std::decay_t<U>, T> && !std::is_same_v<std::decay_t<U>, UbRef>, int> = 0>
