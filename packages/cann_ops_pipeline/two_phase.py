@@ -146,6 +146,17 @@ def split_threshold(args: Sequence[str]) -> tuple[float | None, list[str]]:
     return (None if text is None else parse_threshold(text)), rest
 
 
+def _check_markexpr(markexpr: str) -> None:
+    try:
+        from _pytest.mark import _parse_expression  # pytest of the interpreter that runs the phases
+    except ImportError:  # no pytest here: the phases will say so themselves
+        return
+    try:
+        _parse_expression(markexpr, "Wrong expression passed to '-m'")
+    except Exception as exc:  # pytest.UsageError
+        raise UsageError(str(exc)) from None
+
+
 def check_selection(markexpr: str | None, args: Sequence[str], environ: Mapping[str, str]) -> None:
     """Check once, before any phase, what both phases would refuse: the test level, `-m` and `-K`.
 
@@ -155,12 +166,7 @@ def check_selection(markexpr: str | None, args: Sequence[str], environ: Mapping[
     """
     test_level_from_env(environ)
     if markexpr is not None and markexpr.strip():
-        from _pytest.mark import _parse_expression  # the runner's interpreter runs pytest: it has it
-
-        try:
-            _parse_expression(markexpr, "Wrong expression passed to '-m'")
-        except Exception as exc:  # pytest.UsageError
-            raise UsageError(str(exc)) from None
+        _check_markexpr(markexpr)
     param_text, _ = split_option(args, '-K', 'a parameter expression')
     if param_text is not None:
         from tests.testing.param_expr import ParamExprError, parse  # the repository's -K plugin, from the root
