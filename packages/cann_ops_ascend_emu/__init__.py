@@ -1,7 +1,9 @@
 """Ascend C emulated on CPU: run TileLang-lowered Ascend 950 kernels on torch CPU tensors (a development tool)."""
 
 from cann_ops_ascend_emu.driver import (
+    ENV_CACHE_DIR,
     ENV_REPORT,
+    ENV_TIMEOUT,
     CoreCounters,
     EmulatorError,
     LaunchReport,
@@ -14,7 +16,9 @@ from cann_ops_ascend_emu.driver import (
 from cann_ops_ascend_emu.kernel import EmulatedKernel, compile_prim_func
 
 __all__ = [
+    'ENV_CACHE_DIR',
     'ENV_REPORT',
+    'ENV_TIMEOUT',
     'CoreCounters',
     'EmulatedKernel',
     'EmulatorError',

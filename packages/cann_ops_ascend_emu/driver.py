@@ -26,6 +26,7 @@ RUNTIME_CPP = EMU_DIR / 'runtime.cpp'
 
 ENV_REPORT = 'OPS_TILELANG_EMU_REPORT'  # truthy: every launch prints its report to stderr
 ENV_CACHE_DIR = 'OPS_TILELANG_EMU_CACHE_DIR'  # where compiled kernels are cached (default ~/.cache/cann_ops_ascend_emu)
+ENV_TIMEOUT = 'OPS_TILELANG_EMU_TIMEOUT_S'  # seconds one emulated run may take (default 300; 0: no limit)
 
 UB_BYTES = 248 * 1024  # Unified Buffer of one Ascend 950 vector core
 SIMT_RESERVED_BYTES = 32 * 1024  # reserved for the SIMT context when a kernel contains a __simt_vf__ function
@@ -378,7 +379,7 @@ class _Lib:
             ctypes.c_void_p,
         ]
         c.emu_add_gm_arg.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_uint64] + [ctypes.c_void_p] * 4
-        c.emu_child_start.argtypes = [ctypes.c_uint32]
+        c.emu_child_start.argtypes = [ctypes.c_uint32, ctypes.c_uint32]
         c.emu_core_begin.argtypes = [ctypes.c_int]
         c.emu_child_fail.argtypes = [ctypes.c_char_p]
         self.fn = getattr(c, entry.name)
@@ -574,11 +575,14 @@ class SourceKernel:
 
     def _fork_and_run(self, cargs, order, poison) -> None:
         lib = self._lib
+        timeout = os.environ.get(ENV_TIMEOUT, '300').strip()
+        if not timeout.isdigit():
+            raise ValueError(f'{ENV_TIMEOUT} must be a whole number of seconds, got {timeout!r}')
         pid = os.fork()
         if pid == 0:  # child: only ctypes calls, then _exit; never returns into the caller
             code = 0
             try:
-                lib.cdll.emu_child_start(poison)
+                lib.cdll.emu_child_start(poison, int(timeout))
                 for core in order:
                     lib.cdll.emu_core_begin(core)
                     lib.fn(*cargs)

@@ -36,6 +36,7 @@ Status *g_status = nullptr;
 emu::Counters *g_counters = nullptr;
 uint8_t g_poison[4] = {0xff, 0xff, 0xff, 0xff};
 size_t g_page = 4096;
+uint32_t g_timeout_s = 0;
 uint8_t *g_ub_map = nullptr;  // guard | UB (rounded to pages) | guard
 size_t g_ub_map_bytes = 0, g_ub_guard = 64 * 1024;
 struct GuardRange {
@@ -264,6 +265,8 @@ void on_signal(int sig, siginfo_t *si, void *) {
     emu::fail(pipe, "segmentation fault at address %p (no UB or GM argument)", (const void *)a);
   }
   if (sig == SIGABRT) emu::fail(pipe, "abort() (a failed device assert or a C++ runtime error)");
+  if (sig == SIGALRM)
+    emu::fail(pipe, "the launch did not finish within %u s (OPS_TILELANG_EMU_TIMEOUT_S): an endless loop?", g_timeout_s);
   emu::fail(pipe, "signal %d (%s) at address %p", sig, strsignal(sig), (const void *)a);
 }
 }  // namespace
@@ -309,7 +312,7 @@ int emu_add_gm_arg(const char *name, const void *base, uint64_t size, const void
 }
 
 // ---- child side
-void emu_child_start(uint32_t poison_word) {
+void emu_child_start(uint32_t poison_word, uint32_t timeout_s) {
   for (int i = 0; i < emu::st.ngm; ++i) emu::st.gm[i].name = g_names[(size_t)i + 1].c_str();
   std::memcpy(g_poison, &poison_word, 4);
   g_page = (size_t)sysconf(_SC_PAGESIZE);
@@ -322,7 +325,9 @@ void emu_child_start(uint32_t poison_word) {
   sa.sa_sigaction = on_signal;
   sa.sa_flags = SA_SIGINFO | SA_ONSTACK;
   sigemptyset(&sa.sa_mask);
-  for (int sig : {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT}) sigaction(sig, &sa, nullptr);
+  for (int sig : {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT, SIGALRM}) sigaction(sig, &sa, nullptr);
+  g_timeout_s = timeout_s;
+  if (timeout_s) alarm(timeout_s);  // an endless loop (or a spin on a flag no core sets) ends the launch
   uint32_t lim = emu::st.ub_limit;
   size_t ub_round = (lim + g_page - 1) / g_page * g_page;
   g_ub_map_bytes = ub_round + 2 * g_ub_guard;

@@ -206,6 +206,11 @@ extern "C" __global__ __vector__ void unit_faults(__gm__ float *in, __gm__ float
   if (mode == 16) asc_copy_ub2gm_align(out, UBF(512), 1, 32, static_cast<asc_store_l2_cache_mode>(4), 0, 0);
   if (mode == 17)
     asc_copy_gm2ub_align(UBF(0), in + 60, 1, 32, 0, 0, false, static_cast<asc_load_l2_cache_mode>(0), 0, 0);
+  if (mode == 18) {
+    volatile int spin = 1;
+    while (spin) {
+    }
+  }
   asc_sync_notify(PIPE_MTE2, PIPE_MTE3, static_cast<event_t>(0));
   asc_sync_wait(PIPE_MTE2, PIPE_MTE3, static_cast<event_t>(0));
   asc_sync_notify(PIPE_V, PIPE_MTE3, static_cast<event_t>(0));

@@ -286,6 +286,12 @@ def test_fault_is_reported_and_python_survives(mode, message):
         _faults(mode)
 
 
+def test_endless_loop_ends_with_a_timeout(monkeypatch):
+    monkeypatch.setenv('OPS_TILELANG_EMU_TIMEOUT_S', '1')
+    with pytest.raises(emu.EmulatorError, match=r'the launch did not finish within 1 s'):
+        _faults(18)
+
+
 # ---------------------------------------------------------------- SIMT
 
 
