@@ -249,3 +249,67 @@ extern "C" __global__ __vector__ void unit_simt(__gm__ float *in, __gm__ int32_t
 }
 """
 )
+
+# More register semantics: widening from odd lanes, narrowing with merging, reduce max/min (value, index),
+# one-element broadcast load and one-element store at 4-byte offsets. in: 4 x 64 floats; out: 6 x 64 floats.
+VECTOR_MORE = (
+    PRELUDE
+    + r"""
+__simd_vf__ inline void vf(__ubuf__ uint8_t *buf_dyn_shmem) {
+  vector_bool all = asc_create_mask_b32(PAT_ALL);
+  vector_bool all16 = asc_create_mask_b16(PAT_ALL);
+  // bf16 register from the raw bits of in[0] (128 bf16 lanes), widened from the odd lanes
+  auto h = simd_inst::vlds_norm<bfloat16_t>((__ubuf__ bfloat16_t *)UBF(0), 0);
+  simd_inst::vsts_norm(simd_inst::vcvt<float>(h, all16, PART_ODD, MODE_ZEROING), UBF(1024), 0, all);
+  // narrowing in[1] into the odd lanes of a register that holds in[0]'s bits, merging: even lanes kept
+  auto r = simd_inst::vlds_norm<float>(UBF(64), 0);
+  vector_bf16 keep = h;
+  ::vcvt(keep, r, all16, ROUND_R, RS_ENABLE, PART_ODD, MODE_MERGING);
+  simd_inst::vsts_norm(keep, (__ubuf__ bfloat16_t *)UBF(1088), 0, all16);
+  // reduce max / min of in[2] under a PAT_VL32 mask
+  vector_bool vl32 = asc_create_mask_b32(PAT_VL32);
+  auto x = simd_inst::vlds_norm<float>(UBF(128), 0);
+  simd_inst::vsts_norm(simd_inst::vcmax(x, vl32, MODE_ZEROING), UBF(1152), 0, all);
+  simd_inst::vsts_norm(simd_inst::vcmin(x, vl32, MODE_ZEROING), UBF(1216), 0, all);
+  // broadcast of in[3][5] (a 4-byte UB offset), one-element stores at 4-byte offsets
+  auto b = simd_inst::vlds_brc_elem<float>(UBF(192 + 5), 0);
+  simd_inst::vsts_norm(b, UBF(1280), 0, all);
+  simd_inst::vsts_norm(simd_inst::vdup<float>(0.0f, all, MODE_ZEROING), UBF(1344), 0, all);
+  asc_mem_bar(VST_ST);
+  simd_inst::vsts_1st(x, UBF(1344 + 3), 0, all);
+  simd_inst::vsts_1st(b, UBF(1344 + 7), 0, all);
+}
+
+extern "C" __global__ __vector__ void unit_vec_more(__gm__ float *in, __gm__ float *out) {
+  asc_init();
+  __ubuf__ uint8_t *buf_dyn_shmem = (__ubuf__ uint8_t *)0;
+  asc_copy_gm2ub_align((__ubuf__ uint8_t *)UBF(0), (__gm__ uint8_t *)in, 1, 4 * 256, 0, 0, 0,
+                       static_cast<asc_load_l2_cache_mode>(0), 0, 0);
+  asc_sync_notify(PIPE_MTE2, PIPE_V, static_cast<event_t>(0));
+  asc_sync_wait(PIPE_MTE2, PIPE_V, static_cast<event_t>(0));
+  vf(buf_dyn_shmem);
+  asc_sync_notify(PIPE_V, PIPE_MTE3, static_cast<event_t>(0));
+  asc_sync_wait(PIPE_V, PIPE_MTE3, static_cast<event_t>(0));
+  asc_copy_ub2gm_align((__gm__ uint8_t *)out, (__ubuf__ uint8_t *)UBF(1024), 1, 6 * 256,
+                       static_cast<asc_store_l2_cache_mode>(4), 0, 0);
+}
+"""
+)
+
+# SIMT warps that reach different collectives: threads 0..15 a shuffle, 16..31 a barrier.
+SIMT_DEADLOCK = (
+    PRELUDE
+    + r"""
+__simt_vf__ __launch_bounds__(32) inline void body(__ubuf__ uint8_t *buf_dyn_shmem) {
+  int32_t t = (int32_t)threadIdx.x;
+  if (t < 16) ((__ubuf__ float *)buf_dyn_shmem)[t] = asc_shfl_xor(1.0f, 1);
+  else asc_syncthreads();
+}
+
+extern "C" __global__ __vector__ void unit_simt_deadlock(__gm__ float *out) {
+  asc_init();
+  __ubuf__ uint8_t *buf_dyn_shmem = (__ubuf__ uint8_t *)0;
+  asc_vf_call<body>(cce::dim3(32), buf_dyn_shmem);
+}
+"""
+)

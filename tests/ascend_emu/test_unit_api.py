@@ -348,3 +348,37 @@ def test_every_c_api_name_tilelang_calls_is_declared():
     declared |= {f'{n}_scalar' for n in re.findall(r'EMU_CMP\((\w+)', ours)}
     missing = sorted(called - declared - {'asc_intlv_', 'asc_deintlv_'})  # token-pasted in TL_SIMD_PINTLV_IMPL
     assert not missing, f'not declared by the emulator: {missing}'
+
+
+def test_conversions_by_part_reduce_max_min_and_single_elements():
+    rng = np.random.default_rng(7)
+    vin = rng.standard_normal((4, 64)).astype(np.float32)
+    vin[2, 10] = 9.0
+    vin[2, 40] = 99.0  # outside PAT_VL32: ignored
+    vin[2, 20] = -9.0
+    vin[2, 21] = -9.0  # a tie: the smaller index
+    out = torch.zeros(6 * 64)
+    k = kernel('VECTOR_MORE')
+    k(torch.from_numpy(vin.reshape(-1).copy()), out)
+    o = out.numpy().reshape(6, 64)
+    bits = vin[0].view(np.uint16)  # 128 bf16 lanes
+    widened = (bits[1::2].astype(np.uint32) << 16).view(np.float32)  # PART_ODD: the odd source lanes
+    np.testing.assert_array_equal(o[0], widened)
+    keep = o[1].view(np.uint16)
+    np.testing.assert_array_equal(keep[0::2], bits[0::2])  # MODE_MERGING keeps the even lanes
+    np.testing.assert_array_equal(keep[1::2], _bf16_bits(vin[1]))  # PART_ODD writes the odd ones, nearest-even
+    assert o[2, 0] == 9.0  # asc_reduce_max.md: value in lane 0 ...
+    assert o[2, 1:2].view(np.uint32)[0] == 10  # ... its index in lane 1, as an integer
+    np.testing.assert_array_equal(o[2, 2:], 0.0)
+    assert o[3, 0] == -9.0
+    assert o[3, 1:2].view(np.uint32)[0] == 20
+    np.testing.assert_array_equal(o[4], np.full(64, vin[3, 5]))  # asc_loadalign_brc_elem
+    expected = np.zeros(64, dtype=np.float32)
+    expected[3], expected[7] = vin[2, 0], vin[3, 5]  # asc_storealign_1st: lane 0 only, at 4-byte offsets
+    np.testing.assert_array_equal(o[5], expected)
+    assert k.last_report.total('unaligned_single') == 3  # counted, not rejected
+
+
+def test_simt_warp_reaching_different_collectives_is_reported():
+    with pytest.raises(emu.EmulatorError, match=r'SIMT VF deadlock: 16 of 32 live threads wait in asc_syncthreads'):
+        kernel('SIMT_DEADLOCK')(torch.zeros(8))
