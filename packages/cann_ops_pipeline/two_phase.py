@@ -147,14 +147,16 @@ def split_threshold(args: Sequence[str]) -> tuple[float | None, list[str]]:
 
 
 def _check_markexpr(markexpr: str) -> None:
-    try:
-        from _pytest.mark import _parse_expression  # pytest of the interpreter that runs the phases
+    try:  # pytest of the interpreter that runs the phases
+        from _pytest.mark.expression import Expression
     except ImportError:  # no pytest here: the phases will say so themselves
         return
     try:
-        _parse_expression(markexpr, "Wrong expression passed to '-m'")
-    except Exception as exc:  # pytest.UsageError
-        raise UsageError(str(exc)) from None
+        Expression.compile(markexpr)
+    except Exception as exc:  # SyntaxError from pytest >= 9, ParseError (column, message) before
+        column, message = getattr(exc, 'offset', None) or getattr(exc, 'column', '?'), getattr(exc, 'msg', None)
+        message = message or getattr(exc, 'message', str(exc))
+        raise UsageError(f"Wrong expression passed to '-m': {markexpr}: at column {column}: {message}") from None
 
 
 def check_selection(markexpr: str | None, args: Sequence[str], environ: Mapping[str, str]) -> None:

@@ -42,8 +42,18 @@ def check_markexpr(config: pytest.Config) -> None:
     text = config.getoption('markexpr', None)
     if not text:
         return
-    from _pytest.mark import _parse_expression, _validate_marker_names  # pytest's message, pytest's rules
+    try:  # pytest >= 9: pytest's own message and rules (syntax, marker names under --strict-markers)
+        from _pytest.mark import _parse_expression, _validate_marker_names
+    except ImportError:  # older pytest (e.g. an accelerator host's): the syntax, in pytest's words
+        from _pytest.mark.expression import Expression, ParseError
 
+        try:
+            Expression.compile(text)
+        except ParseError as exc:  # pytest's own wording
+            raise pytest.UsageError(
+                f"Wrong expression passed to '-m': {text}: at column {exc.column}: {exc.message}"
+            ) from None
+        return
     _validate_marker_names(_parse_expression(text, "Wrong expression passed to '-m'"), config)
 
 
