@@ -97,6 +97,21 @@ def may_overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a0 < b1 and b0 < a1
 
 
+def check_image_token_mask(value, num_tokens: int) -> torch.Tensor:
+    """An image_token_mask: a (num_tokens,) bool tensor, contiguous (its device is checked with the others)."""
+    check_tensor('image_token_mask', value, dtype=torch.bool, ndim=1)
+    check_shape('image_token_mask', value, (num_tokens,))
+    check_contiguous('image_token_mask', value)
+    return value
+
+
+def check_no_overlap(name: str, value: torch.Tensor, others: dict[str, torch.Tensor], *, what: str) -> None:
+    """ValueError naming both when `value` (written: `what`) may share memory with one of `others`."""
+    for other_name, other in others.items():
+        if other is not value and may_overlap(value, other):
+            raise ValueError(f'{name} ({what}) must not overlap the input {other_name}')
+
+
 def check_out(
     name: str,
     out,

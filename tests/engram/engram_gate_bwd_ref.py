@@ -38,8 +38,12 @@ def engram_gate_bwd_ref(
     *,
     clamp_value: float = 1e-6,
     compute_dtype: torch.dtype = torch.float32,
+    image_token_mask: torch.Tensor | None = None,
 ) -> EngramGateBwdRef:
-    """The explicit backward formulas in `compute_dtype` (fp32 by default, fp64 for tight checks)."""
+    """The explicit backward formulas in `compute_dtype` (fp32 by default, fp64 for tight checks).
+
+    Image tokens: grad_x = grad_out, grad_k = grad_v = 0, no share of grad_weight_fused.
+    """
     f = compute_dtype
     go, x, kf, w = grad_out.to(f), hidden_states.to(f), k.to(f), weight_fused.to(f)
     vf = v.to(f).unsqueeze(-2)  # (T, 1, H): shared by all branches
@@ -50,10 +54,17 @@ def engram_gate_bwd_ref(
     dldg = (go * vf).sum(-1)
     r = dldg * g * (1 - g) * 0.5 * torch.sqrt(s * rx * rk / dot.abs())
     r = torch.where(d.abs() < clamp_value, torch.zeros_like(r), r)  # the clamp has no gradient
+    img = None if image_token_mask is None else image_token_mask.to(x.device)
+    if img is not None:
+        r = torch.where(img[:, None], torch.zeros_like(r), r)
     r3 = r.unsqueeze(-1)
     grad_x = go + r3 * (kf * w - x * (dot * rx * rx / hidden).unsqueeze(-1))
     grad_k = r3 * (x * w - kf * (dot * rk * rk / hidden).unsqueeze(-1))
     grad_v = (go * g.unsqueeze(-1)).sum(-2)
+    if img is not None:
+        grad_x = torch.where(img[:, None, None], go, grad_x)
+        grad_k = torch.where(img[:, None, None], torch.zeros_like(grad_k), grad_k)
+        grad_v = torch.where(img[:, None], torch.zeros_like(grad_v), grad_v)
     grad_w = (r3 * x * kf).sum(0)
     return EngramGateBwdRef(grad_x, grad_k, grad_v, grad_w)
 
@@ -67,13 +78,18 @@ def engram_gate_bwd_autograd_ref(
     *,
     eps: float = 1e-6,
     clamp_value: float = 1e-6,
+    image_token_mask: torch.Tensor | None = None,
 ) -> EngramGateBwdRef:
     """Autograd of the fp32 forward reference: d(sum(output * grad_out)) / d(x, k, v, weight_fused).
 
     The inputs become fp32 leaves (bf16 values are exact in fp32), so the grads are not rounded to bf16.
+    Image tokens pass x through (torch.where in the forward reference): autograd gives them grad_x =
+    grad_out and nothing else.
     """
     leaves = [t.detach().float().requires_grad_(True) for t in (hidden_states, k, v, weight_fused)]
     with torch.enable_grad():
-        out = engram_gate_fwd_ref(*leaves, eps=eps, clamp_value=clamp_value, out_dtype=torch.float32).output
+        out = engram_gate_fwd_ref(
+            *leaves, eps=eps, clamp_value=clamp_value, out_dtype=torch.float32, image_token_mask=image_token_mask
+        ).output
         grads = torch.autograd.grad(out, leaves, grad_outputs=grad_out.float())
     return EngramGateBwdRef(*(g.detach() for g in grads))

@@ -27,8 +27,12 @@ def engram_gate_fwd_ref(
     eps: float = 1e-6,
     clamp_value: float = 1e-6,
     out_dtype: torch.dtype = torch.bfloat16,
+    image_token_mask: torch.Tensor | None = None,
 ) -> EngramGateFwdRef:
-    """All arithmetic in fp32; `out_dtype=torch.float32` gives the unrounded output for autograd checks."""
+    """All arithmetic in fp32; `out_dtype=torch.float32` gives the unrounded output for autograd checks.
+
+    Image tokens (image_token_mask True): output = hidden_states (in out_dtype), saved tensors 0.
+    """
     x = hidden_states.float()
     kf = k.float()
     w = weight_fused.float()
@@ -40,4 +44,10 @@ def engram_gate_fwd_ref(
     z = torch.sign(d) * torch.sqrt(torch.clamp(d.abs(), min=clamp_value))
     g = torch.sigmoid(z)
     out = x + g.unsqueeze(-1) * v.float().unsqueeze(-2)
+    if image_token_mask is None:
+        return EngramGateFwdRef(out.to(out_dtype), dot, g, rstd_x, rstd_k)
+    img = image_token_mask.to(x.device)
+    out = torch.where(img[:, None, None], x, out)
+    zero = torch.zeros((), dtype=dot.dtype, device=dot.device)
+    dot, g, rstd_x, rstd_k = (torch.where(img[:, None], zero, t) for t in (dot, g, rstd_x, rstd_k))
     return EngramGateFwdRef(out.to(out_dtype), dot, g, rstd_x, rstd_k)

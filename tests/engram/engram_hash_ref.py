@@ -6,9 +6,14 @@ import torch
 
 
 def engram_hash_ref(
-    ngram_token_ids: torch.Tensor, multipliers: torch.Tensor, vocab_sizes: torch.Tensor, offsets: torch.Tensor
+    ngram_token_ids: torch.Tensor,
+    multipliers: torch.Tensor,
+    vocab_sizes: torch.Tensor,
+    offsets: torch.Tensor,
+    image_token_mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """(L, T, (N-1)*E) int32. int64 products wrap (two's complement); `%` takes the sign of the divisor."""
+    """(L, T, (N-1)*E) int32. int64 products wrap (two's complement); `%` takes the sign of the divisor.
+    Every row of an image token (image_token_mask True) is -1."""
     max_ngram = multipliers.shape[1]
     ids = ngram_token_ids.long()  # (T, N)
     products = ids.unsqueeze(0) * multipliers.unsqueeze(1)  # (L, T, N), wrapping int64 multiply
@@ -19,4 +24,7 @@ def engram_hash_ref(
         vocab = vocab_sizes[:, n - 2, :].long().unsqueeze(1)  # (L, 1, E)
         rows.append(h.unsqueeze(-1) % vocab)  # (L, T, E)
     rows = torch.cat(rows, dim=-1) + offsets.long().unsqueeze(1)  # (L, T, (N-1)*E) int64
-    return rows.to(torch.int32)  # wraps modulo 2**32, like the kernels
+    rows = rows.to(torch.int32)  # wraps modulo 2**32, like the kernels
+    if image_token_mask is not None:
+        rows = rows.masked_fill(image_token_mask.to(rows.device).view(1, -1, 1), -1)
+    return rows

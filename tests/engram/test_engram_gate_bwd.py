@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import inspect
 import re
 
 import pytest
@@ -44,6 +45,7 @@ from tests.testing.numeric import calc_diff, count_bytes
 
 KERNEL_NAME = 'engram_gate_bwd_kernel'
 EPS = 1e-6
+CLAMP = 1e-6
 U32 = 2.0**-24  # fp32 unit roundoff
 U16 = 2.0**-8  # bf16 unit roundoff (round to nearest)
 
@@ -56,23 +58,30 @@ VALUE_PARAMS = generate_samples(
 CHUNKED_CUDA_SHAPES = [{'hc': 8, 'hidden': MAX_HIDDEN}, {'hc': 3, 'hidden': 12288}]
 
 
-def _inputs(num_tokens: int, hc: int, hidden: int, device, *, clamp_value: float = 1e-6):
-    """grad_out, x, k, v, w and the forward's saved dot, gate_score, rstd_x, rstd_k (fp32 reference).
+def _inputs(num_tokens: int, hc: int, hidden: int, device, *, clamp_value: float = CLAMP):
+    """The operator's tensor arguments: grad_out, x, the packed kv (T, hc + 1, H), w and the forward's saved
+    dot, gate_score, rstd_x, rstd_k (fp32 reference).
 
     Drawn on the device, in the final dtype: the CPU generator would take seconds at the large shapes.
     """
     x = torch.randn(num_tokens, hc, hidden, dtype=torch.bfloat16, device=device)
-    k = torch.randn(num_tokens, hc, hidden, dtype=torch.bfloat16, device=device)
-    v = torch.randn(num_tokens, hidden, dtype=torch.bfloat16, device=device)
+    kv = torch.randn(num_tokens, hc + 1, hidden, dtype=torch.bfloat16, device=device)
     wh = (1.0 + 0.5 * torch.randn(hc, hidden, device=device)).to(torch.bfloat16)
     we = (1.0 + 0.5 * torch.randn(hc, hidden, device=device)).to(torch.bfloat16)
     w = wh.float() * we.float()  # engram_fused_weight: exact in fp32
     grad_out = torch.randn(num_tokens, hc, hidden, dtype=torch.bfloat16, device=device)
-    fwd = engram_gate_fwd_ref(x, k, v, w, eps=EPS, clamp_value=clamp_value)
-    return grad_out, x, k, v, w, fwd.dot, fwd.gate_score, fwd.rstd_x, fwd.rstd_k
+    fwd = engram_gate_fwd_ref(x, kv[:, :hc], kv[:, hc], w, eps=EPS, clamp_value=clamp_value)
+    return grad_out, x, kv, w, fwd.dot, fwd.gate_score, fwd.rstd_x, fwd.rstd_k
 
 
-def _error_bounds(grad_out, x, k, v, w, dot, g, rx, rk, *, clamp_value, num_partials, rounded):
+def _split(inputs):
+    """(grad_out, x, k, v, w, dot, g, rx, rk): the references' arguments, k and v views of kv."""
+    grad_out, x, kv, *rest = inputs
+    hc = kv.shape[1] - 1
+    return (grad_out, x, kv[:, :hc], kv[:, hc], *rest)
+
+
+def _error_bounds(grad_out, x, k, v, w, dot, g, rx, rk, *, clamp_value, num_partials, rounded, image_token_mask=None):
     """Element-wise bounds on |actual - autograd| for the four grads (fp64, justified term by term).
 
     Both sides evaluate the same exact expressions in fp32 in different orders. rfac = g(1-g) / 2 *
@@ -81,6 +90,7 @@ def _error_bounds(grad_out, x, k, v, w, dot, g, rx, rk, *, clamp_value, num_part
     - grad_x = go + r (k w - x cx): few-ulp evaluation error of the terms plus |dr| (|k w| + |x cx|);
       grad_k likewise; grad_v sums hc products; grad_w sums T products per block then P partials.
     Doubled for the two sides; bf16 outputs (`rounded`) add round-to-nearest: u16 |expected| + u16 err.
+    Image tokens (image_token_mask) have r = 0 and g = 0 whatever their saved values.
     """
     f = torch.float64
     go, xf, kf, vf, wf = (t.to(f) for t in (grad_out, x, k, v, w))
@@ -90,6 +100,9 @@ def _error_bounds(grad_out, x, k, v, w, dot, g, rx, rk, *, clamp_value, num_part
     d = dot.float() * rx.float() * rk.float() * s  # the fp32 decision of the kernels and the reference
     rfac = g * (1 - g) * 0.5 * torch.sqrt(s * rx * rk / dot.abs())
     rfac = torch.where(d.abs() < clamp_value, torch.zeros_like(rfac), rfac)
+    if image_token_mask is not None:
+        rfac = torch.where(image_token_mask[:, None], torch.zeros_like(rfac), rfac)
+        g = torch.where(image_token_mask[:, None], torch.zeros_like(g), g)
     gv_abs = (go * vf.unsqueeze(-2)).abs().sum(-1)
     r = (go * vf.unsqueeze(-2)).sum(-1) * rfac
     dr = (rfac * (hidden + 8) * U32 * gv_abs + 8 * U32 * r.abs()).unsqueeze(-1)
@@ -142,7 +155,7 @@ def _clamp_between(dot, rx, rk, hidden):
 def test_engram_gate_bwd_formulas_match_autograd(params, clamped):
     """engram.md's explicit formulas (fp64, from the saved tensors) equal autograd of the forward (fp32)."""
     inputs = _inputs(params['num_tokens'], params['hc'], params['hidden'], 'cpu')
-    grad_out, x, k, v, w, dot, g, rx, rk = inputs
+    grad_out, x, k, v, w, dot, g, rx, rk = _split(inputs)
     clamp_value = _clamp_between(dot, rx, rk, params['hidden']) if clamped else 1e-6
     if clamped:  # the saved tensors do not depend on the clamp; the gate does
         g = engram_gate_fwd_ref(x, k, v, w, eps=EPS, clamp_value=clamp_value).gate_score
@@ -206,6 +219,31 @@ def test_engram_gate_bwd_cuda_chunked_lowers(params):
     assert_cuda_kernel_lowers(lambda: make_engram_gate_bwd_kernel(cfg), key=cfg, kernel_name=KERNEL_NAME)
 
 
+@pytest.mark.parametrize(
+    ('backend', 'params'),
+    [
+        ('cuda', {'hc': 4, 'hidden': 4096}),  # resident, claimed tokens
+        ('cuda', {'hc': 3, 'hidden': 192}),
+        ('cuda', CHUNKED_CUDA_SHAPES[0]),  # chunked
+        ('ascend', {'hc': 4, 'hidden': 4096}),
+        ('ascend', {'hc': 3, 'hidden': 1088}),
+    ],
+    ids=lambda p: p if isinstance(p, str) else make_param_id(p),
+)
+def test_engram_gate_bwd_mask_variant_lowers(backend, params):
+    """The image-token variant is its own kernel: it reads image_token_mask, mask=None does not."""
+    cores = ASCEND_950_VECTOR_CORES if backend == 'ascend' else H200_SMS
+    lower = assert_ascend_kernel_lowers if backend == 'ascend' else assert_cuda_kernel_lowers
+    cfg = choose_engram_gate_bwd_config(backend=backend, **params, num_cores=cores, has_mask=True)
+    assert cfg.has_mask
+    lowered = lower(lambda: make_engram_gate_bwd_kernel(cfg), key=cfg, kernel_name=KERNEL_NAME)
+    assert 'image_token_mask' in lowered.source
+    assert 'grad_kv' in lowered.source  # the key and value gradients go straight into the packed grad_kv
+    plain = dataclasses.replace(cfg, has_mask=False)
+    lowered = lower(lambda: make_engram_gate_bwd_kernel(plain), key=plain, kernel_name=KERNEL_NAME)
+    assert 'image_token_mask' not in lowered.source
+
+
 def test_engram_gate_bwd_config_covers_supported_range():
     """Every supported (hc, H) gets a valid config on both backends (pure Python, no lowering)."""
     for hc in range(1, MAX_HC + 1):
@@ -227,17 +265,17 @@ def test_engram_gate_bwd_config_covers_supported_range():
 def test_engram_gate_bwd_config_token_schedule():
     """Only the resident CUDA kernel claims tokens at run time, and not in deterministic mode."""
     resident = choose_engram_gate_bwd_config(backend='cuda', hc=4, hidden=7168, num_cores=132)
-    assert (resident.variant, resident.dynamic_tokens, resident.takes_token_counter) == ('resident', True, True)
+    assert (resident.variant, resident.dynamic_tokens) == ('resident', True)
     fixed = choose_engram_gate_bwd_config(backend='cuda', hc=4, hidden=7168, num_cores=132, deterministic=True)
-    assert (fixed.variant, fixed.dynamic_tokens, fixed.takes_token_counter) == ('resident', False, True)
+    assert (fixed.variant, fixed.dynamic_tokens) == ('resident', False)
     for params in CHUNKED_CUDA_SHAPES:
         for deterministic in (False, True):
             chunked = choose_engram_gate_bwd_config(
                 backend='cuda', **params, num_cores=132, deterministic=deterministic
             )
-            assert (chunked.variant, chunked.dynamic_tokens, chunked.takes_token_counter) == ('chunked', False, False)
+            assert (chunked.variant, chunked.dynamic_tokens) == ('chunked', False)
     ascend = choose_engram_gate_bwd_config(backend='ascend', hc=4, hidden=7168, num_cores=64)
-    assert (ascend.dynamic_tokens, ascend.takes_token_counter) == (False, False)
+    assert not ascend.dynamic_tokens
     chunked = choose_engram_gate_bwd_config(backend='cuda', hc=8, hidden=MAX_HIDDEN, num_cores=132)
     with pytest.raises(ValueError, match='claims tokens'):
         dataclasses.replace(chunked, dynamic_tokens=True)
@@ -247,19 +285,29 @@ def test_engram_gate_bwd_config_token_schedule():
 
 # ---------------------------------------------------------------- CPU tier: argument contract
 
-_ARG_NAMES = ('grad_out', 'hidden_states', 'k', 'v', 'weight_fused', 'dot', 'gate_score', 'rstd_x', 'rstd_k')
-_ARG_DTYPES = (torch.bfloat16,) * 4 + (torch.float32,) * 5
+_ARG_NAMES = ('grad_out', 'hidden_states', 'kv', 'weight_fused', 'dot', 'gate_score', 'rstd_x', 'rstd_k')
+_ARG_DTYPES = (torch.bfloat16,) * 3 + (torch.float32,) * 5
 
 
 def _cpu_args(num_tokens=3, hc=4, hidden=128):
-    return list(_inputs(num_tokens, hc, hidden, 'cpu'))
+    """The eight tensors and clamp_value, positional as TileKernels' engram_gate_bwd takes them."""
+    return [*_inputs(num_tokens, hc, hidden, 'cpu'), CLAMP]
 
 
 def _call(*args, **kwargs):
     return cann_ops_tilelang.engram_gate_bwd(*args, **kwargs)
 
 
-@pytest.mark.parametrize('index', range(9), ids=_ARG_NAMES)
+def test_engram_gate_bwd_signature():
+    """TileKernels 2.1.0's parameter names, order and defaults."""
+    params = inspect.signature(cann_ops_tilelang.engram_gate_bwd).parameters
+    assert list(params) == [*_ARG_NAMES, 'clamp_value', 'image_token_mask']
+    assert params['clamp_value'].default is inspect.Parameter.empty
+    assert params['image_token_mask'].default is None
+    assert EngramGateBwdResult._fields == ('grad_hidden_states', 'grad_kv', 'grad_w_partial')
+
+
+@pytest.mark.parametrize('index', range(8), ids=_ARG_NAMES)
 def test_engram_gate_bwd_rejects_non_tensors_and_dtypes(index):
     args = _cpu_args()
     assert_rejects_non_tensor_and_dtype(
@@ -273,7 +321,7 @@ def test_engram_gate_bwd_rejects_non_tensors_and_dtypes(index):
     )
 
 
-@pytest.mark.parametrize('index', range(9), ids=_ARG_NAMES)
+@pytest.mark.parametrize('index', range(8), ids=_ARG_NAMES)
 def test_engram_gate_bwd_rejects_shapes(index):
     args = _cpu_args()
     name = _ARG_NAMES[index]
@@ -284,11 +332,15 @@ def test_engram_gate_bwd_rejects_shapes(index):
         with pytest.raises(ValueError, match=r'grad_out must have shape \(2, 4, 128\)'):
             _call(*bad)
         return
-    for cut in range(args[index].dim()):  # one fewer row along each axis
+    for cut in range(args[index].dim()):  # one fewer row along each axis (kv: hc rows instead of hc + 1)
         shrunk = args[index].narrow(cut, 0, args[index].shape[cut] - 1).contiguous()
         bad[index] = shrunk
         expected = tuple(args[index].shape)
         with pytest.raises(ValueError, match=f'{name} must have shape {re.escape(str(expected))}'):
+            _call(*bad)
+    if index == 2:  # kv with one middle row too many
+        bad[index] = torch.zeros(3, 6, 128, dtype=torch.bfloat16)
+        with pytest.raises(ValueError, match=re.escape('kv must have shape (3, 5, 128)')):
             _call(*bad)
 
 
@@ -305,15 +357,14 @@ def test_engram_gate_bwd_rejects_hc_hidden(hc, hidden, match):
     args = [
         torch.zeros(2, hc, hidden, dtype=torch.bfloat16),
         torch.zeros(2, hc, hidden, dtype=torch.bfloat16),
-        torch.zeros(2, hc, hidden, dtype=torch.bfloat16),
-        torch.zeros(2, hidden, dtype=torch.bfloat16),
+        torch.zeros(2, hc + 1, hidden, dtype=torch.bfloat16),
         torch.zeros(hc, hidden),
     ] + [torch.zeros(2, hc) for _ in range(4)]
     with pytest.raises(ValueError, match=match):
-        _call(*args)
+        _call(*args, CLAMP)
 
 
-@pytest.mark.parametrize('index', [0, 1, 4, 5, 6, 7, 8], ids=[_ARG_NAMES[i] for i in (0, 1, 4, 5, 6, 7, 8)])
+@pytest.mark.parametrize('index', [0, 1, 3, 4, 5, 6, 7], ids=[_ARG_NAMES[i] for i in (0, 1, 3, 4, 5, 6, 7)])
 def test_engram_gate_bwd_rejects_non_contiguous(index):
     args = _cpu_args()
     bad = list(args)
@@ -323,24 +374,41 @@ def test_engram_gate_bwd_rejects_non_contiguous(index):
         _call(*bad)
 
 
-@pytest.mark.parametrize('index', [2, 3], ids=['k', 'v'])
-def test_engram_gate_bwd_k_v_layouts(index):
-    """k and v: any outer strides pass validation (the CPU device is rejected next); the last must be 1."""
+def test_engram_gate_bwd_kv_layouts():
+    """kv: any outer strides pass validation (the CPU device is rejected next); the last must be 1."""
     args = _cpu_args()
-    name = _ARG_NAMES[index]
     good = list(args)
-    wide = torch.zeros(*args[index].shape[:-1], 3 * args[index].shape[-1] + 8, dtype=args[index].dtype)
-    good[index] = wide[..., 5 : 5 + args[index].shape[-1]]  # odd offset and strides
+    wide = torch.zeros(3, 5, 3 * 128 + 8, dtype=torch.bfloat16)
+    good[2] = wide[..., 5 : 5 + 128]  # odd offset and strides
     with pytest.raises(RuntimeError, match='no kernels'):
         _call(*good)
-    if index == 2:
-        good[index] = args[index][:, :1].expand(-1, 4, -1)  # one key row broadcast over the branches
-        with pytest.raises(RuntimeError, match='no kernels'):
-            _call(*good)
+    good[2] = args[2][:, :1].expand(-1, 5, -1)  # one row broadcast over keys and value
+    with pytest.raises(RuntimeError, match='no kernels'):
+        _call(*good)
     bad = list(args)
-    bad[index] = args[index].transpose(-1, -2).contiguous().transpose(-1, -2)  # last stride != 1
-    with pytest.raises(ValueError, match=f'{name} must have a contiguous last dimension'):
+    bad[2] = args[2].transpose(-1, -2).contiguous().transpose(-1, -2)  # last stride != 1
+    with pytest.raises(ValueError, match='kv must have a contiguous last dimension'):
         _call(*bad)
+
+
+def test_engram_gate_bwd_rejects_mask():
+    args = _cpu_args()
+    with pytest.raises(TypeError, match='image_token_mask must be a torch.Tensor'):
+        _call(*args, [True, False, True])
+    for dtype in (torch.uint8, torch.int64, torch.float32):
+        with pytest.raises(TypeError, match='image_token_mask must have dtype torch.bool'):
+            _call(*args, torch.zeros(3, dtype=dtype))
+    with pytest.raises(ValueError, match='image_token_mask must have 1 dimensions'):
+        _call(*args, torch.zeros(1, 3, dtype=torch.bool))
+    for size in (2, 4):
+        with pytest.raises(ValueError, match=r'image_token_mask must have shape \(3,\)'):
+            _call(*args, image_token_mask=torch.zeros(size, dtype=torch.bool))
+    with pytest.raises(ValueError, match='image_token_mask must be contiguous'):
+        _call(*args, torch.zeros(3, 2, dtype=torch.bool)[:, 0])
+    with pytest.raises(RuntimeError, match='one device'):
+        _call(*args, torch.zeros(3, dtype=torch.bool, device='meta'))
+    with pytest.raises(RuntimeError, match='no kernels for .cpu. tensors'):  # valid: the device check
+        _call(*args, torch.zeros(3, dtype=torch.bool))
 
 
 @pytest.mark.parametrize(
@@ -358,7 +426,7 @@ def test_engram_gate_bwd_k_v_layouts(index):
 )
 def test_engram_gate_bwd_rejects_clamp_value(value, error, match):
     with pytest.raises(error, match=match):
-        _call(*_cpu_args(), clamp_value=value)
+        _call(*_cpu_args()[:8], value)
 
 
 def test_engram_gate_bwd_rejects_devices():
@@ -366,14 +434,14 @@ def test_engram_gate_bwd_rejects_devices():
     with pytest.raises(RuntimeError, match='no kernels for .cpu. tensors'):
         _call(*args)
     with pytest.raises(RuntimeError, match='no kernels for .cpu. tensors'):
-        _call(*(t[:0] for t in args[:4]), args[4], *(t[:0] for t in args[5:]))  # T = 0 is validated too
-    for index in range(1, 9):
+        _call(*(t[:0] for t in args[:3]), args[3], *(t[:0] for t in args[4:8]), CLAMP)  # T = 0 is validated too
+    for index in range(1, 8):
         mixed = list(args)
         mixed[index] = args[index].to('meta')
         with pytest.raises(RuntimeError, match='one device'):
             _call(*mixed)
     with pytest.raises(TypeError):
-        _call(*args, 1e-6)  # clamp_value is keyword-only
+        _call(*args[:8])  # clamp_value has no default (TileKernels' signature)
 
 
 # ---------------------------------------------------------------- device tier
@@ -399,28 +467,48 @@ def _poison_allocator(device, num_bytes: int) -> None:
     torch.full((num_bytes // 4 + 1024,), float('nan'), device=device)
 
 
-def _check_result(result, inputs, *, clamp_value, num_cores):
-    grad_out, x, k, v, w, dot, g, rx, rk = inputs
+def _check_result(result, inputs, *, clamp_value, num_cores, image_token_mask=None):
+    """Shapes, dtypes and layout of the result; image tokens exactly (grad_x = grad_out bit for bit,
+    grad_kv = +0); every grad against autograd of the fp32 forward within `_error_bounds`."""
+    grad_out, x, k, v, w, dot, g, rx, rk = _split(inputs)
     num_tokens, hc, hidden = x.shape
     assert isinstance(result, EngramGateBwdResult)
     for t, shape, dtype in zip(
         result,
-        ((num_tokens, hc, hidden), (num_tokens, hc, hidden), (num_tokens, hidden), (num_cores, hc, hidden)),
-        (torch.bfloat16, torch.bfloat16, torch.bfloat16, torch.float32),
+        ((num_tokens, hc, hidden), (num_tokens, hc + 1, hidden), (num_cores, hc, hidden)),
+        (torch.bfloat16, torch.bfloat16, torch.float32),
         strict=True,
     ):
         assert t.shape == shape
         assert t.dtype == dtype
         assert t.device == x.device
         assert t.is_contiguous()
-    expected = engram_gate_bwd_autograd_ref(grad_out, x, k, v, w, eps=EPS, clamp_value=clamp_value)
+    if image_token_mask is not None:
+        img = image_token_mask
+        assert torch.equal(result.grad_hidden_states[img].view(torch.int16), grad_out[img].view(torch.int16))
+        assert not bool(result.grad_kv[img].view(torch.int16).any()), 'image tokens: grad_kv is not +0'
+    expected = engram_gate_bwd_autograd_ref(
+        grad_out, x, k, v, w, eps=EPS, clamp_value=clamp_value, image_token_mask=image_token_mask
+    )
     bounds = _error_bounds(
-        grad_out, x, k, v, w, dot, g, rx, rk, clamp_value=clamp_value, num_partials=num_cores, rounded=True
+        grad_out,
+        x,
+        k,
+        v,
+        w,
+        dot,
+        g,
+        rx,
+        rk,
+        clamp_value=clamp_value,
+        num_partials=num_cores,
+        rounded=True,
+        image_token_mask=image_token_mask,
     )
     grad_w = result.grad_w_partial.double().sum(0)
     for name, actual, exp, bound, rounded in zip(
-        ('grad_hidden_states', 'grad_k', 'grad_v', 'grad_w_partial.sum(0)'),
-        (*result[:3], grad_w),
+        ('grad_hidden_states', 'grad_kv[:, :hc]', 'grad_kv[:, hc]', 'grad_w_partial.sum(0)'),
+        (result.grad_hidden_states, result.grad_kv[:, :hc], result.grad_kv[:, hc], grad_w),
         expected,
         bounds,
         (True, True, True, False),
@@ -439,27 +527,73 @@ def test_engram_gate_bwd_values(params, device):
     inputs = _inputs(num_tokens, hc, hidden, device)
     before = [t.clone() for t in inputs]
     num_cores = get_num_cores(device)
-    _poison_allocator(device, 4 * (2 * num_tokens * hc * hidden + num_tokens * hidden + num_cores * hc * hidden))
+    _poison_allocator(device, 4 * (2 * num_tokens * (hc + 1) * hidden + num_cores * hc * hidden))
 
-    result = cann_ops_tilelang.engram_gate_bwd(*inputs)
+    result = cann_ops_tilelang.engram_gate_bwd(*inputs, CLAMP)
 
-    _check_result(result, inputs, clamp_value=1e-6, num_cores=num_cores)
+    _check_result(result, inputs, clamp_value=CLAMP, num_cores=num_cores)
     for t, b in zip(inputs, before, strict=True):
         assert torch.equal(t, b)  # inputs untouched
 
 
 @pytest.mark.npu
+@pytest.mark.parametrize(
+    'params',
+    [
+        {'num_tokens': 130, 'hc': 4, 'hidden': 4096},
+        {'num_tokens': 1000, 'hc': 4, 'hidden': 7168},
+        {'num_tokens': 257, 'hc': 3, 'hidden': 1088},
+        {'num_tokens': 7, 'hc': 1, 'hidden': 64},
+        {'num_tokens': 40, 'hc': 3, 'hidden': 12288},  # the chunked CUDA kernel
+    ],
+    ids=make_param_id,
+)
+def test_engram_gate_bwd_image_tokens(params, device):
+    """Image tokens: grad_x = grad_out bit for bit (-0.0, inf and NaN included), grad_kv = 0 and no share of
+    grad_w_partial, whatever their saved values (here those of the unmasked forward) and inputs; text tokens
+    get the bits of the call without a mask (fixed token ranges, so that grad_w_partial compares too)."""
+    num_tokens, hc, hidden = params['num_tokens'], params['hc'], params['hidden']
+    inputs = _inputs(num_tokens, hc, hidden, device)
+    grad_out, x = inputs[:2]
+    mask = torch.rand(num_tokens, device=device) < 0.3
+    mask[0] = mask[-1] = True
+    grad_out[0, 0, :4] = torch.tensor([-0.0, float('inf'), -float('inf'), float('nan')])
+    x[-1, 0, :2] = torch.tensor([float('inf'), float('nan')])  # would poison grad_w if it were summed
+    num_cores = get_num_cores(device)
+    _poison_allocator(device, 4 * (2 * num_tokens * (hc + 1) * hidden + num_cores * hc * hidden))
+    with _deterministic_algorithms():
+        masked = cann_ops_tilelang.engram_gate_bwd(*inputs, CLAMP, mask)
+        # The same text tokens alone, image tokens zeroed out of the inputs: the same weight gradient.
+        text_only = [t.clone() for t in inputs]
+        for t in text_only[:3]:
+            t[mask] = 0
+        text_only[4][mask] = 0  # dot = 0: clamped, r = 0
+        plain = cann_ops_tilelang.engram_gate_bwd(*text_only, CLAMP)
+    text = ~mask
+    assert torch.equal(masked.grad_hidden_states[text], plain.grad_hidden_states[text])
+    assert torch.equal(masked.grad_kv[text], plain.grad_kv[text])
+    assert torch.equal(masked.grad_w_partial, plain.grad_w_partial)  # image tokens add nothing (not even NaN)
+    clean = list(inputs)
+    clean[0] = torch.where(mask[:, None, None], torch.zeros_like(grad_out), grad_out)  # finite references
+    clean[1] = torch.where(mask[:, None, None], torch.zeros_like(x), x)
+    result = masked._replace(grad_hidden_states=torch.where(mask[:, None, None], 0, masked.grad_hidden_states))
+    assert torch.equal(masked.grad_hidden_states[mask].view(torch.int16), grad_out[mask].view(torch.int16))
+    _check_result(result, clean, clamp_value=CLAMP, num_cores=num_cores, image_token_mask=mask)
+
+
+@pytest.mark.npu
 def test_engram_gate_bwd_empty(device):
     inputs = _inputs(0, 4, 192, device)
-    result = cann_ops_tilelang.engram_gate_bwd(*inputs)
     num_cores = get_num_cores(device)
-    assert [tuple(t.shape) for t in result[:3]] == [(0, 4, 192), (0, 4, 192), (0, 192)]
-    assert [t.dtype for t in result[:3]] == [torch.bfloat16] * 3
-    # No launch: P is the block count a launch would use, and the partial weight gradients are zero.
-    assert result.grad_w_partial.shape == (num_cores, 4, 192)
-    assert result.grad_w_partial.dtype == torch.float32
-    assert not bool(result.grad_w_partial.any())
-    assert all(t.device == inputs[0].device for t in result)
+    for mask in (None, torch.zeros(0, dtype=torch.bool, device=device)):
+        result = cann_ops_tilelang.engram_gate_bwd(*inputs, CLAMP, mask)
+        assert [tuple(t.shape) for t in result[:2]] == [(0, 4, 192), (0, 5, 192)]
+        assert [t.dtype for t in result[:2]] == [torch.bfloat16] * 2
+        # No launch: P is the block count a launch would use, and the partial weight gradients are zero.
+        assert result.grad_w_partial.shape == (num_cores, 4, 192)
+        assert result.grad_w_partial.dtype == torch.float32
+        assert not bool(result.grad_w_partial.any())
+        assert all(t.device == inputs[0].device for t in result)
 
 
 @pytest.mark.npu
@@ -470,8 +604,8 @@ def test_engram_gate_bwd_chunked_values(device):
     num_tokens, hc, hidden = 132 * 32 + 5, 3, 12288
     inputs = _inputs(num_tokens, hc, hidden, device)
     num_cores = get_num_cores(device)
-    result = cann_ops_tilelang.engram_gate_bwd(*inputs)
-    _check_result(result, inputs, clamp_value=1e-6, num_cores=num_cores)
+    result = cann_ops_tilelang.engram_gate_bwd(*inputs, CLAMP)
+    _check_result(result, inputs, clamp_value=CLAMP, num_cores=num_cores)
 
 
 @pytest.mark.npu
@@ -491,49 +625,45 @@ def test_engram_gate_bwd_token_schedule(params, device):
     num_tokens, hc, hidden = params['num_tokens'], params['hc'], params['hidden']
     inputs = _inputs(num_tokens, hc, hidden, device)
     num_cores = get_num_cores(device)
-    claimed = cann_ops_tilelang.engram_gate_bwd(*inputs)
+    claimed = cann_ops_tilelang.engram_gate_bwd(*inputs, CLAMP)
     with _deterministic_algorithms():
-        fixed = cann_ops_tilelang.engram_gate_bwd(*inputs)
-        fixed_again = cann_ops_tilelang.engram_gate_bwd(*inputs)
+        fixed = cann_ops_tilelang.engram_gate_bwd(*inputs, CLAMP)
+        fixed_again = cann_ops_tilelang.engram_gate_bwd(*inputs, CLAMP)
     for result in (claimed, fixed):
-        _check_result(result, inputs, clamp_value=1e-6, num_cores=num_cores)
+        _check_result(result, inputs, clamp_value=CLAMP, num_cores=num_cores)
         if num_tokens < num_cores:  # one token per busy block: exactly T slices are non-zero
             assert int(result.grad_w_partial.flatten(1).ne(0).any(1).sum()) == num_tokens
-    for a, b in zip(claimed[:3], fixed[:3], strict=True):
+    for a, b in zip(claimed[:2], fixed[:2], strict=True):
         assert torch.equal(a, b)
     for a, b in zip(fixed, fixed_again, strict=True):
         assert torch.equal(a, b)
 
 
 @pytest.mark.npu
-@pytest.mark.parametrize(
-    'layout', ['strided', 'odd_offset', 'broadcast_k'], ids=['strided', 'odd_offset', 'broadcast_k']
-)
-def test_engram_gate_bwd_non_contiguous_k_v(layout, device):
+@pytest.mark.parametrize('layout', ['strided', 'odd_offset', 'branch_major', 'broadcast'])
+def test_engram_gate_bwd_non_contiguous_kv(layout, device):
     num_tokens, hc, hidden = 257, 3, 1088
-    grad_out, x, k, v, w, *_ = _inputs(num_tokens, hc, hidden, device)
-    if layout == 'broadcast_k':
-        k = k[:, :1].expand(-1, hc, -1)  # stride 0 over the branches
+    grad_out, x, kv, w, *_ = _inputs(num_tokens, hc, hidden, device)
+    if layout == 'broadcast':
+        kv = kv[:, :1].expand(-1, hc + 1, -1)  # stride 0 over keys and value
+    elif layout == 'branch_major':
+        kv = kv.transpose(0, 1).contiguous().transpose(0, 1)
     else:
         pad = 64 if layout == 'strided' else 5  # 5: neither the address nor the strides are 16-byte multiples
-        k_wide = torch.zeros(num_tokens, hc, hidden + 2 * pad, dtype=k.dtype, device=device)
-        k_wide[:, :, pad : pad + hidden] = k
-        k = k_wide[:, :, pad : pad + hidden]
-        v_wide = torch.zeros(num_tokens, 2 * hidden + pad, dtype=v.dtype, device=device)
-        v_wide[:, pad : pad + hidden] = v
-        v = v_wide[:, pad : pad + hidden]
-        assert not k.is_contiguous()
-        assert not v.is_contiguous()
-    fwd = engram_gate_fwd_ref(x, k, v, w, eps=EPS)
-    inputs = (grad_out, x, k, v, w, fwd.dot, fwd.gate_score, fwd.rstd_x, fwd.rstd_k)
+        kv_wide = torch.zeros(num_tokens, hc + 1, hidden + 2 * pad, dtype=kv.dtype, device=device)
+        kv_wide[:, :, pad : pad + hidden] = kv
+        kv = kv_wide[:, :, pad : pad + hidden]
+    assert not kv.is_contiguous()
+    fwd = engram_gate_fwd_ref(x, kv[:, :hc], kv[:, hc], w, eps=EPS)
+    inputs = (grad_out, x, kv, w, fwd.dot, fwd.gate_score, fwd.rstd_x, fwd.rstd_k)
     num_cores = get_num_cores(device)
-    result = cann_ops_tilelang.engram_gate_bwd(*inputs)
-    _check_result(result, inputs, clamp_value=1e-6, num_cores=num_cores)
-    # Same values as with contiguous copies, bit for bit (the kernels read the same numbers; fixed token
+    result = cann_ops_tilelang.engram_gate_bwd(*inputs, CLAMP)
+    _check_result(result, inputs, clamp_value=CLAMP, num_cores=num_cores)
+    # Same values as with a contiguous copy, bit for bit (the kernels read the same numbers; fixed token
     # ranges so that grad_w_partial compares too).
     with _deterministic_algorithms():
-        strided = cann_ops_tilelang.engram_gate_bwd(*inputs)
-        contiguous = cann_ops_tilelang.engram_gate_bwd(*inputs[:2], k.contiguous(), v.contiguous(), *inputs[4:])
+        strided = cann_ops_tilelang.engram_gate_bwd(*inputs, CLAMP)
+        contiguous = cann_ops_tilelang.engram_gate_bwd(*inputs[:2], kv.contiguous(), *inputs[3:], CLAMP)
     for a, b in zip(strided, contiguous, strict=True):
         assert torch.equal(a, b)
 
@@ -547,18 +677,19 @@ def test_engram_gate_bwd_non_contiguous_k_v(layout, device):
 def test_engram_gate_bwd_clamp_region(params, device):
     """Tokens with |d| < clamp_value get r = 0: grad_k = 0 and grad_hidden_states = grad_out exactly."""
     num_tokens, hc, hidden = params['num_tokens'], params['hc'], params['hidden']
-    grad_out, x, k, v, w, dot, _, rx, rk = _inputs(num_tokens, hc, hidden, device)
+    grad_out, x, kv, w, dot, _, rx, rk = _inputs(num_tokens, hc, hidden, device)
     clamp_value = _clamp_between(dot, rx, rk, hidden)
-    g = engram_gate_fwd_ref(x, k, v, w, eps=EPS, clamp_value=clamp_value).gate_score
-    inputs = (grad_out, x, k, v, w, dot, g, rx, rk)
+    g = engram_gate_fwd_ref(x, kv[:, :hc], kv[:, hc], w, eps=EPS, clamp_value=clamp_value).gate_score
+    inputs = (grad_out, x, kv, w, dot, g, rx, rk)
     num_cores = get_num_cores(device)
-    result = cann_ops_tilelang.engram_gate_bwd(*inputs, clamp_value=clamp_value)
+    result = cann_ops_tilelang.engram_gate_bwd(*inputs, clamp_value)
     _check_result(result, inputs, clamp_value=clamp_value, num_cores=num_cores)
     clamped = (dot * rx * rk * hidden**-0.5).abs() < clamp_value
     assert 0.25 <= float(clamped.float().mean()) <= 0.75
-    assert torch.equal(result.grad_k[clamped], torch.zeros_like(result.grad_k[clamped]))
+    grad_k = result.grad_kv[:, :hc]
+    assert torch.equal(grad_k[clamped], torch.zeros_like(grad_k[clamped]))
     assert torch.equal(result.grad_hidden_states[clamped], grad_out[clamped])
-    assert bool(result.grad_k[~clamped].any())
+    assert bool(grad_k[~clamped].any())
 
 
 @pytest.mark.npu
@@ -567,16 +698,16 @@ def test_engram_gate_bwd_clamp_region(params, device):
 def test_engram_gate_bwd_benchmark(params, device, benchmark_timer, benchmark_record):
     assert params['hc'] == BENCHMARK_HC
     inputs = _inputs(params['num_tokens'], params['hc'], params['hidden'], device)
-    result = cann_ops_tilelang.engram_gate_bwd(*inputs)
-    time_us = benchmark_timer(lambda: cann_ops_tilelang.engram_gate_bwd(*inputs))
-    # Reads grad_out, x, k, v and the four saved fp32 tensors (weight_fused is L2-resident: not counted);
-    # writes grad_x, grad_k, grad_v and the fp32 partial weight gradients.
-    num_bytes = count_bytes(*inputs[:4], *inputs[5:], *result)
+    result = cann_ops_tilelang.engram_gate_bwd(*inputs, CLAMP)
+    time_us = benchmark_timer(lambda: cann_ops_tilelang.engram_gate_bwd(*inputs, CLAMP))
+    # Reads grad_out, x, kv and the four saved fp32 tensors (weight_fused is L2-resident: not counted);
+    # writes grad_x, grad_kv and the fp32 partial weight gradients.
+    num_bytes = count_bytes(*inputs[:3], *inputs[4:], *result)
     benchmark_record(
         kernel='engram_gate_bwd',
         operation='bwd',
         params=params,
         time_us=time_us,
         bandwidth_gbs=num_bytes / time_us / 1e3,
-        extras=config_extras(engram_gate_bwd_config(*inputs)),
+        extras=config_extras(engram_gate_bwd_config(*inputs, CLAMP)),
     )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 import torch
 
@@ -35,6 +37,8 @@ from tests.testing.lowering import (
 from tests.testing.numeric import assert_close, assert_equal, count_bytes
 
 KERNEL_NAME = 'engram_gate_fwd_kernel'
+EPS = 1e-6
+CLAMP = 1e-6
 
 LEVEL = get_test_level()
 VALUE_PARAMS = generate_samples(LEVEL, hc=gen_hc, hidden=gen_hidden, num_tokens=gen_num_tokens)
@@ -43,12 +47,20 @@ SHAPES = generate_samples(LEVEL, hc=gen_hc, hidden=gen_hidden)
 
 
 def _inputs(num_tokens: int, hc: int, hidden: int, device) -> tuple[torch.Tensor, ...]:
+    """hidden_states (T, hc, H), the packed kv (T, hc + 1, H) and weight_fused (hc, H)."""
     # Drawn on the device, in the final dtype: the CPU generator would take seconds at benchmark shapes.
     x = torch.randn(num_tokens, hc, hidden, dtype=torch.bfloat16, device=device)
-    k = torch.randn(num_tokens, hc, hidden, dtype=torch.bfloat16, device=device)
-    v = torch.randn(num_tokens, hidden, dtype=torch.bfloat16, device=device)
+    kv = torch.randn(num_tokens, hc + 1, hidden, dtype=torch.bfloat16, device=device)
     w = 1.0 + 0.5 * torch.randn(hc, hidden, device=device)  # a product of two RMSNorm weights around 1
-    return x, k, v, w
+    return x, kv, w
+
+
+def _mask(num_tokens: int, device, *, fraction: float = 0.3) -> torch.Tensor:
+    """An image_token_mask with about `fraction` image tokens, the first and last token among them."""
+    mask = torch.rand(num_tokens, device=device) < fraction
+    if num_tokens:
+        mask[0] = mask[-1] = True
+    return mask
 
 
 # ---------------------------------------------------------------- CPU tier: kernels lower
@@ -84,14 +96,23 @@ def test_engram_gate_fwd_cuda_lowers(params):
 
 
 def test_engram_gate_fwd_variants_lower():
-    """No saved tensors, and the narrower accesses taken for misaligned tensors, on both backends."""
+    """No saved tensors, the image-token mask, and the narrower accesses taken for misaligned tensors."""
     for backend, cores in (('ascend', ASCEND_950_VECTOR_CORES), ('cuda', H200_SMS)):
+        lower = assert_ascend_kernel_lowers if backend == 'ascend' else assert_cuda_kernel_lowers
         cfg = choose_engram_gate_fwd_config(
             backend=backend, hc=4, hidden=4096, num_cores=cores, save_for_backward=False
         )
-        lower = assert_ascend_kernel_lowers if backend == 'ascend' else assert_cuda_kernel_lowers
         lowered = lower(lambda cfg=cfg: make_engram_gate_fwd_kernel(cfg), key=cfg, kernel_name=KERNEL_NAME)
         assert 'dot_o' not in lowered.source
+        assert 'image_token_mask' not in lowered.source  # mask=None: no mask argument, no test of it
+        for save in (True, False):
+            cfg = choose_engram_gate_fwd_config(
+                backend=backend, hc=4, hidden=4096, num_cores=cores, save_for_backward=save, has_mask=True
+            )
+            assert cfg.has_mask
+            lowered = lower(lambda cfg=cfg: make_engram_gate_fwd_kernel(cfg), key=cfg, kernel_name=KERNEL_NAME)
+            assert 'image_token_mask' in lowered.source
+            assert ('dot_o' in lowered.source) == save
     for vec in (4, 1):
         cfg = choose_engram_gate_fwd_config(backend='cuda', hc=3, hidden=192, num_cores=H200_SMS, vec=vec)
         lowered = assert_cuda_kernel_lowers(
@@ -127,13 +148,37 @@ def _call(*args, **kwargs):
     return cann_ops_tilelang.engram_gate_fwd(*args, **kwargs)
 
 
-_ARG_NAMES = ('hidden_states', 'k', 'v', 'weight_fused')
-_ARG_DTYPES = (torch.bfloat16, torch.bfloat16, torch.bfloat16, torch.float32)
+def _args(num_tokens=3, hc=4, hidden=128) -> list:
+    """The positional arguments (hidden_states, kv, weight_fused, eps, clamp_value) on the CPU."""
+    return [*_inputs(num_tokens, hc, hidden, 'cpu'), EPS, CLAMP]
 
 
-@pytest.mark.parametrize('index', range(4), ids=_ARG_NAMES)
+_ARG_NAMES = ('hidden_states', 'kv', 'weight_fused')
+_ARG_DTYPES = (torch.bfloat16, torch.bfloat16, torch.float32)
+
+
+def test_engram_gate_fwd_signature():
+    """TileKernels 2.1.0's parameter names, order and defaults, plus keyword-only out=."""
+    params = inspect.signature(cann_ops_tilelang.engram_gate_fwd).parameters
+    assert list(params) == [
+        'hidden_states',
+        'kv',
+        'weight_fused',
+        'eps',
+        'clamp_value',
+        'save_for_backward',
+        'image_token_mask',
+        'inplace',
+        'out',
+    ]
+    assert [p.default for p in params.values()][3:8] == [inspect.Parameter.empty] * 2 + [True, None, False]
+    assert params['out'].kind is inspect.Parameter.KEYWORD_ONLY
+    assert params['inplace'].kind is inspect.Parameter.POSITIONAL_OR_KEYWORD
+
+
+@pytest.mark.parametrize('index', range(3), ids=_ARG_NAMES)
 def test_engram_gate_fwd_rejects_non_tensors_and_dtypes(index):
-    args = list(_inputs(3, 4, 128, 'cpu'))
+    args = _args()
     assert_rejects_non_tensor_and_dtype(
         _call,
         args,
@@ -145,25 +190,24 @@ def test_engram_gate_fwd_rejects_non_tensors_and_dtypes(index):
     )
 
 
-@pytest.mark.parametrize('index', range(4), ids=_ARG_NAMES)
+@pytest.mark.parametrize('index', range(3), ids=_ARG_NAMES)
 def test_engram_gate_fwd_rejects_ndim(index):
-    assert_rejects_extra_dimension(_call, _inputs(3, 4, 128, 'cpu'), index, name=_ARG_NAMES[index])
+    assert_rejects_extra_dimension(_call, _args(), index, name=_ARG_NAMES[index])
 
 
 @pytest.mark.parametrize(
     ('index', 'shape', 'expected'),
     [
-        (1, (2, 4, 128), r'k must have shape \(3, 4, 128\)'),  # token count
-        (1, (3, 2, 128), r'k must have shape \(3, 4, 128\)'),  # branches
-        (1, (3, 4, 64), r'k must have shape \(3, 4, 128\)'),  # hidden
-        (2, (4, 128), r'v must have shape \(3, 128\)'),
-        (2, (3, 64), r'v must have shape \(3, 128\)'),
-        (3, (2, 128), r'weight_fused must have shape \(4, 128\)'),
-        (3, (4, 192), r'weight_fused must have shape \(4, 128\)'),
+        (1, (2, 5, 128), r'kv must have shape \(3, 5, 128\)'),  # token count
+        (1, (3, 4, 128), r'kv must have shape \(3, 5, 128\)'),  # middle size hc, not hc + 1
+        (1, (3, 6, 128), r'kv must have shape \(3, 5, 128\)'),  # middle size hc + 2
+        (1, (3, 5, 64), r'kv must have shape \(3, 5, 128\)'),  # hidden
+        (2, (2, 128), r'weight_fused must have shape \(4, 128\)'),
+        (2, (4, 192), r'weight_fused must have shape \(4, 128\)'),
     ],
 )
 def test_engram_gate_fwd_rejects_shape_mismatch(index, shape, expected):
-    args = list(_inputs(3, 4, 128, 'cpu'))
+    args = _args()
     args[index] = torch.zeros(shape, dtype=args[index].dtype)
     with pytest.raises(ValueError, match=expected):
         _call(*args)
@@ -181,86 +225,148 @@ def test_engram_gate_fwd_rejects_shape_mismatch(index, shape, expected):
 )
 def test_engram_gate_fwd_rejects_hc_hidden(hc, hidden, match):
     with pytest.raises(ValueError, match=match):
-        _call(*_inputs(2, hc, hidden, 'cpu'))
+        _call(*_args(2, hc, hidden))
 
 
 def test_engram_gate_fwd_rejects_layouts():
-    x, k, v, w = _inputs(3, 4, 128, 'cpu')
+    x, kv, w, eps, clamp = _args()
     with pytest.raises(ValueError, match='hidden_states must be contiguous'):
-        _call(torch.zeros(3, 4, 256, dtype=torch.bfloat16)[..., :128], k, v, w)
+        _call(torch.zeros(3, 4, 256, dtype=torch.bfloat16)[..., :128], kv, w, eps, clamp)
     with pytest.raises(ValueError, match='hidden_states must be contiguous'):
-        _call(torch.zeros(4, 3, 128, dtype=torch.bfloat16).transpose(0, 1), k, v, w)
-    with pytest.raises(ValueError, match='k must have a contiguous last dimension'):
-        _call(x, torch.zeros(3, 4, 256, dtype=torch.bfloat16)[..., ::2], v, w)
-    with pytest.raises(ValueError, match='k must have a contiguous last dimension'):
-        _call(x, torch.zeros(3, 128, 4, dtype=torch.bfloat16).transpose(1, 2), v, w)
-    with pytest.raises(ValueError, match='v must have a contiguous last dimension'):
-        _call(x, k, torch.zeros(128, 3, dtype=torch.bfloat16).t(), w)
+        _call(torch.zeros(4, 3, 128, dtype=torch.bfloat16).transpose(0, 1), kv, w, eps, clamp)
+    with pytest.raises(ValueError, match='kv must have a contiguous last dimension'):
+        _call(x, torch.zeros(3, 5, 256, dtype=torch.bfloat16)[..., ::2], w, eps, clamp)
+    with pytest.raises(ValueError, match='kv must have a contiguous last dimension'):
+        _call(x, torch.zeros(3, 128, 5, dtype=torch.bfloat16).transpose(1, 2), w, eps, clamp)
     with pytest.raises(ValueError, match='weight_fused must be contiguous'):
-        _call(x, k, v, torch.zeros(4, 256)[:, :128])
-    # Free outer strides of k and v are accepted: the call reaches the device check.
+        _call(x, kv, torch.zeros(4, 256)[:, :128], eps, clamp)
+    # Free outer strides of kv are accepted: the call reaches the device check.
     with pytest.raises(RuntimeError, match='no CPU fallback'):
-        _call(x, torch.zeros(4, 3, 192, dtype=torch.bfloat16).transpose(0, 1)[..., :128], v[:, :], w)
+        _call(x, torch.zeros(5, 3, 192, dtype=torch.bfloat16).transpose(0, 1)[..., :128], w, eps, clamp)
     with pytest.raises(RuntimeError, match='no CPU fallback'):
-        _call(x, k, torch.zeros(3, 256, dtype=torch.bfloat16)[:, 64:192], w)
+        _call(x, torch.zeros(3, 5, 256, dtype=torch.bfloat16)[..., 64:192], w, eps, clamp)
 
 
 def test_engram_gate_fwd_rejects_out():
-    x, k, v, w = _inputs(3, 4, 128, 'cpu')
+    x, kv, w, eps, clamp = _args()
+    args = (x, kv, w, eps, clamp)
     with pytest.raises(TypeError, match='out must be a torch.Tensor'):
-        _call(x, k, v, w, out=x.float().numpy())
+        _call(*args, out=x.float().numpy())
     with pytest.raises(TypeError, match='out must have dtype torch.bfloat16'):
-        _call(x, k, v, w, out=torch.empty(3, 4, 128))
+        _call(*args, out=torch.empty(3, 4, 128))
     with pytest.raises(ValueError, match=r'out must have shape \(3, 4, 128\)'):
-        _call(x, k, v, w, out=torch.empty(3, 4, 64, dtype=torch.bfloat16))
+        _call(*args, out=torch.empty(3, 4, 64, dtype=torch.bfloat16))
     with pytest.raises(ValueError, match=r'out must have shape \(3, 4, 128\)'):
-        _call(x, k, v, w, out=torch.empty(3 * 4 * 128, dtype=torch.bfloat16))
+        _call(*args, out=torch.empty(3 * 4 * 128, dtype=torch.bfloat16))
     with pytest.raises(ValueError, match='out must be contiguous'):
-        _call(x, k, v, w, out=torch.empty(3, 4, 256, dtype=torch.bfloat16)[..., :128])
+        _call(*args, out=torch.empty(3, 4, 256, dtype=torch.bfloat16)[..., :128])
     with pytest.raises(ValueError, match='out must not alias the input hidden_states'):
-        _call(x, k, v, w, out=x)
-    with pytest.raises(ValueError, match='out must not alias the input k'):
-        _call(x, k, v, w, out=k)
-    big = torch.zeros(3 * 4 * 128 * 2, dtype=torch.bfloat16)
-    with pytest.raises(ValueError, match='out must not alias the input v'):
-        _call(x, k, big[: 3 * 128].view(3, 128), w, out=big[100 : 100 + 3 * 4 * 128].view(3, 4, 128))
+        _call(*args, out=x)
+    with pytest.raises(ValueError, match='out must not alias the input kv'):
+        _call(*args, out=kv.view(-1)[: 3 * 4 * 128].view(3, 4, 128))
+    big = torch.zeros(2 * 3 * 5 * 128, dtype=torch.bfloat16)
+    kv_in_big = big[: 3 * 5 * 128].view(3, 5, 128)
+    with pytest.raises(ValueError, match='out must not alias the input kv'):
+        _call(x, kv_in_big, w, eps, clamp, out=big[100 : 100 + 3 * 4 * 128].view(3, 4, 128))
     w_bytes = torch.zeros(4 * 128 * 2)
     with pytest.raises(ValueError, match='out must not alias the input weight_fused'):
-        _call(x, k, v, w_bytes[: 4 * 128].view(4, 128), out=w_bytes.view(torch.bfloat16)[: 3 * 4 * 128].view(3, 4, 128))
+        _call(
+            x,
+            kv,
+            w_bytes[: 4 * 128].view(4, 128),
+            eps,
+            clamp,
+            out=w_bytes.view(torch.bfloat16)[: 3 * 4 * 128].view(3, 4, 128),
+        )
+    mask = torch.zeros(3 * 4 * 128 * 2, dtype=torch.bool)
+    with pytest.raises(ValueError, match='out must not alias the input image_token_mask'):
+        _call(*args, image_token_mask=mask[:3], out=mask.view(torch.bfloat16).view(3, 4, 128))
     # Disjoint halves of one buffer are fine: the call reaches the device check.
     with pytest.raises(RuntimeError, match='no CPU fallback'):
-        _call(x, k, big[: 3 * 128].view(3, 128), w, out=big[-3 * 4 * 128 :].view(3, 4, 128))
+        _call(x, kv_in_big, w, eps, clamp, out=big[-3 * 4 * 128 :].view(3, 4, 128))
     with pytest.raises(RuntimeError, match='out must be on cpu, got meta'):
-        _call(x, k, v, w, out=torch.empty(3, 4, 128, dtype=torch.bfloat16, device='meta'))
+        _call(*args, out=torch.empty(3, 4, 128, dtype=torch.bfloat16, device='meta'))
+
+
+def test_engram_gate_fwd_rejects_mask():
+    args = _args()
+    with pytest.raises(TypeError, match='image_token_mask must be a torch.Tensor'):
+        _call(*args, image_token_mask=[True, False, True])
+    for dtype in (torch.uint8, torch.int32, torch.float32):
+        with pytest.raises(TypeError, match='image_token_mask must have dtype torch.bool'):
+            _call(*args, image_token_mask=torch.zeros(3, dtype=dtype))
+    with pytest.raises(ValueError, match='image_token_mask must have 1 dimensions'):
+        _call(*args, image_token_mask=torch.zeros(3, 1, dtype=torch.bool))
+    for size in (2, 4, 0):
+        with pytest.raises(ValueError, match=r'image_token_mask must have shape \(3,\)'):
+            _call(*args, image_token_mask=torch.zeros(size, dtype=torch.bool))
+    with pytest.raises(ValueError, match='image_token_mask must be contiguous'):
+        _call(*args, image_token_mask=torch.zeros(6, dtype=torch.bool)[::2])
+    with pytest.raises(RuntimeError, match='one device'):
+        _call(*args, image_token_mask=torch.zeros(3, dtype=torch.bool, device='meta'))
+    with pytest.raises(RuntimeError, match='no CPU fallback'):  # a valid mask reaches the device check
+        _call(*args, image_token_mask=torch.zeros(3, dtype=torch.bool))
+
+
+def test_engram_gate_fwd_rejects_inplace():
+    x, kv, w, eps, clamp = _args()
+    with pytest.raises(ValueError, match='inplace=True overwrites hidden_states.*save_for_backward=False'):
+        _call(x, kv, w, eps, clamp, inplace=True)  # save_for_backward defaults to True
+    with pytest.raises(ValueError, match='inplace=True writes the output into hidden_states.*out='):
+        _call(x, kv, w, eps, clamp, False, None, True, out=torch.empty_like(x))
+    for value in (1, None, 'yes', torch.tensor(True)):
+        with pytest.raises(TypeError, match='inplace must be a bool'):
+            _call(x, kv, w, eps, clamp, False, None, value)
+    # hidden_states written in place must not overlap another input.
+    buf = torch.zeros(3 * 4 * 128 + 3 * 5 * 128, dtype=torch.bfloat16)
+    x_in, kv_in = buf[: 3 * 4 * 128].view(3, 4, 128), buf[3 * 4 * 128 - 64 :][: 3 * 5 * 128].view(3, 5, 128)
+    with pytest.raises(ValueError, match=r'hidden_states \(written in place\) must not overlap the input kv'):
+        _call(x_in, kv_in, w, eps, clamp, False, None, True)
+    w_bytes = torch.zeros(4 * 128 * 2)
+    x_w = w_bytes.view(torch.bfloat16)[: 3 * 4 * 128].view(3, 4, 128)
+    with pytest.raises(ValueError, match=r'hidden_states \(written in place\) must not overlap the input weight_fused'):
+        _call(x_w, kv, w_bytes[: 4 * 128].view(4, 128), eps, clamp, False, None, True)
+    mask = torch.zeros(3 * 4 * 128 * 2, dtype=torch.bool)
+    with pytest.raises(ValueError, match=r'must not overlap the input image_token_mask'):
+        _call(mask.view(torch.bfloat16).view(3, 4, 128), kv, w, eps, clamp, False, mask[:3], True)
+    # Disjoint inputs pass validation: the call reaches the device check.
+    with pytest.raises(RuntimeError, match='no CPU fallback'):
+        _call(buf[: 3 * 4 * 128].view(3, 4, 128), buf[3 * 4 * 128 :].view(3, 5, 128), w, eps, clamp, False, None, True)
 
 
 @pytest.mark.parametrize('value', [1, 0, None, 'yes', torch.tensor(True)])
 def test_engram_gate_fwd_rejects_non_bool_save(value):
     with pytest.raises(TypeError, match='save_for_backward must be a bool'):
-        _call(*_inputs(3, 4, 128, 'cpu'), save_for_backward=value)
+        _call(*_args(), save_for_backward=value)
 
 
-@pytest.mark.parametrize('name', ['eps', 'clamp_value'])
-def test_engram_gate_fwd_rejects_scalars(name):
-    args = _inputs(3, 4, 128, 'cpu')
+@pytest.mark.parametrize(('name', 'index'), [('eps', 3), ('clamp_value', 4)])
+def test_engram_gate_fwd_rejects_scalars(name, index):
+    args = _args()
     for value in ('1e-6', None, True, torch.tensor(1e-6)):
+        bad = list(args)
+        bad[index] = value
         with pytest.raises(TypeError, match=f'{name} must be a float'):
-            _call(*args, **{name: value})
+            _call(*bad)
     for value in (0.0, -1e-6, float('inf'), float('nan')):
+        bad = list(args)
+        bad[index] = value
         with pytest.raises(ValueError, match=f'{name} must be a finite number > 0'):
-            _call(*args, **{name: value})
+            _call(*bad)
+    with pytest.raises(TypeError):
+        _call(*args[:3])  # eps and clamp_value have no defaults (TileKernels' signature)
 
 
 def test_engram_gate_fwd_rejects_devices():
-    x, k, v, w = _inputs(3, 4, 128, 'cpu')
+    x, kv, w, eps, clamp = _args()
     with pytest.raises(RuntimeError, match="no kernels for 'cpu' tensors.*no CPU fallback"):
-        _call(x, k, v, w)
+        _call(x, kv, w, eps, clamp)
     with pytest.raises(RuntimeError, match='no CPU fallback'):
-        _call(x[:0], k[:0], v[:0], w)  # T = 0 is validated before the empty return
+        _call(x[:0], kv[:0], w, eps, clamp)  # T = 0 is validated before the empty return
     with pytest.raises(RuntimeError, match='one device'):
-        _call(x, k, v.to('meta'), w)
+        _call(x, kv.to('meta'), w, eps, clamp)
     with pytest.raises(RuntimeError, match='one device'):
-        _call(x, k, v, w.to('meta'))
+        _call(x, kv, w.to('meta'), eps, clamp)
 
 
 def test_engram_gate_fwd_exported():
@@ -278,8 +384,11 @@ def _bf16_ulp(t: torch.Tensor) -> torch.Tensor:
     return torch.exp2(torch.floor(torch.log2(mag)) - 7)
 
 
-def _assert_matches_reference(res, x, k, v, w, *, eps=1e-6, clamp_value=1e-6) -> None:
+def _assert_matches_reference(res, x, k, v, w, *, eps=EPS, clamp_value=CLAMP, image_token_mask=None) -> None:
     """Check every output of engram_gate_fwd against the fp32 reference, with derived tolerances.
+
+    - image tokens (image_token_mask True): output = x bit for bit, the four saved values exactly 0; the
+      text tokens are then checked as below, on their own.
 
     - rstd_x / rstd_k: fp32 sums of H squares in another order + rsqrt: relative 1e-5 (observed <= 2e-7).
     - dot: a sum of H signed terms in another order; fp32 reassociation moves it by at most about
@@ -295,10 +404,21 @@ def _assert_matches_reference(res, x, k, v, w, *, eps=1e-6, clamp_value=1e-6) ->
       reference (observed >= 99.99 % on an H200; a tiny output can miss it by one element).
     """
     num_tokens, hc, hidden = x.shape
-    ref = engram_gate_fwd_ref(x, k, v, w, eps=eps, clamp_value=clamp_value)
     out = res.output
     assert (out.dtype, tuple(out.shape), out.device) == (torch.bfloat16, (num_tokens, hc, hidden), x.device)
     assert out.is_contiguous()
+    if image_token_mask is not None:
+        img = image_token_mask
+        assert torch.equal(out[img].view(torch.int16), x[img].view(torch.int16)), 'image tokens: output != x'
+        for name in ('dot', 'gate_score', 'rstd_x', 'rstd_k'):
+            t = getattr(res, name)
+            assert bool((t[img].view(torch.int32) == 0).all()), f'image tokens: {name} is not +0'
+        text = ~img
+        res = EngramGateFwdResult(*(t[text] for t in res))
+        x, k, v = x[text], k[text], v[text]
+        num_tokens = x.shape[0]
+        out = res.output
+    ref = engram_gate_fwd_ref(x, k, v, w, eps=eps, clamp_value=clamp_value)
     xf, kf, vf = x.double(), k.double(), v.double()
     for name in ('dot', 'gate_score', 'rstd_x', 'rstd_k'):
         t = getattr(res, name)
@@ -334,99 +454,177 @@ def _assert_matches_reference(res, x, k, v, w, *, eps=1e-6, clamp_value=1e-6) ->
         assert same >= 0.999, f'only {same:.5f} of the outputs are bit-identical to the reference'
 
 
+def _k_v(kv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    hc = kv.shape[1] - 1
+    return kv[:, :hc], kv[:, hc]
+
+
 @pytest.mark.npu
 @pytest.mark.parametrize('params', VALUE_PARAMS, ids=make_param_id)
 def test_engram_gate_fwd_values(params, device):
-    x, k, v, w = _inputs(params['num_tokens'], params['hc'], params['hidden'], device)
-    res = cann_ops_tilelang.engram_gate_fwd(x, k, v, w)
+    x, kv, w = _inputs(params['num_tokens'], params['hc'], params['hidden'], device)
+    res = cann_ops_tilelang.engram_gate_fwd(x, kv, w, EPS, CLAMP)
     assert isinstance(res, EngramGateFwdResult)
-    _assert_matches_reference(res, x, k, v, w)
+    _assert_matches_reference(res, x, *_k_v(kv), w)
+
+
+@pytest.mark.npu
+@pytest.mark.parametrize(
+    'params',
+    [
+        {'num_tokens': 130, 'hc': 4, 'hidden': 4096},
+        {'num_tokens': 257, 'hc': 3, 'hidden': 1088},
+        {'num_tokens': 1000, 'hc': 4, 'hidden': 7168},
+        {'num_tokens': 7, 'hc': 1, 'hidden': 64},
+    ],
+    ids=make_param_id,
+)
+@pytest.mark.parametrize('save_for_backward', [True, False])
+def test_engram_gate_fwd_image_tokens(params, save_for_backward, device):
+    """Image tokens: output = x bit for bit (also for -0.0 and inf in x), saved values 0; text tokens get
+    exactly the bits of the call without a mask (their arithmetic does not depend on it)."""
+    num_tokens, hc, hidden = params['num_tokens'], params['hc'], params['hidden']
+    x, kv, w = _inputs(num_tokens, hc, hidden, device)
+    mask = _mask(num_tokens, device)
+    x[0, 0, :4] = torch.tensor([-0.0, float('inf'), -float('inf'), 0.0])  # token 0 is an image token
+    kv[0, hc, :2] = torch.tensor([float('inf'), float('nan')])  # x + 0 * v would turn these into NaN
+    res = cann_ops_tilelang.engram_gate_fwd(x, kv, w, EPS, CLAMP, save_for_backward, mask)
+    plain = cann_ops_tilelang.engram_gate_fwd(x, kv, w, EPS, CLAMP, save_for_backward)
+    text = ~mask
+    for a, b in zip(res, plain, strict=True):
+        if a is None:
+            assert b is None
+        else:
+            assert torch.equal(a[text], b[text])
+    if save_for_backward:
+        _assert_matches_reference(res, x, *_k_v(kv), w, image_token_mask=mask)
+    else:
+        assert res[1:] == (None, None, None, None)
+        assert torch.equal(res.output[mask].view(torch.int16), x[mask].view(torch.int16))
+    for all_image in (True, False):
+        full = torch.full((num_tokens,), all_image, dtype=torch.bool, device=device)
+        res = cann_ops_tilelang.engram_gate_fwd(x, kv, w, EPS, CLAMP, save_for_backward, full)
+        if all_image:
+            assert torch.equal(res.output.view(torch.int16), x.view(torch.int16))
+        else:  # bitwise: token 0's inf and NaN make NaN outputs here
+            assert torch.equal(res.output.view(torch.int16), plain.output.view(torch.int16))
+
+
+@pytest.mark.npu
+@pytest.mark.parametrize('with_mask', [False, True], ids=['mask=None', 'mask'])
+def test_engram_gate_fwd_inplace(with_mask, device):
+    """inplace=True writes into hidden_states and returns it; the same bits as out-of-place."""
+    num_tokens, hc, hidden = 257, 4, 4096
+    x, kv, w = _inputs(num_tokens, hc, hidden, device)
+    mask = _mask(num_tokens, device) if with_mask else None
+    expected = cann_ops_tilelang.engram_gate_fwd(x, kv, w, EPS, CLAMP, False, mask)
+    xi = x.clone()
+    res = cann_ops_tilelang.engram_gate_fwd(xi, kv, w, EPS, CLAMP, False, mask, True)
+    assert res.output is xi
+    assert res[1:] == (None, None, None, None)
+    assert_equal(xi, expected.output)
+    # hidden_states and kv may be slices of one buffer when they do not overlap.
+    buf = torch.empty(num_tokens * (2 * hc + 1) * hidden, dtype=torch.bfloat16, device=device)
+    xb = buf[: num_tokens * hc * hidden].view(num_tokens, hc, hidden)
+    kvb = buf[num_tokens * hc * hidden :].view(num_tokens, hc + 1, hidden)
+    xb.copy_(x)
+    kvb.copy_(kv)
+    cann_ops_tilelang.engram_gate_fwd(
+        xb, kvb, w, EPS, CLAMP, save_for_backward=False, image_token_mask=mask, inplace=True
+    )
+    assert_equal(xb, expected.output)
+    assert_equal(kvb, kv)
 
 
 @pytest.mark.npu
 @pytest.mark.parametrize('save_for_backward', [True, False])
 def test_engram_gate_fwd_empty(device, save_for_backward):
-    x, k, v, w = _inputs(0, 4, 256, device)
+    x, kv, w = _inputs(0, 4, 256, device)
     out = torch.empty(0, 4, 256, dtype=torch.bfloat16, device=device)
-    res = cann_ops_tilelang.engram_gate_fwd(x, k, v, w, save_for_backward=save_for_backward, out=out)
-    assert res.output is out
-    for t in res[1:]:
-        if save_for_backward:
-            assert (t.shape, t.dtype, t.device) == ((0, 4), torch.float32, x.device)
-        else:
-            assert t is None
+    mask = torch.zeros(0, dtype=torch.bool, device=device)
+    for image_token_mask in (None, mask):
+        res = cann_ops_tilelang.engram_gate_fwd(x, kv, w, EPS, CLAMP, save_for_backward, image_token_mask, out=out)
+        assert res.output is out
+        for t in res[1:]:
+            if save_for_backward:
+                assert (t.shape, t.dtype, t.device) == ((0, 4), torch.float32, x.device)
+            else:
+                assert t is None
 
 
 def _layouts(num_tokens: int, hc: int, hidden: int, device):
-    """k / v views of bigger tensors, as engram produces them: padded rows, branch-major k, offsets."""
-    kb = torch.randn(num_tokens, hc, hidden + 64, device=device).to(torch.bfloat16)
-    yield 'k_padded_rows', kb[..., :hidden], torch.randn(num_tokens, 2 * hidden, device=device).bfloat16()[:, hidden:]
-    kt = torch.randn(hc, num_tokens, hidden, device=device).to(torch.bfloat16).transpose(0, 1)
-    yield 'k_branch_major', kt, torch.randn(num_tokens, hidden, device=device).bfloat16()
+    """kv views of bigger tensors, as engram produces them: padded rows, branch-major, offsets."""
+    kb = torch.randn(num_tokens, hc + 1, hidden + 64, device=device).to(torch.bfloat16)
+    yield 'kv_padded_rows', kb[..., :hidden]
+    kt = torch.randn(hc + 1, num_tokens, hidden, device=device).to(torch.bfloat16)
+    yield 'kv_branch_major', kt.transpose(0, 1)
+    wide = torch.randn(num_tokens, 2 * (hc + 1) * hidden, device=device).to(torch.bfloat16)
+    yield 'kv_token_stride_2x', wide.view(num_tokens, 2 * (hc + 1), hidden)[:, hc + 1 :]
     # 8 and 2 bytes off a 16-byte boundary: the CUDA kernel takes 8- and 2-byte accesses.
-    yield 'k_offset_4', kb[..., 4 : 4 + hidden], torch.randn(num_tokens, hidden + 8, device=device).bfloat16()[:, 4:-4]
-    yield 'k_offset_1', kb[..., 1 : 1 + hidden], torch.randn(num_tokens, hidden + 8, device=device).bfloat16()[:, 1:-7]
+    yield 'kv_offset_4', kb[..., 4 : 4 + hidden]
+    yield 'kv_offset_1', kb[..., 1 : 1 + hidden]
 
 
 @pytest.mark.npu
 @pytest.mark.parametrize(('num_tokens', 'hc', 'hidden'), [(130, 4, 4096), (257, 3, 1088), (7, 8, 192)])
-def test_engram_gate_fwd_noncontiguous_k_v(device, num_tokens, hc, hidden):
-    x, _, _, w = _inputs(num_tokens, hc, hidden, device)
-    for name, k, v in _layouts(num_tokens, hc, hidden, device):
-        res = cann_ops_tilelang.engram_gate_fwd(x, k, v, w)
+def test_engram_gate_fwd_noncontiguous_kv(device, num_tokens, hc, hidden):
+    x, _, w = _inputs(num_tokens, hc, hidden, device)
+    for name, kv in _layouts(num_tokens, hc, hidden, device):
+        assert not kv.is_contiguous()
+        res = cann_ops_tilelang.engram_gate_fwd(x, kv, w, EPS, CLAMP)
         try:
-            _assert_matches_reference(res, x, k, v, w)
+            _assert_matches_reference(res, x, *_k_v(kv), w)
         except AssertionError as exc:
             raise AssertionError(f'{name}: {exc}') from exc
-        # Same values as with contiguous copies, bit for bit.
-        same = cann_ops_tilelang.engram_gate_fwd(x, k.contiguous(), v.contiguous(), w)
+        # Same values as with a contiguous copy, bit for bit.
+        same = cann_ops_tilelang.engram_gate_fwd(x, kv.contiguous(), w, EPS, CLAMP)
         for a, b in zip(res, same, strict=True):
             assert_equal(a, b)
 
 
 @pytest.mark.npu
 def test_engram_gate_fwd_out_and_no_save(device):
-    x, k, v, w = _inputs(1000, 4, 1088, device)
-    full = cann_ops_tilelang.engram_gate_fwd(x, k, v, w, eps=1e-5, clamp_value=1e-4)
-    _assert_matches_reference(full, x, k, v, w, eps=1e-5, clamp_value=1e-4)
+    x, kv, w = _inputs(1000, 4, 1088, device)
+    full = cann_ops_tilelang.engram_gate_fwd(x, kv, w, 1e-5, 1e-4)
+    _assert_matches_reference(full, x, *_k_v(kv), w, eps=1e-5, clamp_value=1e-4)
     out = torch.full((1000, 4, 1088), float('nan'), dtype=torch.bfloat16, device=device)  # poisoned
-    res = cann_ops_tilelang.engram_gate_fwd(x, k, v, w, eps=1e-5, clamp_value=1e-4, out=out)
+    res = cann_ops_tilelang.engram_gate_fwd(x, kv, w, 1e-5, 1e-4, out=out)
     assert res.output is out
     assert_equal(out, full.output)
     out.fill_(float('nan'))
-    res = cann_ops_tilelang.engram_gate_fwd(x, k, v, w, eps=1e-5, clamp_value=1e-4, save_for_backward=False, out=out)
+    res = cann_ops_tilelang.engram_gate_fwd(x, kv, w, 1e-5, 1e-4, save_for_backward=False, out=out)
     assert res.output is out
     assert res[1:] == (None, None, None, None)
     assert_equal(out, full.output)
-    res = cann_ops_tilelang.engram_gate_fwd(x, k, v, w, eps=1e-5, clamp_value=1e-4, save_for_backward=False)
+    res = cann_ops_tilelang.engram_gate_fwd(x, kv, w, 1e-5, 1e-4, False)
     assert_equal(res.output, full.output)
 
 
 @pytest.mark.npu
 def test_engram_gate_fwd_zero_rows(device):
     """dot = 0 (zero k): sign(0) = 0, so the gate is exactly sigmoid(0) = 0.5, as in torch."""
-    x, k, v, w = _inputs(5, 2, 256, device)
-    k[1] = 0
-    res = cann_ops_tilelang.engram_gate_fwd(x, k, v, w)
+    x, kv, w = _inputs(5, 2, 256, device)
+    kv[1, :2] = 0
+    res = cann_ops_tilelang.engram_gate_fwd(x, kv, w, EPS, CLAMP)
     assert bool((res.gate_score[1] == 0.5).all())
     assert bool((res.dot[1] == 0).all())
-    _assert_matches_reference(res, x, k, v, w)
+    _assert_matches_reference(res, x, *_k_v(kv), w)
 
 
 @pytest.mark.npu
 @pytest.mark.benchmark
 @pytest.mark.parametrize('params', gen_benchmark_shapes(), ids=make_param_id)
 def test_engram_gate_fwd_benchmark(params, device, benchmark_timer, benchmark_record):
-    x, k, v, w = _inputs(params['num_tokens'], params['hc'], params['hidden'], device)
-    res = cann_ops_tilelang.engram_gate_fwd(x, k, v, w)
+    x, kv, w = _inputs(params['num_tokens'], params['hc'], params['hidden'], device)
+    res = cann_ops_tilelang.engram_gate_fwd(x, kv, w, EPS, CLAMP)
     out = torch.empty_like(x)
-    time_us = benchmark_timer(lambda: cann_ops_tilelang.engram_gate_fwd(x, k, v, w, out=out))
-    num_bytes = count_bytes(x, k, v, res.output, res.dot, res.gate_score, res.rstd_x, res.rstd_k)
+    time_us = benchmark_timer(lambda: cann_ops_tilelang.engram_gate_fwd(x, kv, w, EPS, CLAMP, out=out))
+    num_bytes = count_bytes(x, kv, res.output, res.dot, res.gate_score, res.rstd_x, res.rstd_k)
     benchmark_record(
         kernel='engram_gate_fwd',
         operation='fwd',
         params=params,
         time_us=time_us,
         bandwidth_gbs=num_bytes / time_us / 1e3,
-        extras=config_extras(engram_gate_fwd_config(x, k, v, w, out=out)),
+        extras=config_extras(engram_gate_fwd_config(x, kv, w, EPS, CLAMP, out=out)),
     )

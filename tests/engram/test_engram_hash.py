@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 import torch
 
@@ -71,6 +73,20 @@ def test_engram_hash_cuda_lowers(params):
     assert (cfg.backend, cfg.num_layers, cfg.max_ngram, cfg.num_tables) == ('cuda', *params.values())
     lowered = assert_cuda_kernel_lowers(lambda: make_engram_hash_kernel(cfg), key=cfg, kernel_name=KERNEL_NAME)
     assert 'num_tokens' in lowered.source  # T stays a runtime argument
+
+
+@pytest.mark.parametrize('backend', ['ascend', 'cuda'])
+@pytest.mark.parametrize('params', CONFIGS[:2], ids=make_param_id)
+def test_engram_hash_mask_variant_lowers(backend, params):
+    """The image-token variant is its own kernel; mask=None takes no mask argument."""
+    cores = ASCEND_950_VECTOR_CORES if backend == 'ascend' else H200_SMS
+    lower = assert_ascend_kernel_lowers if backend == 'ascend' else assert_cuda_kernel_lowers
+    cfg = choose_engram_hash_config(backend=backend, **params, num_cores=cores, has_mask=True)
+    assert cfg.has_mask
+    assert 'image_token_mask' in lower(lambda: make_engram_hash_kernel(cfg), key=cfg, kernel_name=KERNEL_NAME).source
+    plain = choose_engram_hash_config(backend=backend, **params, num_cores=cores)
+    source = lower(lambda: make_engram_hash_kernel(plain), key=plain, kernel_name=KERNEL_NAME).source
+    assert 'image_token_mask' not in source
 
 
 def _python_hash(ids, mult, vocab, offsets) -> list:
@@ -206,6 +222,37 @@ def test_engram_hash_rejects_out():
         )
 
 
+def test_engram_hash_signature():
+    """TileKernels 2.1.0's parameter names, order and defaults, plus keyword-only out=."""
+    params = inspect.signature(cann_ops_tilelang.engram_hash).parameters
+    assert list(params) == [*_ARG_NAMES, 'image_token_mask', 'out']
+    assert params['image_token_mask'].default is None
+    assert params['image_token_mask'].kind is inspect.Parameter.POSITIONAL_OR_KEYWORD
+    assert params['out'].kind is inspect.Parameter.KEYWORD_ONLY
+
+
+def test_engram_hash_rejects_mask():
+    args = _cpu_args()  # T = 5
+    with pytest.raises(TypeError, match='image_token_mask must be a torch.Tensor'):
+        cann_ops_tilelang.engram_hash(*args, [True] * 5)
+    for dtype in (torch.uint8, torch.int32):
+        with pytest.raises(TypeError, match='image_token_mask must have dtype torch.bool'):
+            cann_ops_tilelang.engram_hash(*args, torch.zeros(5, dtype=dtype))
+    with pytest.raises(ValueError, match='image_token_mask must have 1 dimensions'):
+        cann_ops_tilelang.engram_hash(*args, torch.zeros(5, 1, dtype=torch.bool))
+    with pytest.raises(ValueError, match=r'image_token_mask must have shape \(5,\)'):
+        cann_ops_tilelang.engram_hash(*args, torch.zeros(4, dtype=torch.bool))
+    with pytest.raises(ValueError, match='image_token_mask must be contiguous'):
+        cann_ops_tilelang.engram_hash(*args, torch.zeros(10, dtype=torch.bool)[::2])
+    with pytest.raises(RuntimeError, match='one device'):
+        cann_ops_tilelang.engram_hash(*args, torch.zeros(5, dtype=torch.bool, device='meta'))
+    mask = torch.zeros(2 * 5 * 8 * 4, dtype=torch.bool)
+    with pytest.raises(ValueError, match='out must not alias the input image_token_mask'):
+        cann_ops_tilelang.engram_hash(*args, mask[:5], out=mask.view(torch.int32).view(2, 5, 8))
+    with pytest.raises(RuntimeError, match='no kernels for .cpu. tensors'):
+        cann_ops_tilelang.engram_hash(*args, torch.zeros(5, dtype=torch.bool))
+
+
 def test_engram_hash_rejects_devices():
     ids, mult, vocab, offsets = _cpu_args()
     with pytest.raises(RuntimeError, match='no kernels for .cpu. tensors'):
@@ -237,6 +284,28 @@ def test_engram_hash_values(params, device):
 
 
 @pytest.mark.npu
+@pytest.mark.parametrize('params', [*CONFIGS[:2], CONFIGS[-1]], ids=make_param_id)
+@pytest.mark.parametrize('num_tokens', [1, 257, 4001])
+def test_engram_hash_image_tokens(params, num_tokens, device):
+    """Every row of an image token is -1; text tokens keep the rows of the call without a mask."""
+    ids, mult, vocab, offsets = _inputs(num_tokens, **params, device=device)
+    mask = torch.rand(num_tokens, device=device) < 0.3
+    mask[0] = mask[-1] = True
+    expected = engram_hash_ref(ids, mult, vocab, offsets, mask)
+    assert bool((expected[:, mask] == -1).all())
+    out = cann_ops_tilelang.engram_hash(ids, mult, vocab, offsets, mask)
+    assert_equal(out, expected)
+    assert_equal(out[:, ~mask], cann_ops_tilelang.engram_hash(ids, mult, vocab, offsets)[:, ~mask])
+    buf = torch.randint(INT32_MIN, INT32_MAX, expected.shape, dtype=torch.int32, device=device)  # poison
+    assert cann_ops_tilelang.engram_hash(ids, mult, vocab, offsets, image_token_mask=mask, out=buf) is buf
+    assert_equal(buf, expected)
+    none = torch.zeros(num_tokens, dtype=torch.bool, device=device)
+    assert_equal(
+        cann_ops_tilelang.engram_hash(ids, mult, vocab, offsets, none), engram_hash_ref(ids, mult, vocab, offsets)
+    )
+
+
+@pytest.mark.npu
 def test_engram_hash_edge_values(device):
     """Extreme multipliers (every product wraps), id extremes, negative ids and negative vocab sizes."""
     ids, mult, vocab, offsets = _inputs(300, 3, 4, 3, 'cpu')
@@ -257,6 +326,8 @@ def test_engram_hash_empty(device):
     assert out.device == ids.device
     buf = torch.empty(2, 0, 16, dtype=torch.int32, device=device)
     assert cann_ops_tilelang.engram_hash(ids, mult, vocab, offsets, out=buf) is buf
+    mask = torch.zeros(0, dtype=torch.bool, device=device)
+    assert cann_ops_tilelang.engram_hash(ids, mult, vocab, offsets, mask).shape == (2, 0, 16)
 
 
 @pytest.mark.npu

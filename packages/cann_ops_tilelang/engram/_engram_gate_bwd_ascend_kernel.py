@@ -18,6 +18,7 @@ def ascend_chunked_kernel(cfg: EngramGateBwdConfig):
     import tilelang.ascend.language as T
 
     hc, hidden, P, D, TC = cfg.hc, cfg.hidden, cfg.num_blocks, cfg.tile_cols, cfg.token_chunk
+    has_mask = cfg.has_mask
     L = _LANES
     n_tiles = hidden // D
     C = D // L
@@ -26,6 +27,53 @@ def ascend_chunked_kernel(cfg: EngramGateBwdConfig):
     inv_h = 1.0 / hidden
     num_tokens = T.dynamic('num_tokens')
     k_stride_t, k_stride_h, v_stride_t = T.dynamic('k_stride_t'), T.dynamic('k_stride_h'), T.dynamic('v_stride_t')
+
+    @T.macro
+    def phase_a_vf(i, go_ub, v_ub, sc_ub, dl_ub, gv_ub):
+        # dL/dg partials (accumulated over tiles) and the grad_v tile of one text token.
+        with T.SimdVF():
+            for h in T.serial(hc):
+                acc = T.simd.alloc_var(T.float32)
+                acc = T.simd.vdup(0.0, T.float32)
+                for c in T.serial(C):
+                    gf = T.simd.vcvt(T.simd.vld(go_ub[h, c * L], dist='UNPK_B16'), T.float32)
+                    vf = T.simd.vcvt(T.simd.vld(v_ub[c * L], dist='UNPK_B16'), T.float32)
+                    T.simd.vmula(acc, gf, vf)
+                total = T.simd.vcadd(acc)  # lane 0: the tile's sum
+                prev = T.simd.vld(dl_ub[i * hc + h], dist='BRC_B32')
+                T.simd.vsts(dl_ub[i * hc + h], T.simd.vadd(total, prev), dist='ONEPT_B32')
+            for c in T.serial(C):
+                acc2 = T.simd.alloc_var(T.float32)
+                acc2 = T.simd.vdup(0.0, T.float32)
+                for h in T.serial(hc):
+                    gf = T.simd.vcvt(T.simd.vld(go_ub[h, c * L], dist='UNPK_B16'), T.float32)
+                    gb = T.simd.vld(sc_ub[1, i * hc + h], dist='BRC_B32')
+                    T.simd.vmula(acc2, gf, gb)
+                T.simd.vsts(gv_ub[c * L], T.simd.vcvt(acc2, T.bfloat16), dist='PK_B32')
+
+    @T.macro
+    def phase_b_vf(i, go_ub, x_ub, k_ub, w_ub, r_ub, gx_ub, gk_ub, gw_ub):
+        # The grad_x, grad_k tiles of one text token and its share of the weight-gradient tile.
+        with T.SimdVF():
+            for h in T.serial(hc):
+                rb = T.simd.vld(r_ub[0, i * hc + h], dist='BRC_B32')
+                cxb = T.simd.vld(r_ub[1, i * hc + h], dist='BRC_B32')
+                ckb = T.simd.vld(r_ub[2, i * hc + h], dist='BRC_B32')
+                for c in T.serial(C):
+                    xf = T.simd.vcvt(T.simd.vld(x_ub[h, c * L], dist='UNPK_B16'), T.float32)
+                    kf = T.simd.vcvt(T.simd.vld(k_ub[h, c * L], dist='UNPK_B16'), T.float32)
+                    gf = T.simd.vcvt(T.simd.vld(go_ub[h, c * L], dist='UNPK_B16'), T.float32)
+                    wf = T.simd.vld(w_ub[h, c * L])
+                    tx = T.simd.vsub(T.simd.vmul(kf, wf), T.simd.vmul(xf, cxb))
+                    gxv = T.simd.vadd(gf, T.simd.vmul(rb, tx))
+                    T.simd.vsts(gx_ub[h, c * L], T.simd.vcvt(gxv, T.bfloat16), dist='PK_B32')
+                    tk = T.simd.vsub(T.simd.vmul(xf, wf), T.simd.vmul(kf, ckb))
+                    gkv = T.simd.vmul(rb, tk)
+                    T.simd.vsts(gk_ub[h, c * L], T.simd.vcvt(gkv, T.bfloat16), dist='PK_B32')
+                    acc = T.simd.alloc_var(T.float32)
+                    acc = T.simd.vld(gw_ub[h, c * L])
+                    T.simd.vmula(acc, T.simd.vmul(rb, xf), kf)
+                    T.simd.vsts(gw_ub[h, c * L], acc)
 
     @T.macro
     def body(
@@ -38,9 +86,9 @@ def ascend_chunked_kernel(cfg: EngramGateBwdConfig):
         gate_score,
         rstd_x,
         rstd_k,
+        image_token_mask,
         grad_x,
-        grad_k,
-        grad_v,
+        grad_kv,
         grad_w_partial,
         clamp_value,
         token_counter,
@@ -84,26 +132,17 @@ def ascend_chunked_kernel(cfg: EngramGateBwdConfig):
                     with T.Task():
                         T.copy(grad_out[t, :, d * D : (d + 1) * D], go_ub)
                         T.copy(v[t, d * D : (d + 1) * D], v_ub)
-                    with T.SimdVF():
-                        for h in T.serial(hc):
-                            acc = T.simd.alloc_var(T.float32)
-                            acc = T.simd.vdup(0.0, T.float32)
-                            for c in T.serial(C):
-                                gf = T.simd.vcvt(T.simd.vld(go_ub[h, c * L], dist='UNPK_B16'), T.float32)
-                                vf = T.simd.vcvt(T.simd.vld(v_ub[c * L], dist='UNPK_B16'), T.float32)
-                                T.simd.vmula(acc, gf, vf)
-                            total = T.simd.vcadd(acc)  # lane 0: the tile's sum
-                            prev = T.simd.vld(dl_ub[i * hc + h], dist='BRC_B32')
-                            T.simd.vsts(dl_ub[i * hc + h], T.simd.vadd(total, prev), dist='ONEPT_B32')
-                        for c in T.serial(C):
-                            acc2 = T.simd.alloc_var(T.float32)
-                            acc2 = T.simd.vdup(0.0, T.float32)
-                            for h in T.serial(hc):
-                                gf = T.simd.vcvt(T.simd.vld(go_ub[h, c * L], dist='UNPK_B16'), T.float32)
-                                gb = T.simd.vld(sc_ub[1, i * hc + h], dist='BRC_B32')
-                                T.simd.vmula(acc2, gf, gb)
-                            T.simd.vsts(gv_ub[c * L], T.simd.vcvt(acc2, T.bfloat16), dist='PK_B32')
-                    T.copy(gv_ub, grad_v[t, d * D : (d + 1) * D])
+                    if has_mask:
+                        if image_token_mask[t]:  # an image token: grad_v = 0 (its dL/dg is never used)
+                            with T.SimdVF():
+                                zero = T.simd.vcvt(T.simd.vdup(0.0, T.float32), T.bfloat16)
+                                for c in T.serial(C):
+                                    T.simd.vsts(gv_ub[c * L], zero, dist='PK_B32')
+                        else:
+                            phase_a_vf(i, go_ub, v_ub, sc_ub, dl_ub, gv_ub)
+                    else:
+                        phase_a_vf(i, go_ub, v_ub, sc_ub, dl_ub, gv_ub)
+                    T.copy(gv_ub, grad_kv[t, hc, d * D : (d + 1) * D])
                 # ---- r, dot*rstd_x^2/H, dot*rstd_k^2/H of the chunk, one lane per (token, branch)
                 with T.SimdVF():
                     dl = T.simd.vld(dl_ub[0])
@@ -132,29 +171,24 @@ def ascend_chunked_kernel(cfg: EngramGateBwdConfig):
                             T.copy(grad_out[t, :, d * D : (d + 1) * D], go_ub)
                             T.copy(hidden_states[t, :, d * D : (d + 1) * D], x_ub)
                             T.copy(k[t, :, d * D : (d + 1) * D], k_ub)
-                        with T.SimdVF():
-                            for h in T.serial(hc):
-                                rb = T.simd.vld(r_ub[0, i * hc + h], dist='BRC_B32')
-                                cxb = T.simd.vld(r_ub[1, i * hc + h], dist='BRC_B32')
-                                ckb = T.simd.vld(r_ub[2, i * hc + h], dist='BRC_B32')
-                                for c in T.serial(C):
-                                    xf = T.simd.vcvt(T.simd.vld(x_ub[h, c * L], dist='UNPK_B16'), T.float32)
-                                    kf = T.simd.vcvt(T.simd.vld(k_ub[h, c * L], dist='UNPK_B16'), T.float32)
-                                    gf = T.simd.vcvt(T.simd.vld(go_ub[h, c * L], dist='UNPK_B16'), T.float32)
-                                    wf = T.simd.vld(w_ub[h, c * L])
-                                    tx = T.simd.vsub(T.simd.vmul(kf, wf), T.simd.vmul(xf, cxb))
-                                    gxv = T.simd.vadd(gf, T.simd.vmul(rb, tx))
-                                    T.simd.vsts(gx_ub[h, c * L], T.simd.vcvt(gxv, T.bfloat16), dist='PK_B32')
-                                    tk = T.simd.vsub(T.simd.vmul(xf, wf), T.simd.vmul(kf, ckb))
-                                    gkv = T.simd.vmul(rb, tk)
-                                    T.simd.vsts(gk_ub[h, c * L], T.simd.vcvt(gkv, T.bfloat16), dist='PK_B32')
-                                    acc = T.simd.alloc_var(T.float32)
-                                    acc = T.simd.vld(gw_ub[h, c * L])
-                                    T.simd.vmula(acc, T.simd.vmul(rb, xf), kf)
-                                    T.simd.vsts(gw_ub[h, c * L], acc)
+                        if has_mask:
+                            if image_token_mask[t]:
+                                # An image token: grad_x = grad_out bit for bit (16-bit lanes unpacked and packed
+                                # back, no conversion), grad_k = 0, no share of the weight gradient.
+                                with T.SimdVF():
+                                    zero = T.simd.vcvt(T.simd.vdup(0.0, T.float32), T.bfloat16)
+                                    for h in T.serial(hc):
+                                        for c in T.serial(C):
+                                            go16 = T.simd.vld(go_ub[h, c * L], dist='UNPK_B16')
+                                            T.simd.vsts(gx_ub[h, c * L], go16, dist='PK_B32')
+                                            T.simd.vsts(gk_ub[h, c * L], zero, dist='PK_B32')
+                            else:
+                                phase_b_vf(i, go_ub, x_ub, k_ub, w_ub, r_ub, gx_ub, gk_ub, gw_ub)
+                        else:
+                            phase_b_vf(i, go_ub, x_ub, k_ub, w_ub, r_ub, gx_ub, gk_ub, gw_ub)
                         with T.Task():
                             T.copy(gx_ub, grad_x[t, :, d * D : (d + 1) * D])
-                            T.copy(gk_ub, grad_k[t, :, d * D : (d + 1) * D])
+                            T.copy(gk_ub, grad_kv[t, 0:hc, d * D : (d + 1) * D])
                     T.copy(gw_ub, grad_w_partial[cid, :, d * D : (d + 1) * D])
 
     return _engram_gate_bwd_prim_func(
@@ -163,7 +197,7 @@ def ascend_chunked_kernel(cfg: EngramGateBwdConfig):
         hc=hc,
         hidden=hidden,
         num_blocks=P,
+        has_mask=cfg.has_mask,
         num_tokens=num_tokens,
         strides=(k_stride_t, k_stride_h, v_stride_t),
-        token_counter=False,
     )

@@ -54,7 +54,7 @@ def _token_range(num_tokens, pid, num_blocks):
 def cuda_resident_kernel(cfg: EngramGateBwdConfig):
     import tilelang.language as T
 
-    hc, hidden, P = cfg.hc, cfg.hidden, cfg.num_blocks
+    hc, hidden, P, has_mask = cfg.hc, cfg.hidden, cfg.num_blocks, cfg.has_mask
     threads, g, w_in_smem, dynamic = cfg.threads, cfg.groups_per_thread, cfg.w_in_smem, cfg.dynamic_tokens
     groups = hidden // VEC
     nw = threads // 32
@@ -114,6 +114,36 @@ def cuda_resident_kernel(cfg: EngramGateBwdConfig):
                     )
 
     @T.macro
+    def phase_b(
+        tok, tid, x_s, k_s, w_s, go_r, gw, rr, cx, ck, xb, kb, wf, xf, kf, ox, ok, weight_fused, grad_x, grad_kv
+    ):
+        # Phase B of one text token: grad_x, grad_k and this thread's weight-gradient slice.
+        for j in T.unroll(g):
+            if j * threads + tid < groups:
+                col = (j * threads + tid) * VEC
+                for h in T.unroll(hc):
+                    for e in T.vectorized(VEC):
+                        xb[e] = x_s[j, h, tid * VEC + e]
+                    for e in T.vectorized(VEC):
+                        kb[e] = k_s[j, h, tid * VEC + e]
+                    if w_in_smem:
+                        for e in T.vectorized(VEC):
+                            wf[e] = w_s[j, h, tid * VEC + e]
+                    else:
+                        for e in T.vectorized(VEC):
+                            wf[e] = weight_fused[h, col + e]
+                    for e in T.unroll(VEC):
+                        xf[e] = T.cast(xb[e], T.float32)
+                        kf[e] = T.cast(kb[e], T.float32)
+                        gw[j, h, e] += rr[h] * xf[e] * kf[e]
+                        ox[e] = unpack(go_r[j, h, e // 2], e, alt=True) + rr[h] * (kf[e] * wf[e] - xf[e] * cx[h])
+                        ok[e] = rr[h] * (xf[e] * wf[e] - kf[e] * ck[h])
+                    for e in T.vectorized(VEC):
+                        grad_x[tok, h, col + e] = T.cast(ox[e], T.bfloat16)
+                    for e in T.vectorized(VEC):
+                        grad_kv[tok, h, col + e] = T.cast(ok[e], T.bfloat16)
+
+    @T.macro
     def body(
         grad_out,
         hidden_states,
@@ -124,9 +154,9 @@ def cuda_resident_kernel(cfg: EngramGateBwdConfig):
         gate_score,
         rstd_x,
         rstd_k,
+        image_token_mask,
         grad_x,
-        grad_k,
-        grad_v,
+        grad_kv,
         grad_w_partial,
         clamp_value,
         token_counter,
@@ -173,6 +203,7 @@ def cuda_resident_kernel(cfg: EngramGateBwdConfig):
             # barrier publishes it through tok_s; the block stops at the first c_i >= num_tokens.
             t0, t1 = _token_range(num_tokens, pid, P)
             tok_s = T.alloc_shared((2,), T.int32)
+            img = T.alloc_var(T.int32)  # image_token_mask of the current token (mask variant)
             cur = T.alloc_var(T.int32)
             nx1 = T.alloc_var(T.int32)
             nx2 = T.alloc_var(T.int32)
@@ -225,6 +256,8 @@ def cuda_resident_kernel(cfg: EngramGateBwdConfig):
                     tok, tok1, tok2 = t, t + 1, t + 2
                     has1, has2 = t + 1 < t1, t + 2 < t1
                     sl, sl2, first = t % 4, (t + 2) % 4, t == t0
+                if has_mask:
+                    img = T.Cast('int32', image_token_mask[tok])  # first used after phase A: latency hidden
                 if dynamic and tid == 0:
                     # Issued first, used at the barrier: the atomic's round trip overlaps phase A.
                     claim = T.atomic_add(token_counter[0], 1, return_prev=True) + 3 * P
@@ -250,8 +283,12 @@ def cuda_resident_kernel(cfg: EngramGateBwdConfig):
                                 gof = unpack(go_r[j, h, e // 2], e, alt=False)
                                 part[h] += gof * vf[e]
                                 ov[e] += gof * gsc
+                        if has_mask:  # noqa: SIM102 (a Python-level switch around a device-side condition)
+                            if img != 0:  # an image token: grad_v = 0
+                                for e in T.unroll(VEC):
+                                    ov[e] = 0.0
                         for e in T.vectorized(VEC):
-                            grad_v[tok, col + e] = T.cast(ov[e], T.bfloat16)
+                            grad_kv[tok, hc, col + e] = T.cast(ov[e], T.bfloat16)
                 # ---- prefetch grad_out/v of c_(i + 1) (slots consumed above) and the scalars of c_(i + 2)
                 # (ring slot (i + 2) % 4 was last read in iteration i - 2, before barrier i - 1)
                 if has1:
@@ -289,32 +326,69 @@ def cuda_resident_kernel(cfg: EngramGateBwdConfig):
                     ck[h] = dv * rk * rk * inv_h
                 # ---- phase B: grads of token cur from x, k (staged one token ahead) and grad_out (registers)
                 T.ptx_wait_group(1)
-                for j in T.unroll(g):
-                    if j * threads + tid < groups:
-                        col = (j * threads + tid) * VEC
-                        for h in T.unroll(hc):
-                            for e in T.vectorized(VEC):
-                                xb[e] = x_s[j, h, tid * VEC + e]
-                            for e in T.vectorized(VEC):
-                                kb[e] = k_s[j, h, tid * VEC + e]
-                            if w_in_smem:
-                                for e in T.vectorized(VEC):
-                                    wf[e] = w_s[j, h, tid * VEC + e]
-                            else:
-                                for e in T.vectorized(VEC):
-                                    wf[e] = weight_fused[h, col + e]
-                            for e in T.unroll(VEC):
-                                xf[e] = T.cast(xb[e], T.float32)
-                                kf[e] = T.cast(kb[e], T.float32)
-                                gw[j, h, e] += rr[h] * xf[e] * kf[e]
-                                ox[e] = unpack(go_r[j, h, e // 2], e, alt=True) + rr[h] * (
-                                    kf[e] * wf[e] - xf[e] * cx[h]
-                                )
-                                ok[e] = rr[h] * (xf[e] * wf[e] - kf[e] * ck[h])
-                            for e in T.vectorized(VEC):
-                                grad_x[tok, h, col + e] = T.cast(ox[e], T.bfloat16)
-                            for e in T.vectorized(VEC):
-                                grad_k[tok, h, col + e] = T.cast(ok[e], T.bfloat16)
+                if has_mask:
+                    if img != 0:
+                        # An image token: grad_x = grad_out bit for bit (the packed words held since phase A),
+                        # grad_k = 0, no share of the weight gradient.
+                        for j in T.unroll(g):
+                            if j * threads + tid < groups:
+                                col = (j * threads + tid) * VEC
+                                for h in T.unroll(hc):
+                                    for e in T.unroll(VEC):
+                                        xb[e] = T.reinterpret(
+                                            T.Cast('uint16', (go_r[j, h, e // 2] >> T.uint32((e % 2) * 16))),
+                                            T.bfloat16,
+                                        )
+                                    for e in T.vectorized(VEC):
+                                        grad_x[tok, h, col + e] = xb[e]
+                                    for e in T.vectorized(VEC):
+                                        grad_kv[tok, h, col + e] = T.cast(0, T.bfloat16)
+                    else:
+                        phase_b(
+                            tok,
+                            tid,
+                            x_s,
+                            k_s,
+                            w_s,
+                            go_r,
+                            gw,
+                            rr,
+                            cx,
+                            ck,
+                            xb,
+                            kb,
+                            wf,
+                            xf,
+                            kf,
+                            ox,
+                            ok,
+                            weight_fused,
+                            grad_x,
+                            grad_kv,
+                        )
+                else:
+                    phase_b(
+                        tok,
+                        tid,
+                        x_s,
+                        k_s,
+                        w_s,
+                        go_r,
+                        gw,
+                        rr,
+                        cx,
+                        ck,
+                        xb,
+                        kb,
+                        wf,
+                        xf,
+                        kf,
+                        ox,
+                        ok,
+                        weight_fused,
+                        grad_x,
+                        grad_kv,
+                    )
                 # ---- prefetch x, k of c_(i + 1) (slots consumed above)
                 if has1:
                     issue_x_k(tok1, tid, x_s, k_s, hidden_states, k)
@@ -338,9 +412,9 @@ def cuda_resident_kernel(cfg: EngramGateBwdConfig):
         hc=hc,
         hidden=hidden,
         num_blocks=P,
+        has_mask=has_mask,
         num_tokens=num_tokens,
         strides=(k_stride_t, k_stride_h, v_stride_t),
-        token_counter=True,
     )
 
 
@@ -348,6 +422,7 @@ def cuda_chunked_kernel(cfg: EngramGateBwdConfig):
     import tilelang.language as T
 
     hc, hidden, P, threads, TC = cfg.hc, cfg.hidden, cfg.num_blocks, cfg.threads, cfg.token_chunk
+    has_mask = cfg.has_mask
     groups = hidden // VEC
     n_tiles = -(-groups // threads)
     nw = threads // 32
@@ -355,6 +430,20 @@ def cuda_chunked_kernel(cfg: EngramGateBwdConfig):
     inv_h = 1.0 / hidden
     num_tokens = T.dynamic('num_tokens')
     k_stride_t, k_stride_h, v_stride_t = T.dynamic('k_stride_t'), T.dynamic('k_stride_h'), T.dynamic('v_stride_t')
+
+    @T.macro
+    def chunked_grads(t, h, c, r, cxv, ckv, gob, xb, kb, wf, xf, kf, ox, ok, gw, grad_x, grad_kv):
+        # grad_x, grad_k of one text token's tile and its share of the weight-gradient tile.
+        for e in T.unroll(VEC):
+            xf[e] = T.cast(xb[e], T.float32)
+            kf[e] = T.cast(kb[e], T.float32)
+            gw[h, e] += r * xf[e] * kf[e]
+            ox[e] = T.cast(gob[e], T.float32) + r * (kf[e] * wf[e] - xf[e] * cxv)
+            ok[e] = r * (xf[e] * wf[e] - kf[e] * ckv)
+        for e in T.vectorized(VEC):
+            grad_x[t, h, c * VEC + e] = T.cast(ox[e], T.bfloat16)
+        for e in T.vectorized(VEC):
+            grad_kv[t, h, c * VEC + e] = T.cast(ok[e], T.bfloat16)
 
     @T.macro
     def body(
@@ -367,9 +456,9 @@ def cuda_chunked_kernel(cfg: EngramGateBwdConfig):
         gate_score,
         rstd_x,
         rstd_k,
+        image_token_mask,
         grad_x,
-        grad_k,
-        grad_v,
+        grad_kv,
         grad_w_partial,
         clamp_value,
         token_counter,
@@ -437,8 +526,12 @@ def cuda_chunked_kernel(cfg: EngramGateBwdConfig):
                                     gof[e] = T.cast(gob[e], T.float32)
                                     part[h] += gof[e] * T.cast(vb[e], T.float32)
                                     ov[e] += gof[e] * gsc
+                            if has_mask:  # noqa: SIM102 (a Python-level switch around a device-side condition)
+                                if image_token_mask[t]:  # an image token: grad_v = 0
+                                    for e in T.unroll(VEC):
+                                        ov[e] = 0.0
                             for e in T.vectorized(VEC):
-                                grad_v[t, c * VEC + e] = T.cast(ov[e], T.bfloat16)
+                                grad_kv[t, hc, c * VEC + e] = T.cast(ov[e], T.bfloat16)
                     for h in T.unroll(hc):
                         part[h] = T.warp_reduce_sum(part[h])
                     if lane == 0:
@@ -491,16 +584,22 @@ def cuda_chunked_kernel(cfg: EngramGateBwdConfig):
                                 r = rs_s[0, i, h]
                                 cxv = rs_s[1, i, h]
                                 ckv = rs_s[2, i, h]
-                                for e in T.unroll(VEC):
-                                    xf[e] = T.cast(xb[e], T.float32)
-                                    kf[e] = T.cast(kb[e], T.float32)
-                                    gw[h, e] += r * xf[e] * kf[e]
-                                    ox[e] = T.cast(gob[e], T.float32) + r * (kf[e] * wf[e] - xf[e] * cxv)
-                                    ok[e] = r * (xf[e] * wf[e] - kf[e] * ckv)
-                                for e in T.vectorized(VEC):
-                                    grad_x[t, h, c * VEC + e] = T.cast(ox[e], T.bfloat16)
-                                for e in T.vectorized(VEC):
-                                    grad_k[t, h, c * VEC + e] = T.cast(ok[e], T.bfloat16)
+                                if has_mask:
+                                    if image_token_mask[t]:
+                                        # An image token: grad_x = grad_out bit for bit, grad_k = 0, no share of
+                                        # the weight gradient.
+                                        for e in T.vectorized(VEC):
+                                            grad_x[t, h, c * VEC + e] = gob[e]
+                                        for e in T.vectorized(VEC):
+                                            grad_kv[t, h, c * VEC + e] = T.cast(0, T.bfloat16)
+                                    else:
+                                        chunked_grads(
+                                            t, h, c, r, cxv, ckv, gob, xb, kb, wf, xf, kf, ox, ok, gw, grad_x, grad_kv
+                                        )
+                                else:
+                                    chunked_grads(
+                                        t, h, c, r, cxv, ckv, gob, xb, kb, wf, xf, kf, ox, ok, gw, grad_x, grad_kv
+                                    )
                         for h in T.unroll(hc):
                             if ch == 0:
                                 for e in T.vectorized(VEC):
@@ -518,7 +617,7 @@ def cuda_chunked_kernel(cfg: EngramGateBwdConfig):
         hc=hc,
         hidden=hidden,
         num_blocks=P,
+        has_mask=has_mask,
         num_tokens=num_tokens,
         strides=(k_stride_t, k_stride_h, v_stride_t),
-        token_counter=False,
     )

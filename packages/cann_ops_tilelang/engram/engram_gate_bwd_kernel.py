@@ -63,6 +63,7 @@ class EngramGateBwdConfig:
     tile_cols: int  # chunked: columns per tile (Ascend: divides hidden; CUDA: threads * 8)
     token_chunk: int  # chunked: tokens per chunk
     dynamic_tokens: bool = False  # resident: blocks claim tokens from a counter (else a fixed contiguous range)
+    has_mask: bool = False  # the kernel takes image_token_mask (T,) bool (mask=None is its own variant)
 
     def __post_init__(self):
         if self.backend not in ('ascend', 'cuda'):
@@ -87,12 +88,6 @@ class EngramGateBwdConfig:
     def num_blocks(self) -> int:
         """P: the first dimension of grad_w_partial."""
         return self.num_cores
-
-    @property
-    def takes_token_counter(self) -> bool:
-        """The kernel takes a last argument token_counter, int32 (1,), which must be zero when it claims
-        tokens (dynamic_tokens) and is not read otherwise."""
-        return self.variant == 'resident'
 
     @property
     def accumulates_into_partials(self) -> bool:
@@ -143,7 +138,13 @@ def _ascend_tile_cols(hc: int, hidden: int) -> int:
 
 
 def choose_engram_gate_bwd_config(
-    *, backend: Backend, hc: int, hidden: int, num_cores: int, deterministic: bool = False
+    *,
+    backend: Backend,
+    hc: int,
+    hidden: int,
+    num_cores: int,
+    deterministic: bool = False,
+    has_mask: bool = False,
 ) -> EngramGateBwdConfig:
     """Pure choice of the compile-time parameters (no device query). T is a runtime size.
 
@@ -163,6 +164,7 @@ def choose_engram_gate_bwd_config(
             w_in_smem=False,
             tile_cols=_ascend_tile_cols(hc, hidden),
             token_chunk=_LANES // hc,
+            has_mask=has_mask,
         )
     plan = _cuda_resident_plan(hc, hidden)
     if plan is not None:
@@ -179,6 +181,7 @@ def choose_engram_gate_bwd_config(
             tile_cols=_LANES,
             token_chunk=1,
             dynamic_tokens=not deterministic,
+            has_mask=has_mask,
         )
     threads = 256
     return EngramGateBwdConfig(
@@ -192,19 +195,22 @@ def choose_engram_gate_bwd_config(
         w_in_smem=False,
         tile_cols=threads * VEC,
         token_chunk=32,
+        has_mask=has_mask,
     )
 
 
-def _engram_gate_bwd_prim_func(T, body, *, hc, hidden, num_blocks, num_tokens, strides, token_counter):
+def _engram_gate_bwd_prim_func(T, body, *, hc, hidden, num_blocks, has_mask, num_tokens, strides):
     """The prim_func `engram_gate_bwd_kernel` around a backend's kernel body, a T.macro taking (grad_out,
-    hidden_states, k, v, weight_fused, dot, gate_score, rstd_x, rstd_k, grad_x, grad_k, grad_v, grad_w_partial,
-    clamp_value, token_counter), with None for token_counter unless `token_counter` (then the kernel's last
-    argument, int32 (1,)). `T` is the backend's language module; `strides` the dynamic (k_stride_t,
-    k_stride_h, v_stride_t)."""
+    hidden_states, k, v, weight_fused, dot, gate_score, rstd_x, rstd_k, image_token_mask, grad_x, grad_kv,
+    grad_w_partial, clamp_value, token_counter), image_token_mask (T,) bool an argument only when `has_mask`
+    (None otherwise). grad_kv is the packed (T, hc + 1, H) gradient: rows :hc grad_k, row hc grad_v. Every
+    variant takes token_counter, int32 (1,), as its last argument (read only where blocks claim tokens), so
+    that there are two signatures, not four. `T` is the backend's language module; `strides` the dynamic
+    (k_stride_t, k_stride_h, v_stride_t) of the key and value views of kv."""
     k_st, k_sh, v_st = strides
     f32, bf16 = T.float32, T.bfloat16
     P = num_blocks
-    if token_counter:
+    if has_mask:
 
         @T.prim_func
         def engram_gate_bwd_kernel(
@@ -217,16 +223,16 @@ def _engram_gate_bwd_prim_func(T, body, *, hc, hidden, num_blocks, num_tokens, s
             gate_score: T.Tensor((num_tokens, hc), f32),
             rstd_x: T.Tensor((num_tokens, hc), f32),
             rstd_k: T.Tensor((num_tokens, hc), f32),
+            image_token_mask: T.Tensor((num_tokens,), T.bool),
             grad_x: T.Tensor((num_tokens, hc, hidden), bf16),
-            grad_k: T.Tensor((num_tokens, hc, hidden), bf16),
-            grad_v: T.Tensor((num_tokens, hidden), bf16),
+            grad_kv: T.Tensor((num_tokens, hc + 1, hidden), bf16),
             grad_w_partial: T.Tensor((P, hc, hidden), f32),
             clamp_value: T.float32,
             token_counter: T.Tensor((1,), T.int32),
         ):
             body(
                 grad_out, hidden_states, k, v, weight_fused, dot, gate_score, rstd_x, rstd_k,
-                grad_x, grad_k, grad_v, grad_w_partial, clamp_value, token_counter,
+                image_token_mask, grad_x, grad_kv, grad_w_partial, clamp_value, token_counter,
             )  # fmt: skip
 
     else:
@@ -243,14 +249,14 @@ def _engram_gate_bwd_prim_func(T, body, *, hc, hidden, num_blocks, num_tokens, s
             rstd_x: T.Tensor((num_tokens, hc), f32),
             rstd_k: T.Tensor((num_tokens, hc), f32),
             grad_x: T.Tensor((num_tokens, hc, hidden), bf16),
-            grad_k: T.Tensor((num_tokens, hc, hidden), bf16),
-            grad_v: T.Tensor((num_tokens, hidden), bf16),
+            grad_kv: T.Tensor((num_tokens, hc + 1, hidden), bf16),
             grad_w_partial: T.Tensor((P, hc, hidden), f32),
             clamp_value: T.float32,
+            token_counter: T.Tensor((1,), T.int32),
         ):
             body(
                 grad_out, hidden_states, k, v, weight_fused, dot, gate_score, rstd_x, rstd_k,
-                grad_x, grad_k, grad_v, grad_w_partial, clamp_value, None,
+                None, grad_x, grad_kv, grad_w_partial, clamp_value, token_counter,
             )  # fmt: skip
 
     return engram_gate_bwd_kernel

@@ -12,7 +12,9 @@ from cann_ops_tilelang.kernel_target import launch_kernel
 from cann_ops_tilelang.validation import (
     check_bool,
     check_contiguous,
+    check_image_token_mask,
     check_last_dim_contiguous,
+    check_no_overlap,
     check_out,
     check_positive_float,
     check_shape,
@@ -25,7 +27,7 @@ _NAME = 'engram_gate_fwd'
 
 
 class EngramGateFwdResult(NamedTuple):
-    output: torch.Tensor  # (T, hc, H) bf16: x + gate_score * v
+    output: torch.Tensor  # (T, hc, H) bf16: x + gate_score * v (x itself for image tokens)
     dot: torch.Tensor | None  # (T, hc) fp32: sum(x * w * k), unnormalised
     gate_score: torch.Tensor | None  # (T, hc) fp32
     rstd_x: torch.Tensor | None  # (T, hc) fp32
@@ -49,43 +51,58 @@ class _Plan(NamedTuple):
     device: torch.device
 
 
-def _plan(hidden_states, k, v, weight_fused, eps, clamp_value, save_for_backward, out) -> _Plan:
+def _plan(
+    hidden_states, kv, weight_fused, eps, clamp_value, save_for_backward, image_token_mask, inplace, out
+) -> _Plan:
     """Validate the arguments and choose the kernel configuration (no allocation, no launch)."""
     x = check_tensor('hidden_states', hidden_states, dtype=torch.bfloat16, ndim=3)
-    check_tensor('k', k, dtype=torch.bfloat16, ndim=3)
-    check_tensor('v', v, dtype=torch.bfloat16, ndim=2)
+    check_tensor('kv', kv, dtype=torch.bfloat16, ndim=3)
     check_tensor('weight_fused', weight_fused, dtype=torch.float32, ndim=2)
     num_tokens, hc, hidden = x.shape
     check_hc_hidden(_NAME, hc, hidden)
-    check_shape('k', k, (num_tokens, hc, hidden))
-    check_shape('v', v, (num_tokens, hidden))
+    check_shape('kv', kv, (num_tokens, hc + 1, hidden))
     check_shape('weight_fused', weight_fused, (hc, hidden))
     check_contiguous('hidden_states', x)
-    check_last_dim_contiguous('k', k)
-    check_last_dim_contiguous('v', v)
+    check_last_dim_contiguous('kv', kv)
     check_contiguous('weight_fused', weight_fused)
     check_positive_float('eps', eps)
     check_positive_float('clamp_value', clamp_value)
     save_for_backward = check_bool('save_for_backward', save_for_backward)
-    inputs = {'hidden_states': x, 'k': k, 'v': v, 'weight_fused': weight_fused}
-    if out is not None:
+    inplace = check_bool('inplace', inplace)
+    inputs = {'hidden_states': x, 'kv': kv, 'weight_fused': weight_fused}
+    if image_token_mask is not None:
+        check_image_token_mask(image_token_mask, num_tokens)
+        inputs['image_token_mask'] = image_token_mask
+    if inplace:
+        if save_for_backward:
+            raise ValueError(
+                f'{_NAME}: inplace=True overwrites hidden_states, which the backward needs: use save_for_backward=False'
+            )
+        if out is not None:
+            raise ValueError(f'{_NAME}: inplace=True writes the output into hidden_states: do not also pass out=')
+        check_no_overlap('hidden_states', x, inputs, what='written in place')
+    elif out is not None:
         check_out('out', out, shape=(num_tokens, hc, hidden), dtype=torch.bfloat16, device=x.device, inputs=inputs)
 
-    tensors = (x, k, v, weight_fused) + ((out,) if out is not None else ())
+    tensors = [x, kv, weight_fused]
+    if image_token_mask is not None:
+        tensors.append(image_token_mask)
+    if out is not None:
+        tensors.append(out)
     backend = require_accelerator(*tensors)
     device = x.device
     # Outer strides of size-1 dimensions are never used: they do not limit the access width. The output
     # (allocated by the caching allocator where not given) is 16-byte aligned unless `out` says otherwise.
-    strides = [k.stride(0), v.stride(0)] if num_tokens > 1 else []
-    if hc > 1:
-        strides.append(k.stride(1))
-    vec = _access_vec((x, k, v) + ((out,) if out is not None else ()), tuple(strides))
+    strides = [kv.stride(0)] if num_tokens > 1 else []
+    strides.append(kv.stride(1))  # k rows (hc > 1) and the offset of v (row hc) from the keys
+    vec = _access_vec((x, kv) + ((out,) if out is not None else ()), tuple(strides))
     cfg = choose_engram_gate_fwd_config(
         backend=backend,
         hc=hc,
         hidden=hidden,
         num_cores=get_num_cores(device),
         save_for_backward=save_for_backward,
+        has_mask=image_token_mask is not None,
         vec=vec,
     )
     return _Plan(cfg, device)
@@ -93,33 +110,55 @@ def _plan(hidden_states, k, v, weight_fused, eps, clamp_value, save_for_backward
 
 def engram_gate_fwd(
     hidden_states: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
+    kv: torch.Tensor,
     weight_fused: torch.Tensor,
-    *,
-    eps: float = 1e-6,
-    clamp_value: float = 1e-6,
+    eps: float,
+    clamp_value: float,
     save_for_backward: bool = True,
+    image_token_mask: torch.Tensor | None = None,
+    inplace: bool = False,
+    *,
     out: torch.Tensor | None = None,
 ) -> EngramGateFwdResult:
-    """Gate the value `v` into every hyper-connection branch of the hidden states.
+    """Gate the value into every hyper-connection branch of the hidden states (TileKernels 2.1.0's call).
 
-    hidden_states: (T, hc, H) bf16, contiguous. k: (T, hc, H) bf16, last dimension contiguous, other
-    strides free. v: (T, H) bf16, last dimension contiguous. weight_fused: (hc, H) fp32, contiguous
-    (engram_fused_weight). hc in 1..8, H a multiple of 64 up to 16384, T >= 0.
+    Args:
+        hidden_states: (T, hc, H) bf16, contiguous. hc in 1..8, H a multiple of 64 up to 16384, T >= 0.
+        kv: (T, hc + 1, H) bf16: kv[:, :hc] the key of each branch, kv[:, hc] the value shared by all
+            branches. Last dimension contiguous, other strides free.
+        weight_fused: (hc, H) fp32, contiguous (engram_fused_weight).
+        eps, clamp_value: finite floats > 0 (RMSNorm epsilon; clamp of the signed square root).
+        save_for_backward: also return dot, gate_score, rstd_x, rstd_k for engram_gate_bwd.
+        image_token_mask: optional (T,) bool, contiguous; True marks an image token, for which the gate
+            does nothing: output[t] = hidden_states[t] bit for bit and its saved values are 0. None is
+            its own compiled variant (text-only batches run the kernel without any mask test).
+        inplace: write the output into hidden_states (returned as output). Not with save_for_backward
+            (the backward reads hidden_states) nor with out=; hidden_states must not overlap another input.
+        out: optional (T, hc, H) bf16 contiguous buffer on the same device, not overlapping any input.
 
-    Returns (output, dot, gate_score, rstd_x, rstd_k): output (T, hc, H) bf16 (written into `out` when
-    given); the four saved tensors (T, hc) fp32, or None when save_for_backward is False.
+    Returns:
+        EngramGateFwdResult(output, dot, gate_score, rstd_x, rstd_k), a tuple: output (T, hc, H) bf16; the
+        four saved tensors (T, hc) fp32, or None when save_for_backward is False.
     """
-    cfg, device = _plan(hidden_states, k, v, weight_fused, eps, clamp_value, save_for_backward, out)
+    cfg, device = _plan(
+        hidden_states, kv, weight_fused, eps, clamp_value, save_for_backward, image_token_mask, inplace, out
+    )
     num_tokens, hc, hidden = hidden_states.shape
-    output = torch.empty((num_tokens, hc, hidden), dtype=torch.bfloat16, device=device) if out is None else out
+    if inplace:
+        output = hidden_states
+    elif out is not None:
+        output = out
+    else:
+        output = torch.empty((num_tokens, hc, hidden), dtype=torch.bfloat16, device=device)
     saved: tuple[torch.Tensor | None, ...] = (None, None, None, None)
     if cfg.save_for_backward:
         saved = tuple(torch.empty((num_tokens, hc), dtype=torch.float32, device=device) for _ in range(4))
     if num_tokens == 0:
         return EngramGateFwdResult(output, *saved)
-    outputs = (output, *saved) if cfg.save_for_backward else (output,)  # the kernel without saved outputs has no slots
+    # Zero-copy views of the packed kv: the kernel reads keys and value through their strides.
+    k, v = kv[:, :hc], kv[:, hc]
+    mask = () if image_token_mask is None else (image_token_mask,)
+    outputs = (output, *saved) if cfg.save_for_backward else (output,)  # no slots for unsaved outputs
     launch_kernel(
         get_engram_gate_fwd_kernel,
         cfg,
@@ -128,6 +167,7 @@ def engram_gate_fwd(
         k,
         v,
         weight_fused,
+        *mask,
         *outputs,
         float(eps),
         float(clamp_value),
@@ -137,14 +177,17 @@ def engram_gate_fwd(
 
 def engram_gate_fwd_config(
     hidden_states: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
+    kv: torch.Tensor,
     weight_fused: torch.Tensor,
-    *,
-    eps: float = 1e-6,
-    clamp_value: float = 1e-6,
+    eps: float,
+    clamp_value: float,
     save_for_backward: bool = True,
+    image_token_mask: torch.Tensor | None = None,
+    inplace: bool = False,
+    *,
     out: torch.Tensor | None = None,
 ) -> EngramGateFwdConfig:
     """The kernel configuration engram_gate_fwd launches for these arguments (validated alike; no launch)."""
-    return _plan(hidden_states, k, v, weight_fused, eps, clamp_value, save_for_backward, out).cfg
+    return _plan(
+        hidden_states, kv, weight_fused, eps, clamp_value, save_for_backward, image_token_mask, inplace, out
+    ).cfg

@@ -34,6 +34,7 @@ class EngramGateFwdConfig:
     hidden: int
     num_cores: int  # Ascend: vector cores; CUDA: SMs (persistent grid = num_cores * blocks_per_core)
     save_for_backward: bool = True
+    has_mask: bool = False  # the kernel takes image_token_mask (T,) bool (mask=None is its own variant)
     # CUDA: a block owns one branch h and streams tokens; each thread owns `chunks` 8-element
     # column chunks of that branch (weight in registers for the whole kernel).
     threads: int = 128
@@ -87,6 +88,7 @@ def choose_engram_gate_fwd_config(
     hidden: int,
     num_cores: int,
     save_for_backward: bool = True,
+    has_mask: bool = False,
     vec: int = 8,
 ) -> EngramGateFwdConfig:
     """Compile-time parameters for one shape (pure: no device query)."""
@@ -114,6 +116,7 @@ def choose_engram_gate_fwd_config(
             hidden=hidden,
             num_cores=num_cores,
             save_for_backward=save_for_backward,
+            has_mask=has_mask,
             threads=threads,
             chunks=chunks,
             blocks_per_core=blocks,
@@ -141,6 +144,7 @@ def choose_engram_gate_fwd_config(
             hidden=hidden,
             num_cores=num_cores,
             save_for_backward=save_for_backward,
+            has_mask=has_mask,
             group=group,
             stages=stages,
             weight_resident=weight_resident,
@@ -160,14 +164,35 @@ def get_engram_gate_fwd_kernel(cfg: EngramGateFwdConfig):
     return compile_kernel(make_engram_gate_fwd_kernel(cfg), cfg.backend)
 
 
-def _engram_gate_fwd_prim_func(T, body, *, hc, hidden, save, num_tokens, strides):
+def _engram_gate_fwd_prim_func(T, body, *, hc, hidden, save, has_mask, num_tokens, strides):
     """The prim_func `engram_gate_fwd_kernel` around a backend's kernel body, a T.macro taking (x, k, v, w,
-    out, dot, gate_score, rstd_x, rstd_k, eps, clamp_value) with None for the saved outputs it does not
-    write: those four (T, hc) fp32 outputs are arguments only when `save`. `T` is the backend's language
-    module; `strides` the dynamic (k_stride_t, k_stride_h, v_stride_t)."""
+    image_token_mask, out, dot, gate_score, rstd_x, rstd_k, eps, clamp_value) with None for what the variant
+    does not take: image_token_mask (T,) bool only when `has_mask`, the four saved (T, hc) fp32 outputs only
+    when `save`. `T` is the backend's language module; `strides` the dynamic (k_stride_t, k_stride_h,
+    v_stride_t). In place, `out` is `x` itself: every element of x is read before the same core/thread
+    writes it, and no other one touches it."""
     k_st, k_sh, v_st = strides
     f32, bf16 = T.float32, T.bfloat16
-    if save:
+    if save and has_mask:
+
+        @T.prim_func
+        def engram_gate_fwd_kernel(
+            x: T.Tensor((num_tokens, hc, hidden), bf16),
+            k: T.StridedTensor((num_tokens, hc, hidden), (k_st, k_sh, 1), bf16),
+            v: T.StridedTensor((num_tokens, hidden), (v_st, 1), bf16),
+            w: T.Tensor((hc, hidden), f32),
+            image_token_mask: T.Tensor((num_tokens,), T.bool),
+            out: T.Tensor((num_tokens, hc, hidden), bf16),
+            dot_o: T.Tensor((num_tokens, hc), f32),
+            g_o: T.Tensor((num_tokens, hc), f32),
+            rx_o: T.Tensor((num_tokens, hc), f32),
+            rk_o: T.Tensor((num_tokens, hc), f32),
+            eps: T.float32,
+            clamp_value: T.float32,
+        ):
+            body(x, k, v, w, image_token_mask, out, dot_o, g_o, rx_o, rk_o, eps, clamp_value)
+
+    elif save:
 
         @T.prim_func
         def engram_gate_fwd_kernel(
@@ -183,7 +208,22 @@ def _engram_gate_fwd_prim_func(T, body, *, hc, hidden, save, num_tokens, strides
             eps: T.float32,
             clamp_value: T.float32,
         ):
-            body(x, k, v, w, out, dot_o, g_o, rx_o, rk_o, eps, clamp_value)
+            body(x, k, v, w, None, out, dot_o, g_o, rx_o, rk_o, eps, clamp_value)
+
+    elif has_mask:
+
+        @T.prim_func
+        def engram_gate_fwd_kernel(
+            x: T.Tensor((num_tokens, hc, hidden), bf16),
+            k: T.StridedTensor((num_tokens, hc, hidden), (k_st, k_sh, 1), bf16),
+            v: T.StridedTensor((num_tokens, hidden), (v_st, 1), bf16),
+            w: T.Tensor((hc, hidden), f32),
+            image_token_mask: T.Tensor((num_tokens,), T.bool),
+            out: T.Tensor((num_tokens, hc, hidden), bf16),
+            eps: T.float32,
+            clamp_value: T.float32,
+        ):
+            body(x, k, v, w, image_token_mask, out, None, None, None, None, eps, clamp_value)
 
     else:
 
@@ -197,7 +237,7 @@ def _engram_gate_fwd_prim_func(T, body, *, hc, hidden, save, num_tokens, strides
             eps: T.float32,
             clamp_value: T.float32,
         ):
-            body(x, k, v, w, out, None, None, None, None, eps, clamp_value)
+            body(x, k, v, w, None, out, None, None, None, None, eps, clamp_value)
 
     return engram_gate_fwd_kernel
 
@@ -210,7 +250,7 @@ def _engram_gate_fwd_prim_func(T, body, *, hc, hidden, save, num_tokens, strides
 def _cuda_engram_gate_fwd_kernel(cfg: EngramGateFwdConfig):
     import tilelang.language as T
 
-    hc, hidden, save = cfg.hc, cfg.hidden, cfg.save_for_backward
+    hc, hidden, save, has_mask = cfg.hc, cfg.hidden, cfg.save_for_backward, cfg.has_mask
     nt, nc, vec = cfg.threads, cfg.chunks, cfg.vec
     npb = cfg.persistent_blocks
     nw = nt // 32
@@ -226,7 +266,16 @@ def _cuda_engram_gate_fwd_kernel(cfg: EngramGateFwdConfig):
     v_st = T.dynamic('v_stride_t')
 
     @T.macro
-    def body(x, k, v, w, out, dot_o, g_o, rx_o, rk_o, eps, clamp_value):
+    def store_gated(out, x_l, v_l, st, t, h, col, c):
+        for j0 in T.unroll(ve // vec):
+            for j in T.vectorized(vec):
+                out[t, h, col + j0 * vec + j] = T.cast(
+                    T.cast(x_l[c * ve + j0 * vec + j], f32) + st[3] * T.cast(v_l[c * ve + j0 * vec + j], f32),
+                    bf16,
+                )
+
+    @T.macro
+    def body(x, k, v, w, image_token_mask, out, dot_o, g_o, rx_o, rk_o, eps, clamp_value):
         with T.Kernel(hc * npb, threads=nt) as bid:
             # `red` is double-buffered by token parity: the one barrier below is all it needs.
             T.annotate_pass_configs({'tl.disable_thread_storage_sync': True})
@@ -303,7 +352,12 @@ def _cuda_engram_gate_fwd_kernel(cfg: EngramGateFwdConfig):
                 st[3] = T.sqrt(T.max(T.abs(st[2]), clamp_value))
                 st[3] = T.if_then_else(st[2] > 0, st[3], T.if_then_else(st[2] < 0, -st[3], T.float32(0)))
                 st[3] = 1.0 / (1.0 + T.exp(-st[3]))
-                if save:  # noqa: SIM102 (a Python-level switch around a device-side condition)
+                if has_mask:  # noqa: SIM102 (a Python-level switch around a device-side condition)
+                    if image_token_mask[t]:  # an image token: saved tensors 0, out = x (below)
+                        tot[2] = 0.0
+                        for r in T.unroll(4):
+                            st[r] = 0.0
+                if save:  # noqa: SIM102
                     if tid == 0:
                         dot_o[t, h] = tot[2]
                         g_o[t, h] = st[3]
@@ -312,16 +366,25 @@ def _cuda_engram_gate_fwd_kernel(cfg: EngramGateFwdConfig):
                 for c in T.unroll(nc):
                     col = (tid + c * nt) * ve
                     if not guard or col < hidden:
-                        for j0 in T.unroll(ve // vec):
-                            for j in T.vectorized(vec):
-                                out[t, h, col + j0 * vec + j] = T.cast(
-                                    T.cast(x_l[c * ve + j0 * vec + j], f32)
-                                    + st[3] * T.cast(v_l[c * ve + j0 * vec + j], f32),
-                                    bf16,
-                                )
+                        if has_mask:
+                            if image_token_mask[t]:  # x itself, bit for bit (x + 0 * v would not be: -0, inf)
+                                for j0 in T.unroll(ve // vec):
+                                    for j in T.vectorized(vec):
+                                        out[t, h, col + j0 * vec + j] = x_l[c * ve + j0 * vec + j]
+                            else:
+                                store_gated(out, x_l, v_l, st, t, h, col, c)
+                        else:
+                            store_gated(out, x_l, v_l, st, t, h, col, c)
 
     return _engram_gate_fwd_prim_func(
-        T, body, hc=hc, hidden=hidden, save=save, num_tokens=num_tokens, strides=(k_st, k_sh, v_st)
+        T,
+        body,
+        hc=hc,
+        hidden=hidden,
+        save=save,
+        has_mask=cfg.has_mask,
+        num_tokens=num_tokens,
+        strides=(k_st, k_sh, v_st),
     )
 
 
@@ -342,7 +405,7 @@ def _ascend_engram_gate_fwd_kernel(cfg: EngramGateFwdConfig):
     """
     import tilelang.ascend.language as T
 
-    hc, hidden, save = cfg.hc, cfg.hidden, cfg.save_for_backward
+    hc, hidden, save, has_mask = cfg.hc, cfg.hidden, cfg.save_for_backward, cfg.has_mask
     grp, stages, resident = cfg.group, cfg.stages, cfg.weight_resident
     ngrp = hc // grp
     lanes = ASCEND_LANES
@@ -358,7 +421,51 @@ def _ascend_engram_gate_fwd_kernel(cfg: EngramGateFwdConfig):
     v_st = T.dynamic('v_stride_t')
 
     @T.macro
-    def body(x, k, v, w, out, dot_o, g_o, rx_o, rk_o, eps, clamp_value):
+    def gate_vf(x_ub, k_ub, v_ub, w_ub, s_ub, h0, eps, clamp_value):
+        with T.SimdVF():
+            one = T.simd.vdup(1.0, f32)
+            zero = T.simd.vdup(0.0, f32)
+            for i in T.serial(grp):
+                wr = h0 + i if resident else i
+                axx = T.simd.alloc_var(f32)
+                akk = T.simd.alloc_var(f32)
+                adt = T.simd.alloc_var(f32)
+                axx = T.simd.vdup(0.0, f32)
+                akk = T.simd.vdup(0.0, f32)
+                adt = T.simd.vdup(0.0, f32)
+                for c in T.serial(nchunk):
+                    xv = T.simd.vcvt(T.simd.vld(x_ub[i, c * lanes], dist='UNPK_B16'), f32)
+                    kv = T.simd.vcvt(T.simd.vld(k_ub[i, c * lanes], dist='UNPK_B16'), f32)
+                    wv = T.simd.vld(w_ub[wr, c * lanes])
+                    T.simd.vmula(axx, xv, xv)
+                    T.simd.vmula(akk, kv, kv)
+                    T.simd.vmula(adt, T.simd.vmul(xv, wv), kv)
+                sdt = T.simd.vcadd(adt)
+                rx = T.simd.vdiv(one, T.simd.vsqrt(T.simd.vadds(T.simd.vmuls(T.simd.vcadd(axx), inv_hidden), eps)))
+                rk = T.simd.vdiv(one, T.simd.vsqrt(T.simd.vadds(T.simd.vmuls(T.simd.vcadd(akk), inv_hidden), eps)))
+                d = T.simd.vmuls(T.simd.vmul(T.simd.vmul(sdt, rx), rk), scale)
+                z = T.simd.vsqrt(T.simd.vmaxs(T.simd.vabs(d), clamp_value))
+                z = T.simd.vsel(
+                    z,
+                    T.simd.vsel(T.simd.vneg(z), zero, T.simd.vcmps(d, 0.0, op='lt')),
+                    T.simd.vcmps(d, 0.0, op='gt'),
+                )
+                g = T.simd.vdiv(one, T.simd.vadds(T.simd.vexp(T.simd.vneg(z)), 1.0))
+                if save:
+                    T.simd.vsts(s_ub[0, i], sdt, dist='ONEPT_B32')
+                    T.simd.vsts(s_ub[1, i], g, dist='ONEPT_B32')
+                    T.simd.vsts(s_ub[2, i], rx, dist='ONEPT_B32')
+                    T.simd.vsts(s_ub[3, i], rk, dist='ONEPT_B32')
+                gb = T.simd.vdupv(g)
+                for c in T.serial(nchunk):
+                    o = T.simd.alloc_var(f32)
+                    o = T.simd.vcvt(T.simd.vld(x_ub[i, c * lanes], dist='UNPK_B16'), f32)
+                    vv = T.simd.vcvt(T.simd.vld(v_ub[c * lanes], dist='UNPK_B16'), f32)
+                    T.simd.vmula(o, gb, vv)
+                    T.simd.vsts(x_ub[i, c * lanes], T.simd.vcvt(o, bf16), dist='PK_B32')
+
+    @T.macro
+    def body(x, k, v, w, image_token_mask, out, dot_o, g_o, rx_o, rk_o, eps, clamp_value):
         with T.Kernel(num_cores) as cid:
             x_ub = T.alloc_shared((grp, hidden), bf16)  # x, then out (in place)
             k_ub = T.alloc_shared((grp, hidden), bf16)
@@ -381,51 +488,19 @@ def _ascend_engram_gate_fwd_kernel(cfg: EngramGateFwdConfig):
                     T.copy(v[t, :], v_ub)
                     if not resident:
                         T.copy(w[h0 : h0 + grp, :], w_ub)
-                with T.SimdVF():
-                    one = T.simd.vdup(1.0, f32)
-                    zero = T.simd.vdup(0.0, f32)
-                    for i in T.serial(grp):
-                        wr = h0 + i if resident else i
-                        axx = T.simd.alloc_var(f32)
-                        akk = T.simd.alloc_var(f32)
-                        adt = T.simd.alloc_var(f32)
-                        axx = T.simd.vdup(0.0, f32)
-                        akk = T.simd.vdup(0.0, f32)
-                        adt = T.simd.vdup(0.0, f32)
-                        for c in T.serial(nchunk):
-                            xv = T.simd.vcvt(T.simd.vld(x_ub[i, c * lanes], dist='UNPK_B16'), f32)
-                            kv = T.simd.vcvt(T.simd.vld(k_ub[i, c * lanes], dist='UNPK_B16'), f32)
-                            wv = T.simd.vld(w_ub[wr, c * lanes])
-                            T.simd.vmula(axx, xv, xv)
-                            T.simd.vmula(akk, kv, kv)
-                            T.simd.vmula(adt, T.simd.vmul(xv, wv), kv)
-                        sdt = T.simd.vcadd(adt)
-                        rx = T.simd.vdiv(
-                            one, T.simd.vsqrt(T.simd.vadds(T.simd.vmuls(T.simd.vcadd(axx), inv_hidden), eps))
-                        )
-                        rk = T.simd.vdiv(
-                            one, T.simd.vsqrt(T.simd.vadds(T.simd.vmuls(T.simd.vcadd(akk), inv_hidden), eps))
-                        )
-                        d = T.simd.vmuls(T.simd.vmul(T.simd.vmul(sdt, rx), rk), scale)
-                        z = T.simd.vsqrt(T.simd.vmaxs(T.simd.vabs(d), clamp_value))
-                        z = T.simd.vsel(
-                            z,
-                            T.simd.vsel(T.simd.vneg(z), zero, T.simd.vcmps(d, 0.0, op='lt')),
-                            T.simd.vcmps(d, 0.0, op='gt'),
-                        )
-                        g = T.simd.vdiv(one, T.simd.vadds(T.simd.vexp(T.simd.vneg(z)), 1.0))
+                if has_mask:
+                    # An image token: out = x (x_ub goes back unchanged, bit for bit), saved tensors 0.
+                    if image_token_mask[t]:
                         if save:
-                            T.simd.vsts(s_ub[0, i], sdt, dist='ONEPT_B32')
-                            T.simd.vsts(s_ub[1, i], g, dist='ONEPT_B32')
-                            T.simd.vsts(s_ub[2, i], rx, dist='ONEPT_B32')
-                            T.simd.vsts(s_ub[3, i], rk, dist='ONEPT_B32')
-                        gb = T.simd.vdupv(g)
-                        for c in T.serial(nchunk):
-                            o = T.simd.alloc_var(f32)
-                            o = T.simd.vcvt(T.simd.vld(x_ub[i, c * lanes], dist='UNPK_B16'), f32)
-                            vv = T.simd.vcvt(T.simd.vld(v_ub[c * lanes], dist='UNPK_B16'), f32)
-                            T.simd.vmula(o, gb, vv)
-                            T.simd.vsts(x_ub[i, c * lanes], T.simd.vcvt(o, bf16), dist='PK_B32')
+                            with T.SimdVF():
+                                zero = T.simd.vdup(0.0, f32)
+                                for i in T.serial(grp):
+                                    for r in T.serial(4):
+                                        T.simd.vsts(s_ub[r, i], zero, dist='ONEPT_B32')
+                    else:
+                        gate_vf(x_ub, k_ub, v_ub, w_ub, s_ub, h0, eps, clamp_value)
+                else:
+                    gate_vf(x_ub, k_ub, v_ub, w_ub, s_ub, h0, eps, clamp_value)
                 with T.Task():
                     T.copy(x_ub, out[t, h0 : h0 + grp, :])
                     if save:
@@ -435,5 +510,12 @@ def _ascend_engram_gate_fwd_kernel(cfg: EngramGateFwdConfig):
                         T.copy(s_ub[3, 0:grp], rk_o[t, h0 : h0 + grp])
 
     return _engram_gate_fwd_prim_func(
-        T, body, hc=hc, hidden=hidden, save=save, num_tokens=num_tokens, strides=(k_st, k_sh, v_st)
+        T,
+        body,
+        hc=hc,
+        hidden=hidden,
+        save=save,
+        has_mask=cfg.has_mask,
+        num_tokens=num_tokens,
+        strides=(k_st, k_sh, v_st),
     )

@@ -8,7 +8,7 @@ import torch
 
 from cann_ops_tilelang.config import get_num_cores, require_accelerator
 from cann_ops_tilelang.kernel_target import launch_kernel
-from cann_ops_tilelang.validation import check_contiguous, check_out, check_shape, check_tensor
+from cann_ops_tilelang.validation import check_contiguous, check_image_token_mask, check_out, check_shape, check_tensor
 
 from .engram_hash_kernel import EngramHashConfig, choose_engram_hash_config, get_engram_hash_kernel
 
@@ -24,7 +24,7 @@ class _Plan(NamedTuple):
     shape: tuple[int, int, int]  # (L, T, (N - 1) * E)
 
 
-def _plan(ngram_token_ids, multipliers, vocab_sizes, offsets, out) -> _Plan:
+def _plan(ngram_token_ids, multipliers, vocab_sizes, offsets, image_token_mask, out) -> _Plan:
     """Validate the arguments and choose the kernel configuration (no allocation, no launch)."""
     check_tensor('ngram_token_ids', ngram_token_ids, dtype=torch.int32, ndim=2)
     check_tensor('multipliers', multipliers, dtype=torch.int64, ndim=2)
@@ -55,6 +55,15 @@ def _plan(ngram_token_ids, multipliers, vocab_sizes, offsets, out) -> _Plan:
     ):
         check_contiguous(name, value)
     shape = (num_layers, num_tokens, num_cols)
+    inputs = {
+        'ngram_token_ids': ngram_token_ids,
+        'multipliers': multipliers,
+        'vocab_sizes': vocab_sizes,
+        'offsets': offsets,
+    }
+    if image_token_mask is not None:
+        check_image_token_mask(image_token_mask, num_tokens)
+        inputs['image_token_mask'] = image_token_mask
     if out is not None:
         check_out(
             'out',
@@ -62,16 +71,11 @@ def _plan(ngram_token_ids, multipliers, vocab_sizes, offsets, out) -> _Plan:
             shape=shape,
             dtype=torch.int32,
             device=ngram_token_ids.device,
-            inputs={
-                'ngram_token_ids': ngram_token_ids,
-                'multipliers': multipliers,
-                'vocab_sizes': vocab_sizes,
-                'offsets': offsets,
-            },
+            inputs=inputs,
         )
 
-    tensors = (ngram_token_ids, multipliers, vocab_sizes, offsets)
-    backend = require_accelerator(*tensors, *(() if out is None else (out,)))
+    tensors = list(inputs.values()) + ([] if out is None else [out])
+    backend = require_accelerator(*tensors)
     device = ngram_token_ids.device
     cfg = choose_engram_hash_config(
         backend=backend,
@@ -79,6 +83,7 @@ def _plan(ngram_token_ids, multipliers, vocab_sizes, offsets, out) -> _Plan:
         max_ngram=max_ngram,
         num_tables=num_tables,
         num_cores=get_num_cores(device),
+        has_mask=image_token_mask is not None,
     )
     return _Plan(cfg, device, shape)
 
@@ -88,6 +93,7 @@ def engram_hash(
     multipliers: torch.Tensor,
     vocab_sizes: torch.Tensor,
     offsets: torch.Tensor,
+    image_token_mask: torch.Tensor | None = None,
     *,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
@@ -105,6 +111,8 @@ def engram_hash(
         vocab_sizes: (L, N-1, E) int32, contiguous. Must be > 0: this is not checked (it would need a
             device sync); a zero size gives unspecified rows, negative sizes follow the same `%` rule.
         offsets: (L, (N-1)*E) int32, contiguous.
+        image_token_mask: optional (T,) bool, contiguous: every row of an image token (True) is -1. None
+            is its own compiled variant.
         out: optional (L, T, (N-1)*E) int32 contiguous buffer on the same device, not overlapping the inputs.
 
     Limits (ValueError): 2 <= N <= 16, 1 <= L <= 32, E >= 1 and (N-1)*E <= 256.
@@ -112,11 +120,14 @@ def engram_hash(
     Returns:
         (L, T, (N-1)*E) int32, exact.
     """
-    cfg, device, shape = _plan(ngram_token_ids, multipliers, vocab_sizes, offsets, out)
+    cfg, device, shape = _plan(ngram_token_ids, multipliers, vocab_sizes, offsets, image_token_mask, out)
     result = torch.empty(shape, dtype=torch.int32, device=device) if out is None else out
     if shape[1] == 0:
         return result
-    launch_kernel(get_engram_hash_kernel, cfg, device, ngram_token_ids, multipliers, vocab_sizes, offsets, result)
+    mask = () if image_token_mask is None else (image_token_mask,)
+    launch_kernel(
+        get_engram_hash_kernel, cfg, device, ngram_token_ids, multipliers, vocab_sizes, offsets, *mask, result
+    )
     return result
 
 
@@ -125,8 +136,9 @@ def engram_hash_config(
     multipliers: torch.Tensor,
     vocab_sizes: torch.Tensor,
     offsets: torch.Tensor,
+    image_token_mask: torch.Tensor | None = None,
     *,
     out: torch.Tensor | None = None,
 ) -> EngramHashConfig:
     """The kernel configuration engram_hash launches for these arguments (validated alike; no launch)."""
-    return _plan(ngram_token_ids, multipliers, vocab_sizes, offsets, out).cfg
+    return _plan(ngram_token_ids, multipliers, vocab_sizes, offsets, image_token_mask, out).cfg

@@ -30,6 +30,7 @@ class EngramHashConfig:
     block_tokens: int  # tokens per task (Ascend) / per thread block (CUDA)
     threads: int  # SIMT threads (Ascend T.SimtVF) / CUDA threads per block
     num_stages: int  # Ascend buffer versions of the persistent loop (unused on CUDA)
+    has_mask: bool = False  # the kernel takes image_token_mask (T,) bool: -1 rows for image tokens
 
     def __post_init__(self):
         if self.backend not in ('ascend', 'cuda'):
@@ -44,7 +45,7 @@ class EngramHashConfig:
 
 
 def choose_engram_hash_config(
-    *, backend: Backend, num_layers: int, max_ngram: int, num_tables: int, num_cores: int
+    *, backend: Backend, num_layers: int, max_ngram: int, num_tables: int, num_cores: int, has_mask: bool = False
 ) -> EngramHashConfig:
     """Pure choice of the compile-time parameters (no device query). T is a runtime size."""
     cols = (max_ngram - 1) * num_tables
@@ -53,37 +54,67 @@ def choose_engram_hash_config(
         block = 512
         while block > 8 and block * cols > 8192:
             block //= 2
-        return EngramHashConfig(backend, num_layers, max_ngram, num_tables, num_cores, block, 256, 2)
+        return EngramHashConfig(backend, num_layers, max_ngram, num_tables, num_cores, block, 256, 2, has_mask)
     # CUDA: about one (token, column) element per thread and layer (the smallest power-of-two token
     # block with block * K >= 256 threads): many small blocks keep many int64 divisions in flight
     # (measured against larger blocks: README, Performance).
     block = 1
     while block < 256 and block * cols < 256:
         block *= 2
-    return EngramHashConfig(backend, num_layers, max_ngram, num_tables, num_cores, block, 256, 1)
+    return EngramHashConfig(backend, num_layers, max_ngram, num_tables, num_cores, block, 256, 1, has_mask)
+
+
+def _engram_hash_prim_func(T, body, *, cfg: EngramHashConfig, num_tokens):
+    """The prim_func `engram_hash_kernel` around a backend's kernel body, a T.macro taking (ngram_token_ids,
+    multipliers, vocab_sizes, offsets, image_token_mask, out); image_token_mask (T,) bool is an argument only
+    when cfg.has_mask (None otherwise). `T` is the backend's language module."""
+    L, N, E, K = cfg.num_layers, cfg.max_ngram, cfg.num_tables, cfg.num_cols
+    if cfg.has_mask:
+
+        @T.prim_func
+        def engram_hash_kernel(
+            ngram_token_ids: T.Tensor((num_tokens, N), T.int32),
+            multipliers: T.Tensor((L, N), T.int64),
+            vocab_sizes: T.Tensor((L, N - 1, E), T.int32),
+            offsets: T.Tensor((L, K), T.int32),
+            image_token_mask: T.Tensor((num_tokens,), T.bool),
+            out: T.Tensor((L, num_tokens, K), T.int32),
+        ):
+            body(ngram_token_ids, multipliers, vocab_sizes, offsets, image_token_mask, out)
+
+    else:
+
+        @T.prim_func
+        def engram_hash_kernel(
+            ngram_token_ids: T.Tensor((num_tokens, N), T.int32),
+            multipliers: T.Tensor((L, N), T.int64),
+            vocab_sizes: T.Tensor((L, N - 1, E), T.int32),
+            offsets: T.Tensor((L, K), T.int32),
+            out: T.Tensor((L, num_tokens, K), T.int32),
+        ):
+            body(ngram_token_ids, multipliers, vocab_sizes, offsets, None, out)
+
+    return engram_hash_kernel
 
 
 def _ascend_engram_hash_kernel(cfg: EngramHashConfig):
     import tilelang.ascend.language as T
 
     L, N, E, K = cfg.num_layers, cfg.max_ngram, cfg.num_tables, cfg.num_cols
+    has_mask = cfg.has_mask
     B, num_cores, threads, stages = cfg.block_tokens, cfg.num_cores, cfg.threads, cfg.num_stages
     num_tokens = T.dynamic('num_tokens')
 
-    @T.prim_func
-    def engram_hash_kernel(
-        ngram_token_ids: T.Tensor((num_tokens, N), T.int32),
-        multipliers: T.Tensor((L, N), T.int64),
-        vocab_sizes: T.Tensor((L, N - 1, E), T.int32),
-        offsets: T.Tensor((L, K), T.int32),
-        out: T.Tensor((L, num_tokens, K), T.int32),
-    ):
+    @T.macro
+    def body(ngram_token_ids, multipliers, vocab_sizes, offsets, image_token_mask, out):
         with T.Kernel(num_cores) as cid:
             ids_ub = T.alloc_shared((B, N), T.int32)
             m_ub = T.alloc_shared((L, N), T.int64)
             v_ub = T.alloc_shared((L, N - 1, E), T.int32)
             o_ub = T.alloc_shared((L, K), T.int32)
             r_ub = T.alloc_shared((B, K), T.int32)
+            if has_mask:
+                mask_ub = T.alloc_shared((B,), T.bool)  # image_token_mask of the block
             T.copy(multipliers, m_ub)
             T.copy(vocab_sizes, v_ub)
             T.copy(offsets, o_ub)
@@ -91,6 +122,8 @@ def _ascend_engram_hash_kernel(cfg: EngramHashConfig):
                 t0 = blk * B
                 nv = T.min(B, num_tokens - t0)
                 T.copy(ngram_token_ids[t0 : t0 + B, :], ids_ub)  # tail rows clamped by the DMA
+                if has_mask:
+                    T.copy(image_token_mask[t0 : t0 + nv], mask_ub[0:nv])
                 for layer in T.serial(L):
                     with T.SimtVF(threads=threads):
                         for i, k in T.Parallel(B, K):
@@ -104,27 +137,27 @@ def _ascend_engram_hash_kernel(cfg: EngramHashConfig):
                                         * T.cast(m_ub[layer, j], T.uint64)
                                     )
                             row = T.floormod(T.cast(h, T.int64), T.cast(v_ub[layer, n, k % E], T.int64))
-                            r_ub[i, k] = T.cast(row + T.cast(o_ub[layer, k], T.int64), T.int32)
+                            if has_mask:
+                                r_ub[i, k] = T.if_then_else(
+                                    mask_ub[i], T.int32(-1), T.cast(row + T.cast(o_ub[layer, k], T.int64), T.int32)
+                                )
+                            else:
+                                r_ub[i, k] = T.cast(row + T.cast(o_ub[layer, k], T.int64), T.int32)
                     T.copy(r_ub[:nv, :], out[layer, t0 : t0 + nv, :])
 
-    return engram_hash_kernel
+    return _engram_hash_prim_func(T, body, cfg=cfg, num_tokens=num_tokens)
 
 
 def _cuda_engram_hash_kernel(cfg: EngramHashConfig):
     import tilelang.language as T
 
     L, N, E, K = cfg.num_layers, cfg.max_ngram, cfg.num_tables, cfg.num_cols
+    has_mask = cfg.has_mask
     B = cfg.block_tokens
     num_tokens = T.dynamic('num_tokens')
 
-    @T.prim_func
-    def engram_hash_kernel(
-        ngram_token_ids: T.Tensor((num_tokens, N), T.int32),
-        multipliers: T.Tensor((L, N), T.int64),
-        vocab_sizes: T.Tensor((L, N - 1, E), T.int32),
-        offsets: T.Tensor((L, K), T.int32),
-        out: T.Tensor((L, num_tokens, K), T.int32),
-    ):
+    @T.macro
+    def body(ngram_token_ids, multipliers, vocab_sizes, offsets, image_token_mask, out):
         with T.Kernel(T.ceildiv(num_tokens, B), threads=cfg.threads) as bx:
             for layer in T.unroll(L):
                 for i, k in T.Parallel(B, K):
@@ -142,9 +175,16 @@ def _cuda_engram_hash_kernel(cfg: EngramHashConfig):
                                     * T.cast(multipliers[layer, j], T.uint64)
                                 )
                         row = T.floormod(T.cast(h, T.int64), T.cast(vocab_sizes[layer, n, k % E], T.int64))
-                        out[layer, t, k] = T.cast(row + T.cast(offsets[layer, k], T.int64), T.int32)
+                        if has_mask:
+                            out[layer, t, k] = T.if_then_else(
+                                image_token_mask[t],
+                                T.int32(-1),
+                                T.cast(row + T.cast(offsets[layer, k], T.int64), T.int32),
+                            )
+                        else:
+                            out[layer, t, k] = T.cast(row + T.cast(offsets[layer, k], T.int64), T.int32)
 
-    return engram_hash_kernel
+    return _engram_hash_prim_func(T, body, cfg=cfg, num_tokens=num_tokens)
 
 
 def make_engram_hash_kernel(cfg: EngramHashConfig):
