@@ -31,8 +31,8 @@ def gen_num_tokens(level: int) -> list[int]:
 
 
 def gen_hidden(level: int) -> list[int]:
-    """Hidden sizes (multiples of 64 up to 16384): minimum, core, benchmark, tails of common tiles."""
-    return _by_level(level, core=(64, 4096), default=(192, 1088, 7168), full=(128, 2560, 5120, 16384))
+    """Hidden sizes (multiples of 64 up to 16384): minimum, core, the production (benchmark) sizes, tails."""
+    return _by_level(level, core=(64, 4096), default=(192, 1088, 2560, 5120, 7168), full=(128, 16384))
 
 
 def gen_hc(level: int) -> list[int]:
@@ -41,7 +41,7 @@ def gen_hc(level: int) -> list[int]:
 
 
 BENCHMARK_NUM_TOKENS = (4001, 8001, 32768)
-BENCHMARK_HIDDEN = (4096, 7168)
+BENCHMARK_HIDDEN = (4096, 7168, 2560, 5120)  # production sizes (DeepSeek-V3/V4 class models, Engram-27B)
 BENCHMARK_HC = 4
 
 
