@@ -44,7 +44,13 @@ import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-from cann_ops_pipeline.conventions import DEFAULT_NPU_MEM_THRESHOLD_MB, LARGE_MARKER, USAGE_ERROR, test_level_from_env
+from cann_ops_pipeline.conventions import (
+    DEFAULT_NPU_MEM_THRESHOLD_MB,
+    LARGE_MARKER,
+    USAGE_ERROR,
+    markexpr_problem,
+    test_level_from_env,
+)
 from cann_ops_pipeline.conventions import NPU_MEM_THRESHOLD_OPTION as THRESHOLD_OPTION
 from cann_ops_pipeline.device_count import DEVICE_COUNT_ENV, Tool, count_devices, device_memory_mb, run_tool
 
@@ -147,16 +153,9 @@ def split_threshold(args: Sequence[str]) -> tuple[float | None, list[str]]:
 
 
 def _check_markexpr(markexpr: str) -> None:
-    try:  # pytest of the interpreter that runs the phases
-        from _pytest.mark.expression import Expression
-    except ImportError:  # no pytest here: the phases will say so themselves
-        return
-    try:
-        Expression.compile(markexpr)
-    except Exception as exc:  # SyntaxError from pytest >= 9, ParseError (column, message) before
-        column, message = getattr(exc, 'offset', None) or getattr(exc, 'column', '?'), getattr(exc, 'msg', None)
-        message = message or getattr(exc, 'message', str(exc))
-        raise UsageError(f"Wrong expression passed to '-m': {markexpr}: at column {column}: {message}") from None
+    problem = markexpr_problem(markexpr)
+    if problem is not None:
+        raise UsageError(problem)
 
 
 def check_selection(markexpr: str | None, args: Sequence[str], environ: Mapping[str, str]) -> None:

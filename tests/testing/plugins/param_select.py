@@ -17,7 +17,7 @@ from collections.abc import Mapping
 
 import pytest
 
-from cann_ops_pipeline.conventions import test_level_from_env
+from cann_ops_pipeline.conventions import markexpr_problem, test_level_from_env
 from tests.testing import param_expr
 
 _EXPR = pytest.StashKey[param_expr.Expr]()
@@ -42,17 +42,12 @@ def check_markexpr(config: pytest.Config) -> None:
     text = config.getoption('markexpr', None)
     if not text:
         return
-    try:  # pytest >= 9: pytest's own message and rules (syntax, marker names under --strict-markers)
+    try:  # pytest's own message and rules (syntax, marker names under --strict-markers), where it has them
         from _pytest.mark import _parse_expression, _validate_marker_names
-    except ImportError:  # older pytest (e.g. an accelerator host's): the syntax, in pytest's words
-        from _pytest.mark.expression import Expression, ParseError
-
-        try:
-            Expression.compile(text)
-        except ParseError as exc:  # pytest's own wording
-            raise pytest.UsageError(
-                f"Wrong expression passed to '-m': {text}: at column {exc.column}: {exc.message}"
-            ) from None
+    except ImportError:  # other pytest versions (e.g. an accelerator host's): the syntax, in pytest's words
+        problem = markexpr_problem(text)
+        if problem is not None:
+            raise pytest.UsageError(problem) from None
         return
     _validate_marker_names(_parse_expression(text, "Wrong expression passed to '-m'"), config)
 
