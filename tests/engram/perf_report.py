@@ -1,16 +1,22 @@
-"""Engram performance report on a CUDA GPU: our kernels vs torch.compile of the references.
+"""Engram performance report on a CUDA GPU: this package against TileKernels 2.1.0, side by side, one process.
 
-    python3 -m tests.engram.perf_report [--ops fwd ...] [--shapes T:H ...]
+    python -m tests.engram.perf_report [--ops gate_fwd gate_bwd ...] [--tokens T ...] [--hidden H ...]
+        [--no-compile] [--no-host] [--output report.md]
 
-1. The device-to-device copy ceiling: one large tensor copy, bytes read + written per second.
-2. For every registered op and benchmark shape (T in 4001, 8001, 32768; H in 4096, 7168; hc = 4): our
-   operator and `torch.compile` of its pure-PyTorch reference on the same inputs, timed with
-   `tilelang.profiler.bench.do_bench` (CUPTI kernel time, CUDA events where CUPTI is unavailable;
-   median; L2 flushed before every call), our output checked against the reference once per shape.
-3. A markdown table per op: T, H, ours (us), GB/s, % of the copy ceiling, torch.compile (us), speedup.
+1. The device-to-device copy ceiling of this GPU, measured first in the same run (one 1 GiB copy, bytes
+   read + written per second): the bar of the streaming operators.
+2. For every operator and every row of docs/engram.md's tables (gate fwd / bwd: T in 4001, 8001, 32768 x
+   H in 2560, 4096, 5120, 7168 at hc = 4; fused_weight and grad_w_reduce per H; hash per T; the four
+   Sinkhorn operators once cann_ops_tilelang exports them): this package, TileKernels 2.1.0 (`tile_kernels`,
+   where it imports) and `torch.compile` of the pure-PyTorch reference, on the same inputs, timed with
+   `tilelang.profiler.bench.do_bench` (CUPTI kernel time, CUDA events where CUPTI is unavailable; median;
+   L2 flushed before every call). Our result is checked against the reference once per row.
+3. The small operators' host time: wall time per eager call, back to back (T = 16, hc = 4, H = 7168), ours
+   and TileKernels'.
 
-Ops are entries of `OPS` (name -> PerfEntry: make_inputs, run_ours, run_ref, count_bytes, check);
-add an operator by registering one entry, nothing else changes.
+Where `tile_kernels` cannot be imported the report says so and still prints our figures and the
+torch.compile reference. Operators are entries of `OPS` (PerfEntry); an entry whose operator is not
+exported yet (the Sinkhorn ones, by hasattr) is listed as such and skipped.
 """
 
 from __future__ import annotations
@@ -18,30 +24,48 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
+import time
 from collections.abc import Callable
 
 import torch
 
+from tests.engram.engram_gate_bwd_ref import engram_gate_bwd_ref
+from tests.engram.engram_gate_fwd_ref import engram_gate_fwd_ref
+from tests.engram.engram_grad_w_reduce_ref import engram_grad_w_reduce_ref
+from tests.engram.engram_hash_ref import engram_hash_ref
 from tests.testing.generator import BENCHMARK_HC, BENCHMARK_HIDDEN, BENCHMARK_NUM_TOKENS
+from tests.testing.numeric import count_bytes
 
 COPY_BYTES = 1 << 30  # 1 GiB source: far beyond the L2 cache
+EPS = 1e-6
+CLAMP = 1e-6
+HASH_SIZES = {'num_layers': 2, 'max_ngram': 3, 'num_tables': 8}  # the Engram setting
+SINKHORN_NUMEL = (1 << 18, 1 << 24, 1 << 29)  # 256K .. 512M, the reference library's range
+SINKHORN_ROWS = (1001, 10001, 100001)
+SINKHORN_HEAD_DIM = (256, 5120)
+HOST_SHAPE = {'num_tokens': 16, 'hc': 4, 'hidden': 7168}
 
 
 @dataclasses.dataclass(frozen=True)
 class PerfEntry:
     """One operator of the report.
 
-    make_inputs(num_tokens, hc, hidden, device) -> dict of inputs (generated once per shape);
-    run_ours(inputs) / run_ref(inputs) -> outputs (run_ref is wrapped in torch.compile);
-    count_bytes(inputs, ours_outputs) -> bytes the operation must move (read + written);
-    check(ours_outputs, ref_outputs) -> None, raises AssertionError on a mismatch.
+    op: the cann_ops_tilelang attribute it times (absent: the entry is skipped as not exported yet).
+    rows(args) -> the shape dicts of its table; make_inputs(shape, device) -> dict of inputs;
+    ours(inp) / tk(tile_kernels, inp) / ref(inp) -> outputs (ref is wrapped in torch.compile);
+    count_bytes(inp, ours_outputs) -> bytes the operation must move; check(ours, ref) raises AssertionError.
+    streaming: the copy-ceiling bar applies (docs/engram.md, "The bar").
     """
 
-    make_inputs: Callable[[int, int, int, torch.device], dict]
-    run_ours: Callable[[dict], object]
-    run_ref: Callable[[dict], object]
+    op: str
+    rows: Callable[[argparse.Namespace], list[dict]]
+    make_inputs: Callable[[dict, torch.device], dict]
+    ours: Callable[[dict], object]
+    tk: Callable[[object, dict], object]
+    ref: Callable[[dict], object]
     count_bytes: Callable[[dict, object], int]
     check: Callable[[object, object], None]
+    streaming: bool
 
 
 OPS: dict[str, PerfEntry] = {}
@@ -53,100 +77,357 @@ def register(name: str, entry: PerfEntry) -> None:
     OPS[name] = entry
 
 
+def _ops():
+    import cann_ops_tilelang
+
+    return cann_ops_tilelang
+
+
+def _nbytes(*tensors) -> int:
+    flat = []
+    for t in tensors:
+        flat.extend(t if isinstance(t, (tuple, list)) else (t,))
+    return count_bytes(*flat)
+
+
+def _close(name: str, actual: torch.Tensor, expected: torch.Tensor, *, rtol: float, atol_scale: float) -> None:
+    scale = float(expected.abs().max()) if expected.numel() else 0.0
+    torch.testing.assert_close(
+        actual.double(), expected.double(), rtol=rtol, atol=atol_scale * scale, msg=lambda m: f'{name}: {m}'
+    )
+
+
+def _gate_rows(args) -> list[dict]:
+    return [{'num_tokens': t, 'hc': args.hc, 'hidden': h} for t in args.tokens for h in args.hidden]
+
+
 # ---------------------------------------------------------------- engram_gate_fwd
 
 
-def _fwd_inputs(num_tokens: int, hc: int, hidden: int, device: torch.device) -> dict:
+def _fwd_inputs(shape: dict, device: torch.device) -> dict:
+    t, hc, h = shape['num_tokens'], shape['hc'], shape['hidden']
     return {
-        'hidden_states': torch.randn(num_tokens, hc, hidden, device=device).to(torch.bfloat16),
-        'k': torch.randn(num_tokens, hc, hidden, device=device).to(torch.bfloat16),
-        'v': torch.randn(num_tokens, hidden, device=device).to(torch.bfloat16),
-        'weight_fused': 1.0 + 0.5 * torch.randn(hc, hidden, device=device),
+        'hidden_states': torch.randn(t, hc, h, device=device).to(torch.bfloat16),
+        'kv': torch.randn(t, hc + 1, h, device=device).to(torch.bfloat16),
+        'weight_fused': 1.0 + 0.5 * torch.randn(hc, h, device=device),
     }
 
 
-def _fwd_ours(inp: dict):
-    import cann_ops_tilelang
-
-    return cann_ops_tilelang.engram_gate_fwd(inp['hidden_states'], inp['k'], inp['v'], inp['weight_fused'])
-
-
 def _fwd_ref(inp: dict):
-    from tests.engram.engram_gate_fwd_ref import engram_gate_fwd_ref
-
-    return engram_gate_fwd_ref(inp['hidden_states'], inp['k'], inp['v'], inp['weight_fused'])
-
-
-def _fwd_bytes(inp: dict, out) -> int:
-    from tests.testing.numeric import count_bytes
-
-    return count_bytes(inp['hidden_states'], inp['k'], inp['v'], *out)  # out, dot, gate, rstd_x, rstd_k
+    kv = inp['kv']
+    hc = kv.shape[1] - 1
+    return engram_gate_fwd_ref(
+        inp['hidden_states'], kv[:, :hc], kv[:, hc], inp['weight_fused'], eps=EPS, clamp_value=CLAMP
+    )
 
 
 def _fwd_check(ours, ref) -> None:
-    # Same tolerances as the device tests (tests/engram/test_engram_gate_fwd.py): the saved fp32 tensors
-    # to fp32 reassociation, the bf16 output to the rounding of x + g*v (>= 99.9 % bit-identical).
-    torch.testing.assert_close(ours.rstd_x, ref.rstd_x, rtol=1e-5, atol=0)
-    torch.testing.assert_close(ours.rstd_k, ref.rstd_k, rtol=1e-5, atol=0)
-    torch.testing.assert_close(ours.gate_score, ref.gate_score, rtol=0, atol=1e-4)
+    # The device tests' bounds (tests/engram/test_engram_gate_fwd.py), coarser: this is a sanity check.
+    for name in ('rstd_x', 'rstd_k'):
+        _close(name, getattr(ours, name), getattr(ref, name), rtol=1e-5, atol_scale=0)
+    _close('gate_score', ours.gate_score, ref.gate_score, rtol=0, atol_scale=1e-4)
     same = float((ours.output.view(torch.int16) == ref.output.view(torch.int16)).double().mean())
     if same < 0.999:
         raise AssertionError(f'only {same:.5f} of the outputs are bit-identical to the reference')
-    torch.testing.assert_close(ours.output.float(), ref.output.float(), rtol=2**-7, atol=1e-2)
 
 
-register('fwd', PerfEntry(_fwd_inputs, _fwd_ours, _fwd_ref, _fwd_bytes, _fwd_check))
+register(
+    'gate_fwd',
+    PerfEntry(
+        op='engram_gate_fwd',
+        rows=_gate_rows,
+        make_inputs=_fwd_inputs,
+        ours=lambda inp: _ops().engram_gate_fwd(inp['hidden_states'], inp['kv'], inp['weight_fused'], EPS, CLAMP),
+        tk=lambda tk, inp: tk.engram.engram_gate_fwd(inp['hidden_states'], inp['kv'], inp['weight_fused'], EPS, CLAMP),
+        ref=_fwd_ref,
+        # Reads x and kv, writes the output and the four saved (T, hc) fp32 tensors.
+        count_bytes=lambda inp, out: _nbytes(inp['hidden_states'], inp['kv'], *out),
+        check=_fwd_check,
+        streaming=True,
+    ),
+)
 
 
 # ---------------------------------------------------------------- engram_gate_bwd
 
-_BWD_ARGS = ('grad_out', 'hidden_states', 'k', 'v', 'weight_fused', 'dot', 'gate_score', 'rstd_x', 'rstd_k')
+_BWD_ARGS = ('grad_out', 'hidden_states', 'kv', 'weight_fused', 'dot', 'gate_score', 'rstd_x', 'rstd_k')
 
 
-def _bwd_inputs(num_tokens: int, hc: int, hidden: int, device: torch.device) -> dict:
-    from tests.engram.engram_gate_fwd_ref import engram_gate_fwd_ref
-
-    inp = _fwd_inputs(num_tokens, hc, hidden, device)
-    saved = engram_gate_fwd_ref(inp['hidden_states'], inp['k'], inp['v'], inp['weight_fused'])
-    inp['grad_out'] = torch.randn(num_tokens, hc, hidden, device=device).to(torch.bfloat16)
+def _bwd_inputs(shape: dict, device: torch.device) -> dict:
+    inp = _fwd_inputs(shape, device)
+    saved = _fwd_ref(inp)
+    inp['grad_out'] = torch.randn_like(inp['hidden_states'], dtype=torch.float32).to(torch.bfloat16)
     inp.update(dot=saved.dot, gate_score=saved.gate_score, rstd_x=saved.rstd_x, rstd_k=saved.rstd_k)
     return inp
 
 
-def _bwd_ours(inp: dict):
-    import cann_ops_tilelang
-
-    return cann_ops_tilelang.engram_gate_bwd(*(inp[name] for name in _BWD_ARGS))
-
-
-def _bwd_ref(inp: dict):
-    from tests.engram.engram_gate_bwd_ref import engram_gate_bwd_ref  # the explicit formulas, fp32
-
-    return engram_gate_bwd_ref(*(inp[name] for name in _BWD_ARGS))
-
-
-def _bwd_bytes(inp: dict, out) -> int:
-    from tests.testing.numeric import count_bytes
-
-    # Reads grad_out, x, k, v and the four saved fp32 tensors; writes grad_x, grad_k, grad_v and the
-    # fp32 partial weight gradients (engram.md's byte count; weight_fused stays in L2, not counted).
-    saved = (inp['dot'], inp['gate_score'], inp['rstd_x'], inp['rstd_k'])
-    return count_bytes(inp['grad_out'], inp['hidden_states'], inp['k'], inp['v'], *saved, *out)
+def _bwd_ref(inp: dict):  # the explicit formulas of docs/engram.md, fp32
+    kv = inp['kv']
+    hc = kv.shape[1] - 1
+    args = [inp[name] for name in _BWD_ARGS]
+    return engram_gate_bwd_ref(*args[:2], kv[:, :hc], kv[:, hc], *args[3:], clamp_value=CLAMP)
 
 
 def _bwd_check(ours, ref) -> None:
-    # bf16 grads: rounding of the fp32 value (2**-8 relative) plus fp32 reassociation of dL/dg over H;
-    # the weight gradient: the fp32 partials summed over P vs the reference's sum over T (tests use
-    # element-wise bounds, tests/engram/test_engram_gate_bwd.py; this is the report's sanity check).
-    for name, a, e in zip(('grad_hidden_states', 'grad_k', 'grad_v'), ours[:3], ref[:3], strict=True):
-        scale = float(e.abs().max())
-        torch.testing.assert_close(a.float(), e, rtol=2**-7, atol=1e-3 * scale, msg=lambda m, n=name: f'{n}: {m}')
-    grad_w = ours.grad_w_partial.double().sum(0)
-    scale = float(ref.grad_weight_fused.abs().max())
-    torch.testing.assert_close(grad_w, ref.grad_weight_fused.double(), rtol=1e-4, atol=1e-4 * scale)
+    # bf16 grads: rounding (2**-8 relative) plus fp32 reassociation of dL/dg over H; the weight gradient:
+    # the fp32 partials summed over P against the reference's sum over T (tests: element-wise bounds).
+    hc = ours.grad_kv.shape[1] - 1
+    grads = (ours.grad_hidden_states, ours.grad_kv[:, :hc], ours.grad_kv[:, hc])
+    for name, a, e in zip(('grad_hidden_states', 'grad_k', 'grad_v'), grads, ref[:3], strict=True):
+        _close(name, a, e, rtol=2**-7, atol_scale=1e-3)
+    _close('grad_w', ours.grad_w_partial.double().sum(0), ref.grad_weight_fused, rtol=1e-4, atol_scale=1e-4)
 
 
-register('bwd', PerfEntry(_bwd_inputs, _bwd_ours, _bwd_ref, _bwd_bytes, _bwd_check))
+register(
+    'gate_bwd',
+    PerfEntry(
+        op='engram_gate_bwd',
+        rows=_gate_rows,
+        make_inputs=_bwd_inputs,
+        ours=lambda inp: _ops().engram_gate_bwd(*(inp[name] for name in _BWD_ARGS), CLAMP),
+        tk=lambda tk, inp: tk.engram.engram_gate_bwd(*(inp[name] for name in _BWD_ARGS), CLAMP),
+        ref=_bwd_ref,
+        # Reads grad_out, x, kv and the saved fp32 tensors (weight_fused stays in L2: not counted); writes
+        # grad_x, grad_kv and the fp32 partial weight gradients (docs/engram.md's byte count).
+        count_bytes=lambda inp, out: _nbytes(*(inp[n] for n in _BWD_ARGS if n != 'weight_fused'), *out),
+        check=_bwd_check,
+        streaming=True,
+    ),
+)
+
+
+# ---------------------------------------------------------------- engram_fused_weight, engram_grad_w_reduce
+
+
+def _weights(shape: dict, device: torch.device) -> dict:
+    hc, h = shape['hc'], shape['hidden']
+    return {
+        'weight_hidden': (1.0 + 0.5 * torch.randn(hc, h, device=device)).to(torch.bfloat16),
+        'weight_embed': (1.0 + 0.5 * torch.randn(hc, h, device=device)).to(torch.bfloat16),
+    }
+
+
+register(
+    'fused_weight',
+    PerfEntry(
+        op='engram_fused_weight',
+        rows=lambda args: [{'hc': args.hc, 'hidden': h} for h in args.hidden],
+        make_inputs=_weights,
+        ours=lambda inp: _ops().engram_fused_weight(inp['weight_hidden'], inp['weight_embed']),
+        tk=lambda tk, inp: tk.engram.fused_weight(inp['weight_hidden'], inp['weight_embed']),
+        ref=lambda inp: inp['weight_hidden'].float() * inp['weight_embed'].float(),
+        count_bytes=lambda inp, out: _nbytes(inp['weight_hidden'], inp['weight_embed'], out),
+        check=lambda ours, ref: _close('weight_fused', ours, ref, rtol=0, atol_scale=0),  # exact
+        streaming=False,
+    ),
+)
+
+
+def _reduce_inputs(shape: dict, device: torch.device) -> dict:
+    inp = _weights(shape, device)
+    inp['grad_w_partial'] = torch.randn(shape['num_partials'], shape['hc'], shape['hidden'], device=device)
+    inp['grad_weight_hidden'] = torch.zeros(shape['hc'], shape['hidden'], device=device)
+    inp['grad_weight_embed'] = torch.zeros(shape['hc'], shape['hidden'], device=device)
+    return inp
+
+
+_REDUCE_ARGS = ('grad_w_partial', 'weight_hidden', 'weight_embed', 'grad_weight_hidden', 'grad_weight_embed')
+
+
+def _reduce_ref(inp: dict):
+    return engram_grad_w_reduce_ref(*(inp[n] for n in _REDUCE_ARGS))
+
+
+def _reduce_check(ours, ref) -> None:
+    # Accumulated in place on every timed call: the check compares the first call (the reference runs first).
+    for name, a, e in zip(('grad_weight_hidden', 'grad_weight_embed'), ours, ref, strict=True):
+        _close(name, a, e, rtol=1e-5, atol_scale=1e-5)
+
+
+register(
+    'grad_w_reduce',
+    PerfEntry(
+        op='engram_grad_w_reduce',
+        rows=lambda args: [{'hc': args.hc, 'hidden': h, 'num_partials': args.num_partials} for h in args.hidden],
+        make_inputs=_reduce_inputs,
+        ours=lambda inp: _ops().engram_grad_w_reduce(*(inp[n] for n in _REDUCE_ARGS)),
+        tk=lambda tk, inp: tk.engram.grad_w_reduce(*(inp[n] for n in _REDUCE_ARGS)),
+        ref=_reduce_ref,
+        # Reads the partials, both weights and both gradients; writes both gradients.
+        count_bytes=lambda inp, out: _nbytes(*(inp[n] for n in _REDUCE_ARGS), *out),
+        check=_reduce_check,
+        streaming=False,
+    ),
+)
+
+
+# ---------------------------------------------------------------- engram_hash
+
+
+def _hash_inputs(shape: dict, device: torch.device) -> dict:
+    t, L, N, E = shape['num_tokens'], shape['num_layers'], shape['max_ngram'], shape['num_tables']
+    vocab = torch.randint(1000, 1 << 20, (L, N - 1, E), dtype=torch.int32, device=device)
+    flat = vocab.flatten(1)
+    offsets = torch.cat([torch.zeros_like(flat[:, :1]), flat[:, :-1].cumsum(1, dtype=torch.int32)], dim=1)
+    return {
+        'ngram_token_ids': torch.randint(0, 1 << 17, (t, N), dtype=torch.int32, device=device),
+        'multipliers': torch.randint(1, 1 << 40, (L, N), dtype=torch.int64, device=device),
+        'vocab_sizes': vocab,
+        'offsets': offsets,
+    }
+
+
+_HASH_ARGS = ('ngram_token_ids', 'multipliers', 'vocab_sizes', 'offsets')
+
+
+def _hash_ref(inp: dict):
+    return engram_hash_ref(*(inp[n] for n in _HASH_ARGS))
+
+
+register(
+    'hash',
+    PerfEntry(
+        op='engram_hash',
+        rows=lambda args: [{'num_tokens': t, **HASH_SIZES} for t in args.tokens],
+        make_inputs=_hash_inputs,
+        ours=lambda inp: _ops().engram_hash(*(inp[n] for n in _HASH_ARGS)),
+        tk=lambda tk, inp: tk.engram.engram_hash(*(inp[n] for n in _HASH_ARGS)),
+        ref=_hash_ref,
+        count_bytes=lambda inp, out: _nbytes(*(inp[n] for n in _HASH_ARGS), out),
+        check=lambda ours, ref: _close('rows', ours, ref, rtol=0, atol_scale=0),  # exact
+        streaming=False,
+    ),
+)
+
+
+# ---------------------------------------------------------------- the Sinkhorn operators (docs/engram.md)
+
+
+def _momentum_inputs(shape: dict, device: torch.device) -> dict:
+    n = shape['numel']
+    return {
+        'grad': torch.randn(n, device=device).to(torch.bfloat16),
+        'momentum_buffer': torch.randn(n, device=device),
+        'beta1': 0.9,
+    }
+
+
+def _momentum_ref(inp: dict):
+    g, m, b = inp['grad'].float(), inp['momentum_buffer'].float(), inp['beta1']
+    m = b * m + (1 - b) * g  # the buffer is updated in place by the operators; the reference leaves it
+    return b * m + (1 - b) * g  # nesterov=True
+
+
+register(
+    'sinkhorn_momentum_update',
+    PerfEntry(
+        op='engram_sinkhorn_momentum_update',
+        rows=lambda args: [{'numel': n} for n in SINKHORN_NUMEL],
+        make_inputs=_momentum_inputs,
+        ours=lambda inp: _ops().engram_sinkhorn_momentum_update(inp['grad'], inp['momentum_buffer'], inp['beta1']),
+        tk=lambda tk, inp: tk.engram.engram_sinkhorn_momentum_update(inp['grad'], inp['momentum_buffer'], inp['beta1']),
+        ref=_momentum_ref,
+        # Reads grad and the buffer, writes the buffer and the fp32 Sinkhorn input.
+        count_bytes=lambda inp, out: _nbytes(inp['grad'], inp['momentum_buffer'], inp['momentum_buffer'], out),
+        check=lambda ours, ref: _close('sinkhorn_input', ours, ref, rtol=1e-5, atol_scale=1e-6),
+        streaming=True,
+    ),
+)
+
+
+def _matrix_inputs(shape: dict, device: torch.device) -> dict:
+    rows, d = shape['rows'], shape['head_dim']
+    return {
+        'matrix': torch.randn(rows, d, device=device),
+        'row_scale': 0.5 + torch.rand(rows, device=device),
+        'col_scale': 0.5 + torch.rand(d, device=device),
+    }
+
+
+def _matrix_rows(args) -> list[dict]:
+    return [{'rows': r, 'head_dim': d} for r in SINKHORN_ROWS for d in SINKHORN_HEAD_DIM]
+
+
+def _row_norm(inp: dict) -> torch.Tensor:
+    return (inp['row_scale'][:, None] * inp['matrix'] * inp['col_scale'][None, :]).norm(dim=1)
+
+
+def _step_check(ours, ref) -> None:
+    # Only the row norm: row_scale is updated in place on every timed call (check on the first).
+    _close('row_norm', ours[0], ref, rtol=1e-5, atol_scale=1e-6)
+
+
+register(
+    'sinkhorn_step',
+    PerfEntry(
+        op='engram_sinkhorn_step',
+        rows=_matrix_rows,
+        make_inputs=_matrix_inputs,
+        ours=lambda inp: _ops().engram_sinkhorn_step(inp['matrix'], inp['row_scale'], inp['col_scale'], EPS),
+        tk=lambda tk, inp: tk.engram.engram_sinkhorn_step(inp['matrix'], inp['row_scale'], inp['col_scale'], EPS),
+        ref=_row_norm,
+        # Reads the matrix and both scales, writes row_scale, the row norm and the column partials.
+        count_bytes=lambda inp, out: _nbytes(inp['matrix'], inp['row_scale'], inp['col_scale'], inp['row_scale'], *out),
+        check=_step_check,
+        streaming=True,
+    ),
+)
+
+
+def _reduce_partial_inputs(shape: dict, device: torch.device) -> dict:
+    # The partials a step produces on this device (P is the kernel's choice), and the column sums.
+    inp = _matrix_inputs(shape, device)
+    _, partial = _ops().engram_sinkhorn_step(inp['matrix'], inp['row_scale'], inp['col_scale'], EPS)
+    return {'col_sumsq_partial': partial, 'col_sumsq': torch.empty(shape['head_dim'], device=device)}
+
+
+def _step_reduce_ours(inp: dict):
+    _ops().engram_sinkhorn_step_reduce(inp['col_sumsq_partial'], inp['col_sumsq'])
+    return inp['col_sumsq']
+
+
+def _step_reduce_tk(tk, inp: dict):
+    tk.engram.engram_sinkhorn_step_reduce(inp['col_sumsq_partial'], inp['col_sumsq'])
+    return inp['col_sumsq']
+
+
+register(
+    'sinkhorn_step_reduce',
+    PerfEntry(
+        op='engram_sinkhorn_step_reduce',
+        rows=_matrix_rows,
+        make_inputs=_reduce_partial_inputs,
+        ours=_step_reduce_ours,
+        tk=_step_reduce_tk,
+        ref=lambda inp: inp['col_sumsq_partial'].sum(0),
+        count_bytes=lambda inp, out: _nbytes(inp['col_sumsq_partial'], out),
+        check=lambda ours, ref: _close('col_sumsq', ours, ref, rtol=1e-5, atol_scale=1e-6),
+        streaming=False,
+    ),
+)
+
+
+def _finalize_ref(inp: dict) -> torch.Tensor:
+    scale = inp['row_scale'] / (_row_norm(inp) + EPS)
+    return 0.5 * scale[:, None] * inp['matrix'] * inp['col_scale'][None, :]  # alpha = 0.5
+
+
+register(
+    'sinkhorn_finalize',
+    PerfEntry(
+        op='engram_sinkhorn_finalize',
+        rows=_matrix_rows,
+        make_inputs=_matrix_inputs,
+        ours=lambda inp: _ops().engram_sinkhorn_finalize(inp['matrix'], inp['row_scale'], inp['col_scale'], EPS, 0.5),
+        tk=lambda tk, inp: tk.engram.engram_sinkhorn_finalize(
+            inp['matrix'], inp['row_scale'], inp['col_scale'], EPS, 0.5
+        ),
+        ref=_finalize_ref,
+        count_bytes=lambda inp, out: _nbytes(inp['matrix'], inp['row_scale'], inp['col_scale'], out),
+        check=lambda ours, ref: _close('out', ours, ref, rtol=1e-5, atol_scale=1e-6),
+        streaming=True,
+    ),
+)
 
 
 # ---------------------------------------------------------------- timing and report
@@ -165,6 +446,18 @@ def bench_us(fn: Callable[[], object]) -> tuple[float, str]:
     return do_bench(fn, warmup=25, rep=100, backend='event', return_mode='median') * 1e3, 'event'
 
 
+def host_us(fn: Callable[[], object], calls: int = 200) -> float:
+    """Wall time per eager call, back to back (what a caller waits for on launch-bound operators)."""
+    for _ in range(10):
+        fn()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - start) / calls * 1e6
+
+
 def copy_ceiling(device: torch.device) -> tuple[float, float]:
     """(GB/s, us) of a device-to-device copy of COPY_BYTES, counting bytes read + written."""
     src = torch.empty(COPY_BYTES // 2, dtype=torch.bfloat16, device=device).normal_()
@@ -173,72 +466,169 @@ def copy_ceiling(device: torch.device) -> tuple[float, float]:
     return 2 * COPY_BYTES / us / 1e3, us
 
 
-def report(ops: list[str], shapes: list[tuple[int, int]], hc: int, device: torch.device) -> str:
-    ceiling_gbs, ceiling_us = copy_ceiling(device)
-    lines = [
-        f'Device: {torch.cuda.get_device_name(device)}; torch {torch.__version__}; '
-        f'tilelang {_tilelang_version()}; hc = {hc}',
-        f'Copy ceiling: {ceiling_gbs:.0f} GB/s ({COPY_BYTES >> 20} MiB copied in {ceiling_us:.1f} us, read + written)',
-        '',
-    ]
-    print('\n'.join(lines), flush=True)
-    for name in ops:
-        entry = OPS[name]
-        compiled = torch.compile(entry.run_ref)
-        rows = [
-            f'### {name}',
-            '',
-            '| T | H | ours (us) | GB/s | % of copy | torch.compile (us) | speedup |',
-            '| --- | --- | --- | --- | --- | --- | --- |',
-        ]
-        print('\n'.join(rows), flush=True)
-        timer = 'n/a'
-        for num_tokens, hidden in shapes:
-            inp = entry.make_inputs(num_tokens, hc, hidden, device)
-            ours = entry.run_ours(inp)
-            entry.check(ours, entry.run_ref(inp))
+def import_tile_kernels():
+    """(module, None) or (None, why it is not there)."""
+    try:
+        import tile_kernels
+        import tile_kernels.engram  # the operators live there
+    except Exception as exc:  # not installed, or its import fails on this host
+        return None, f'{type(exc).__name__}: {exc}'
+    return tile_kernels, None
+
+
+def _fmt_shape(shape: dict) -> str:
+    return ', '.join(f'{k}={v}' for k, v in shape.items())
+
+
+def _timed(fn: Callable[[], object]) -> tuple[float | None, str]:
+    try:
+        return bench_us(fn)
+    except Exception as exc:
+        return None, f'{type(exc).__name__}: {exc}'
+
+
+def _cell(value: float | None, fmt: str = '{:.1f}') -> str:
+    return '-' if value is None else fmt.format(value)
+
+
+def _bar_applies(entry: PerfEntry, shape: dict) -> bool:
+    """docs/engram.md's 90 %-of-copy bar: streaming operators at T >= 4001 (rows >= 10001, numel >= 16M)."""
+    big = shape.get('num_tokens', 0) >= 4001 or shape.get('rows', 0) >= 10001 or shape.get('numel', 0) >= 1 << 24
+    return entry.streaming and big
+
+
+def report_op(name: str, entry: PerfEntry, args, device, tk, ceiling_gbs: float, out: Callable[[str], None]) -> None:
+    ops = _ops()
+    out(f'### {name} (`{entry.op}`)')
+    out('')
+    if not hasattr(ops, entry.op):
+        out('not exported by cann_ops_tilelang yet: skipped')
+        out('')
+        return
+    compiled = torch.compile(entry.ref) if args.compile else None
+    out('| shape | ours (us) | GB/s | % of copy | TileKernels 2.1.0 (us) | TK / ours | torch.compile (us) |')
+    out('| --- | --- | --- | --- | --- | --- | --- |')
+    notes, timer = [], 'n/a'
+    for shape in entry.rows(args):
+        try:
+            inp = entry.make_inputs(shape, device)
+            expected = entry.ref(inp)  # first: some operators update their inputs in place
+            ours = entry.ours(inp)
+            entry.check(ours, expected)
             nbytes = entry.count_bytes(inp, ours)
+            del expected
             del ours
-            ours_us, timer = bench_us(lambda entry=entry, inp=inp: entry.run_ours(inp))
-            ref_us, _ = bench_us(lambda compiled=compiled, inp=inp: compiled(inp))
-            gbs = nbytes / ours_us / 1e3
-            row = (
-                f'| {num_tokens} | {hidden} | {ours_us:.1f} | {gbs:.0f} | {100 * gbs / ceiling_gbs:.1f}% '
-                f'| {ref_us:.1f} | {ref_us / ours_us:.2f}x |'
-            )
-            rows.append(row)
-            print(row, flush=True)
-            del inp
+        except Exception as exc:
+            out(f'| {_fmt_shape(shape)} | error: {type(exc).__name__}: {str(exc)[:200]} | | | | | |')
             torch.cuda.empty_cache()
-        rows.append(f'\n(timer: {timer}, median; bytes = inputs read + outputs written once)')
-        print(rows[-1], flush=True)
-        lines += [*rows, '']
+            continue
+        ours_us, timer = _timed(lambda inp=inp: entry.ours(inp))
+        if ours_us is None:
+            notes.append(f'{_fmt_shape(shape)}: timing ours failed ({timer[:200]})')
+        tk_us = None
+        if tk is not None:
+            tk_us, why = _timed(lambda inp=inp: entry.tk(tk, inp))
+            if tk_us is None:
+                notes.append(f'{_fmt_shape(shape)}: TileKernels failed ({why[:200]})')
+        ref_us = _timed(lambda inp=inp: compiled(inp))[0] if compiled is not None else None
+        gbs = nbytes / ours_us / 1e3 if ours_us else None
+        pct = 100 * gbs / ceiling_gbs if gbs else None
+        ratio = tk_us / ours_us if tk_us and ours_us else None
+        mark = ' (< 90 %)' if _bar_applies(entry, shape) and pct is not None and pct < 90 else ''
+        out(
+            f'| {_fmt_shape(shape)} | {_cell(ours_us)} | {_cell(gbs, "{:.0f}")} | {_cell(pct)}%{mark} '
+            f'| {_cell(tk_us)} | {_cell(ratio, "{:.2f}")} | {_cell(ref_us)} |'
+        )
+        del inp
+        torch.cuda.empty_cache()
+    out('')
+    out(f'(timer: {timer}, median; bytes = inputs read + outputs written once; TK / ours > 1: ours is faster)')
+    for note in notes:
+        out(f'- {note}')
+    out('')
+
+
+def report_host(args, device, tk, out: Callable[[str], None]) -> None:
+    """docs/engram.md's second table: wall time per eager call of the small operators."""
+    ops = _ops()
+    shape = HOST_SHAPE
+    fwd = _fwd_inputs(shape, device)
+    bwd = _bwd_inputs(shape, device)
+    weights = _weights(shape, device)
+    reduce = _reduce_inputs({**shape, 'num_partials': args.num_partials}, device)
+    hashed = _hash_inputs({'num_tokens': shape['num_tokens'], **HASH_SIZES}, device)
+    calls = {
+        'fused_weight': (OPS['fused_weight'], weights),
+        'gate fwd': (OPS['gate_fwd'], fwd),
+        'gate bwd': (OPS['gate_bwd'], bwd),
+        'hash': (OPS['hash'], hashed),
+        'grad_w_reduce': (OPS['grad_w_reduce'], reduce),
+    }
+    out(f'### host time per eager call ({_fmt_shape(shape)}, back to back)')
+    out('')
+    out('| op | ours (us) | TileKernels 2.1.0 (us) |')
+    out('| --- | --- | --- |')
+    for name, (entry, inp) in calls.items():
+        if not hasattr(ops, entry.op):
+            continue
+        ours = host_us(lambda entry=entry, inp=inp: entry.ours(inp))
+        theirs = None
+        if tk is not None:
+            try:
+                theirs = host_us(lambda entry=entry, inp=inp: entry.tk(tk, inp))
+            except Exception as exc:
+                out(f'- {name}: TileKernels failed ({type(exc).__name__}: {str(exc)[:200]})')
+        out(f'| {name} | {ours:.1f} | {_cell(theirs)} |')
+    out('')
+
+
+def report(args, device: torch.device) -> str:
+    lines: list[str] = []
+
+    def out(line: str) -> None:
+        lines.append(line)
+        print(line, flush=True)
+
+    tk, why = (None, 'disabled (--no-tilekernels)') if not args.tilekernels else import_tile_kernels()
+    ceiling_gbs, ceiling_us = copy_ceiling(device)
+    out(
+        f'Device: {torch.cuda.get_device_name(device)}; torch {torch.__version__}; tilelang {_version("tilelang")}; '
+        f'TileKernels {_version("tile_kernels") if tk is not None else "not imported"}; hc = {args.hc}'
+    )
+    out(f'Copy ceiling: {ceiling_gbs:.0f} GB/s ({COPY_BYTES >> 20} MiB copied in {ceiling_us:.1f} us, read + written)')
+    if tk is None:
+        out(f'TileKernels 2.1.0 is not importable here ({why}): its columns stay empty.')
+    out('')
+    for name in args.ops:
+        report_op(name, OPS[name], args, device, tk, ceiling_gbs, out)
+    if args.host:
+        report_host(args, device, tk, out)
     return '\n'.join(lines)
 
 
-def _tilelang_version() -> str:
-    import tilelang
-
-    return tilelang.__version__
+def _version(module: str) -> str:
+    try:
+        return __import__(module).__version__
+    except Exception:
+        return 'unknown'
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument('--ops', nargs='+', default=list(OPS), choices=list(OPS), help='entries to report')
-    parser.add_argument(
-        '--shapes',
-        nargs='+',
-        default=[f'{t}:{h}' for t in BENCHMARK_NUM_TOKENS for h in BENCHMARK_HIDDEN],
-        help='T:H pairs (default: the Engram benchmark grid)',
-    )
+    parser.add_argument('--tokens', nargs='+', type=int, default=list(BENCHMARK_NUM_TOKENS), help='T of gate / hash')
+    parser.add_argument('--hidden', nargs='+', type=int, default=sorted(BENCHMARK_HIDDEN), help='H of the gate ops')
     parser.add_argument('--hc', type=int, default=BENCHMARK_HC)
+    parser.add_argument('--num-partials', type=int, default=132, help='P of grad_w_reduce (the H200 SM count)')
+    parser.add_argument('--no-compile', dest='compile', action='store_false', help='skip the torch.compile column')
+    parser.add_argument('--no-tilekernels', dest='tilekernels', action='store_false', help='skip TileKernels')
+    parser.add_argument('--no-host', dest='host', action='store_false', help='skip the host-time table')
     parser.add_argument('--output', help='also write the report (markdown) to this file')
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print('perf_report needs a CUDA GPU', file=sys.stderr)
         return 2
-    shapes = [tuple(int(p) for p in s.split(':')) for s in args.shapes]
-    text = report(args.ops, shapes, args.hc, torch.device('cuda', torch.cuda.current_device()))
+    text = report(args, torch.device('cuda', torch.cuda.current_device()))
     if args.output:
         with open(args.output, 'w', encoding='utf-8') as f:
             f.write(text + '\n')
