@@ -492,34 +492,33 @@ def test_failed_refresh_leaves_the_file_intact(pytester, project):
     assert project.read_text() == before
 
 
+def assert_both_modes_refuse(pytester: pytest.Pytester, stderr_line: str) -> None:
+    """Verify and refresh both stop with a usage error whose stderr has the line."""
+    for args in (RUN, (*RUN, '--refresh-baseline')):
+        result = pytester.runpytest(*args)
+        assert result.ret == pytest.ExitCode.USAGE_ERROR
+        result.stderr.fnmatch_lines([stderr_line])
+
+
 def test_corrupt_baseline_is_a_usage_error_naming_file_and_line(pytester, project):
     lines = project.read_text().splitlines()
     lines[2] = lines[2].replace('"time_us": 10.0', '"time_us": "fast"')
     project.write_text('\n'.join(lines) + '\n')
-    for args in (RUN, (*RUN, '--refresh-baseline')):
-        result = pytester.runpytest(*args)
-        assert result.ret == pytest.ExitCode.USAGE_ERROR
-        result.stderr.fnmatch_lines(
-            [
-                f'*corrupt baseline file {project}: line 3: '
-                "time_us must be a finite number of microseconds > 0, got 'fast'*"
-            ]
-        )
+    assert_both_modes_refuse(
+        pytester,
+        f"*corrupt baseline file {project}: line 3: time_us must be a finite number of microseconds > 0, got 'fast'*",
+    )
 
 
 def test_a_record_of_another_test_file_is_an_error_naming_file_and_line(pytester, project):
     records = read_records(project)
     foreign = {**records[0], 'node_id': records[0]['node_id'].replace('test_ops.py', 'test_other.py'), 'cluster': 'x'}
     project.write_text(project.read_text() + json.dumps(foreign) + '\n')
-    for args in (RUN, (*RUN, '--refresh-baseline')):
-        result = pytester.runpytest(*args)
-        assert result.ret == pytest.ExitCode.USAGE_ERROR
-        result.stderr.fnmatch_lines(
-            [
-                f'*corrupt baseline file {project}: line 5: '
-                "node_id 'test_other.py::test_op_a_benchmark*' is not a test of test_ops.py*"
-            ]
-        )
+    assert_both_modes_refuse(
+        pytester,
+        f"*corrupt baseline file {project}: line 5: node_id 'test_other.py::test_op_a_benchmark*' is not a test of "
+        'test_ops.py*',
+    )
     with pytest.raises(CorruptFileError, match='line 5: node_id .* is not a test of test_ops.py'):
         baseline.load_baseline(project, 'test_ops.py')
     assert len(baseline.load_baseline(project)) == 5  # without a test file: no ownership check
