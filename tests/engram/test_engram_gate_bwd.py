@@ -7,6 +7,7 @@ import contextlib
 import dataclasses
 import inspect
 import re
+import sys
 
 import pytest
 import torch
@@ -449,6 +450,21 @@ def test_engram_gate_bwd_rejects_devices():
             _call(*mixed)
     with pytest.raises(TypeError):
         _call(*args[:8])  # clamp_value has no default (TileKernels' signature)
+
+
+def test_engram_gate_bwd_config_follows_arguments(monkeypatch):
+    """engram_gate_bwd_config (what the benchmark records) is the config the operator launches: the mask
+    variant only with a mask, fixed token ranges under deterministic algorithms (CUDA device faked)."""
+    interface = sys.modules['cann_ops_tilelang.engram.engram_gate_bwd']
+    monkeypatch.setattr(interface, 'require_accelerator', lambda *tensors: 'cuda')
+    monkeypatch.setattr(interface, 'get_num_cores', lambda device: H200_SMS)
+    args = _cpu_args()
+    cfg = engram_gate_bwd_config(*args)
+    assert cfg == choose_engram_gate_bwd_config(backend='cuda', hc=4, hidden=128, num_cores=H200_SMS)
+    assert (cfg.has_mask, cfg.dynamic_tokens) == (False, True)
+    assert engram_gate_bwd_config(*args, torch.zeros(3, dtype=torch.bool)).has_mask
+    with _deterministic_algorithms():
+        assert not engram_gate_bwd_config(*args).dynamic_tokens
 
 
 # ---------------------------------------------------------------- device tier

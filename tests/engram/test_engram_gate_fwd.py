@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import sys
 
 import pytest
 import torch
@@ -373,6 +374,23 @@ def test_engram_gate_fwd_exported():
     assert 'engram_gate_fwd' in cann_ops_tilelang.__all__
     assert cann_ops_tilelang.engram_gate_fwd is cann_ops_tilelang.engram.engram_gate_fwd
     assert EngramGateFwdResult._fields == ('output', 'dot', 'gate_score', 'rstd_x', 'rstd_k')
+
+
+def test_engram_gate_fwd_config_follows_arguments(monkeypatch):
+    """engram_gate_fwd_config (what the benchmark records) is the config the operator launches: the mask
+    variant only with a mask, the access width from the actual kv (CUDA device faked)."""
+    interface = sys.modules['cann_ops_tilelang.engram.engram_gate_fwd']
+    monkeypatch.setattr(interface, 'require_accelerator', lambda *tensors: 'cuda')
+    monkeypatch.setattr(interface, 'get_num_cores', lambda device: H200_SMS)
+    x, kv, w, eps, clamp = _args()
+    cfg = engram_gate_fwd_config(x, kv, w, eps, clamp)
+    assert (cfg.has_mask, cfg.save_for_backward, cfg.vec, cfg.num_cores) == (False, True, 8, H200_SMS)
+    assert cfg == choose_engram_gate_fwd_config(backend='cuda', hc=4, hidden=128, num_cores=H200_SMS)
+    mask = torch.zeros(3, dtype=torch.bool)
+    cfg = engram_gate_fwd_config(x, kv, w, eps, clamp, False, mask, True)
+    assert (cfg.has_mask, cfg.save_for_backward) == (True, False)
+    shifted = torch.zeros(3, 5, 130, dtype=torch.bfloat16)[..., 2:]  # 4 bytes off, strides 650 and 130
+    assert engram_gate_fwd_config(x, shifted, w, eps, clamp).vec == 2
 
 
 # ---------------------------------------------------------------- device tier

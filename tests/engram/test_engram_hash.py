@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import sys
 
 import pytest
 import torch
@@ -251,6 +252,18 @@ def test_engram_hash_rejects_mask():
         cann_ops_tilelang.engram_hash(*args, mask[:5], out=mask.view(torch.int32).view(2, 5, 8))
     with pytest.raises(RuntimeError, match='no kernels for .cpu. tensors'):
         cann_ops_tilelang.engram_hash(*args, torch.zeros(5, dtype=torch.bool))
+
+
+def test_engram_hash_config_follows_arguments(monkeypatch):
+    """engram_hash_config (what the benchmark records) is the config the operator launches (device faked)."""
+    interface = sys.modules['cann_ops_tilelang.engram.engram_hash']
+    monkeypatch.setattr(interface, 'require_accelerator', lambda *tensors: 'cuda')
+    monkeypatch.setattr(interface, 'get_num_cores', lambda device: H200_SMS)
+    args = _cpu_args()
+    cfg = engram_hash_config(*args)
+    assert cfg == choose_engram_hash_config(backend='cuda', num_layers=2, max_ngram=3, num_tables=4, num_cores=H200_SMS)
+    assert not cfg.has_mask
+    assert engram_hash_config(*args, torch.zeros(5, dtype=torch.bool)).has_mask
 
 
 def test_engram_hash_rejects_devices():
