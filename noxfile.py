@@ -12,6 +12,7 @@ Extra arguments after `--` go to pytest (or to the two-phase runner for run-test
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from pathlib import Path
@@ -52,51 +53,40 @@ def lint(session: nox.Session) -> None:
     run(session, phases.lint())
 
 
-@nox.session(name='tests-cpu')
-def tests_cpu(session: nox.Session) -> None:
-    """Everything runnable without an accelerator (contracts, tooling, kernel lowering)."""
-    install_project(session)
-    run(session, phases.tests_cpu(session.posargs))
+def _project_session(name: str, steps, doc: str):
+    """A session that installs the project and runs `steps(session.posargs)` (a phase of phases.py)."""
 
-
-def _verify_session(level: int):
-    def verify(session: nox.Session) -> None:
+    def session_function(session: nox.Session) -> None:
         install_project(session)
-        run(session, phases.verify(level, session.posargs))
+        run(session, steps(session.posargs))
 
-    verify.__doc__ = f'Correctness at test level {level}: CPU tier plus device tests where a device exists.'
-    return nox.session(name=f'verify-{level}')(verify)
-
-
-verify_0, verify_1, verify_2 = (_verify_session(level) for level in conventions.TEST_LEVELS)
+    session_function.__doc__ = doc
+    return nox.session(name=name)(session_function)
 
 
-@nox.session(name='run-tests')
-def run_tests(session: nox.Session) -> None:
-    """Two-phase xdist run: ordinary-memory tests wide, large_npu_mem tests narrow."""
-    install_project(session)
-    run(session, phases.run_tests(session.posargs))
-
-
-@nox.session(name='refresh-mem')
-def refresh_mem(session: nox.Session) -> None:
-    """Measure peak device memory of device tests and rewrite their profiles."""
-    install_project(session)
-    run(session, phases.refresh_mem(session.posargs))
-
-
-@nox.session(name='refresh-baseline')
-def refresh_baseline(session: nox.Session) -> None:
-    """Refresh this device's benchmark baselines, then verify them at once."""
-    install_project(session)
-    run(session, phases.refresh_baseline(session.posargs))
-
-
-@nox.session(name='verify-baseline')
-def verify_baseline(session: nox.Session) -> None:
-    """Compare benchmark results with the committed baselines."""
-    install_project(session)
-    run(session, phases.verify_baseline(session.posargs))
+tests_cpu = _project_session(
+    'tests-cpu', phases.tests_cpu, 'Everything runnable without an accelerator (contracts, tooling, kernel lowering).'
+)
+verify_0, verify_1, verify_2 = (
+    _project_session(
+        f'verify-{level}',
+        functools.partial(phases.verify, level),
+        f'Correctness at test level {level}: CPU tier plus device tests where a device exists.',
+    )
+    for level in conventions.TEST_LEVELS
+)
+run_tests = _project_session(
+    'run-tests', phases.run_tests, 'Two-phase xdist run: ordinary-memory tests wide, large_npu_mem tests narrow.'
+)
+refresh_mem = _project_session(
+    'refresh-mem', phases.refresh_mem, 'Measure peak device memory of device tests and rewrite their profiles.'
+)
+refresh_baseline = _project_session(
+    'refresh-baseline', phases.refresh_baseline, "Refresh this device's benchmark baselines, then verify them at once."
+)
+verify_baseline = _project_session(
+    'verify-baseline', phases.verify_baseline, 'Compare benchmark results with the committed baselines.'
+)
 
 
 @nox.session(name='build-wheel')

@@ -29,16 +29,24 @@ def _args(pytest_args: str) -> list[str]:
     return shlex.split(pytest_args)
 
 
+def _pytest_task(phase, doc: str, example: str = ''):
+    """A task `<phase name>(c, pytest_args='')` that runs the phase with the extra pytest arguments."""
+
+    def run(c, pytest_args=''):
+        _run(c, phase(_args(pytest_args)))
+
+    run.__name__ = run.__qualname__ = phase.__name__
+    run.__doc__ = doc
+    return task(help={'pytest_args': f'extra pytest arguments{example}'})(run)
+
+
+tests_cpu = _pytest_task(phases.tests_cpu, 'Everything runnable without an accelerator.')
+
+
 @task
 def lint(c):
     """ruff lint and format check."""
     _run(c, phases.lint())
-
-
-@task(help={'pytest_args': 'extra pytest arguments'})
-def tests_cpu(c, pytest_args=''):
-    """Everything runnable without an accelerator."""
-    _run(c, phases.tests_cpu(_args(pytest_args)))
 
 
 @task(help={'level': 'test level 0, 1 or 2', 'pytest_args': 'extra pytest arguments'})
@@ -57,22 +65,13 @@ def run_tests(c, args=''):
     _run(c, phases.run_tests(_args(args)))
 
 
-@task(help={'pytest_args': 'extra pytest arguments'})
-def refresh_mem(c, pytest_args=''):
-    """Measure peak device memory of device tests and rewrite their profiles."""
-    _run(c, phases.refresh_mem(_args(pytest_args)))
-
-
-@task(help={'pytest_args': 'extra pytest arguments, e.g. "-K \'hidden=4096\'"'})
-def refresh_baseline(c, pytest_args=''):
-    """Refresh this device's benchmark baselines, then verify them."""
-    _run(c, phases.refresh_baseline(_args(pytest_args)))
-
-
-@task(help={'pytest_args': 'extra pytest arguments'})
-def verify_baseline(c, pytest_args=''):
-    """Compare benchmark results with the committed baselines."""
-    _run(c, phases.verify_baseline(_args(pytest_args)))
+refresh_mem = _pytest_task(phases.refresh_mem, 'Measure peak device memory of device tests and rewrite their profiles.')
+refresh_baseline = _pytest_task(
+    phases.refresh_baseline,
+    "Refresh this device's benchmark baselines, then verify them.",
+    ', e.g. "-K \'hidden=4096\'"',
+)
+verify_baseline = _pytest_task(phases.verify_baseline, 'Compare benchmark results with the committed baselines.')
 
 
 @task(help={'outdir': 'where sdist and wheel go'})
