@@ -142,7 +142,7 @@ def test_engram_sinkhorn_step_cuda_lowers(params):
     assert (cfg.backend, cfg.head_dim, cfg.num_partials) == ('cuda', params['head_dim'], 2 * H200_SMS)
     assert cfg.group_threads % 32 == 0
     assert cfg.threads <= 1024
-    assert cfg.chunks <= 4  # three (chunks * 4)-float register arrays per thread
+    assert cfg.chunks <= 4  # four (chunks * 4)-float register arrays per thread
     lowered = assert_cuda_kernel_lowers(lambda: make_engram_sinkhorn_step_kernel(cfg), key=cfg, kernel_name=KERNEL_NAME)
     assert 'float4' in lowered.source  # 16-byte row loads
     assert 'atomic' not in lowered.source  # one partial per block

@@ -29,7 +29,7 @@ LANES = 64  # fp32 lanes of one 256-byte Ascend vector register
 HEAD_DIM_ALIGN = 64
 MAX_HEAD_DIM = 8192  # Ascend: col_scale, the column accumulator and two row tiles must fit the UB
 CUDA_VEC = 4  # fp32 elements of one 16-byte access: the unit ("chunk") a CUDA thread owns
-CUDA_MAX_CHUNKS = 4  # chunks per thread: three (chunks * 4)-float register arrays stay small
+CUDA_MAX_CHUNKS = 4  # chunks per thread: the four (chunks * 4)-float register arrays stay small
 CUDA_BLOCK_THREADS = 512  # CUDA threads per block when a row group is narrower (G = 32)
 CUDA_BLOCKS_PER_SM = 2
 CUDA_REGS_PER_SM = 65536
