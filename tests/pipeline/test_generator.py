@@ -55,7 +55,7 @@ def test_shapes_cover_the_contract():
 
 def test_benchmark_shapes():
     shapes = gen_benchmark_shapes()
-    assert len(shapes) == 6
+    assert len(shapes) == len(BENCHMARK_NUM_TOKENS) * len(BENCHMARK_HIDDEN)  # 3 x 4 since the production sizes
     assert shapes[0] == {'num_tokens': 4001, 'hidden': 4096, 'hc': 4}
 
 
