@@ -104,6 +104,11 @@ def require_accelerator(*tensors: torch.Tensor) -> Backend:
     for t in tensors[1:]:
         if t.device != device:
             raise RuntimeError(f'all tensors must be on one device, got {device} and {t.device}')
+    if torch.compiler.is_compiling():
+        # Dynamo is tracing the operator's Python call: what follows imports modules and reads the environment,
+        # which it cannot trace. The op's fake kernel, which Dynamo runs untraced, checks it (a RuntimeError
+        # there reaches the caller as torch._dynamo.exc.TorchRuntimeError, itself a RuntimeError).
+        return backend_of(device) if device.type in ('cuda', 'npu') else 'ascend'
     backend = backend_of(device)
     if is_emulated(device):
         require_emulator()

@@ -6,7 +6,10 @@ import contextlib
 import hashlib
 import os
 
+import torch
+
 from cann_ops_tilelang.config import (
+    PRINT_KERNEL_SOURCE_ENV,
     Backend,
     ascend_emulator_enabled,
     device_guard,
@@ -55,12 +58,81 @@ def compile_kernel(prim_func, backend: Backend):
 
 def launch_kernel(get_kernel, cfg, device, *args) -> None:
     """The last steps of every operator: `get_kernel(cfg)` (compiled for `device` on first use), its source
-    printed when OPS_TILELANG_PRINT_KERNEL_SOURCE asks, then the launch with `args` on `device`'s stream."""
-    with device_guard(device):
-        kernel = get_kernel(cfg)
-        if should_print_kernel_source():
-            print(kernel.get_kernel_source())
-        kernel(*args)
+    printed when OPS_TILELANG_PRINT_KERNEL_SOURCE asks, then the launch with `args` on `device`'s stream.
+
+    Operators keep a `Launcher` per configuration instead (`Launcher.launch` is this function without the
+    per-call kernel lookup); this form is for one-off launches."""
+    Launcher(get_kernel, cfg, device).launch(*args)
+
+
+class Launcher:
+    """The launch of one compiled kernel configuration on one device, kept by an operator per configuration
+    so that a call pays no kernel lookup, config hashing or device query.
+
+    The kernel is compiled (or loaded from TileLang's cache) on the first `launch`, not when the launcher is
+    made: choosing a configuration (the `*_config` functions, empty inputs) never compiles. What a launch
+    calls is the cheapest entry of the compiled kernel that does the same thing (`_entry`)."""
+
+    __slots__ = ('_cuda_index', '_entry', '_get_kernel', '_kernel', 'cfg', 'device')
+
+    def __init__(self, get_kernel, cfg, device) -> None:
+        self.cfg = cfg
+        self.device = device
+        self._get_kernel = get_kernel
+        self._kernel = None
+        self._entry = None
+        # CUDA: switching devices is needed only when the tensors' device is not the current one, which
+        # one C call tells (torch.cuda.device's context manager costs microseconds per call on a busy host).
+        self._cuda_index = device.index if device.type == 'cuda' else None
+
+    def kernel(self):
+        """The compiled kernel (compiled for this device on first use)."""
+        if self._kernel is None:
+            with device_guard(self.device):
+                self._kernel = self._get_kernel(self.cfg)
+                self._entry = _entry(self._kernel, self.device)
+        return self._kernel
+
+    def launch(self, *args) -> None:
+        entry = self._entry
+        if entry is None:
+            self.kernel()
+            entry = self._entry
+        # The environment is read on every call (a test or a user may set it at any time); an unset
+        # variable costs one dict lookup.
+        if os.environ.get(PRINT_KERNEL_SOURCE_ENV) and should_print_kernel_source():
+            print(self._kernel.get_kernel_source())
+        index = self._cuda_index
+        if index is not None and index == _cuda_current_device():
+            entry(*args)
+            return
+        with device_guard(self.device):
+            entry(*args)
+
+
+def _cuda_current_device() -> int:
+    return torch._C._cuda_getDevice()
+
+
+def _entry(kernel, device):
+    """What a launch of `kernel` calls: for a TileLang kernel on the TVM-FFI execution backend whose outputs
+    are all caller-allocated (every kernel here), the compiled TVM-FFI function itself. TileLang's
+    JITKernel.__call__ -> adapter func does, per call, exactly that call after Python steps that only matter
+    for kernels with TileLang-allocated outputs (argument count, output device, the argument list) or for
+    NPU streams (which TileLang's Ascend adapters handle; they keep their own call). The generated host code
+    behind that function checks every argument (dtype, shape, strides, device) and reads the current stream
+    either way. Other kernels (NPU ones, the emulator's, other execution backends) are called as they are."""
+    adapter = getattr(kernel, 'adapter', None)
+    if (
+        device.type == 'cuda'
+        and type(adapter).__name__ == 'TVMFFIKernelAdapter'
+        and not adapter.result_idx
+        and not getattr(adapter, '_ffi_callee_allocated_output_abi', False)
+    ):
+        executable = adapter._get_executable()
+        if callable(executable):
+            return executable
+    return getattr(kernel, 'torch_function', None) or kernel
 
 
 def compile_lock(prim_func, target):

@@ -18,9 +18,11 @@ def check_tensor(
     """`value` is a tensor of `dtype` (or of one of several dtypes) with `ndim` dimensions."""
     if not isinstance(value, torch.Tensor):
         raise TypeError(f'{name} must be a torch.Tensor, got {type(value).__name__}')
-    allowed = (dtype,) if isinstance(dtype, torch.dtype) else tuple(dtype)
-    if value.dtype not in allowed:
-        raise TypeError(f'{name} must have dtype {" or ".join(map(str, allowed))}, got {value.dtype}')
+    actual = value.dtype
+    # dtypes are singletons: the identity test is the common case, without building a tuple per call
+    if actual is not dtype and (isinstance(dtype, torch.dtype) or actual not in dtype):
+        allowed = (dtype,) if isinstance(dtype, torch.dtype) else tuple(dtype)
+        raise TypeError(f'{name} must have dtype {" or ".join(map(str, allowed))}, got {actual}')
     if ndim is not None and value.dim() != ndim:
         raise ValueError(f'{name} must have {ndim} dimensions, got shape {tuple(value.shape)}')
     return value
@@ -47,9 +49,10 @@ def check_last_dim_contiguous(name: str, value: torch.Tensor) -> None:
 ALIGN_BYTES = 16  # the kernels move 16-byte vectors (CUDA cp.async / uint4 / TMA, Ascend DMA bursts)
 
 
-def check_aligned(name: str, value: torch.Tensor) -> None:
-    """`value` starts at an ALIGN_BYTES-aligned address."""
-    if value.data_ptr() % ALIGN_BYTES != 0:
+def check_aligned(name: str, value: torch.Tensor, *, memory: bool = True) -> None:
+    """`value` starts at an ALIGN_BYTES-aligned address (memory=False, fake tensors while torch traces: not
+    checked here, but when the traced op runs on real tensors)."""
+    if memory and value.data_ptr() % ALIGN_BYTES != 0:
         raise ValueError(
             f'{name} must start at a {ALIGN_BYTES}-byte aligned address, got data_ptr() = {value.data_ptr():#x}'
         )
@@ -88,8 +91,13 @@ def _byte_span(t: torch.Tensor) -> tuple[int, int]:
     return (t.data_ptr(), t.data_ptr() + extent * t.element_size())
 
 
-def may_overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether two tensors' memory ranges intersect (conservative for strided views)."""
+def may_overlap(a: torch.Tensor, b: torch.Tensor, *, memory: bool = True) -> bool:
+    """Whether two tensors' memory ranges intersect (conservative for strided views).
+
+    With memory=False (tensors without storage: fake tensors while torch traces) only the same tensor
+    passed twice counts; the memory ranges are checked when the traced op runs on real tensors."""
+    if not memory:
+        return a is b
     if a.device != b.device:
         return False
     a0, a1 = _byte_span(a)
@@ -105,10 +113,13 @@ def check_image_token_mask(value, num_tokens: int) -> torch.Tensor:
     return value
 
 
-def check_no_overlap(name: str, value: torch.Tensor, others: dict[str, torch.Tensor], *, what: str) -> None:
-    """ValueError naming both when `value` (written: `what`) may share memory with one of `others`."""
+def check_no_overlap(
+    name: str, value: torch.Tensor, others: dict[str, torch.Tensor], *, what: str, memory: bool = True
+) -> None:
+    """ValueError naming both when `value` (written: `what`) may share memory with one of `others`
+    (memory=False: see may_overlap)."""
     for other_name, other in others.items():
-        if other is not value and may_overlap(value, other):
+        if other is not value and may_overlap(value, other, memory=memory):
             raise ValueError(f'{name} ({what}) must not overlap the input {other_name}')
 
 
@@ -120,14 +131,16 @@ def check_out(
     dtype: torch.dtype,
     device: torch.device,
     inputs: dict[str, torch.Tensor],
+    memory: bool = True,
 ) -> torch.Tensor:
-    """Validate a caller-provided output buffer: type, dtype, shape, device, contiguity, aliasing."""
+    """Validate a caller-provided output buffer: type, dtype, shape, device, contiguity, aliasing (memory=False:
+    see may_overlap)."""
     check_tensor(name, out, dtype=dtype)
     check_shape(name, out, shape)
     if out.device != device:
         raise RuntimeError(f'{name} must be on {device}, got {out.device}')
     check_contiguous(name, out)
     for input_name, value in inputs.items():
-        if value is not None and may_overlap(out, value):
+        if value is not None and may_overlap(out, value, memory=memory):
             raise ValueError(f'{name} must not alias the input {input_name}')
     return out

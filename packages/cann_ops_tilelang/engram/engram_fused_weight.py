@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import torch
 
+from cann_ops_tilelang._torch_library import op, traced
 from cann_ops_tilelang.config import get_num_cores, require_accelerator
 from cann_ops_tilelang.engram._contract import check_hc_hidden
-from cann_ops_tilelang.kernel_target import launch_kernel
+from cann_ops_tilelang.kernel_target import Launcher
 from cann_ops_tilelang.validation import check_aligned, check_contiguous, check_out, check_shape, check_tensor
 
 from .engram_fused_weight_kernel import (
@@ -18,15 +17,13 @@ from .engram_fused_weight_kernel import (
 )
 
 _NAME = 'engram_fused_weight'
+# One launcher per (device, backend, hc, H): the configuration is chosen, and the kernel looked up, once
+# (The core count is the device's, fixed for a process.)
+_LAUNCHERS: dict[tuple, Launcher] = {}
 
 
-class _Plan(NamedTuple):
-    cfg: EngramFusedWeightConfig
-    device: torch.device
-
-
-def _plan(weight_hidden, weight_embed, out) -> _Plan:
-    """Validate the arguments and choose the kernel configuration (no allocation, no launch)."""
+def _check(weight_hidden, weight_embed, out, *, memory: bool) -> tuple[int, int, str]:
+    """Validate the arguments (memory=False: fake tensors, see validation.may_overlap); (hc, H, backend)."""
     check_tensor('weight_hidden', weight_hidden, dtype=torch.bfloat16, ndim=2)
     check_tensor('weight_embed', weight_embed, dtype=torch.bfloat16, ndim=2)
     hc, hidden = weight_hidden.shape
@@ -34,8 +31,8 @@ def _plan(weight_hidden, weight_embed, out) -> _Plan:
     check_shape('weight_embed', weight_embed, (hc, hidden))
     check_contiguous('weight_hidden', weight_hidden)
     check_contiguous('weight_embed', weight_embed)
-    check_aligned('weight_hidden', weight_hidden)
-    check_aligned('weight_embed', weight_embed)
+    check_aligned('weight_hidden', weight_hidden, memory=memory)
+    check_aligned('weight_embed', weight_embed, memory=memory)
     if out is not None:
         check_out(
             'out',
@@ -44,14 +41,37 @@ def _plan(weight_hidden, weight_embed, out) -> _Plan:
             dtype=torch.float32,
             device=weight_hidden.device,
             inputs={'weight_hidden': weight_hidden, 'weight_embed': weight_embed},
+            memory=memory,
         )
-        check_aligned('out', out)
-
+        check_aligned('out', out, memory=memory)
     tensors = (weight_hidden, weight_embed) if out is None else (weight_hidden, weight_embed, out)
-    backend = require_accelerator(*tensors)
+    return hc, hidden, require_accelerator(*tensors)
+
+
+def _launcher(backend: str, device: torch.device, hc: int, hidden: int) -> Launcher:
+    key = (device, backend, hc, hidden)
+    launcher = _LAUNCHERS.get(key)
+    if launcher is None:
+        cfg = choose_engram_fused_weight_config(backend=backend, hc=hc, hidden=hidden, num_cores=get_num_cores(device))
+        launcher = _LAUNCHERS[key] = Launcher(get_engram_fused_weight_kernel, cfg, device)
+    return launcher
+
+
+def _eager(weight_hidden, weight_embed, out):
+    """The call on real tensors: every check, then the launch (also the torch.library op's kernel)."""
+    hc, hidden, backend = _check(weight_hidden, weight_embed, out, memory=True)
     device = weight_hidden.device
-    cfg = choose_engram_fused_weight_config(backend=backend, hc=hc, hidden=hidden, num_cores=get_num_cores(device))
-    return _Plan(cfg, device)
+    launcher = _launcher(backend, device, hc, hidden)
+    # hc >= 1 and H >= 64 after validation: never empty.
+    result = torch.empty((hc, hidden), dtype=torch.float32, device=device) if out is None else out
+    launcher.launch(weight_hidden, weight_embed, result)
+    return result
+
+
+def _fake(weight_hidden, weight_embed, out):
+    """The output while torch traces: the checks that need no memory, then an empty (hc, H) fp32 tensor."""
+    hc, hidden, _ = _check(weight_hidden, weight_embed, out, memory=False)
+    return torch.empty((hc, hidden), dtype=torch.float32, device=weight_hidden.device)
 
 
 def engram_fused_weight(
@@ -70,15 +90,18 @@ def engram_fused_weight(
 
     hc must be in 1..8 and H a multiple of 64 up to 16384 (ValueError otherwise).
     """
-    cfg, device = _plan(weight_hidden, weight_embed, out)
-    # hc >= 1 and H >= 64 after validation: never empty.
-    result = torch.empty((cfg.hc, cfg.hidden), dtype=torch.float32, device=device) if out is None else out
-    launch_kernel(get_engram_fused_weight_kernel, cfg, device, weight_hidden, weight_embed, result)
-    return result
+    if traced(weight_hidden):  # torch.compile, fake tensors, make_fx: the torch.library op (_torch_ops.py)
+        _check(weight_hidden, weight_embed, out, memory=False)
+        if out is None:
+            return op('engram_fused_weight')(weight_hidden, weight_embed)
+        op('engram_fused_weight_out')(weight_hidden, weight_embed, out)
+        return out
+    return _eager(weight_hidden, weight_embed, out)
 
 
 def engram_fused_weight_config(
     weight_hidden: torch.Tensor, weight_embed: torch.Tensor, *, out: torch.Tensor | None = None
 ) -> EngramFusedWeightConfig:
     """The kernel configuration engram_fused_weight launches for these arguments (validated alike; no launch)."""
-    return _plan(weight_hidden, weight_embed, out).cfg
+    hc, hidden, backend = _check(weight_hidden, weight_embed, out, memory=True)
+    return _launcher(backend, weight_hidden.device, hc, hidden).cfg

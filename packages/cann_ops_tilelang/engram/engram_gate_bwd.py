@@ -6,9 +6,10 @@ from typing import NamedTuple
 
 import torch
 
+from cann_ops_tilelang._torch_library import op, traced
 from cann_ops_tilelang.config import get_num_cores, require_accelerator
 from cann_ops_tilelang.engram._contract import check_hc_hidden
-from cann_ops_tilelang.kernel_target import launch_kernel
+from cann_ops_tilelang.kernel_target import Launcher
 from cann_ops_tilelang.validation import (
     ALIGN_BYTES,
     check_contiguous,
@@ -47,16 +48,14 @@ def _aligned(value: torch.Tensor) -> torch.Tensor:
     return value.clone(memory_format=torch.contiguous_format)
 
 
-class _Plan(NamedTuple):
-    cfg: EngramGateBwdConfig
-    device: torch.device
-
-
 _SAVED = ('dot', 'gate_score', 'rstd_x', 'rstd_k')
+# One launcher per (device, backend, hc, H, deterministic, mask): chosen and looked up once.
+# (The core count is the device's, fixed for a process.)
+_LAUNCHERS: dict[tuple, Launcher] = {}
 
 
-def _plan(grad_out, hidden_states, kv, weight_fused, saved, clamp_value, image_token_mask) -> _Plan:
-    """Validate the arguments and choose the kernel configuration (no allocation, no launch)."""
+def _check(grad_out, hidden_states, kv, weight_fused, saved, clamp_value, image_token_mask) -> str:
+    """Validate the arguments (none needs memory: misaligned inputs are copied, see _aligned); the backend."""
     check_tensor('grad_out', grad_out, dtype=torch.bfloat16, ndim=3)
     x = check_tensor('hidden_states', hidden_states, dtype=torch.bfloat16, ndim=3)
     check_tensor('kv', kv, dtype=torch.bfloat16, ndim=3)
@@ -81,18 +80,91 @@ def _plan(grad_out, hidden_states, kv, weight_fused, saved, clamp_value, image_t
     if image_token_mask is not None:
         check_image_token_mask(image_token_mask, num_tokens)
         tensors.append(image_token_mask)
+    return require_accelerator(*tensors)
 
-    backend = require_accelerator(*tensors)
-    device = x.device
-    cfg = choose_engram_gate_bwd_config(
-        backend=backend,
-        hc=hc,
-        hidden=hidden,
-        num_cores=get_num_cores(device),
-        deterministic=torch.are_deterministic_algorithms_enabled(),
-        has_mask=image_token_mask is not None,
+
+def _launcher(backend, hidden_states, image_token_mask) -> Launcher:
+    _, hc, hidden = hidden_states.shape
+    device = hidden_states.device
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    has_mask = image_token_mask is not None
+    key = (device, backend, hc, hidden, deterministic, has_mask)
+    launcher = _LAUNCHERS.get(key)
+    if launcher is None:
+        cfg = choose_engram_gate_bwd_config(
+            backend=backend,
+            hc=hc,
+            hidden=hidden,
+            num_cores=get_num_cores(device),
+            deterministic=deterministic,
+            has_mask=has_mask,
+        )
+        launcher = _LAUNCHERS[key] = Launcher(get_engram_gate_bwd_kernel, cfg, device)
+    return launcher
+
+
+def _eager(grad_out, hidden_states, kv, weight_fused, saved, clamp_value, image_token_mask) -> EngramGateBwdResult:
+    """The call on real tensors: every check, then the launch (also the torch.library op's kernel)."""
+    backend = _check(grad_out, hidden_states, kv, weight_fused, saved, clamp_value, image_token_mask)
+    launcher = _launcher(backend, hidden_states, image_token_mask)
+    cfg, device = launcher.cfg, launcher.device
+    num_tokens, hc, hidden = hidden_states.shape
+    grad_x = torch.empty((num_tokens, hc, hidden), dtype=torch.bfloat16, device=device)
+    grad_kv = torch.empty((num_tokens, hc + 1, hidden), dtype=torch.bfloat16, device=device)
+    if num_tokens == 0:
+        grad_w_partial = torch.zeros((cfg.num_blocks, hc, hidden), dtype=torch.float32, device=device)
+        return EngramGateBwdResult(grad_x, grad_kv, grad_w_partial)
+    alloc = torch.zeros if cfg.accumulates_into_partials else torch.empty
+    grad_w_partial = alloc((cfg.num_blocks, hc, hidden), dtype=torch.float32, device=device)
+    # A fresh counter per call (zero-filled only where the blocks claim from it): stream-ordered and
+    # captured with the launch in CUDA graphs, so concurrent calls never share one.
+    token_counter = (torch.zeros if cfg.dynamic_tokens else torch.empty)((1,), dtype=torch.int32, device=device)
+
+    # grad_out, hidden_states and weight_fused are contiguous with rows of H (a multiple of 64) elements, so
+    # only their addresses can be misaligned; kv's outer strides are free.
+    x = hidden_states
+    if grad_out.data_ptr() % ALIGN_BYTES:
+        grad_out = _aligned(grad_out)
+    if x.data_ptr() % ALIGN_BYTES:
+        x = _aligned(x)
+    if weight_fused.data_ptr() % ALIGN_BYTES:
+        weight_fused = _aligned(weight_fused)
+    kv = _aligned(kv)
+    k, v = kv[:, :hc], kv[:, hc]  # zero-copy key and value views: the kernels read them through their strides
+    if image_token_mask is None:
+        launcher.launch(
+            grad_out, x, k, v, weight_fused, *saved, grad_x, grad_kv, grad_w_partial, float(clamp_value), token_counter
+        )
+    else:
+        launcher.launch(
+            grad_out,
+            x,
+            k,
+            v,
+            weight_fused,
+            *saved,
+            image_token_mask,
+            grad_x,
+            grad_kv,
+            grad_w_partial,
+            float(clamp_value),
+            token_counter,
+        )
+    return EngramGateBwdResult(grad_x, grad_kv, grad_w_partial)
+
+
+def _fake(grad_out, hidden_states, kv, weight_fused, saved, clamp_value, image_token_mask) -> EngramGateBwdResult:
+    """The outputs while torch traces: the checks, then contiguous grads and (P, hc, H) partials, P the
+    device's (a device query on the first trace for a device)."""
+    backend = _check(grad_out, hidden_states, kv, weight_fused, saved, clamp_value, image_token_mask)
+    num_blocks = _launcher(backend, hidden_states, image_token_mask).cfg.num_blocks
+    num_tokens, hc, hidden = hidden_states.shape
+    device = hidden_states.device
+    return EngramGateBwdResult(
+        torch.empty((num_tokens, hc, hidden), dtype=torch.bfloat16, device=device),
+        torch.empty((num_tokens, hc + 1, hidden), dtype=torch.bfloat16, device=device),
+        torch.empty((num_blocks, hc, hidden), dtype=torch.float32, device=device),
     )
-    return _Plan(cfg, device)
 
 
 def engram_gate_bwd(
@@ -146,39 +218,11 @@ def engram_gate_bwd(
         a launch on this device would use.
     """
     saved = (dot, gate_score, rstd_x, rstd_k)
-    cfg, device = _plan(grad_out, hidden_states, kv, weight_fused, saved, clamp_value, image_token_mask)
-    num_tokens, hc, hidden = hidden_states.shape
-    grad_x = torch.empty((num_tokens, hc, hidden), dtype=torch.bfloat16, device=device)
-    grad_kv = torch.empty((num_tokens, hc + 1, hidden), dtype=torch.bfloat16, device=device)
-    if num_tokens == 0:
-        grad_w_partial = torch.zeros((cfg.num_blocks, hc, hidden), dtype=torch.float32, device=device)
-        return EngramGateBwdResult(grad_x, grad_kv, grad_w_partial)
-    alloc = torch.zeros if cfg.accumulates_into_partials else torch.empty
-    grad_w_partial = alloc((cfg.num_blocks, hc, hidden), dtype=torch.float32, device=device)
-    # A fresh counter per call (zero-filled only where the blocks claim from it): stream-ordered and
-    # captured with the launch in CUDA graphs, so concurrent calls never share one.
-    token_counter = (torch.zeros if cfg.dynamic_tokens else torch.empty)((1,), dtype=torch.int32, device=device)
-
-    grad_out, x, kv, weight_fused = (_aligned(t) for t in (grad_out, hidden_states, kv, weight_fused))
-    mask = () if image_token_mask is None else (image_token_mask,)
-    launch_kernel(
-        get_engram_gate_bwd_kernel,
-        cfg,
-        device,
-        grad_out,
-        x,
-        kv[:, :hc],  # zero-copy key and value views: the kernels read them through their strides
-        kv[:, hc],
-        weight_fused,
-        *saved,
-        *mask,
-        grad_x,
-        grad_kv,
-        grad_w_partial,
-        float(clamp_value),
-        token_counter,
-    )
-    return EngramGateBwdResult(grad_x, grad_kv, grad_w_partial)
+    if traced(grad_out):  # torch.compile, fake tensors, make_fx: the torch.library op (_torch_ops.py)
+        _check(grad_out, hidden_states, kv, weight_fused, saved, clamp_value, image_token_mask)
+        args = (grad_out, hidden_states, kv, weight_fused, *saved, float(clamp_value), image_token_mask)
+        return EngramGateBwdResult(*op('engram_gate_bwd')(*args))
+    return _eager(grad_out, hidden_states, kv, weight_fused, saved, clamp_value, image_token_mask)
 
 
 def engram_gate_bwd_config(
@@ -195,4 +239,5 @@ def engram_gate_bwd_config(
 ) -> EngramGateBwdConfig:
     """The kernel configuration engram_gate_bwd launches for these arguments (validated alike; no launch)."""
     saved = (dot, gate_score, rstd_x, rstd_k)
-    return _plan(grad_out, hidden_states, kv, weight_fused, saved, clamp_value, image_token_mask).cfg
+    backend = _check(grad_out, hidden_states, kv, weight_fused, saved, clamp_value, image_token_mask)
+    return _launcher(backend, hidden_states, image_token_mask).cfg

@@ -6,9 +6,10 @@ from typing import NamedTuple
 
 import torch
 
+from cann_ops_tilelang._torch_library import op, traced
 from cann_ops_tilelang.config import get_num_cores, require_accelerator
 from cann_ops_tilelang.engram._contract import check_hc_hidden
-from cann_ops_tilelang.kernel_target import launch_kernel
+from cann_ops_tilelang.kernel_target import Launcher
 from cann_ops_tilelang.validation import (
     check_bool,
     check_contiguous,
@@ -46,15 +47,15 @@ def _access_vec(tensors: tuple[torch.Tensor, ...], strides: tuple[int, ...]) -> 
     return vec
 
 
-class _Plan(NamedTuple):
-    cfg: EngramGateFwdConfig
-    device: torch.device
+# One launcher per (device, backend, hc, H, save_for_backward, mask, access width): chosen and looked up once.
+# (The core count is the device's, fixed for a process.)
+_LAUNCHERS: dict[tuple, Launcher] = {}
 
 
-def _plan(
-    hidden_states, kv, weight_fused, eps, clamp_value, save_for_backward, image_token_mask, inplace, out
-) -> _Plan:
-    """Validate the arguments and choose the kernel configuration (no allocation, no launch)."""
+def _check(
+    hidden_states, kv, weight_fused, eps, clamp_value, save_for_backward, image_token_mask, inplace, out, *, memory
+) -> str:
+    """Validate the arguments (memory=False: fake tensors, see validation.may_overlap); the backend."""
     x = check_tensor('hidden_states', hidden_states, dtype=torch.bfloat16, ndim=3)
     check_tensor('kv', kv, dtype=torch.bfloat16, ndim=3)
     check_tensor('weight_fused', weight_fused, dtype=torch.float32, ndim=2)
@@ -80,32 +81,114 @@ def _plan(
             )
         if out is not None:
             raise ValueError(f'{_NAME}: inplace=True writes the output into hidden_states: do not also pass out=')
-        check_no_overlap('hidden_states', x, inputs, what='written in place')
+        check_no_overlap('hidden_states', x, inputs, what='written in place', memory=memory)
     elif out is not None:
-        check_out('out', out, shape=(num_tokens, hc, hidden), dtype=torch.bfloat16, device=x.device, inputs=inputs)
+        check_out(
+            'out',
+            out,
+            shape=(num_tokens, hc, hidden),
+            dtype=torch.bfloat16,
+            device=x.device,
+            inputs=inputs,
+            memory=memory,
+        )
 
     tensors = [x, kv, weight_fused]
     if image_token_mask is not None:
         tensors.append(image_token_mask)
     if out is not None:
         tensors.append(out)
-    backend = require_accelerator(*tensors)
-    device = x.device
+    return require_accelerator(*tensors)
+
+
+def _launcher(backend, hidden_states, kv, save_for_backward, image_token_mask, out) -> Launcher:
+    num_tokens, hc, hidden = hidden_states.shape
+    device = hidden_states.device
     # Outer strides of size-1 dimensions are never used: they do not limit the access width. The output
     # (allocated by the caching allocator where not given) is 16-byte aligned unless `out` says otherwise.
-    strides = [kv.stride(0)] if num_tokens > 1 else []
-    strides.append(kv.stride(1))  # k rows (hc > 1) and the offset of v (row hc) from the keys
-    vec = _access_vec((x, kv) + ((out,) if out is not None else ()), tuple(strides))
-    cfg = choose_engram_gate_fwd_config(
-        backend=backend,
-        hc=hc,
-        hidden=hidden,
-        num_cores=get_num_cores(device),
-        save_for_backward=save_for_backward,
-        has_mask=image_token_mask is not None,
-        vec=vec,
+    strides = (kv.stride(0), kv.stride(1)) if num_tokens > 1 else (kv.stride(1),)  # kv.stride(1): k rows, v offset
+    vec = _access_vec((hidden_states, kv) if out is None else (hidden_states, kv, out), strides)
+    has_mask = image_token_mask is not None
+    key = (device, backend, hc, hidden, save_for_backward, has_mask, vec)
+    launcher = _LAUNCHERS.get(key)
+    if launcher is None:
+        cfg = choose_engram_gate_fwd_config(
+            backend=backend,
+            hc=hc,
+            hidden=hidden,
+            num_cores=get_num_cores(device),
+            save_for_backward=save_for_backward,
+            has_mask=has_mask,
+            vec=vec,
+        )
+        launcher = _LAUNCHERS[key] = Launcher(get_engram_gate_fwd_kernel, cfg, device)
+    return launcher
+
+
+def _eager(
+    hidden_states, kv, weight_fused, eps, clamp_value, save_for_backward, image_token_mask, inplace, out
+) -> EngramGateFwdResult:
+    """The call on real tensors: every check, then the launch (also the torch.library ops' kernel)."""
+    backend = _check(
+        hidden_states,
+        kv,
+        weight_fused,
+        eps,
+        clamp_value,
+        save_for_backward,
+        image_token_mask,
+        inplace,
+        out,
+        memory=True,
     )
-    return _Plan(cfg, device)
+    launcher = _launcher(backend, hidden_states, kv, save_for_backward, image_token_mask, out)
+    num_tokens, hc, hidden = hidden_states.shape
+    device = launcher.device
+    if inplace:
+        output = hidden_states
+    elif out is not None:
+        output = out
+    else:
+        output = torch.empty((num_tokens, hc, hidden), dtype=torch.bfloat16, device=device)
+    if save_for_backward:
+        saved = tuple(torch.empty((num_tokens, hc), dtype=torch.float32, device=device) for _ in range(4))
+    else:
+        saved = (None, None, None, None)
+    if num_tokens == 0:
+        return EngramGateFwdResult(output, *saved)
+    # Zero-copy views of the packed kv: the kernel reads keys and value through their strides.
+    k, v = kv[:, :hc], kv[:, hc]
+    outputs = (output, *saved) if save_for_backward else (output,)  # no slots for unsaved outputs
+    if image_token_mask is None:
+        launcher.launch(hidden_states, k, v, weight_fused, *outputs, float(eps), float(clamp_value))
+    else:
+        launcher.launch(hidden_states, k, v, weight_fused, image_token_mask, *outputs, float(eps), float(clamp_value))
+    return EngramGateFwdResult(output, *saved)
+
+
+def _fake(hidden_states, kv, weight_fused, eps, clamp_value, save_for_backward, image_token_mask, inplace, out):
+    """The outputs while torch traces: the checks that need no memory, then the tensors the call allocates
+    (the output unless inplace or out=, the four saved tensors with save_for_backward), all contiguous."""
+    _check(
+        hidden_states,
+        kv,
+        weight_fused,
+        eps,
+        clamp_value,
+        save_for_backward,
+        image_token_mask,
+        inplace,
+        out,
+        memory=False,
+    )
+    num_tokens, hc, hidden = hidden_states.shape
+    device = hidden_states.device
+    new = []
+    if not inplace and out is None:
+        new.append(torch.empty((num_tokens, hc, hidden), dtype=torch.bfloat16, device=device))
+    if save_for_backward:
+        new += [torch.empty((num_tokens, hc), dtype=torch.float32, device=device) for _ in range(4)]
+    return new
 
 
 def engram_gate_fwd(
@@ -140,39 +223,22 @@ def engram_gate_fwd(
         EngramGateFwdResult(output, dot, gate_score, rstd_x, rstd_k), a tuple: output (T, hc, H) bf16; the
         four saved tensors (T, hc) fp32, or None when save_for_backward is False.
     """
-    cfg, device = _plan(
-        hidden_states, kv, weight_fused, eps, clamp_value, save_for_backward, image_token_mask, inplace, out
-    )
-    num_tokens, hc, hidden = hidden_states.shape
-    if inplace:
-        output = hidden_states
-    elif out is not None:
-        output = out
-    else:
-        output = torch.empty((num_tokens, hc, hidden), dtype=torch.bfloat16, device=device)
-    saved: tuple[torch.Tensor | None, ...] = (None, None, None, None)
-    if cfg.save_for_backward:
-        saved = tuple(torch.empty((num_tokens, hc), dtype=torch.float32, device=device) for _ in range(4))
-    if num_tokens == 0:
-        return EngramGateFwdResult(output, *saved)
-    # Zero-copy views of the packed kv: the kernel reads keys and value through their strides.
-    k, v = kv[:, :hc], kv[:, hc]
-    mask = () if image_token_mask is None else (image_token_mask,)
-    outputs = (output, *saved) if cfg.save_for_backward else (output,)  # no slots for unsaved outputs
-    launch_kernel(
-        get_engram_gate_fwd_kernel,
-        cfg,
-        device,
-        hidden_states,
-        k,
-        v,
-        weight_fused,
-        *mask,
-        *outputs,
-        float(eps),
-        float(clamp_value),
-    )
-    return EngramGateFwdResult(output, *saved)
+    if traced(hidden_states):  # torch.compile, fake tensors, make_fx: the torch.library ops (_torch_ops.py)
+        args = (hidden_states, kv, weight_fused, eps, clamp_value, save_for_backward, image_token_mask, inplace, out)
+        _check(*args, memory=False)
+        eps, clamp_value = float(eps), float(clamp_value)  # the ops' schemas take floats
+        head = (hidden_states, kv, weight_fused, eps, clamp_value)
+        if inplace:
+            op('engram_gate_fwd_inplace')(*head, image_token_mask)
+            return EngramGateFwdResult(hidden_states, None, None, None, None)
+        if out is None:
+            result = op('engram_gate_fwd')(*head, save_for_backward, image_token_mask)
+            return EngramGateFwdResult(*result) if save_for_backward else EngramGateFwdResult(result[0], *[None] * 4)
+        if save_for_backward:
+            return EngramGateFwdResult(out, *op('engram_gate_fwd_out')(*head, image_token_mask, out))
+        op('engram_gate_fwd_out_nosave')(*head, image_token_mask, out)
+        return EngramGateFwdResult(out, None, None, None, None)
+    return _eager(hidden_states, kv, weight_fused, eps, clamp_value, save_for_backward, image_token_mask, inplace, out)
 
 
 def engram_gate_fwd_config(
@@ -188,6 +254,6 @@ def engram_gate_fwd_config(
     out: torch.Tensor | None = None,
 ) -> EngramGateFwdConfig:
     """The kernel configuration engram_gate_fwd launches for these arguments (validated alike; no launch)."""
-    return _plan(
-        hidden_states, kv, weight_fused, eps, clamp_value, save_for_backward, image_token_mask, inplace, out
-    ).cfg
+    args = (hidden_states, kv, weight_fused, eps, clamp_value, save_for_backward, image_token_mask, inplace, out)
+    backend = _check(*args, memory=True)
+    return _launcher(backend, hidden_states, kv, save_for_backward, image_token_mask, out).cfg

@@ -6,9 +6,10 @@ from typing import NamedTuple
 
 import torch
 
+from cann_ops_tilelang._torch_library import op, traced
 from cann_ops_tilelang.config import get_num_cores, require_accelerator
 from cann_ops_tilelang.engram._contract import check_hc_hidden
-from cann_ops_tilelang.kernel_target import launch_kernel
+from cann_ops_tilelang.kernel_target import Launcher
 from cann_ops_tilelang.validation import check_aligned, check_contiguous, check_shape, check_tensor, may_overlap
 
 from .engram_grad_w_reduce_kernel import (
@@ -25,20 +26,19 @@ class EngramGradWReduceResult(NamedTuple):
     grad_weight_embed: torch.Tensor  # (hc, H) fp32, the updated input tensor
 
 
-class _Plan(NamedTuple):
-    cfg: EngramGradWReduceConfig
-    device: torch.device
-    num_partials: int
+# One launcher per (device, backend, hc, H): chosen and looked up once.
+# (The core count is the device's, fixed for a process.)
+_LAUNCHERS: dict[tuple, Launcher] = {}
 
 
-def _plan(grad_w_partial, weight_hidden, weight_embed, grad_weight_hidden, grad_weight_embed) -> _Plan:
-    """Validate the arguments and choose the kernel configuration (no launch)."""
+def _check(grad_w_partial, weight_hidden, weight_embed, grad_weight_hidden, grad_weight_embed, *, memory) -> str:
+    """Validate the arguments (memory=False: fake tensors, see validation.may_overlap); the backend."""
     check_tensor('grad_w_partial', grad_w_partial, dtype=torch.float32, ndim=3)
     check_tensor('weight_hidden', weight_hidden, dtype=torch.bfloat16, ndim=2)
     check_tensor('weight_embed', weight_embed, dtype=torch.bfloat16, ndim=2)
     check_tensor('grad_weight_hidden', grad_weight_hidden, dtype=torch.float32, ndim=2)
     check_tensor('grad_weight_embed', grad_weight_embed, dtype=torch.float32, ndim=2)
-    num_partials, hc, hidden = grad_w_partial.shape
+    _, hc, hidden = grad_w_partial.shape
     check_hc_hidden(_NAME, hc, hidden)
     for name, value in (
         ('weight_hidden', weight_hidden),
@@ -55,19 +55,42 @@ def _plan(grad_w_partial, weight_hidden, weight_embed, grad_weight_hidden, grad_
         ('grad_weight_embed', grad_weight_embed),
     ):
         check_contiguous(name, value)
-        check_aligned(name, value)
-    if may_overlap(grad_weight_hidden, grad_weight_embed):
+        check_aligned(name, value, memory=memory)
+    if may_overlap(grad_weight_hidden, grad_weight_embed, memory=memory):
         raise ValueError(f'{_NAME}: grad_weight_hidden and grad_weight_embed must not overlap')
     inputs = {'grad_w_partial': grad_w_partial, 'weight_hidden': weight_hidden, 'weight_embed': weight_embed}
     for grad_name, grad in (('grad_weight_hidden', grad_weight_hidden), ('grad_weight_embed', grad_weight_embed)):
         for input_name, value in inputs.items():
-            if may_overlap(grad, value):
+            if may_overlap(grad, value, memory=memory):
                 raise ValueError(f'{_NAME}: {grad_name} (updated in place) must not alias the input {input_name}')
 
-    backend = require_accelerator(grad_w_partial, weight_hidden, weight_embed, grad_weight_hidden, grad_weight_embed)
+    return require_accelerator(grad_w_partial, weight_hidden, weight_embed, grad_weight_hidden, grad_weight_embed)
+
+
+def _launcher(backend, grad_w_partial) -> Launcher:
+    _, hc, hidden = grad_w_partial.shape
     device = grad_w_partial.device
-    cfg = choose_engram_grad_w_reduce_config(backend=backend, hc=hc, hidden=hidden, num_cores=get_num_cores(device))
-    return _Plan(cfg, device, num_partials)
+    key = (device, backend, hc, hidden)
+    launcher = _LAUNCHERS.get(key)
+    if launcher is None:
+        cfg = choose_engram_grad_w_reduce_config(backend=backend, hc=hc, hidden=hidden, num_cores=get_num_cores(device))
+        launcher = _LAUNCHERS[key] = Launcher(get_engram_grad_w_reduce_kernel, cfg, device)
+    return launcher
+
+
+def _eager(grad_w_partial, weight_hidden, weight_embed, grad_weight_hidden, grad_weight_embed) -> None:
+    """The call on real tensors: every check, then the launch (also the torch.library op's kernel)."""
+    args = (grad_w_partial, weight_hidden, weight_embed, grad_weight_hidden, grad_weight_embed)
+    backend = _check(*args, memory=True)
+    launcher = _launcher(backend, grad_w_partial)
+    if grad_w_partial.shape[0] == 0:  # empty sum: nothing to add
+        return
+    launcher.launch(*args)
+
+
+def _fake(grad_w_partial, weight_hidden, weight_embed, grad_weight_hidden, grad_weight_embed) -> None:
+    """While torch traces: the checks that need no memory (the op writes its gradients in place)."""
+    _check(grad_w_partial, weight_hidden, weight_embed, grad_weight_hidden, grad_weight_embed, memory=False)
 
 
 def engram_grad_w_reduce(
@@ -97,23 +120,13 @@ def engram_grad_w_reduce(
     The fp32 sum over P runs in another order than torch's, so results differ from an fp32
     reference by rounding only (a few ulps of sum_p |partial[p]| * |w|).
     """
-    cfg, device, num_partials = _plan(
-        grad_w_partial, weight_hidden, weight_embed, grad_weight_hidden, grad_weight_embed
-    )
-    result = EngramGradWReduceResult(grad_weight_hidden, grad_weight_embed)
-    if num_partials == 0:  # empty sum: nothing to add
-        return result
-    launch_kernel(
-        get_engram_grad_w_reduce_kernel,
-        cfg,
-        device,
-        grad_w_partial,
-        weight_hidden,
-        weight_embed,
-        grad_weight_hidden,
-        grad_weight_embed,
-    )
-    return result
+    args = (grad_w_partial, weight_hidden, weight_embed, grad_weight_hidden, grad_weight_embed)
+    if traced(grad_w_partial):  # torch.compile, fake tensors, make_fx: the torch.library op (_torch_ops.py)
+        _check(*args, memory=False)
+        op('engram_grad_w_reduce')(*args)
+    else:
+        _eager(*args)
+    return EngramGradWReduceResult(grad_weight_hidden, grad_weight_embed)
 
 
 def engram_grad_w_reduce_config(
@@ -124,4 +137,5 @@ def engram_grad_w_reduce_config(
     grad_weight_embed: torch.Tensor,
 ) -> EngramGradWReduceConfig:
     """The kernel configuration engram_grad_w_reduce launches for these arguments (validated alike; no launch)."""
-    return _plan(grad_w_partial, weight_hidden, weight_embed, grad_weight_hidden, grad_weight_embed).cfg
+    args = (grad_w_partial, weight_hidden, weight_embed, grad_weight_hidden, grad_weight_embed)
+    return _launcher(_check(*args, memory=True), grad_w_partial).cfg

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import torch
 
+from cann_ops_tilelang._torch_library import op, traced
 from cann_ops_tilelang.config import get_num_cores, require_accelerator
-from cann_ops_tilelang.kernel_target import launch_kernel
+from cann_ops_tilelang.kernel_target import Launcher
 from cann_ops_tilelang.validation import check_contiguous, check_image_token_mask, check_out, check_shape, check_tensor
 
 from .engram_hash_kernel import EngramHashConfig, choose_engram_hash_config, get_engram_hash_kernel
@@ -18,14 +17,14 @@ MAX_LAYERS = 32  # L
 MAX_COLS = 256  # (N - 1) * E: rows per token and layer
 
 
-class _Plan(NamedTuple):
-    cfg: EngramHashConfig
-    device: torch.device
-    shape: tuple[int, int, int]  # (L, T, (N - 1) * E)
+# One launcher per (device, backend, L, N, E, mask): chosen and looked up once.
+# (The core count is the device's, fixed for a process.)
+_LAUNCHERS: dict[tuple, Launcher] = {}
 
 
-def _plan(ngram_token_ids, multipliers, vocab_sizes, offsets, image_token_mask, out) -> _Plan:
-    """Validate the arguments and choose the kernel configuration (no allocation, no launch)."""
+def _check(ngram_token_ids, multipliers, vocab_sizes, offsets, image_token_mask, out, *, memory):
+    """Validate the arguments (memory=False: fake tensors, see validation.may_overlap); (backend, shape),
+    shape the output's (L, T, (N - 1) * E)."""
     check_tensor('ngram_token_ids', ngram_token_ids, dtype=torch.int32, ndim=2)
     check_tensor('multipliers', multipliers, dtype=torch.int64, ndim=2)
     check_tensor('vocab_sizes', vocab_sizes, dtype=torch.int32, ndim=3)
@@ -72,20 +71,50 @@ def _plan(ngram_token_ids, multipliers, vocab_sizes, offsets, image_token_mask, 
             dtype=torch.int32,
             device=ngram_token_ids.device,
             inputs=inputs,
+            memory=memory,
         )
 
     tensors = list(inputs.values()) + ([] if out is None else [out])
-    backend = require_accelerator(*tensors)
+    return require_accelerator(*tensors), shape
+
+
+def _launcher(backend, ngram_token_ids, vocab_sizes, image_token_mask) -> Launcher:
     device = ngram_token_ids.device
-    cfg = choose_engram_hash_config(
-        backend=backend,
-        num_layers=num_layers,
-        max_ngram=max_ngram,
-        num_tables=num_tables,
-        num_cores=get_num_cores(device),
-        has_mask=image_token_mask is not None,
-    )
-    return _Plan(cfg, device, shape)
+    num_layers, ngram_orders, num_tables = vocab_sizes.shape
+    has_mask = image_token_mask is not None
+    key = (device, backend, num_layers, ngram_orders, num_tables, has_mask)
+    launcher = _LAUNCHERS.get(key)
+    if launcher is None:
+        cfg = choose_engram_hash_config(
+            backend=backend,
+            num_layers=num_layers,
+            max_ngram=ngram_orders + 1,
+            num_tables=num_tables,
+            num_cores=get_num_cores(device),
+            has_mask=has_mask,
+        )
+        launcher = _LAUNCHERS[key] = Launcher(get_engram_hash_kernel, cfg, device)
+    return launcher
+
+
+def _eager(ngram_token_ids, multipliers, vocab_sizes, offsets, image_token_mask, out) -> torch.Tensor:
+    """The call on real tensors: every check, then the launch (also the torch.library ops' kernel)."""
+    backend, shape = _check(ngram_token_ids, multipliers, vocab_sizes, offsets, image_token_mask, out, memory=True)
+    launcher = _launcher(backend, ngram_token_ids, vocab_sizes, image_token_mask)
+    result = torch.empty(shape, dtype=torch.int32, device=launcher.device) if out is None else out
+    if shape[1] == 0:
+        return result
+    if image_token_mask is None:
+        launcher.launch(ngram_token_ids, multipliers, vocab_sizes, offsets, result)
+    else:
+        launcher.launch(ngram_token_ids, multipliers, vocab_sizes, offsets, image_token_mask, result)
+    return result
+
+
+def _fake(ngram_token_ids, multipliers, vocab_sizes, offsets, image_token_mask, out) -> torch.Tensor | None:
+    """While torch traces: the checks that need no memory, then the (L, T, (N-1)*E) int32 output (None with out=)."""
+    _, shape = _check(ngram_token_ids, multipliers, vocab_sizes, offsets, image_token_mask, out, memory=False)
+    return torch.empty(shape, dtype=torch.int32, device=ngram_token_ids.device) if out is None else None
 
 
 def engram_hash(
@@ -120,15 +149,13 @@ def engram_hash(
     Returns:
         (L, T, (N-1)*E) int32, exact.
     """
-    cfg, device, shape = _plan(ngram_token_ids, multipliers, vocab_sizes, offsets, image_token_mask, out)
-    result = torch.empty(shape, dtype=torch.int32, device=device) if out is None else out
-    if shape[1] == 0:
-        return result
-    mask = () if image_token_mask is None else (image_token_mask,)
-    launch_kernel(
-        get_engram_hash_kernel, cfg, device, ngram_token_ids, multipliers, vocab_sizes, offsets, *mask, result
-    )
-    return result
+    if traced(ngram_token_ids):  # torch.compile, fake tensors, make_fx: the torch.library ops (_torch_ops.py)
+        _check(ngram_token_ids, multipliers, vocab_sizes, offsets, image_token_mask, out, memory=False)
+        if out is None:
+            return op('engram_hash')(ngram_token_ids, multipliers, vocab_sizes, offsets, image_token_mask)
+        op('engram_hash_out')(ngram_token_ids, multipliers, vocab_sizes, offsets, image_token_mask, out)
+        return out
+    return _eager(ngram_token_ids, multipliers, vocab_sizes, offsets, image_token_mask, out)
 
 
 def engram_hash_config(
@@ -141,4 +168,5 @@ def engram_hash_config(
     out: torch.Tensor | None = None,
 ) -> EngramHashConfig:
     """The kernel configuration engram_hash launches for these arguments (validated alike; no launch)."""
-    return _plan(ngram_token_ids, multipliers, vocab_sizes, offsets, image_token_mask, out).cfg
+    backend, _ = _check(ngram_token_ids, multipliers, vocab_sizes, offsets, image_token_mask, out, memory=True)
+    return _launcher(backend, ngram_token_ids, vocab_sizes, image_token_mask).cfg

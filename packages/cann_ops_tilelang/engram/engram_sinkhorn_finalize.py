@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import torch
 
+from cann_ops_tilelang._torch_library import op, traced
 from cann_ops_tilelang.config import get_num_cores, require_accelerator
-from cann_ops_tilelang.kernel_target import launch_kernel
+from cann_ops_tilelang.kernel_target import Launcher
 from cann_ops_tilelang.validation import check_aligned, check_finite_float, check_out
 
 from .engram_sinkhorn_finalize_kernel import (
@@ -20,17 +19,15 @@ from .engram_sinkhorn_step import check_sinkhorn_matrix
 _NAME = 'engram_sinkhorn_finalize'
 
 
-class _Plan(NamedTuple):
-    cfg: EngramSinkhornFinalizeConfig
-    device: torch.device
-    rows: int
-    eps: float
-    alpha: float
+# One launcher per (device, backend, head_dim): chosen and looked up once.
+# (The core count is the device's, fixed for a process.)
+_LAUNCHERS: dict[tuple, Launcher] = {}
 
 
-def _plan(matrix, row_scale, col_scale, eps, alpha, out) -> _Plan:
-    """Validate the arguments and choose the kernel configuration (no allocation, no launch)."""
-    rows, head_dim, eps = check_sinkhorn_matrix(_NAME, matrix, row_scale, col_scale, eps)
+def _check(matrix, row_scale, col_scale, eps, alpha, out, *, memory) -> tuple[str, int, int, float, float]:
+    """Validate the arguments (memory=False: fake tensors, see validation.may_overlap); (backend, rows,
+    head_dim, eps, alpha)."""
+    rows, head_dim, eps = check_sinkhorn_matrix(_NAME, matrix, row_scale, col_scale, eps, memory=memory)
     alpha = check_finite_float('alpha', alpha)
     if out is not None:
         check_out(
@@ -40,15 +37,39 @@ def _plan(matrix, row_scale, col_scale, eps, alpha, out) -> _Plan:
             dtype=torch.float32,
             device=matrix.device,
             inputs={'matrix': matrix, 'row_scale': row_scale, 'col_scale': col_scale},
+            memory=memory,
         )
-        check_aligned('out', out)
-
+        check_aligned('out', out, memory=memory)
     tensors = (matrix, row_scale, col_scale) if out is None else (matrix, row_scale, col_scale, out)
-    backend = require_accelerator(*tensors)
-    device = matrix.device
+    return require_accelerator(*tensors), rows, head_dim, eps, alpha
 
-    cfg = choose_engram_sinkhorn_finalize_config(backend=backend, head_dim=head_dim, num_cores=get_num_cores(device))
-    return _Plan(cfg, device, rows, eps, alpha)
+
+def _launcher(backend, device, head_dim) -> Launcher:
+    key = (device, backend, head_dim)
+    launcher = _LAUNCHERS.get(key)
+    if launcher is None:
+        cfg = choose_engram_sinkhorn_finalize_config(
+            backend=backend, head_dim=head_dim, num_cores=get_num_cores(device)
+        )
+        launcher = _LAUNCHERS[key] = Launcher(get_engram_sinkhorn_finalize_kernel, cfg, device)
+    return launcher
+
+
+def _eager(matrix, row_scale, col_scale, eps, alpha, out) -> torch.Tensor:
+    """The call on real tensors: every check, then the launch (also the torch.library ops' kernel)."""
+    backend, rows, head_dim, eps, alpha = _check(matrix, row_scale, col_scale, eps, alpha, out, memory=True)
+    launcher = _launcher(backend, matrix.device, head_dim)
+    result = torch.empty((rows, head_dim), dtype=torch.float32, device=launcher.device) if out is None else out
+    if rows == 0:
+        return result
+    launcher.launch(matrix, row_scale, col_scale, result, eps, alpha)
+    return result
+
+
+def _fake(matrix, row_scale, col_scale, eps, alpha, out) -> torch.Tensor | None:
+    """While torch traces: the checks that need no memory, then the (rows, head_dim) fp32 result (None with out=)."""
+    _, rows, head_dim, _, _ = _check(matrix, row_scale, col_scale, eps, alpha, out, memory=False)
+    return torch.empty((rows, head_dim), dtype=torch.float32, device=matrix.device) if out is None else None
 
 
 def engram_sinkhorn_finalize(
@@ -80,13 +101,13 @@ def engram_sinkhorn_finalize(
     one engram_sinkhorn_step computes for it (same accumulation), so alpha times the row_scale that the
     step stores reproduces this operator's scale bit for bit.
     """
-    cfg, device, rows, eps, alpha = _plan(matrix, row_scale, col_scale, eps, alpha, out)
-    result = torch.empty((rows, cfg.head_dim), dtype=torch.float32, device=device) if out is None else out
-    if rows == 0:
-        return result
-
-    launch_kernel(get_engram_sinkhorn_finalize_kernel, cfg, device, matrix, row_scale, col_scale, result, eps, alpha)
-    return result
+    if traced(matrix):  # torch.compile, fake tensors, make_fx: the torch.library ops (_torch_ops.py)
+        _check(matrix, row_scale, col_scale, eps, alpha, out, memory=False)
+        if out is None:
+            return op('engram_sinkhorn_finalize')(matrix, row_scale, col_scale, float(eps), float(alpha))
+        op('engram_sinkhorn_finalize_out')(matrix, row_scale, col_scale, float(eps), float(alpha), out)
+        return out
+    return _eager(matrix, row_scale, col_scale, eps, alpha, out)
 
 
 def engram_sinkhorn_finalize_config(
@@ -99,4 +120,5 @@ def engram_sinkhorn_finalize_config(
 ) -> EngramSinkhornFinalizeConfig:
     """The kernel configuration engram_sinkhorn_finalize launches for these arguments (validated alike; no
     launch)."""
-    return _plan(matrix, row_scale, col_scale, eps, alpha, out).cfg
+    backend, _, head_dim, _, _ = _check(matrix, row_scale, col_scale, eps, alpha, out, memory=True)
+    return _launcher(backend, matrix.device, head_dim).cfg

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import torch
 
+from cann_ops_tilelang._torch_library import op, traced
 from cann_ops_tilelang.config import get_num_cores, require_accelerator
-from cann_ops_tilelang.kernel_target import launch_kernel
+from cann_ops_tilelang.kernel_target import Launcher
 from cann_ops_tilelang.validation import (
     check_aligned,
     check_bool,
@@ -30,14 +29,13 @@ _DTYPES = (torch.bfloat16, torch.float32)
 _DTYPE_NAMES = {torch.bfloat16: 'bfloat16', torch.float32: 'float32'}
 
 
-class _Plan(NamedTuple):
-    cfg: EngramSinkhornMomentumUpdateConfig
-    device: torch.device
-    beta1: float
+# One launcher per (device, backend, dtypes, nesterov): chosen and looked up once.
+# (The core count is the device's, fixed for a process.)
+_LAUNCHERS: dict[tuple, Launcher] = {}
 
 
-def _plan(grad, momentum_buffer, beta1, nesterov) -> _Plan:
-    """Validate the arguments and choose the kernel configuration (no allocation, no launch)."""
+def _check(grad, momentum_buffer, beta1, nesterov, *, memory) -> tuple[str, float]:
+    """Validate the arguments (memory=False: fake tensors, see validation.may_overlap); (backend, beta1)."""
     check_tensor('grad', grad, dtype=_DTYPES)
     check_tensor('momentum_buffer', momentum_buffer, dtype=_DTYPES)
     check_shape('momentum_buffer', momentum_buffer, grad.shape)
@@ -48,20 +46,49 @@ def _plan(grad, momentum_buffer, beta1, nesterov) -> _Plan:
         raise ValueError(f'{_NAME}: numel must be at most 2**31 - 2**20 = {MAX_NUMEL}, got {numel}')
     for name, value in (('grad', grad), ('momentum_buffer', momentum_buffer)):
         check_contiguous(name, value)
-        check_aligned(name, value)
-    if may_overlap(momentum_buffer, grad):
+        check_aligned(name, value, memory=memory)
+    if may_overlap(momentum_buffer, grad, memory=memory):
         raise ValueError(f'{_NAME}: momentum_buffer (updated in place) must not alias the input grad')
+    return require_accelerator(grad, momentum_buffer), beta1
 
-    backend = require_accelerator(grad, momentum_buffer)
+
+def _launcher(backend, grad, momentum_buffer, nesterov) -> Launcher:
     device = grad.device
-    cfg = choose_engram_sinkhorn_momentum_update_config(
-        backend=backend,
-        grad_dtype=_DTYPE_NAMES[grad.dtype],
-        momentum_dtype=_DTYPE_NAMES[momentum_buffer.dtype],
-        nesterov=nesterov,
-        num_cores=get_num_cores(device),
+    key = (device, backend, grad.dtype, momentum_buffer.dtype, nesterov)
+    launcher = _LAUNCHERS.get(key)
+    if launcher is None:
+        cfg = choose_engram_sinkhorn_momentum_update_config(
+            backend=backend,
+            grad_dtype=_DTYPE_NAMES[grad.dtype],
+            momentum_dtype=_DTYPE_NAMES[momentum_buffer.dtype],
+            nesterov=nesterov,
+            num_cores=get_num_cores(device),
+        )
+        launcher = _LAUNCHERS[key] = Launcher(get_engram_sinkhorn_momentum_update_kernel, cfg, device)
+    return launcher
+
+
+def _eager(grad, momentum_buffer, beta1, nesterov) -> torch.Tensor:
+    """The call on real tensors: every check, then the launch (also the torch.library op's kernel)."""
+    backend, beta1 = _check(grad, momentum_buffer, beta1, nesterov, memory=True)
+    launcher = _launcher(backend, grad, momentum_buffer, nesterov)
+    result = torch.empty(momentum_buffer.shape, dtype=torch.float32, device=launcher.device)
+    if grad.numel() == 0:
+        return result
+    launcher.launch(
+        grad.view(-1),
+        momentum_buffer.view(-1),
+        result.view(-1),
+        beta1,
+        1.0 - beta1,  # rounded once to fp32 at the launch, as torch rounds the scalar of `grad * (1 - beta1)`
     )
-    return _Plan(cfg, device, beta1)
+    return result
+
+
+def _fake(grad, momentum_buffer, beta1, nesterov) -> torch.Tensor:
+    """While torch traces: the checks that need no memory, then the contiguous fp32 result."""
+    _check(grad, momentum_buffer, beta1, nesterov, memory=False)
+    return torch.empty(momentum_buffer.shape, dtype=torch.float32, device=momentum_buffer.device)
 
 
 def engram_sinkhorn_momentum_update(
@@ -93,21 +120,10 @@ def engram_sinkhorn_momentum_update(
     In fp32: s = fl32(1 - beta1) * g rounded once, m' = fma(m, beta1, s), lookahead fma(m', beta1, s). An fp32
     torch evaluation that rounds beta1 * m separately differs by at most about one ulp of |beta1 m| + |s|.
     """
-    cfg, device, beta1 = _plan(grad, momentum_buffer, beta1, nesterov)
-    result = torch.empty(momentum_buffer.shape, dtype=torch.float32, device=device)
-    if grad.numel() == 0:
-        return result
-    launch_kernel(
-        get_engram_sinkhorn_momentum_update_kernel,
-        cfg,
-        device,
-        grad.view(-1),
-        momentum_buffer.view(-1),
-        result.view(-1),
-        beta1,
-        1.0 - beta1,  # rounded once to fp32 at the launch, as torch rounds the scalar of `grad * (1 - beta1)`
-    )
-    return result
+    if traced(grad):  # torch.compile, fake tensors, make_fx: the torch.library op (_torch_ops.py)
+        _check(grad, momentum_buffer, beta1, nesterov, memory=False)
+        return op('engram_sinkhorn_momentum_update')(grad, momentum_buffer, float(beta1), nesterov)
+    return _eager(grad, momentum_buffer, beta1, nesterov)
 
 
 def engram_sinkhorn_momentum_update_config(
@@ -115,4 +131,5 @@ def engram_sinkhorn_momentum_update_config(
 ) -> EngramSinkhornMomentumUpdateConfig:
     """The kernel configuration engram_sinkhorn_momentum_update launches for these arguments (validated
     alike; no launch)."""
-    return _plan(grad, momentum_buffer, beta1, nesterov).cfg
+    backend, _ = _check(grad, momentum_buffer, beta1, nesterov, memory=True)
+    return _launcher(backend, grad, momentum_buffer, nesterov).cfg

@@ -6,8 +6,9 @@ from typing import NamedTuple
 
 import torch
 
+from cann_ops_tilelang._torch_library import op, traced
 from cann_ops_tilelang.config import get_num_cores, require_accelerator
-from cann_ops_tilelang.kernel_target import launch_kernel
+from cann_ops_tilelang.kernel_target import Launcher
 from cann_ops_tilelang.validation import (
     check_aligned,
     check_contiguous,
@@ -34,10 +35,10 @@ class EngramSinkhornStepResult(NamedTuple):
     col_sumsq_partial: torch.Tensor  # (P, head_dim) fp32: per-worker column sums of squares of the new iterate
 
 
-def check_sinkhorn_matrix(name: str, matrix, row_scale, col_scale, eps) -> tuple[int, int, float]:
+def check_sinkhorn_matrix(name: str, matrix, row_scale, col_scale, eps, *, memory=True) -> tuple[int, int, float]:
     """The (matrix, row_scale, col_scale, eps) contract shared with engram_sinkhorn_finalize: fp32,
     contiguous, (rows, head_dim) / (rows,) / (head_dim,), head_dim a multiple of 64 up to 8192, the matrix
-    and col_scale 16-byte aligned. Returns (rows, head_dim, eps)."""
+    and col_scale 16-byte aligned (memory=False: fake tensors, not checked here). Returns (rows, head_dim, eps)."""
     check_tensor('matrix', matrix, dtype=torch.float32, ndim=2)
     check_tensor('row_scale', row_scale, dtype=torch.float32, ndim=1)
     check_tensor('col_scale', col_scale, dtype=torch.float32, ndim=1)
@@ -52,28 +53,59 @@ def check_sinkhorn_matrix(name: str, matrix, row_scale, col_scale, eps) -> tuple
     check_shape('col_scale', col_scale, (head_dim,))
     for arg, value in (('matrix', matrix), ('row_scale', row_scale), ('col_scale', col_scale)):
         check_contiguous(arg, value)
-    check_aligned('matrix', matrix)
-    check_aligned('col_scale', col_scale)
+    check_aligned('matrix', matrix, memory=memory)
+    check_aligned('col_scale', col_scale, memory=memory)
     return rows, head_dim, check_finite_float('eps', eps)
 
 
-class _Plan(NamedTuple):
-    cfg: EngramSinkhornStepConfig
-    device: torch.device
-    rows: int
-    eps: float
+# One launcher per (device, backend, head_dim): chosen and looked up once.
+# (The core count is the device's, fixed for a process.)
+_LAUNCHERS: dict[tuple, Launcher] = {}
 
 
-def _plan(matrix, row_scale, col_scale, eps) -> _Plan:
-    """Validate the arguments and choose the kernel configuration (no allocation, no launch)."""
-    rows, head_dim, eps = check_sinkhorn_matrix(_NAME, matrix, row_scale, col_scale, eps)
+def _check(matrix, row_scale, col_scale, eps, *, memory) -> tuple[str, int, int, float]:
+    """Validate the arguments (memory=False: fake tensors, see validation.may_overlap); (backend, rows,
+    head_dim, eps)."""
+    rows, head_dim, eps = check_sinkhorn_matrix(_NAME, matrix, row_scale, col_scale, eps, memory=memory)
     for name, value in (('matrix', matrix), ('col_scale', col_scale)):
-        if may_overlap(row_scale, value):
+        if may_overlap(row_scale, value, memory=memory):
             raise ValueError(f'{_NAME}: row_scale (updated in place) must not alias the input {name}')
-    backend = require_accelerator(matrix, row_scale, col_scale)
-    device = matrix.device
-    cfg = choose_engram_sinkhorn_step_config(backend=backend, head_dim=head_dim, num_cores=get_num_cores(device))
-    return _Plan(cfg, device, rows, eps)
+    return require_accelerator(matrix, row_scale, col_scale), rows, head_dim, eps
+
+
+def _launcher(backend, device, head_dim) -> Launcher:
+    key = (device, backend, head_dim)
+    launcher = _LAUNCHERS.get(key)
+    if launcher is None:
+        cfg = choose_engram_sinkhorn_step_config(backend=backend, head_dim=head_dim, num_cores=get_num_cores(device))
+        launcher = _LAUNCHERS[key] = Launcher(get_engram_sinkhorn_step_kernel, cfg, device)
+    return launcher
+
+
+def _eager(matrix, row_scale, col_scale, eps) -> EngramSinkhornStepResult:
+    """The call on real tensors: every check, then the launch (also the torch.library op's kernel)."""
+    backend, rows, head_dim, eps = _check(matrix, row_scale, col_scale, eps, memory=True)
+    launcher = _launcher(backend, matrix.device, head_dim)
+    cfg, device = launcher.cfg, launcher.device
+    row_norm = torch.empty((rows,), dtype=torch.float32, device=device)
+    if rows == 0:  # no rows: every worker's partial is the empty sum
+        return EngramSinkhornStepResult(
+            row_norm, torch.zeros((cfg.num_partials, head_dim), dtype=torch.float32, device=device)
+        )
+    col_sumsq_partial = torch.empty((cfg.num_partials, head_dim), dtype=torch.float32, device=device)
+    launcher.launch(matrix, row_scale, col_scale, row_norm, col_sumsq_partial, eps)
+    return EngramSinkhornStepResult(row_norm, col_sumsq_partial)
+
+
+def _fake(matrix, row_scale, col_scale, eps) -> EngramSinkhornStepResult:
+    """While torch traces: the checks that need no memory, then (rows,) and (P, head_dim) fp32, P the
+    device's (a device query on the first trace for a device)."""
+    backend, rows, head_dim, _ = _check(matrix, row_scale, col_scale, eps, memory=False)
+    num_partials = _launcher(backend, matrix.device, head_dim).cfg.num_partials
+    return EngramSinkhornStepResult(
+        torch.empty((rows,), dtype=torch.float32, device=matrix.device),
+        torch.empty((num_partials, head_dim), dtype=torch.float32, device=matrix.device),
+    )
 
 
 def engram_sinkhorn_step(
@@ -104,22 +136,15 @@ def engram_sinkhorn_step(
     row_scale' is the correctly rounded fp32 quotient of row_scale and fl(row_norm + eps); the norms and the
     partials are fp32 sums in another order than torch's (a few ulps of the sum apart).
     """
-    cfg, device, rows, eps = _plan(matrix, row_scale, col_scale, eps)
-    head_dim = cfg.head_dim
-    row_norm = torch.empty((rows,), dtype=torch.float32, device=device)
-    if rows == 0:  # no rows: every worker's partial is the empty sum
-        return EngramSinkhornStepResult(
-            row_norm, torch.zeros((cfg.num_partials, head_dim), dtype=torch.float32, device=device)
-        )
-    col_sumsq_partial = torch.empty((cfg.num_partials, head_dim), dtype=torch.float32, device=device)
-    launch_kernel(
-        get_engram_sinkhorn_step_kernel, cfg, device, matrix, row_scale, col_scale, row_norm, col_sumsq_partial, eps
-    )
-    return EngramSinkhornStepResult(row_norm, col_sumsq_partial)
+    if traced(matrix):  # torch.compile, fake tensors, make_fx: the torch.library op (_torch_ops.py)
+        _check(matrix, row_scale, col_scale, eps, memory=False)
+        return EngramSinkhornStepResult(*op('engram_sinkhorn_step')(matrix, row_scale, col_scale, float(eps)))
+    return _eager(matrix, row_scale, col_scale, eps)
 
 
 def engram_sinkhorn_step_config(
     matrix: torch.Tensor, row_scale: torch.Tensor, col_scale: torch.Tensor, eps: float
 ) -> EngramSinkhornStepConfig:
     """The kernel configuration engram_sinkhorn_step launches for these arguments (validated alike; no launch)."""
-    return _plan(matrix, row_scale, col_scale, eps).cfg
+    backend, _, head_dim, _ = _check(matrix, row_scale, col_scale, eps, memory=True)
+    return _launcher(backend, matrix.device, head_dim).cfg

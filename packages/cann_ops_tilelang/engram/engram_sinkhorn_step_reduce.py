@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import torch
 
+from cann_ops_tilelang._torch_library import op, traced
 from cann_ops_tilelang.config import get_num_cores, require_accelerator
-from cann_ops_tilelang.kernel_target import launch_kernel
+from cann_ops_tilelang.kernel_target import Launcher
 from cann_ops_tilelang.validation import check_aligned, check_contiguous, check_shape, check_tensor, may_overlap
 
 from .engram_sinkhorn_step_kernel import HEAD_DIM_ALIGN, MAX_HEAD_DIM
@@ -21,14 +20,13 @@ _NAME = 'engram_sinkhorn_step_reduce'
 MAX_PARTIALS = 2**31 // MAX_HEAD_DIM  # int32 element indices of the partials
 
 
-class _Plan(NamedTuple):
-    cfg: EngramSinkhornStepReduceConfig
-    device: torch.device
-    num_partials: int
+# One launcher per (device, backend, head_dim): chosen and looked up once.
+# (The core count is the device's, fixed for a process.)
+_LAUNCHERS: dict[tuple, Launcher] = {}
 
 
-def _plan(col_sumsq_partial, col_sumsq) -> _Plan:
-    """Validate the arguments and choose the kernel configuration (no allocation, no launch)."""
+def _check(col_sumsq_partial, col_sumsq, *, memory) -> str:
+    """Validate the arguments (memory=False: fake tensors, see validation.may_overlap); the backend."""
     check_tensor('col_sumsq_partial', col_sumsq_partial, dtype=torch.float32, ndim=2)
     check_tensor('col_sumsq', col_sumsq, dtype=torch.float32, ndim=1)
     num_partials, head_dim = col_sumsq_partial.shape
@@ -41,14 +39,37 @@ def _plan(col_sumsq_partial, col_sumsq) -> _Plan:
     check_shape('col_sumsq', col_sumsq, (head_dim,))
     for name, value in (('col_sumsq_partial', col_sumsq_partial), ('col_sumsq', col_sumsq)):
         check_contiguous(name, value)
-        check_aligned(name, value)
-    if may_overlap(col_sumsq, col_sumsq_partial):
+        check_aligned(name, value, memory=memory)
+    if may_overlap(col_sumsq, col_sumsq_partial, memory=memory):
         raise ValueError(f'{_NAME}: col_sumsq (written in place) must not alias the input col_sumsq_partial')
+    return require_accelerator(col_sumsq_partial, col_sumsq)
 
-    backend = require_accelerator(col_sumsq_partial, col_sumsq)
+
+def _launcher(backend, col_sumsq) -> Launcher:
     device = col_sumsq.device
-    cfg = choose_engram_sinkhorn_step_reduce_config(backend=backend, head_dim=head_dim, num_cores=get_num_cores(device))
-    return _Plan(cfg, device, num_partials)
+    head_dim = col_sumsq.shape[0]
+    key = (device, backend, head_dim)
+    launcher = _LAUNCHERS.get(key)
+    if launcher is None:
+        cfg = choose_engram_sinkhorn_step_reduce_config(
+            backend=backend, head_dim=head_dim, num_cores=get_num_cores(device)
+        )
+        launcher = _LAUNCHERS[key] = Launcher(get_engram_sinkhorn_step_reduce_kernel, cfg, device)
+    return launcher
+
+
+def _eager(col_sumsq_partial, col_sumsq) -> None:
+    """The call on real tensors: every check, then the launch (also the torch.library op's kernel)."""
+    launcher = _launcher(_check(col_sumsq_partial, col_sumsq, memory=True), col_sumsq)
+    if col_sumsq_partial.shape[0] == 0:  # the empty sum
+        col_sumsq.zero_()
+        return
+    launcher.launch(col_sumsq_partial, col_sumsq)
+
+
+def _fake(col_sumsq_partial, col_sumsq) -> None:
+    """While torch traces: the checks that need no memory (the op writes col_sumsq in place)."""
+    _check(col_sumsq_partial, col_sumsq, memory=False)
 
 
 def engram_sinkhorn_step_reduce(col_sumsq_partial: torch.Tensor, col_sumsq: torch.Tensor) -> torch.Tensor:
@@ -67,11 +88,11 @@ def engram_sinkhorn_step_reduce(col_sumsq_partial: torch.Tensor, col_sumsq: torc
     on Ascend; eight consecutive segments of p, each sequential, then added in order, on CUDA), so repeated
     calls are bit-identical; the result is a few ulps of the sum from torch's own summation order.
     """
-    cfg, device, num_partials = _plan(col_sumsq_partial, col_sumsq)
-    if num_partials == 0:  # the empty sum
-        return col_sumsq.zero_()
-
-    launch_kernel(get_engram_sinkhorn_step_reduce_kernel, cfg, device, col_sumsq_partial, col_sumsq)
+    if traced(col_sumsq_partial):  # torch.compile, fake tensors, make_fx: the torch.library op (_torch_ops.py)
+        _check(col_sumsq_partial, col_sumsq, memory=False)
+        op('engram_sinkhorn_step_reduce')(col_sumsq_partial, col_sumsq)
+    else:
+        _eager(col_sumsq_partial, col_sumsq)
     return col_sumsq
 
 
@@ -80,4 +101,4 @@ def engram_sinkhorn_step_reduce_config(
 ) -> EngramSinkhornStepReduceConfig:
     """The kernel configuration engram_sinkhorn_step_reduce launches for these arguments (validated alike;
     no launch)."""
-    return _plan(col_sumsq_partial, col_sumsq).cfg
+    return _launcher(_check(col_sumsq_partial, col_sumsq, memory=True), col_sumsq).cfg
