@@ -425,3 +425,151 @@ def test_make_fx_records_the_ops(emulated_cpu):
     )
     partials = [n for n in gm.graph.nodes if str(n.target) == f'{NAMESPACE}.engram_sinkhorn_step.default']
     assert partials[0].meta['val'][1].shape == (64, HEAD_DIM)  # P = the emulated chip's 64 vector cores
+
+
+# ---------------------------------------------------------------- device tier
+
+
+def _opcheck_args(name: str, device) -> tuple:
+    """Real arguments of op `name` (small shapes, every tensor on `device`)."""
+    x, kv, wh, we = _gate_inputs(device)
+    w = ops.engram_fused_weight(wh, we)
+    fwd = ops.engram_gate_fwd(x, kv, w, EPS, CLAMP)
+    mask = torch.zeros(T, dtype=torch.bool, device=device)
+    mask[1] = True
+    hash_args = _hash_inputs(device)
+    matrix, row_scale, col_scale = _sinkhorn_inputs(device)
+    _, partial = ops.engram_sinkhorn_step(matrix, row_scale.clone(), col_scale, EPS)
+    cases = {
+        'engram_fused_weight': (wh, we),
+        'engram_fused_weight_out': (wh, we, torch.empty(HC, H, device=device)),
+        'engram_gate_fwd': (x, kv, w, EPS, CLAMP, True, mask),
+        'engram_gate_fwd_out': (x, kv, w, EPS, CLAMP, None, torch.empty_like(x)),
+        'engram_gate_fwd_out_nosave': (x, kv, w, EPS, CLAMP, mask, torch.empty_like(x)),
+        'engram_gate_fwd_inplace': (x.clone(), kv, w, EPS, CLAMP, None),
+        'engram_gate_bwd': (torch.randn_like(x), x, kv, w, *fwd[1:], CLAMP, mask),
+        'engram_grad_w_reduce': (
+            torch.randn(3, HC, H, device=device),
+            wh,
+            we,
+            torch.randn(HC, H, device=device),
+            torch.randn(HC, H, device=device),
+        ),
+        'engram_hash': (*hash_args, mask),
+        'engram_hash_out': (*hash_args, None, torch.empty(2, T, 8, dtype=torch.int32, device=device)),
+        'engram_sinkhorn_momentum_update': (
+            torch.randn(1000, device=device),
+            torch.randn(1000, dtype=torch.bfloat16, device=device),
+            0.9,
+            True,
+        ),
+        'engram_sinkhorn_step': (matrix, row_scale, col_scale, EPS),
+        'engram_sinkhorn_step_reduce': (partial, torch.empty(HEAD_DIM, device=device)),
+        'engram_sinkhorn_finalize': (matrix, row_scale, col_scale, EPS, 2.0),
+        'engram_sinkhorn_finalize_out': (matrix, row_scale, col_scale, EPS, 2.0, torch.empty_like(matrix)),
+    }
+    return cases[name]
+
+
+@pytest.mark.npu
+@pytest.mark.parametrize('name', sorted(MUTATED))
+def test_opcheck(device, name):
+    """torch.library.opcheck: schema (mutations as declared, no aliased outputs), autograd registration, fake
+    kernel against the real one, AOTAutograd with dynamic shapes against eager. The backward runs with fixed
+    token ranges (deterministic algorithms), so that its partial sums are the same bits on every run."""
+    args = _opcheck_args(name, device)
+    with _deterministic_algorithms(name == 'engram_gate_bwd'):
+        torch.library.opcheck(_op(name), args)
+
+
+@contextlib.contextmanager
+def _deterministic_algorithms(enabled: bool = True):
+    previous = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(enabled or previous)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(previous)
+
+
+def _assert_same(got, want, *, exact: bool = True) -> None:
+    for g, w in zip(got, want, strict=True):
+        if g is None or w is None:
+            assert g is w
+        elif exact:
+            assert torch.equal(g, w)
+        else:
+            torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
+
+
+def _step_results(fn_inputs):
+    """Everything _training_step computes, with the weight gradients it accumulates in place."""
+    x, kv, wh, we, gwh, gwe, grad_out = fn_inputs
+    w = ops.engram_fused_weight(wh, we)
+    fwd = ops.engram_gate_fwd(x, kv, w, EPS, CLAMP)
+    bwd = ops.engram_gate_bwd(grad_out, x, kv, w, *fwd[1:], CLAMP)
+    ops.engram_grad_w_reduce(bwd.grad_w_partial, wh, we, gwh, gwe)
+    return w, fwd, bwd
+
+
+@pytest.mark.npu
+@pytest.mark.parametrize('backend', ['aot_eager', 'inductor'])
+def test_compile_matches_eager(device, backend):
+    """torch.compile(fullgraph=True) of forward + backward + reduce and of the Sinkhorn chain gives the eager
+    results, the in-place updates included (fixed token ranges: the same partial sums every run)."""
+    torch._dynamo.reset()
+    inputs = _step_inputs(device)
+    compiled_inputs = tuple(t.clone() for t in inputs)
+    with _deterministic_algorithms():
+        want = _training_step(*inputs)
+        got = torch.compile(_training_step, fullgraph=True, backend=backend)(*compiled_inputs)
+    _assert_same(got, want)
+    _assert_same(compiled_inputs[4:6], inputs[4:6])  # grad_weight_hidden / _embed, accumulated in place
+    chain = _sinkhorn_chain_inputs(device)
+    compiled_chain = tuple(t.clone() for t in chain)
+    want = _sinkhorn_chain(*chain)
+    got = torch.compile(_sinkhorn_chain, fullgraph=True, backend=backend)(*compiled_chain)
+    _assert_same((got, *compiled_chain[1:]), (want, *chain[1:]))  # momentum, row_scale, col_sumsq, out
+
+
+@pytest.mark.npu
+@pytest.mark.cuda_only
+def test_cuda_graph_replays_forward_backward_and_reduce(device):
+    """fused_weight, the forward, the backward (its token counter zero-filled inside the graph) and
+    grad_w_reduce captured in one CUDA graph: each replay gives the eager results for the inputs then in the
+    captured buffers. The backward's blocks claim tokens at run time, so grad_w_partial's split over slices,
+    and the last bits of the reduced weight gradients, may differ from the eager run; its sum may not."""
+    static = _step_inputs(device)
+    x, kv, wh, we, gwh, gwe, grad_out = static
+    eager = _step_results(tuple(t.clone() for t in static))  # also compiles every kernel before the capture
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up on a side stream, as torch.cuda.graphs asks
+        _step_results(tuple(t.clone() for t in static))
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = _step_results(static)
+
+    for round_ in range(2):
+        if round_:  # new values in the captured inputs
+            for t in (x, kv, grad_out):
+                t.copy_(torch.randn_like(t))
+            eager = _step_results(
+                (x.clone(), kv.clone(), wh, we, torch.zeros_like(gwh), torch.zeros_like(gwe), grad_out.clone())
+            )
+        gwh.zero_()
+        gwe.zero_()
+        graph.replay()
+        torch.cuda.synchronize()
+        w, fwd, bwd = captured
+        want_w, want_fwd, want_bwd = eager[:3]
+        assert torch.equal(w, want_w)
+        _assert_same(fwd, want_fwd)
+        _assert_same(bwd[:2], want_bwd[:2])
+        torch.testing.assert_close(bwd.grad_w_partial.sum(0), want_bwd.grad_w_partial.sum(0), rtol=1e-5, atol=1e-4)
+        eager_gwh, eager_gwe = torch.zeros_like(gwh), torch.zeros_like(gwe)
+        ops.engram_grad_w_reduce(want_bwd.grad_w_partial, wh, we, eager_gwh, eager_gwe)
+        torch.testing.assert_close(gwh, eager_gwh, rtol=1e-5, atol=1e-4)
+        torch.testing.assert_close(gwe, eager_gwe, rtol=1e-5, atol=1e-4)

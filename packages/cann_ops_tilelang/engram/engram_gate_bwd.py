@@ -83,9 +83,7 @@ def _check(grad_out, hidden_states, kv, weight_fused, saved, clamp_value, image_
     return require_accelerator(*tensors)
 
 
-def _launcher(backend, hidden_states, image_token_mask) -> Launcher:
-    _, hc, hidden = hidden_states.shape
-    device = hidden_states.device
+def _launcher(backend, device, hc: int, hidden: int, image_token_mask) -> Launcher:
     deterministic = torch.are_deterministic_algorithms_enabled()
     has_mask = image_token_mask is not None
     key = (device, backend, hc, hidden, deterministic, has_mask)
@@ -106,9 +104,9 @@ def _launcher(backend, hidden_states, image_token_mask) -> Launcher:
 def _eager(grad_out, hidden_states, kv, weight_fused, saved, clamp_value, image_token_mask) -> EngramGateBwdResult:
     """The call on real tensors: every check, then the launch (also the torch.library op's kernel)."""
     backend = _check(grad_out, hidden_states, kv, weight_fused, saved, clamp_value, image_token_mask)
-    launcher = _launcher(backend, hidden_states, image_token_mask)
-    cfg, device = launcher.cfg, launcher.device
     num_tokens, hc, hidden = hidden_states.shape
+    launcher = _launcher(backend, hidden_states.device, hc, hidden, image_token_mask)
+    cfg, device = launcher.cfg, launcher.device
     grad_x = torch.empty((num_tokens, hc, hidden), dtype=torch.bfloat16, device=device)
     grad_kv = torch.empty((num_tokens, hc + 1, hidden), dtype=torch.bfloat16, device=device)
     if num_tokens == 0:
@@ -157,9 +155,10 @@ def _fake(grad_out, hidden_states, kv, weight_fused, saved, clamp_value, image_t
     """The outputs while torch traces: the checks, then contiguous grads and (P, hc, H) partials, P the
     device's (a device query on the first trace for a device)."""
     backend = _check(grad_out, hidden_states, kv, weight_fused, saved, clamp_value, image_token_mask)
-    num_blocks = _launcher(backend, hidden_states, image_token_mask).cfg.num_blocks
     num_tokens, hc, hidden = hidden_states.shape
     device = hidden_states.device
+    # int(): sizes may be symbolic while torch traces with dynamic shapes; P depends on none of them.
+    num_blocks = _launcher(backend, device, int(hc), int(hidden), image_token_mask).cfg.num_blocks
     return EngramGateBwdResult(
         torch.empty((num_tokens, hc, hidden), dtype=torch.bfloat16, device=device),
         torch.empty((num_tokens, hc + 1, hidden), dtype=torch.bfloat16, device=device),
@@ -240,4 +239,5 @@ def engram_gate_bwd_config(
     """The kernel configuration engram_gate_bwd launches for these arguments (validated alike; no launch)."""
     saved = (dot, gate_score, rstd_x, rstd_k)
     backend = _check(grad_out, hidden_states, kv, weight_fused, saved, clamp_value, image_token_mask)
-    return _launcher(backend, hidden_states, image_token_mask).cfg
+    _, hc, hidden = hidden_states.shape
+    return _launcher(backend, hidden_states.device, hc, hidden, image_token_mask).cfg

@@ -101,7 +101,8 @@ def _fake(matrix, row_scale, col_scale, eps) -> EngramSinkhornStepResult:
     """While torch traces: the checks that need no memory, then (rows,) and (P, head_dim) fp32, P the
     device's (a device query on the first trace for a device)."""
     backend, rows, head_dim, _ = _check(matrix, row_scale, col_scale, eps, memory=False)
-    num_partials = _launcher(backend, matrix.device, head_dim).cfg.num_partials
+    # int(): sizes may be symbolic while torch traces with dynamic shapes
+    num_partials = _launcher(backend, matrix.device, int(head_dim)).cfg.num_partials
     return EngramSinkhornStepResult(
         torch.empty((rows,), dtype=torch.float32, device=matrix.device),
         torch.empty((num_partials, head_dim), dtype=torch.float32, device=matrix.device),
