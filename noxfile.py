@@ -43,7 +43,8 @@ def run(session: nox.Session, steps: list[phases.Step]) -> None:
     in_venv = session.virtualenv.venv_backend != 'none'
     for step in steps:
         session.log(step.description)
-        session.run(*step.resolved_argv('python' if in_venv else sys.executable), env=step.env)
+        argv = step.resolved_argv('python' if in_venv else sys.executable)
+        session.run(*argv, env=step.env, success_codes=list(step.success_codes))
 
 
 @nox.session

@@ -21,7 +21,7 @@ def _run(c: Context, steps: list[phases.Step]) -> None:
         for step in steps:
             print(f'--- {step.description}', flush=True)
             result = c.run(shlex.join(step.resolved_argv(sys.executable)), env=step.env, pty=False, warn=True)
-            if result.failed:
+            if result.exited not in step.success_codes:
                 raise Exit(code=result.exited or 1)
 
 

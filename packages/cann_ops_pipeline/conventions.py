@@ -30,6 +30,12 @@ ALLOW_NO_DEVICE_ENV = 'OPS_TILELANG_ALLOW_NO_DEVICE'
 
 # One exit code for usage errors everywhere: pytest's (pytest.ExitCode.USAGE_ERROR).
 USAGE_ERROR = 4
+NO_TESTS_COLLECTED = 5  # pytest.ExitCode.NO_TESTS_COLLECTED
+
+# Device tests on the Ascend C emulator where there is no device (tests/testing/plugins/devices.py):
+# the pytest option, and the level the CPU tier runs them at (its time budget; verify-N uses N).
+ASCEND_EMULATOR_OPTION = '--ascend-emulator'
+EMULATED_CPU_TIER_LEVEL = 0
 
 
 def check_test_level(level: int) -> int:

@@ -15,9 +15,12 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from cann_ops_pipeline.conventions import (
+    ASCEND_EMULATOR_OPTION,
     DEFAULT_MIN_DELTA_US,
     DEFAULT_REGRESSION_THRESHOLD,
+    EMULATED_CPU_TIER_LEVEL,
     LEVEL_ENV,
+    NO_TESTS_COLLECTED,
     check_test_level,
 )
 from cann_ops_pipeline.device_count import count_devices
@@ -39,14 +42,17 @@ class Step:
     argv: tuple[str, ...]
     env: dict[str, str] = dataclasses.field(default_factory=dict)
     description: str = ''
+    success_codes: tuple[int, ...] = (0,)  # exit codes that do not fail the phase
 
     def resolved_argv(self, python: str = sys.executable) -> list[str]:
         """argv with 'python' replaced by a concrete interpreter (for front ends without a venv)."""
         return [python if arg == 'python' else arg for arg in self.argv]
 
 
-def _pytest(*args: str, env: dict[str, str] | None = None, description: str = '') -> Step:
-    return Step(('python', '-m', 'pytest', *args), env or {}, description)
+def _pytest(
+    *args: str, env: dict[str, str] | None = None, description: str = '', success_codes: tuple[int, ...] = (0,)
+) -> Step:
+    return Step(('python', '-m', 'pytest', *args), env or {}, description, success_codes)
 
 
 def _pipeline_env() -> dict[str, str]:
@@ -64,9 +70,33 @@ def lint() -> list[Step]:
 
 
 def tests_cpu(args: Sequence[str] = ()) -> list[Step]:
-    """Everything that runs without an accelerator: contract and tooling tests, kernel lowering."""
-    # Lowering is CPU-bound and independent per parameter set: one xdist worker per core.
-    return [_pytest('-m', CPU_TIER, '-n', 'auto', *args, description='CPU tier')]
+    """Everything that runs without an accelerator: contract and tooling tests, kernel lowering at the
+    default level, then the device tests at level 0 with the Ascend kernels on the Ascend C emulator."""
+    # Lowering and emulation are CPU-bound and independent per test: one xdist worker per core.
+    return [
+        _pytest('-m', CPU_TIER, '-n', 'auto', *args, description='CPU tier'),
+        _pytest(
+            '-m', DEVICE_CORRECTNESS, ASCEND_EMULATOR_OPTION, '-n', 'auto', *_junit_renamed(args, 'emulated'),
+            env={LEVEL_ENV: str(EMULATED_CPU_TIER_LEVEL)},
+            description=f'device tests, level {EMULATED_CPU_TIER_LEVEL}, Ascend C emulated on CPU',
+            success_codes=(0, NO_TESTS_COLLECTED),  # a selection without device tests (e.g. tests/pipeline)
+        ),
+    ]  # fmt: skip
+
+
+def _junit_renamed(args: Sequence[str], suffix: str) -> list[str]:
+    """`args` with a --junitxml report renamed `<stem>-<suffix><ext>`, so that a second run of the same
+    arguments does not overwrite the first one's report."""
+    renamed, args = [], list(args)
+    for i, arg in enumerate(args):
+        if arg.startswith('--junitxml='):
+            path = Path(arg.split('=', 1)[1])
+            arg = f'--junitxml={path.with_name(f"{path.stem}-{suffix}{path.suffix}")}'
+        elif i > 0 and args[i - 1] == '--junitxml':
+            path = Path(arg)
+            arg = str(path.with_name(f'{path.stem}-{suffix}{path.suffix}'))
+        renamed.append(arg)
+    return renamed
 
 
 def _host_device_count() -> int:
@@ -102,7 +132,9 @@ def verify(level: int, args: Sequence[str] = (), device_count: int | None = None
     timing = [f'--durations={SLOWEST_SHOWN}']  # the long poles of the run, for whoever tunes its wall time
     if (_host_device_count() if device_count is None else device_count) > 0:
         return [_two_phase(['-m', CORRECTNESS, *timing, *args], env, f'{description}, two-phase run')]
-    return [_pytest('-m', CORRECTNESS, '-n', 'auto', *timing, *args, env=env, description=description)]
+    emulated = f'{description}, device tests Ascend C emulated on CPU'
+    argv = ('-m', CORRECTNESS, ASCEND_EMULATOR_OPTION, '-n', 'auto', *timing, *args)
+    return [_pytest(*argv, env=env, description=emulated)]
 
 
 def run_tests(args: Sequence[str] = ()) -> list[Step]:

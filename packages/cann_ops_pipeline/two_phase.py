@@ -47,6 +47,7 @@ from collections.abc import Callable, Mapping, Sequence
 from cann_ops_pipeline.conventions import (
     DEFAULT_NPU_MEM_THRESHOLD_MB,
     LARGE_MARKER,
+    NO_TESTS_COLLECTED,
     USAGE_ERROR,
     markexpr_problem,
     test_level_from_env,
@@ -59,7 +60,6 @@ THREAD_ENV_VARS = ('OMP_NUM_THREADS', 'MKL_NUM_THREADS', 'OPENBLAS_NUM_THREADS',
 MAX_WORKERS_PER_DEVICE = 16  # phase 1 default: one worker per CPU per device, at most this many
 UNKNOWN_MEMORY_WORKERS_PER_DEVICE = 4  # phase 1 default cap when the device memory cannot be read
 WORKERS_PER_DEVICE_PHASE2 = 1
-NO_TESTS = 5
 INTERRUPTED = 2
 STOPS_THE_RUN = (INTERRUPTED, USAGE_ERROR)  # phase 2 would be interrupted too, or refuse the same arguments
 EXIT_MEANING = {
@@ -299,7 +299,7 @@ def thread_env(workers: int, cpus: int, environ: Mapping[str, str]) -> dict[str,
 
 
 def failed(returncode: int) -> bool:
-    return returncode not in (0, NO_TESTS)
+    return returncode not in (0, NO_TESTS_COLLECTED)
 
 
 def combined_exit_code(returncodes: Sequence[int]) -> int:
@@ -307,8 +307,8 @@ def combined_exit_code(returncodes: Sequence[int]) -> int:
     for code in returncodes:
         if failed(code):
             return code if 0 < code < 256 else 1
-    if returncodes and all(code == NO_TESTS for code in returncodes):
-        return NO_TESTS
+    if returncodes and all(code == NO_TESTS_COLLECTED for code in returncodes):
+        return NO_TESTS_COLLECTED
     return 0
 
 

@@ -20,15 +20,42 @@ def _pytest_args(step):
 
 
 def test_cpu_tier_deselects_device_and_benchmark_tests():
-    (step,) = phases.tests_cpu(['-x'])
-    assert _pytest_args(step) == ['-m', 'not npu and not benchmark', '-n', 'auto', '-x']
+    cpu, _ = phases.tests_cpu(['-x'])
+    assert _pytest_args(cpu) == ['-m', 'not npu and not benchmark', '-n', 'auto', '-x']
+    assert cpu.success_codes == (0,)
+
+
+def test_cpu_tier_runs_the_device_tests_at_level_0_on_the_emulator():
+    _, emulated = phases.tests_cpu(['-x', 'tests/engram'])
+    assert _pytest_args(emulated) == [
+        '-m', 'npu and not benchmark', '--ascend-emulator', '-n', 'auto', '-x', 'tests/engram'
+    ]  # fmt: skip
+    assert emulated.env == {'OPS_TILELANG_TEST_LEVEL': '0'}
+    assert 'emulated' in emulated.description
+    assert emulated.success_codes == (0, 5)  # a selection without device tests is not a failure
+
+
+@pytest.mark.parametrize(
+    ('args', 'renamed'),
+    [
+        (['--junitxml=build/ci/junit.xml'], ['--junitxml=build/ci/junit-emulated.xml']),
+        (['--junitxml', 'junit.xml', '-x'], ['--junitxml', 'junit-emulated.xml', '-x']),
+        (['-x'], ['-x']),
+    ],
+)
+def test_the_emulated_step_writes_its_own_junit_report(args, renamed):
+    cpu, emulated = phases.tests_cpu(args)
+    assert _pytest_args(cpu)[4:] == args
+    assert _pytest_args(emulated)[5:] == renamed
 
 
 @pytest.mark.parametrize('level', [0, 1, 2])
 def test_verify_sets_the_level(level):
     (step,) = phases.verify(level, ['tests/engram'], device_count=0)
     assert step.env == {'OPS_TILELANG_TEST_LEVEL': str(level)}
-    assert _pytest_args(step) == ['-m', 'not benchmark', '-n', 'auto', '--durations=10', 'tests/engram']
+    assert _pytest_args(step) == [
+        '-m', 'not benchmark', '--ascend-emulator', '-n', 'auto', '--durations=10', 'tests/engram'
+    ]  # fmt: skip
 
 
 def test_verify_runs_through_the_two_phase_runner_where_a_device_is():
@@ -82,7 +109,7 @@ def test_the_wheel_check_gets_the_pins():
 
 
 def test_python_is_resolved_per_front_end():
-    (step,) = phases.tests_cpu()
+    step = phases.tests_cpu()[0]
     assert step.resolved_argv('/venv/bin/python')[0] == '/venv/bin/python'
     assert phases.lint()[0].resolved_argv('/x/python')[0] == 'ruff'
 

@@ -16,9 +16,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from cann_ops_pipeline.conventions import ASCEND_EMULATOR_OPTION
 from cann_ops_tilelang import config as ops_config
 
-EMULATOR_OPTION = '--ascend-emulator'
 CUDA_ONLY_MARKER = 'cuda_only'
 emulator_key = pytest.StashKey[bool]()
 
@@ -39,13 +39,13 @@ def accelerator_missing_reason(emulator: bool = False) -> str | None:
     npu = 'torch_npu not installed' if ops_config._torch_npu() is None else 'torch_npu sees no NPU'
     return (
         f'needs an accelerator: no Ascend NPU ({npu}) and no CUDA GPU (torch {torch.__version__}); '
-        f'{EMULATOR_OPTION} runs it on the Ascend C emulator'
+        f'{ASCEND_EMULATOR_OPTION} runs it on the Ascend C emulator'
     )
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.getgroup('cann_ops_tilelang').addoption(
-        EMULATOR_OPTION,
+        ASCEND_EMULATOR_OPTION,
         action='store_true',
         default=False,
         help=f'run device tests (npu) on the Ascend C emulator, on CPU tensors (as {ops_config.ASCEND_EMULATOR_ENV}=1)',
@@ -57,7 +57,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         'markers', f'{CUDA_ONLY_MARKER}: device test of a CUDA-only kernel variant; skipped on Ascend and the emulator'
     )
-    config.stash[emulator_key] = config.getoption(EMULATOR_OPTION) or ops_config.ascend_emulator_enabled()
+    config.stash[emulator_key] = config.getoption(ASCEND_EMULATOR_OPTION) or ops_config.ascend_emulator_enabled()
 
 
 @pytest.hookimpl(trylast=True)
