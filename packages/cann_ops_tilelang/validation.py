@@ -85,10 +85,13 @@ def check_finite_float(name: str, value) -> float:
 
 
 def _byte_span(t: torch.Tensor) -> tuple[int, int]:
+    start = t.data_ptr()
+    if t.is_contiguous():  # the common case, without a Python loop over the dimensions
+        return (start, start + t.nbytes)
     if t.numel() == 0:
-        return (t.data_ptr(), t.data_ptr())
+        return (start, start)
     extent = sum((size - 1) * stride for size, stride in zip(t.shape, t.stride(), strict=True)) + 1
-    return (t.data_ptr(), t.data_ptr() + extent * t.element_size())
+    return (start, start + extent * t.element_size())
 
 
 def may_overlap(a: torch.Tensor, b: torch.Tensor, *, memory: bool = True) -> bool:
@@ -98,11 +101,11 @@ def may_overlap(a: torch.Tensor, b: torch.Tensor, *, memory: bool = True) -> boo
     passed twice counts; the memory ranges are checked when the traced op runs on real tensors."""
     if not memory:
         return a is b
-    if a.device != b.device:
-        return False
     a0, a1 = _byte_span(a)
     b0, b1 = _byte_span(b)
-    return a0 < b1 and b0 < a1
+    # Addresses of different devices may coincide: the device comparison (two torch.device objects) only
+    # where the ranges intersect.
+    return a0 < b1 and b0 < a1 and a.device == b.device
 
 
 def check_image_token_mask(value, num_tokens: int) -> torch.Tensor:

@@ -63,7 +63,8 @@ def _eager(weight_hidden, weight_embed, out):
     device = weight_hidden.device
     launcher = _launcher(backend, device, hc, hidden)
     # hc >= 1 and H >= 64 after validation: never empty.
-    result = torch.empty((hc, hidden), dtype=torch.float32, device=device) if out is None else out
+    # Tensor.new_empty: the device from the tensor, no keyword parsing of it (about 1 us less than torch.empty)
+    result = weight_hidden.new_empty((hc, hidden), dtype=torch.float32) if out is None else out
     launcher.launch(weight_hidden, weight_embed, result)
     return result
 

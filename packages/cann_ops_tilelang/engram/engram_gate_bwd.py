@@ -107,20 +107,20 @@ def _eager(grad_out, hidden_states, kv, weight_fused, saved, clamp_value, image_
     num_tokens, hc, hidden = hidden_states.shape
     launcher = _launcher(backend, hidden_states.device, hc, hidden, image_token_mask)
     cfg, device = launcher.cfg, launcher.device
-    grad_x = torch.empty((num_tokens, hc, hidden), dtype=torch.bfloat16, device=device)
-    grad_kv = torch.empty((num_tokens, hc + 1, hidden), dtype=torch.bfloat16, device=device)
+    x = hidden_states  # its dtype (bf16) and device; new_empty is cheaper than torch.empty(..., device=)
+    grad_x = x.new_empty((num_tokens, hc, hidden))
+    grad_kv = x.new_empty((num_tokens, hc + 1, hidden))
     if num_tokens == 0:
         grad_w_partial = torch.zeros((cfg.num_blocks, hc, hidden), dtype=torch.float32, device=device)
         return EngramGateBwdResult(grad_x, grad_kv, grad_w_partial)
-    alloc = torch.zeros if cfg.accumulates_into_partials else torch.empty
-    grad_w_partial = alloc((cfg.num_blocks, hc, hidden), dtype=torch.float32, device=device)
+    alloc = x.new_zeros if cfg.accumulates_into_partials else x.new_empty
+    grad_w_partial = alloc((cfg.num_blocks, hc, hidden), dtype=torch.float32)
     # A fresh counter per call (zero-filled only where the blocks claim from it): stream-ordered and
     # captured with the launch in CUDA graphs, so concurrent calls never share one.
-    token_counter = (torch.zeros if cfg.dynamic_tokens else torch.empty)((1,), dtype=torch.int32, device=device)
+    token_counter = (x.new_zeros if cfg.dynamic_tokens else x.new_empty)((1,), dtype=torch.int32)
 
     # grad_out, hidden_states and weight_fused are contiguous with rows of H (a multiple of 64) elements, so
     # only their addresses can be misaligned; kv's outer strides are free.
-    x = hidden_states
     if grad_out.data_ptr() % ALIGN_BYTES:
         grad_out = _aligned(grad_out)
     if x.data_ptr() % ALIGN_BYTES:

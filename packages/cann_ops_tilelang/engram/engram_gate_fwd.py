@@ -143,15 +143,16 @@ def _eager(
     )
     launcher = _launcher(backend, hidden_states, kv, save_for_backward, image_token_mask, out)
     num_tokens, hc, hidden = hidden_states.shape
-    device = launcher.device
     if inplace:
         output = hidden_states
     elif out is not None:
         output = out
     else:
-        output = torch.empty((num_tokens, hc, hidden), dtype=torch.bfloat16, device=device)
+        output = hidden_states.new_empty((num_tokens, hc, hidden))  # cheaper than torch.empty(..., device=)
     if save_for_backward:
-        saved = tuple(torch.empty((num_tokens, hc), dtype=torch.float32, device=device) for _ in range(4))
+        new_empty = hidden_states.new_empty
+        saved = (new_empty((num_tokens, hc), dtype=torch.float32) for _ in range(4))
+        saved = tuple(saved)
     else:
         saved = (None, None, None, None)
     if num_tokens == 0:

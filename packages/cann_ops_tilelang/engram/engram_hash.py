@@ -101,7 +101,7 @@ def _eager(ngram_token_ids, multipliers, vocab_sizes, offsets, image_token_mask,
     """The call on real tensors: every check, then the launch (also the torch.library ops' kernel)."""
     backend, shape = _check(ngram_token_ids, multipliers, vocab_sizes, offsets, image_token_mask, out, memory=True)
     launcher = _launcher(backend, ngram_token_ids, vocab_sizes, image_token_mask)
-    result = torch.empty(shape, dtype=torch.int32, device=launcher.device) if out is None else out
+    result = ngram_token_ids.new_empty(shape) if out is None else out  # int32, its device
     if shape[1] == 0:
         return result
     if image_token_mask is None:

@@ -59,7 +59,7 @@ def _eager(matrix, row_scale, col_scale, eps, alpha, out) -> torch.Tensor:
     """The call on real tensors: every check, then the launch (also the torch.library ops' kernel)."""
     backend, rows, head_dim, eps, alpha = _check(matrix, row_scale, col_scale, eps, alpha, out, memory=True)
     launcher = _launcher(backend, matrix.device, head_dim)
-    result = torch.empty((rows, head_dim), dtype=torch.float32, device=launcher.device) if out is None else out
+    result = matrix.new_empty((rows, head_dim)) if out is None else out  # fp32, its device
     if rows == 0:
         return result
     launcher.launch(matrix, row_scale, col_scale, result, eps, alpha)

@@ -72,7 +72,7 @@ def _eager(grad, momentum_buffer, beta1, nesterov) -> torch.Tensor:
     """The call on real tensors: every check, then the launch (also the torch.library op's kernel)."""
     backend, beta1 = _check(grad, momentum_buffer, beta1, nesterov, memory=True)
     launcher = _launcher(backend, grad, momentum_buffer, nesterov)
-    result = torch.empty(momentum_buffer.shape, dtype=torch.float32, device=launcher.device)
+    result = momentum_buffer.new_empty(momentum_buffer.shape, dtype=torch.float32)
     if grad.numel() == 0:
         return result
     launcher.launch(

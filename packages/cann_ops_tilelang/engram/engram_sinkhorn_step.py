@@ -87,12 +87,12 @@ def _eager(matrix, row_scale, col_scale, eps) -> EngramSinkhornStepResult:
     backend, rows, head_dim, eps = _check(matrix, row_scale, col_scale, eps, memory=True)
     launcher = _launcher(backend, matrix.device, head_dim)
     cfg, device = launcher.cfg, launcher.device
-    row_norm = torch.empty((rows,), dtype=torch.float32, device=device)
+    row_norm = matrix.new_empty((rows,))  # fp32, its device
     if rows == 0:  # no rows: every worker's partial is the empty sum
         return EngramSinkhornStepResult(
             row_norm, torch.zeros((cfg.num_partials, head_dim), dtype=torch.float32, device=device)
         )
-    col_sumsq_partial = torch.empty((cfg.num_partials, head_dim), dtype=torch.float32, device=device)
+    col_sumsq_partial = matrix.new_empty((cfg.num_partials, head_dim))
     launcher.launch(matrix, row_scale, col_scale, row_norm, col_sumsq_partial, eps)
     return EngramSinkhornStepResult(row_norm, col_sumsq_partial)
 
