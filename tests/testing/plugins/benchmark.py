@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 
 from cann_ops_pipeline.conventions import DEFAULT_MIN_DELTA_US, DEFAULT_REGRESSION_THRESHOLD
-from tests.testing import baseline
+from tests.testing import baseline, host_timing
 from tests.testing.files import CorruptFileError, atomic_write_text
 from tests.testing.timing import DeviceBackend, NoAcceleratorError
 
@@ -48,6 +48,7 @@ class BenchmarkHookspecs:
 _STATE = pytest.StashKey['BenchmarkState']()
 _BACKEND = pytest.StashKey[object]()
 _TIMED_WITH = pytest.StashKey[str]()  # on the item: the timing backend of its last benchmark_timer call
+_HOST_TIMED = pytest.StashKey[bool]()  # on the item: benchmark_host_timer ran
 
 
 def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
@@ -154,6 +155,38 @@ def benchmark_timer(request: pytest.FixtureRequest) -> Callable[[Callable[[], ob
 
 
 @pytest.fixture
+def benchmark_host_timer(request: pytest.FixtureRequest) -> Callable[[Callable[[], object]], float]:
+    """`benchmark_host_timer(fn) -> float`: the host-inclusive wall time per call of `fn()` in microseconds
+    (tests/testing/host_timing.py), recorded under an operation ending in '_host' (e.g. 'fwd_host') with
+    timing backend 'host', next to the device record. A backend may time it itself (`host_time_us(fn)`);
+    the default synchronises the accelerator at the end of each round. Skipped without an accelerator."""
+    backend = get_backend(request.config)
+    item = request.node
+
+    def timer(fn: Callable[[], object]) -> float:
+        if not callable(fn):
+            raise TypeError(f'benchmark_host_timer expects a function to call, got {type(fn).__name__}')
+        try:
+            own = getattr(backend, 'host_time_us', None)
+            time_us = own(fn) if own is not None else _device_host_time_us(backend, fn)
+        except NoAcceleratorError as exc:
+            pytest.skip(str(exc))
+        time_us = baseline.check_time_us(time_us, 'the measured host time')
+        item.stash[_HOST_TIMED] = True
+        return time_us
+
+    return timer
+
+
+def _device_host_time_us(backend: DeviceBackend, fn: Callable[[], object]) -> float:
+    import torch
+
+    device = backend.device  # NoAcceleratorError without one
+    module = torch.npu if backend.backend == 'ascend' else torch.cuda
+    return host_timing.host_time_us(fn, lambda: module.synchronize(device))
+
+
+@pytest.fixture
 def benchmark_record(request: pytest.FixtureRequest) -> Callable[..., None]:
     """`benchmark_record(*, kernel, operation, params, time_us, bandwidth_gbs=None, extras=None)`.
 
@@ -182,8 +215,17 @@ def benchmark_record(request: pytest.FixtureRequest) -> Callable[..., None]:
                 f'benchmark_record: kernel={kernel!r} is not a public operator of cann_ops_tilelang '
                 f'(its __all__: {", ".join(sorted(public)) or "empty"}); record under the public name'
             )
-        if _TIMED_WITH not in item.stash:
+        if isinstance(operation, str) and operation.endswith(host_timing.HOST_OPERATION_SUFFIX):
+            if _HOST_TIMED not in item.stash:
+                raise RuntimeError(
+                    f'benchmark_record: operation={operation!r} is a host record: measure time_us with the '
+                    'benchmark_host_timer fixture in this test first'
+                )
+            timed_with = host_timing.HOST_TIMING_BACKEND
+        elif _TIMED_WITH not in item.stash:
             raise RuntimeError('benchmark_record: measure time_us with the benchmark_timer fixture in this test first')
+        else:
+            timed_with = item.stash[_TIMED_WITH]
         _add(
             config.stash[_STATE],
             baseline.make_record(
@@ -194,7 +236,7 @@ def benchmark_record(request: pytest.FixtureRequest) -> Callable[..., None]:
                 bandwidth_gbs=bandwidth_gbs,
                 extras=extras,
                 cluster=backend.cluster(),
-                timing_backend=item.stash[_TIMED_WITH],
+                timing_backend=timed_with,
                 environment=_environment(config),
                 node_id=item.nodeid,
             ),
