@@ -573,3 +573,87 @@ def test_cuda_graph_replays_forward_backward_and_reduce(device):
         ops.engram_grad_w_reduce(want_bwd.grad_w_partial, wh, we, eager_gwh, eager_gwe)
         torch.testing.assert_close(gwh, eager_gwh, rtol=1e-5, atol=1e-4)
         torch.testing.assert_close(gwe, eager_gwe, rtol=1e-5, atol=1e-4)
+
+
+# ---------------------------------------------------------------- CPU tier: the launch path
+
+
+class TVMFFIKernelAdapter:  # stands in for TileLang's adapter of that name (its class name is what is checked)
+    def __init__(self, executable, result_idx=()):
+        self.result_idx = list(result_idx)
+        self._ffi_callee_allocated_output_abi = False
+        self._executable = executable
+
+    def _get_executable(self):
+        return self._executable
+
+
+class _FakeJITKernel:
+    def __init__(self, adapter):
+        self.adapter = adapter
+        self.calls = []
+
+    def torch_function(self, *args):
+        self.calls.append(args)
+
+
+def test_launcher_compiles_on_first_launch_and_calls_the_tvm_ffi_function(monkeypatch):
+    from cann_ops_tilelang import kernel_target
+
+    direct = []
+    kernel = _FakeJITKernel(TVMFFIKernelAdapter(lambda *args: direct.append(args)))
+    compiled = []
+
+    def get_kernel(cfg):
+        compiled.append(cfg)
+        return kernel
+
+    guards = []
+    monkeypatch.setattr(kernel_target, 'device_guard', lambda device: guards.append(device) or contextlib.nullcontext())
+    monkeypatch.setattr(kernel_target, '_cuda_current_device', lambda: 0)
+    launcher = kernel_target.Launcher(get_kernel, 'cfg', torch.device('cuda', 0))
+    assert compiled == []  # choosing a configuration compiles nothing
+    launcher.launch(1, 2)
+    launcher.launch(3)
+    assert compiled == ['cfg']  # once, under the device guard
+    assert direct == [(1, 2), (3,)]  # the TVM-FFI function itself, not JITKernel.__call__
+    assert kernel.calls == []
+    assert guards == [torch.device('cuda', 0)]  # the current device: no guard per launch
+
+    other = kernel_target.Launcher(get_kernel, 'cfg', torch.device('cuda', 1))
+    other.launch(4)
+    assert guards[-1] == torch.device('cuda', 1)  # not the current device: switched for the launch
+    assert direct[-1] == (4,)
+
+
+@pytest.mark.parametrize(
+    ('device', 'adapter'),
+    [
+        # NPU streams: TileLang's own call (torch knows 'npu' only with torch_npu: a stand-in device)
+        (type('NpuDevice', (), {'type': 'npu', 'index': 0})(), TVMFFIKernelAdapter(lambda *args: None)),
+        (torch.device('cuda', 0), TVMFFIKernelAdapter(lambda *args: None, result_idx=[2])),  # allocates outputs
+        (torch.device('cuda', 0), object()),  # another execution backend
+    ],
+    ids=['npu', 'tilelang-allocated-outputs', 'other-adapter'],
+)
+def test_launcher_keeps_tilelang_s_call_where_it_does_more(monkeypatch, device, adapter):
+    from cann_ops_tilelang import kernel_target
+
+    kernel = _FakeJITKernel(adapter)
+    monkeypatch.setattr(kernel_target, 'device_guard', lambda device: contextlib.nullcontext())
+    monkeypatch.setattr(kernel_target, '_cuda_current_device', lambda: 0)
+    kernel_target.Launcher(lambda cfg: kernel, 'cfg', device).launch(7)
+    assert kernel.calls == [(7,)]
+
+
+def test_configurations_are_chosen_once_per_device(monkeypatch):
+    """The eager path asks for the core count and builds the configuration on the first call only."""
+    interface = __import__('sys').modules['cann_ops_tilelang.engram.engram_fused_weight']
+    queries = []
+    monkeypatch.setattr(interface, '_LAUNCHERS', {})
+    monkeypatch.setattr(interface, 'require_accelerator', lambda *tensors: 'cuda')
+    monkeypatch.setattr(interface, 'get_num_cores', lambda device: queries.append(device) or H200_SMS)
+    wh = torch.zeros(HC, H, dtype=torch.bfloat16)
+    cfg = interface.engram_fused_weight_config(wh, wh.clone())
+    assert interface.engram_fused_weight_config(wh, wh.clone()) is cfg
+    assert queries == [torch.device('cpu')]
