@@ -414,6 +414,26 @@ def test_compile_functionalizes_the_mutations(emulated_cpu):
     assert all('auto_functionalized' in gm.code for gm in graphs)
 
 
+def test_functional_ops_outputs_never_require_grad(emulated_cpu):
+    """Weights arrive as parameters that require grad: as in eager, the outputs do not (the gradients are
+    explicit operators), so AOTAutograd traces the ops without a backward."""
+    from cann_ops_tilelang.engram._torch_ops import FUNCTIONAL_OPS
+
+    assert FUNCTIONAL_OPS == (
+        'engram_fused_weight',
+        'engram_gate_fwd',
+        'engram_gate_bwd',
+        'engram_hash',
+        'engram_sinkhorn_finalize',
+    )
+    torch._dynamo.reset()
+    with FakeTensorMode():
+        wh, we = (torch.nn.Parameter(t) for t in _gate_inputs(emulated_cpu)[2:])
+        assert not ops.engram_fused_weight(wh, we).requires_grad
+        compiled = torch.compile(lambda a, b: ops.engram_fused_weight(a, b) * 2, fullgraph=True, backend='aot_eager')
+        assert not compiled(wh, we).requires_grad
+
+
 def test_make_fx_records_the_ops(emulated_cpu):
     """make_fx (torch.export's non-strict tracer) sees one op per operator call, mutations included."""
     gm = torch.fx.experimental.proxy_tensor.make_fx(_training_step, tracing_mode='fake')(*_step_inputs(emulated_cpu))

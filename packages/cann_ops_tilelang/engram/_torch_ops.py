@@ -32,6 +32,10 @@ def _name(op: str) -> str:
     return f'{NAMESPACE}::{op}'
 
 
+def _op(op: str):
+    return getattr(getattr(torch.ops, NAMESPACE), op).default
+
+
 # ---------------------------------------------------------------- engram_fused_weight
 
 
@@ -315,3 +319,29 @@ OPS: dict[str, tuple[str, ...]] = {
     'engram_sinkhorn_step_reduce': ('engram_sinkhorn_step_reduce',),
     'engram_sinkhorn_finalize': ('engram_sinkhorn_finalize', 'engram_sinkhorn_finalize_out'),
 }
+
+
+# ---------------------------------------------------------------- autograd
+
+
+def _mark_non_differentiable(ctx, inputs, output) -> None:
+    outputs = output if isinstance(output, (tuple, list)) else (output,)
+    tensors = [t for t in outputs if isinstance(t, torch.Tensor)]
+    if tensors:
+        ctx.mark_non_differentiable(*tensors)
+
+
+def _no_backward(ctx, *grads):
+    raise RuntimeError(
+        'the cann_ops_tilelang Engram operators are not differentiated by autograd: their gradients are the '
+        'explicit operators (engram_gate_bwd, engram_grad_w_reduce)'
+    )
+
+
+# As in eager, where the kernels write tensors autograd never sees, no output of a functional op requires
+# grad even when an input (a weight parameter) does, so AOTAutograd traces no backward through them. torch
+# takes autograd formulas for functional ops only: an op that writes an input (out=, in place, the buffer
+# updates) keeps torch's default, whose outputs require grad where an input does and raise on backward.
+FUNCTIONAL_OPS = tuple(name for forms in OPS.values() for name in forms if not _op(name)._schema.is_mutable)
+for _op_name in FUNCTIONAL_OPS:
+    torch.library.register_autograd(_name(_op_name), _no_backward, setup_context=_mark_non_differentiable)
