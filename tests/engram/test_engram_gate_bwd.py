@@ -29,6 +29,7 @@ from tests.testing.contract import assert_rejects_extra_dimension, assert_reject
 from tests.testing.generator import (
     BENCHMARK_HC,
     BENCHMARK_HIDDEN,
+    by_level,
     gen_benchmark_shapes,
     gen_hc,
     gen_hidden,
@@ -562,13 +563,16 @@ def test_engram_gate_bwd_values(params, device):
 @pytest.mark.npu
 @pytest.mark.parametrize(
     'params',
-    [
-        {'num_tokens': 130, 'hc': 4, 'hidden': 4096},
-        {'num_tokens': 1000, 'hc': 4, 'hidden': 7168},
-        {'num_tokens': 257, 'hc': 3, 'hidden': 1088},
-        {'num_tokens': 7, 'hc': 1, 'hidden': 64},
-        {'num_tokens': 40, 'hc': 3, 'hidden': 12288},  # the chunked CUDA kernel
-    ],
+    by_level(
+        LEVEL,
+        core=[
+            {'num_tokens': 130, 'hc': 4, 'hidden': 4096},
+            {'num_tokens': 257, 'hc': 3, 'hidden': 1088},
+            {'num_tokens': 7, 'hc': 1, 'hidden': 64},
+            {'num_tokens': 40, 'hc': 3, 'hidden': 12288},  # the chunked CUDA kernel
+        ],
+        default=[{'num_tokens': 1000, 'hc': 4, 'hidden': 7168}],
+    ),
     ids=make_param_id,
 )
 def test_engram_gate_bwd_image_tokens(params, device):
@@ -620,6 +624,7 @@ def test_engram_gate_bwd_empty(device):
 
 
 @pytest.mark.npu
+@pytest.mark.cuda_only  # the CUDA kernel's chunked variant (the Ascend kernel is chunked at every shape)
 def test_engram_gate_bwd_chunked_values(device):
     """hc * H beyond the register-resident CUDA kernel: the chunked variant, with T large enough that a
     block handles several chunks (132 SMs: 33 tokens per block > 32 per chunk) and adds its tiles to its
@@ -632,6 +637,7 @@ def test_engram_gate_bwd_chunked_values(device):
 
 
 @pytest.mark.npu
+@pytest.mark.cuda_only  # claimed tokens and fixed ranges are the resident CUDA kernel's two schedules
 @pytest.mark.parametrize(
     'params',
     [
@@ -694,7 +700,11 @@ def test_engram_gate_bwd_non_contiguous_kv(layout, device):
 @pytest.mark.npu
 @pytest.mark.parametrize(
     'params',
-    [{'num_tokens': 1000, 'hc': 4, 'hidden': 4096}, {'num_tokens': 257, 'hc': 3, 'hidden': 192}],
+    by_level(
+        LEVEL,
+        core=[{'num_tokens': 257, 'hc': 3, 'hidden': 192}],
+        default=[{'num_tokens': 1000, 'hc': 4, 'hidden': 4096}],
+    ),
     ids=make_param_id,
 )
 def test_engram_gate_bwd_clamp_region(params, device):

@@ -22,6 +22,7 @@ from tests.engram.engram_gate_fwd_ref import engram_gate_fwd_ref
 from tests.testing.bench import make_param_id
 from tests.testing.contract import assert_rejects_extra_dimension, assert_rejects_non_tensor_and_dtype
 from tests.testing.generator import (
+    by_level,
     gen_benchmark_shapes,
     gen_hc,
     gen_hidden,
@@ -489,12 +490,15 @@ def test_engram_gate_fwd_values(params, device):
 @pytest.mark.npu
 @pytest.mark.parametrize(
     'params',
-    [
-        {'num_tokens': 130, 'hc': 4, 'hidden': 4096},
-        {'num_tokens': 257, 'hc': 3, 'hidden': 1088},
-        {'num_tokens': 1000, 'hc': 4, 'hidden': 7168},
-        {'num_tokens': 7, 'hc': 1, 'hidden': 64},
-    ],
+    by_level(
+        LEVEL,
+        core=[
+            {'num_tokens': 130, 'hc': 4, 'hidden': 4096},
+            {'num_tokens': 257, 'hc': 3, 'hidden': 1088},
+            {'num_tokens': 7, 'hc': 1, 'hidden': 64},
+        ],
+        default=[{'num_tokens': 1000, 'hc': 4, 'hidden': 7168}],
+    ),
     ids=make_param_id,
 )
 @pytest.mark.parametrize('save_for_backward', [True, False])

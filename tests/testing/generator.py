@@ -18,26 +18,27 @@ def get_test_level() -> int:
     return test_level_from_env()
 
 
-def _by_level(level: int, core: Sequence, default: Sequence = (), full: Sequence = ()) -> list:
-    """Values of level 0, plus those of level 1, plus those of level 2, in order, no duplicates."""
+def by_level(level: int, core: Sequence, default: Sequence = (), full: Sequence = ()) -> list:
+    """Values of level 0, plus those of level 1, plus those of level 2, in order, no duplicates (values may
+    be unhashable, e.g. the parameter dicts of a test's fixed shapes)."""
     check_test_level(level)
     chosen = list(core) + (list(default) if level >= 1 else []) + (list(full) if level >= 2 else [])
-    return list(dict.fromkeys(chosen))
+    return [value for i, value in enumerate(chosen) if value not in chosen[:i]]
 
 
 def gen_num_tokens(level: int) -> list[int]:
     """Token counts: empty, minimum, a core size, tails that divide no block, the benchmark sizes."""
-    return _by_level(level, core=(0, 1, 130), default=(7, 257, 1000), full=(4001, 8001, 32768))
+    return by_level(level, core=(0, 1, 130), default=(7, 257, 1000), full=(4001, 8001, 32768))
 
 
 def gen_hidden(level: int) -> list[int]:
     """Hidden sizes (multiples of 64 up to 16384): minimum, core, the production (benchmark) sizes, tails."""
-    return _by_level(level, core=(64, 4096), default=(192, 1088, 2560, 5120, 7168), full=(128, 16384))
+    return by_level(level, core=(64, 4096), default=(192, 1088, 2560, 5120, 7168), full=(128, 16384))
 
 
 def gen_hc(level: int) -> list[int]:
     """Hyper-connection branch counts 1..8."""
-    return _by_level(level, core=(4,), default=(1, 3), full=(2, 5, 8))
+    return by_level(level, core=(4,), default=(1, 3), full=(2, 5, 8))
 
 
 BENCHMARK_NUM_TOKENS = (4001, 8001, 32768)
