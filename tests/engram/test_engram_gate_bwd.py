@@ -560,6 +560,31 @@ def test_engram_gate_bwd_values(params, device):
         assert torch.equal(t, b)  # inputs untouched
 
 
+def _ascend_config_classes() -> list[dict]:
+    """The smallest (hc, hidden) of each kind of Ascend tiling the chooser picks (one column tile or several;
+    a token chunk filling the 64 lanes or leaving a tail), over hc 1..8 and the tested hidden sizes."""
+    chosen = {}
+    for hc in range(1, 9):
+        for hidden in (64, 192, 1088, 2560, 4096, 5120, 7168, 12288, 16384):
+            cfg = choose_engram_gate_bwd_config(
+                backend='ascend', hc=hc, hidden=hidden, num_cores=ASCEND_950_VECTOR_CORES
+            )
+            kind = (cfg.tile_cols == hidden, cfg.token_chunk * hc == 64)
+            if kind not in chosen or hc * hidden < chosen[kind]['hc'] * chosen[kind]['hidden']:
+                chosen[kind] = {'hc': hc, 'hidden': hidden}
+    return sorted(chosen.values(), key=lambda p: (p['hc'], p['hidden']))
+
+
+@pytest.mark.npu
+@pytest.mark.parametrize('params', _ascend_config_classes(), ids=make_param_id)
+def test_engram_gate_bwd_every_ascend_config(params, device):
+    """Each kind of Ascend tiling once (on the emulator in the CPU tier), with one token more than the vector
+    cores and token chunks that do not divide it; on CUDA the same shapes through its own configs."""
+    inputs = _inputs(ASCEND_950_VECTOR_CORES + 1, params['hc'], params['hidden'], device)
+    result = cann_ops_tilelang.engram_gate_bwd(*inputs, CLAMP)
+    _check_result(result, inputs, clamp_value=CLAMP, num_cores=get_num_cores(device))
+
+
 @pytest.mark.npu
 @pytest.mark.parametrize(
     'params',

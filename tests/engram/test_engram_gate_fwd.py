@@ -487,6 +487,30 @@ def test_engram_gate_fwd_values(params, device):
     _assert_matches_reference(res, x, *_k_v(kv), w)
 
 
+def _ascend_config_classes() -> list[dict]:
+    """The smallest (hc, hidden) of each kind of Ascend configuration the chooser picks (all branches in one
+    group or not, buffer stages, weight resident in UB or streamed), over hc 1..8 and the tested hidden sizes."""
+    chosen = {}
+    for hc in range(1, 9):
+        for hidden in (64, 192, 1088, 2560, 4096, 5120, 7168, 12288, 16384):
+            cfg = choose_engram_gate_fwd_config(
+                backend='ascend', hc=hc, hidden=hidden, num_cores=ASCEND_950_VECTOR_CORES
+            )
+            kind = (cfg.group == hc, cfg.stages, cfg.weight_resident)
+            if kind not in chosen or hc * hidden < chosen[kind]['hc'] * chosen[kind]['hidden']:
+                chosen[kind] = {'hc': hc, 'hidden': hidden}
+    return sorted(chosen.values(), key=lambda p: (p['hc'], p['hidden']))
+
+
+@pytest.mark.npu
+@pytest.mark.parametrize('params', _ascend_config_classes(), ids=make_param_id)
+def test_engram_gate_fwd_every_ascend_config(params, device):
+    """Each kind of Ascend configuration once (on the emulator in the CPU tier), with one token more than the
+    vector cores, so that the persistent loop has a tail; on CUDA the same shapes through its own configs."""
+    x, kv, w = _inputs(ASCEND_950_VECTOR_CORES + 1, params['hc'], params['hidden'], device)
+    _assert_matches_reference(cann_ops_tilelang.engram_gate_fwd(x, kv, w, EPS, CLAMP), x, *_k_v(kv), w)
+
+
 @pytest.mark.npu
 @pytest.mark.parametrize(
     'params',
