@@ -32,10 +32,7 @@ from cann_ops_tilelang.kernel_target import compile_kernel
 
 VEC = 8  # bf16 elements per 16-byte vector access (CUDA)
 _LANES = 64  # fp32 lanes of one 256-byte Ascend vector register
-_CUDA_SMEM_BUDGET = 200 * 1024  # bytes of staging slots a resident block may use (227 KB max, keep L1)
-# With the weight slice in shared memory too, L1 holds nothing the block rereads: the slots plus the weight
-# may then fill what a block can have (227 KB) less ~3 KB for the small buffers (scalars, reductions).
-_CUDA_SMEM_MAX = 224 * 1024
+_CUDA_SMEM_BUDGET = 200 * 1024  # bytes of shared memory a resident block may use (227 KB max, keep L1)
 _CUDA_REGS = 65536  # 32-bit registers per SM
 _CUDA_REG_BASE = 20  # registers per thread besides the per-branch scalars, packed grad_out and weight-gradient slice
 _CUDA_REG_SLACK = 8  # at >= 128 registers a few spilled ones cost less than halving the threads
@@ -122,10 +119,7 @@ def _cuda_resident_plan(hc: int, hidden: int) -> tuple[int, int, bool] | None:
         slots = (3 * hc + 1) * g * threads * VEC * 2  # grad_out, x, k (hc rows each) and v, one token
         if slots > _CUDA_SMEM_BUDGET:
             continue
-        # Where it does not fit, weight_fused is reread through L1/L2 every token, its loads' latency held in
-        # registers: at hc = 4, H = 5120 (640 threads, 96 registers each) that spilled and ran at ~72 % of
-        # the copy ceiling, with the slice in shared memory it does not spill.
-        w_in_smem = slots + hc * g * threads * VEC * 4 <= _CUDA_SMEM_MAX
+        w_in_smem = slots + hc * g * threads * VEC * 4 <= _CUDA_SMEM_BUDGET
         return threads, g, w_in_smem
     return None
 
