@@ -87,16 +87,19 @@ def tests_cpu(args: Sequence[str] = ()) -> list[Step]:
 def _junit_renamed(args: Sequence[str], suffix: str) -> list[str]:
     """`args` with a --junitxml report renamed `<stem>-<suffix><ext>`, so that a second run of the same
     arguments does not overwrite the first one's report."""
-    renamed, args = [], list(args)
+
+    def renamed(path: str) -> str:
+        path = Path(path)
+        return str(path.with_name(f'{path.stem}-{suffix}{path.suffix}'))
+
+    result = []
     for i, arg in enumerate(args):
         if arg.startswith('--junitxml='):
-            path = Path(arg.split('=', 1)[1])
-            arg = f'--junitxml={path.with_name(f"{path.stem}-{suffix}{path.suffix}")}'
+            arg = f'--junitxml={renamed(arg.split("=", 1)[1])}'
         elif i > 0 and args[i - 1] == '--junitxml':
-            path = Path(arg)
-            arg = str(path.with_name(f'{path.stem}-{suffix}{path.suffix}'))
-        renamed.append(arg)
-    return renamed
+            arg = renamed(arg)
+        result.append(arg)
+    return result
 
 
 def _host_device_count() -> int:

@@ -32,15 +32,14 @@ def real_accelerator() -> bool:
     return ops_config.is_ascend_available() or ops_config.is_cuda_available()
 
 
-def accelerator_missing_reason(emulator: bool = False) -> str | None:
-    """None when an accelerator (or, with `emulator`, the emulator) is usable, else why not."""
+def accelerator_missing_reason(emulator: bool = False, *, emulator_hint: bool = True) -> str | None:
+    """None when an accelerator (or, with `emulator`, the emulator) is usable, else why not; `emulator_hint`
+    adds that the emulator would run the test (not for benchmarks: it models no speed)."""
     if emulator or real_accelerator():
         return None
     npu = 'torch_npu not installed' if ops_config._torch_npu() is None else 'torch_npu sees no NPU'
-    return (
-        f'needs an accelerator: no Ascend NPU ({npu}) and no CUDA GPU (torch {torch.__version__}); '
-        f'{ASCEND_EMULATOR_OPTION} runs it on the Ascend C emulator'
-    )
+    reason = f'needs an accelerator: no Ascend NPU ({npu}) and no CUDA GPU (torch {torch.__version__})'
+    return f'{reason}; {ASCEND_EMULATOR_OPTION} runs it on the Ascend C emulator' if emulator_hint else reason
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -66,11 +65,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if not device_items:
         return
     # Probe the device only here, after any xdist worker has been bound to its device.
-    reason = accelerator_missing_reason(emulator_requested(config))
+    emulator = emulator_requested(config)
+    reason = accelerator_missing_reason(emulator)
     if reason is not None:
-        benchmarks = [item for item in device_items if item.get_closest_marker('benchmark') is not None]
-        _skip([item for item in device_items if item not in benchmarks], reason)
-        _skip(benchmarks, reason.split('; ')[0])  # the emulator models no speed: no hint towards it
+        for item in device_items:
+            benchmark = item.get_closest_marker('benchmark') is not None
+            item.add_marker(pytest.mark.skip(reason=accelerator_missing_reason(emulator, emulator_hint=not benchmark)))
         return
     emulated = not real_accelerator()
     if emulated or ops_config.is_ascend_available():
