@@ -4,8 +4,12 @@
 
 - `packages/cann_ops_tilelang/foo/__init__.py` when the domain is new, else adds
   `from .foo_bar import foo_bar` and the `__all__` entry to it;
-- `packages/cann_ops_tilelang/foo/foo_bar.py` (public interface) and `foo_bar_kernel.py`
-  (config, config choice, Ascend + CUDA prim_funcs named `foo_bar_kernel`, cached compile);
+- `packages/cann_ops_tilelang/foo/foo_bar.py` (public interface, with the `_eager` / `_fake` halves its
+  torch.library ops call) and `foo_bar_kernel.py` (config, config choice, Ascend + CUDA prim_funcs named
+  `foo_bar_kernel`, cached compile);
+- the ops `cann_ops_tilelang::foo_bar` and `foo_bar_out` (fake kernels, out= declared mutated) appended to
+  `packages/cann_ops_tilelang/foo/_torch_ops.py`, which is created when missing and imported by the domain's
+  `__init__.py`, so that importing the domain registers them (no device, no compile);
 - `tests/foo/__init__.py` when missing, `tests/foo/test_foo_bar.py` and `tests/foo/foo_bar_ref.py`;
 - with `public=True` only: `from cann_ops_tilelang.foo import foo_bar` and the `__all__` entry in
   the root `packages/cann_ops_tilelang/__init__.py` (without it the operator is experimental,
@@ -50,18 +54,23 @@ __all__ = [
     'ScaffoldError',
     'add_domain_export',
     'add_root_export',
+    'add_torch_ops',
+    'add_torch_ops_import',
     'apply_plan',
     'existing_operators',
     'exported_names',
     'new_operator',
     'next_steps',
+    'op_names',
     'parse_operator_name',
     'plan_operator',
+    'registered_op_names',
     'ruff_fix_and_format',
 ]
 
 TEMPLATES = Path(__file__).resolve().parent / 'templates'
 PACKAGE = 'cann_ops_tilelang'
+TORCH_OPS = '_torch_ops'  # each domain's module of torch.library registrations
 RUFF_CONFIG = Path(__file__).resolve().parents[2] / 'pyproject.toml'  # the repository's [tool.ruff]
 
 
@@ -184,11 +193,17 @@ def _add_export(text: str, path: str, import_line: str, name: str) -> str:
         entry = f"'{name}'" + (', ' if names else '')
         line = lines[row].encode()
         lines[row] = (line[:column] + entry.encode() + line[column:]).decode()
+    _insert_imports(lines, tree, [import_line])
+    return '\n'.join(lines) + '\n'
+
+
+def _insert_imports(lines: list[str], tree: ast.Module, import_lines: list[str]) -> None:
+    """`import_lines` into `lines` (the source of `tree`) just below the docstring: one import block with the
+    module's first imports, which ruff sorts and merges (a `from __future__` import stays first)."""
     body = tree.body
     has_docstring = bool(body) and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
     at = body[0].end_lineno if has_docstring else 0
-    lines[at:at] = ['', import_line, '']
-    return '\n'.join(lines) + '\n'
+    lines[at:at] = ['', *import_lines, '']
 
 
 def _domain_import(operator: str) -> str:
@@ -209,6 +224,106 @@ def add_root_export(text: str, domain: str, operator: str, path: str = '__init__
     """The root `__init__.py` with `from cann_ops_tilelang.<domain> import <operator>` and `__all__`."""
     edited = _add_export(text, path, _root_import(domain, operator), operator)
     return _checked(ruff_fix_and_format({'__init__.py': edited})['__init__.py'], path, operator)
+
+
+def _imports_torch_ops(tree: ast.Module) -> bool:
+    return any(
+        isinstance(node, ast.ImportFrom)
+        and node.level == 1
+        and (node.module == TORCH_OPS or (node.module is None and any(a.name == TORCH_OPS for a in node.names)))
+        for node in tree.body
+    )
+
+
+def add_torch_ops_import(text: str, path: str = '__init__.py') -> str:
+    """A domain `__init__.py` that imports its `_torch_ops` (unchanged when it does): last, as engram's, so the
+    ops are registered once the interfaces they call are imported."""
+    if _imports_torch_ops(_parse(text, path)):
+        return text
+    return text.rstrip('\n') + (
+        '\n\n# Registers the torch.library ops after the interfaces they call (no device, no compile).\n'
+        f'from . import {TORCH_OPS}  # noqa: F401\n'
+    )
+
+
+# What an operator's section of `_torch_ops.py` refers to, with the import that binds each name.
+_TORCH_OPS_IMPORTS = {
+    'importlib': ('importlib', None, 'import importlib'),
+    'torch': ('torch', None, 'import torch'),
+    'NAMESPACE': (f'{PACKAGE}._torch_library', 'NAMESPACE', f'from {PACKAGE}._torch_library import NAMESPACE'),
+}
+
+
+def op_names(operator: str) -> tuple[str, str]:
+    """The torch.library ops of a scaffolded operator: the functional form and the out= form."""
+    return operator, f'{operator}_out'
+
+
+def _top_level_names(tree: ast.Module) -> dict[str, ast.stmt]:
+    names: dict[str, ast.stmt] = {}
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.setdefault(node.name, node)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            for alias in node.names:
+                names.setdefault(alias.asname or alias.name.split('.')[0], node)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for target in targets:
+                for leaf in ast.walk(target):
+                    if isinstance(leaf, ast.Name):
+                        names.setdefault(leaf.id, node)
+    return names
+
+
+def _binds(node: ast.stmt, module: str, name: str | None) -> bool:
+    if name is None:
+        return isinstance(node, ast.Import) and any(a.name == module and a.asname is None for a in node.names)
+    return (
+        isinstance(node, ast.ImportFrom)
+        and node.level == 0
+        and node.module == module
+        and any(a.name == name and a.asname is None for a in node.names)
+    )
+
+
+def add_torch_ops(text: str, section: str, path: str = TORCH_OPS + '.py') -> str:
+    """A domain's `_torch_ops.py` with an operator's `section` appended (the imports it needs added): refused
+    when the module defines one of the section's names already (`_` aside: each fake kernel's), or binds
+    `torch`, `importlib` or `NAMESPACE` to something else."""
+    tree = _parse(text, path)
+    names = _top_level_names(tree)
+    for name in _top_level_names(_parse(section, 'the section of the template')):
+        if name != '_' and name in names:
+            raise ScaffoldError(f'{path}:{names[name].lineno}: {name!r} is defined already; edit it by hand')
+    missing = []
+    for name, (module, imported, line) in _TORCH_OPS_IMPORTS.items():
+        if name not in names:
+            missing.append(line)
+        elif not _binds(names[name], module, imported):
+            raise ScaffoldError(f'{path}:{names[name].lineno}: {name!r} is not `{line}`; edit it by hand')
+    lines = text.rstrip('\n').splitlines()
+    if missing:
+        _insert_imports(lines, tree, missing)
+    return '\n'.join(lines) + '\n' + section
+
+
+def registered_op_names(root: Path) -> dict[str, str]:
+    """Op name -> the `_torch_ops.py` that names it: every string constant of each domain's registrations
+    (`'<op>'`, `'...::<op>'`, an f-string's `'::<op>'` part), a superset of the ops it registers."""
+    found: dict[str, str] = {}
+    for domain in _domains(root / 'packages' / PACKAGE):
+        module = domain / f'{TORCH_OPS}.py'
+        if not module.is_file():
+            continue
+        try:
+            tree = ast.parse(_read(module))
+        except SyntaxError:
+            continue  # its domain's import fails anyway; a new operator there is refused when it is edited
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                found.setdefault(node.value.rpartition('::')[2], module.relative_to(root).as_posix())
+    return found
 
 
 def _checked(text: str, path: str, name: str) -> str:
@@ -288,6 +403,10 @@ def _check_tree(root: Path, name: OperatorName) -> None:
         raise ScaffoldError(f'operator {operator!r} exists already ({operators[operator]})')
     if operator in domains or operator in project_modules:
         raise ScaffoldError(f'operator {operator!r} clashes with packages/{PACKAGE}/{operator}')
+    registered = registered_op_names(root)
+    for op_name in op_names(operator):
+        if op_name in registered:
+            raise ScaffoldError(f'op {PACKAGE}::{op_name} is registered already ({registered[op_name]})')
 
 
 def plan_operator(root: str | os.PathLike, spec: str, *, public: bool = False) -> Plan:
@@ -303,17 +422,23 @@ def plan_operator(root: str | os.PathLike, spec: str, *, public: bool = False) -
     domain_init = root / package_dir / '__init__.py'
     if domain_init.is_file():
         original = _read(domain_init)
+        edited = _add_export(original, str(domain_init), _domain_import(op), op)
         changes.append(
-            FileChange(
-                f'{package_dir}/__init__.py',
-                _add_export(original, str(domain_init), _domain_import(op), op),
-                original,
-            )
+            FileChange(f'{package_dir}/__init__.py', add_torch_ops_import(edited, str(domain_init)), original)
         )
     else:
         changes.append(FileChange(f'{package_dir}/__init__.py', render_template('domain_init.py.tmpl', name)))
     changes.append(FileChange(f'{package_dir}/{op}.py', render_template('operator.py.tmpl', name)))
     changes.append(FileChange(f'{package_dir}/{op}_kernel.py', render_template('operator_kernel.py.tmpl', name)))
+    torch_ops = root / package_dir / f'{TORCH_OPS}.py'
+    section = render_template('operator_torch_ops.py.tmpl', name)
+    if domain_init.is_file() and torch_ops.is_file():
+        original = _read(torch_ops)
+        edited = add_torch_ops(original, section, str(torch_ops))
+        changes.append(FileChange(f'{package_dir}/{TORCH_OPS}.py', edited, original))
+    else:
+        header = render_template('domain_torch_ops.py.tmpl', name)
+        changes.append(FileChange(f'{package_dir}/{TORCH_OPS}.py', header + section))
     if not (root / tests_dir / '__init__.py').is_file():
         changes.append(FileChange(f'{tests_dir}/__init__.py', ''))
     changes.append(FileChange(f'{tests_dir}/test_{op}.py', render_template('test_operator.py.tmpl', name)))
@@ -367,7 +492,12 @@ def next_steps(plan: Plan) -> list[str]:
         f'OPS_TILELANG_TEST_LEVEL=0 python -m pytest tests/{domain}/test_{op}.py -m "not benchmark"   # on a device',
         'ruff check . && ruff format --check .',
     ]
-    if not plan.public:
+    if plan.public:
+        steps.append(
+            'python -m pytest tests/engram/test_torch_ops.py -q -m "not npu"   # every public operator has its '
+            'torch.library op'
+        )
+    else:
         steps.append(
             f'experimental (not exported by the root package): use `from {PACKAGE}.{domain} import {op}`; once it is '
             f'stable, add the import and the __all__ entry to packages/{PACKAGE}/__init__.py'

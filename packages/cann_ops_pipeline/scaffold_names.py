@@ -14,8 +14,9 @@ import sys
 MAX_OPERATOR_LENGTH = 40
 
 _SNAKE_CASE = re.compile(r'[a-z][a-z0-9]*(?:_[a-z0-9]+)*\Z')
-# Operator names ending like this would collide with the files derived from another operator's name.
-_RESERVED_SUFFIXES = ('_kernel', '_ref', '_config')
+# Operator names ending like this would collide with the files derived from another operator's name, or
+# (`_out`) with the name of its out= torch.library op.
+_RESERVED_SUFFIXES = ('_kernel', '_ref', '_config', '_out')
 # Names a domain or an operator must not take: project packages and folders, tools, libraries the
 # operators import. The tree adds the modules of the root package and the non-domain test folders.
 RESERVED_NAMES = frozenset(
@@ -112,8 +113,10 @@ def parse_operator_name(spec: str) -> OperatorName:
         raise ScaffoldError(f'operator name {operator!r} is longer than {MAX_OPERATOR_LENGTH} characters')
     for suffix in _RESERVED_SUFFIXES:
         if operator.endswith(suffix):
-            raise ScaffoldError(
-                f'operator name {operator!r} ends with {suffix!r}, which names the files derived from '
-                f'another operator (e.g. {operator.removesuffix(suffix)}{suffix}.py)'
+            derived = (
+                f'the out= torch.library op of another operator (cann_ops_tilelang::{operator})'
+                if suffix == '_out'
+                else f'the files derived from another operator (e.g. {operator}.py)'
             )
+            raise ScaffoldError(f'operator name {operator!r} ends with {suffix!r}, which names {derived}')
     return OperatorName(domain, operator)

@@ -5,6 +5,7 @@ eager and one CUDA graph of forward + backward + grad_w_reduce (device)."""
 from __future__ import annotations
 
 import contextlib
+import inspect
 
 import pytest
 import torch
@@ -98,7 +99,14 @@ def _assert_meta(t: torch.Tensor, shape, dtype) -> None:
 
 
 def test_every_public_operator_has_its_ops():
-    assert set(OPS) == set(cann_ops_tilelang.__all__)
+    # Importing the package must register them: torch.compile cannot trace a public operator without its op.
+    missing = [name for name in cann_ops_tilelang.__all__ if not hasattr(getattr(torch.ops, NAMESPACE), name)]
+    assert not missing, f'public operators without their op {NAMESPACE}::<name>: {missing}'
+    for name in cann_ops_tilelang.__all__:
+        assert _op(name)._schema.name == f'{NAMESPACE}::{name}'
+    # Engram's table of forms and mutations (checked below and by the tests after) covers all it exports.
+    engram = cann_ops_tilelang.engram
+    assert set(OPS) == {name for name in engram.__all__ if inspect.isfunction(getattr(engram, name))}
     names = [name for forms in OPS.values() for name in forms]
     assert sorted(names) == sorted(MUTATED)
     for name in names:

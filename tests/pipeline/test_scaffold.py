@@ -1,14 +1,17 @@
-"""`invoke new-op`: name rules, no overwrite, rollback, edits of __init__.py, generated code that works.
+"""`invoke new-op`: name rules, no overwrite, rollback, edits of __init__.py and _torch_ops.py, generated code
+that works.
 
-The end-to-end test scaffolds foo/foo_bar (foo2/foo2_bar, ... when the working package has a `foo` domain
-already) into a temporary copy of the repository's needed parts and runs the generated test file there in
-a child pytest (CPU tier: Ascend and CUDA lowering, contract tests pass; device tests skip with the reason
-on a CPU, run and pass where an accelerator is), then ruff over the generated files.
+The end-to-end tests scaffold foo/foo_bar (foo2/foo2_bar, ... when the working package has a `foo` domain
+already) into a temporary copy of the repository's needed parts, once per module, and run child processes
+there: the generated test file (CPU tier: Ascend and CUDA lowering, contract tests, the torch.library ops on
+fake tensors pass; device tests skip with the reason on a CPU, run and pass where an accelerator is), ruff
+over the generated files, and the check that every public operator has its torch.library op.
 """
 
 from __future__ import annotations
 
 import ast
+import dataclasses
 import os
 import shutil
 import subprocess
@@ -136,6 +139,10 @@ def test_valid_names():
         ('torch/torch_x', "domain name 'torch' is reserved"),
         ('foo/foo_kernel', "ends with '_kernel'"),
         ('foo/foo_bar_ref', "ends with '_ref'"),
+        (
+            'foo/foo_bar_out',
+            r"ends with '_out', which names the out= torch.library op .*cann_ops_tilelang::foo_bar_out",
+        ),
         ('foo/foo_' + 'x' * 40, 'longer than 40 characters'),
     ],
 )
@@ -169,6 +176,45 @@ def test_clash_with_root_exports_and_orphan_test_folders(tree):
         scaffold.new_operator(tree, 'qux/qux_x')
 
 
+ENGRAM_TORCH_OPS = '''"""Engram ops."""
+
+import torch
+
+from cann_ops_tilelang._torch_library import NAMESPACE
+
+
+def _name(op: str) -> str:
+    return f'{NAMESPACE}::{op}'
+
+
+@torch.library.custom_op(f'{NAMESPACE}::engram_fused_weight_inplace', mutates_args=('x',))
+def _inplace(x: torch.Tensor) -> None:
+    pass
+
+
+@torch.library.custom_op(_name('engram_hash_out'), mutates_args=('out',))
+def _hash_out(x: torch.Tensor, out: torch.Tensor) -> None:
+    pass
+'''
+
+
+@pytest.mark.parametrize(
+    ('spec', 'match'),
+    [
+        ('engram/engram_fused_weight_inplace', r'op cann_ops_tilelang::engram_fused_weight_inplace is registered'),
+        ('engram_fused/engram_fused_weight_inplace', r'registered already \(packages/.*/engram/_torch_ops.py\)'),
+        ('engram/engram_hash', 'op cann_ops_tilelang::engram_hash_out is registered already'),  # its out= op
+    ],
+    ids=['same-domain', 'other-domain', 'out-form'],
+)
+def test_clash_with_registered_ops(tree, spec, match):
+    write(tree, {f'{PACKAGE}/engram/_torch_ops.py': ENGRAM_TORCH_OPS})
+    before = snapshot(tree)
+    with pytest.raises(ScaffoldError, match=match):
+        scaffold.new_operator(tree, spec)
+    assert snapshot(tree) == before
+
+
 def test_not_a_repository_root(tmp_path):
     with pytest.raises(ScaffoldError, match='is not the repository root'):
         scaffold.new_operator(tmp_path, 'foo/foo_bar')
@@ -177,12 +223,26 @@ def test_not_a_repository_root(tmp_path):
 # --- no overwrite, rollback ----------------------------------------------------------------------
 
 
+def registrations(path: Path) -> dict[str, tuple[str, ...]]:
+    """Op name -> the arguments it declares mutated, for each `@torch.library.custom_op(f'{NAMESPACE}::<op>',
+    mutates_args=...)` of a module (read from its source: nothing is registered)."""
+    found = {}
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Call) and ast.unparse(node.func) == 'torch.library.custom_op':
+            name = ast.unparse(node.args[0])
+            assert name.startswith("f'{NAMESPACE}::"), name
+            (mutates,) = (k.value for k in node.keywords if k.arg == 'mutates_args')
+            found[name.removeprefix("f'{NAMESPACE}::").removesuffix("'")] = ast.literal_eval(mutates)
+    return found
+
+
 def test_creates_the_files_of_the_workflow(tree):
     plan = scaffold.new_operator(tree, 'foo/foo_bar')
     assert plan.created == [
         f'{PACKAGE}/foo/__init__.py',
         f'{PACKAGE}/foo/foo_bar.py',
         f'{PACKAGE}/foo/foo_bar_kernel.py',
+        f'{PACKAGE}/foo/_torch_ops.py',
         'tests/foo/__init__.py',
         'tests/foo/test_foo_bar.py',
         'tests/foo/foo_bar_ref.py',
@@ -198,19 +258,41 @@ def test_creates_the_files_of_the_workflow(tree):
     ):
         assert needle in kernel
     assert '@functools.cache\ndef get_foo_bar_kernel(' in kernel
+    interface = (tree / PACKAGE / 'foo/foo_bar.py').read_text()
+    for needle in ('def _eager(x, out)', 'def _fake(x, out)', "return op('foo_bar')(x)", "op('foo_bar_out')(x, out)"):
+        assert needle in interface
+    domain_init = (tree / PACKAGE / 'foo/__init__.py').read_text()
+    assert domain_init.endswith('from . import _torch_ops  # noqa: F401\n')  # after the interfaces it registers
+    assert registrations(tree / PACKAGE / 'foo/_torch_ops.py') == {'foo_bar': (), 'foo_bar_out': ('out',)}
 
+    # A second operator of the domain: its section appended, the import of _torch_ops kept once.
+    plan = scaffold.new_operator(tree, 'foo/foo_baz')
+    assert plan.edited == [f'{PACKAGE}/foo/__init__.py', f'{PACKAGE}/foo/_torch_ops.py']
+    assert (tree / PACKAGE / 'foo/__init__.py').read_text().count('import _torch_ops') == 1
+    assert registrations(tree / PACKAGE / 'foo/_torch_ops.py') == {
+        'foo_bar': (),
+        'foo_bar_out': ('out',),
+        'foo_baz': (),
+        'foo_baz_out': ('out',),
+    }
+
+    # An existing domain without _torch_ops.py (its __init__.py does not import one): both added.
     plan = scaffold.new_operator(tree, 'engram/engram_gate_bwd', public=True)
     assert plan.created == [
         f'{PACKAGE}/engram/engram_gate_bwd.py',
         f'{PACKAGE}/engram/engram_gate_bwd_kernel.py',
+        f'{PACKAGE}/engram/_torch_ops.py',
         'tests/engram/test_engram_gate_bwd.py',
         'tests/engram/engram_gate_bwd_ref.py',
     ]
     assert plan.edited == [f'{PACKAGE}/engram/__init__.py', f'{PACKAGE}/__init__.py']
-    assert scaffold.exported_names((tree / PACKAGE / 'engram/__init__.py').read_text()) == [
-        'engram_fused_weight',
-        'engram_gate_bwd',
-    ]
+    engram_init = (tree / PACKAGE / 'engram/__init__.py').read_text()
+    assert scaffold.exported_names(engram_init) == ['engram_fused_weight', 'engram_gate_bwd']
+    assert engram_init.endswith('from . import _torch_ops  # noqa: F401\n')
+    assert registrations(tree / PACKAGE / 'engram/_torch_ops.py') == {
+        'engram_gate_bwd': (),
+        'engram_gate_bwd_out': ('out',),
+    }
     root_init = (tree / PACKAGE / '__init__.py').read_text()
     assert 'from cann_ops_tilelang.engram import engram_gate_bwd\n' in root_init
     assert scaffold.exported_names(root_init) == ['engram_gate_bwd']
@@ -261,11 +343,11 @@ def failing_writer(fail_at: int, error: BaseException):
 
 
 @pytest.mark.parametrize('error', [OSError('disk full'), KeyboardInterrupt()], ids=['OSError', 'KeyboardInterrupt'])
-@pytest.mark.parametrize('fail_at', [1, 4, 7])
+@pytest.mark.parametrize('fail_at', [1, 4, 8])
 def test_rollback_of_a_new_domain(tree, fail_at, error):
     before, dirs = snapshot(tree), directories(tree)
     plan = scaffold.plan_operator(tree, 'foo/foo_bar', public=True)
-    assert len(plan.changes) == 7  # the root __init__.py edit is the last write
+    assert len(plan.changes) == 8  # the root __init__.py edit is the last write
     with pytest.raises(type(error)):
         scaffold.apply_plan(plan, write=failing_writer(fail_at, error))
     assert snapshot(tree) == before
@@ -279,6 +361,19 @@ def test_rollback_restores_edited_init_files(tree, fail_at):
     assert plan.changes[0].path == f'{PACKAGE}/engram/__init__.py'  # edited first, restored on failure
     with pytest.raises(OSError, match='disk full'):
         scaffold.apply_plan(plan, write=failing_writer(fail_at, OSError('disk full')))
+    assert snapshot(tree) == before
+
+
+def test_rollback_restores_an_edited_torch_ops(tree):
+    scaffold.new_operator(tree, 'foo/foo_bar')
+    before = snapshot(tree)
+    plan = scaffold.plan_operator(tree, 'foo/foo_baz')
+    assert [c.path for c in plan.changes if not c.is_new] == [
+        f'{PACKAGE}/foo/__init__.py',
+        f'{PACKAGE}/foo/_torch_ops.py',
+    ]
+    with pytest.raises(OSError, match='disk full'):  # the last write, after both edits
+        scaffold.apply_plan(plan, write=failing_writer(len(plan.changes), OSError('disk full')))
     assert snapshot(tree) == before
 
 
@@ -377,17 +472,85 @@ def test_comments_in_all_are_kept():
     )
 
 
+# --- editing _torch_ops.py ----------------------------------------------------------------------
+
+TORCH_OPS_MODULES = {
+    'engram_form': (
+        '"""Doc."""\n\nfrom __future__ import annotations\n\nimport importlib\n\nimport torch\n\n'
+        'from cann_ops_tilelang._torch_library import NAMESPACE\n\n_fw = importlib.import_module(NAMESPACE)\n'
+    ),
+    'no_imports': '"""Doc."""\n',
+    'future_and_others': '"""Doc."""\n\nfrom __future__ import annotations\n\nimport os\n\nX = os.sep\n',
+    'some_imports': 'import torch\n\nfrom cann_ops_tilelang import config\n\nY = (torch.float32, config)\n',
+}
+FOO_B = scaffold.parse_operator_name('foo/foo_b')
+
+
+@needs_ruff
+def test_edited_torch_ops_are_ruff_clean(tmp_path):
+    shutil.copy(ROOT / 'pyproject.toml', tmp_path / 'pyproject.toml')
+    section = scaffold.render_template('operator_torch_ops.py.tmpl', FOO_B)
+    edited = scaffold.ruff_fix_and_format(
+        {f'{case}/_torch_ops.py': scaffold.add_torch_ops(text, section) for case, text in TORCH_OPS_MODULES.items()}
+    )
+    write(tmp_path, edited)
+    for path, text in edited.items():
+        body = ast.parse(text).body  # body[0]: the docstring
+        if 'from __future__' in text:
+            assert ast.unparse(body[1]) == 'from __future__ import annotations', path
+        assert text.endswith('    _foo_b_module._fake(x, out)\n'), path
+    for command in (['check', '--no-cache', '.'], ['format', '--no-cache', '--check', '--diff', '.']):
+        result = subprocess.run([*RUFF, *command], cwd=tmp_path, capture_output=True, text=True, check=False)
+        assert result.returncode == 0, result.stdout + result.stderr  # F811 would flag a duplicated import
+
+
+@pytest.mark.parametrize(
+    ('text', 'match'),
+    [
+        ('def _foo_b():\n    pass\n', r"<m>:1: '_foo_b' is defined already; edit it by hand"),
+        ('_foo_b_module = None\n', "'_foo_b_module' is defined already"),
+        ('def _foo_b_out():\n    pass\n\n\ndef _():\n    pass\n', "'_foo_b_out' is defined already"),
+        ('torch = None\n', "'torch' is not `import torch`"),
+        ('from cann_ops_tilelang import NAMESPACE\n', "'NAMESPACE' is not `from cann_ops_tilelang._torch_library"),
+        ('import os as importlib\n', "'importlib' is not `import importlib`"),
+        ('x = (\n', 'does not parse'),
+    ],
+)
+def test_torch_ops_it_will_not_edit(text, match):
+    section = scaffold.render_template('operator_torch_ops.py.tmpl', FOO_B)
+    with pytest.raises(ScaffoldError, match=match):
+        scaffold.add_torch_ops(text, section, path='<m>')
+
+
+def test_torch_ops_import_is_added_once():
+    text = '"""Doc."""\n\nfrom .foo_a import foo_a\n\n__all__ = [\'foo_a\']\n'
+    edited = scaffold.add_torch_ops_import(text)
+    assert edited == text + (
+        '\n# Registers the torch.library ops after the interfaces they call (no device, no compile).\n'
+        'from . import _torch_ops  # noqa: F401\n'
+    )
+    assert scaffold.add_torch_ops_import(edited) == edited
+    assert scaffold.add_torch_ops_import('from ._torch_ops import OPS\n') == 'from ._torch_ops import OPS\n'
+    engram = (ROOT / PACKAGE / 'engram/__init__.py').read_text()
+    assert scaffold.add_torch_ops_import(engram) == engram
+
+
 # --- the generated operator works ----------------------------------------------------------------
 
 
+# The check that every public operator has its torch.library op (run in the copy, with the new operator).
+EVERY_PUBLIC_OPERATOR_HAS_ITS_OPS = 'tests/engram/test_torch_ops.py::test_every_public_operator_has_its_ops'
+
+
 def copy_repository_parts(destination: Path) -> None:
-    """What the generated tests need: pyproject, the packages, tests/conftest.py and tests/testing/."""
+    """What the generated tests need: pyproject, the packages, tests/conftest.py and tests/testing/; and the
+    module of EVERY_PUBLIC_OPERATOR_HAS_ITS_OPS."""
     ignore = shutil.ignore_patterns('__pycache__', '*.pyc')
     shutil.copy(ROOT / 'pyproject.toml', destination / 'pyproject.toml')
     for package in (PACKAGE, 'packages/cann_ops_pipeline'):  # the test plugins use the pipeline package
         shutil.copytree(ROOT / package, destination / package, ignore=ignore)
-    (destination / 'tests').mkdir()
-    for name in ('__init__.py', 'conftest.py'):
+    (destination / 'tests/engram').mkdir(parents=True)
+    for name in ('__init__.py', 'conftest.py', 'engram/__init__.py', 'engram/test_torch_ops.py'):
         shutil.copy(ROOT / 'tests' / name, destination / 'tests' / name)
     shutil.copytree(ROOT / 'tests/testing', destination / 'tests/testing', ignore=ignore)
 
@@ -433,20 +596,40 @@ def test_child_env_keeps_the_other_pythonpath_entries(tmp_path, monkeypatch):
     assert env['OPS_TILELANG_TEST_LEVEL'] == '1'
 
 
-def test_generated_operator_passes_its_cpu_tests(tmp_path):
-    """On a CPU the device tests skip with the reason; on a machine with an accelerator they run and pass."""
-    copy_repository_parts(tmp_path)
-    domain = unused_domain(tmp_path)
+@dataclasses.dataclass(frozen=True)
+class Generated:
+    """A copy of the repository with a public and an experimental operator scaffolded, each in a new domain."""
+
+    root: Path
+    domain: str
+    op: str
+    experimental_domain: str
+    experimental_op: str
+    files: list[str]  # created or edited
+
+
+@pytest.fixture(scope='module')
+def generated(tmp_path_factory) -> Generated:
+    root = tmp_path_factory.mktemp('repository')
+    copy_repository_parts(root)
+    domain = unused_domain(root)
     op = f'{domain}_bar'
-    public = scaffold.new_operator(tmp_path, f'{domain}/{op}', public=True)
-    experimental_domain = unused_domain(tmp_path)  # a domain the root package does not import
+    public = scaffold.new_operator(root, f'{domain}/{op}', public=True)
+    experimental_domain = unused_domain(root)  # a domain the root package does not import
     experimental_op = f'{experimental_domain}_baz'
-    experimental = scaffold.new_operator(tmp_path, f'{experimental_domain}/{experimental_op}')
-    generated = public.created + public.edited + experimental.created + experimental.edited
+    experimental = scaffold.new_operator(root, f'{experimental_domain}/{experimental_op}')
+    files = public.created + public.edited + experimental.created + experimental.edited
+    return Generated(root, domain, op, experimental_domain, experimental_op, files)
+
+
+def test_generated_operator_passes_its_cpu_tests(generated):
+    """On a CPU the device tests skip with the reason; on a machine with an accelerator they run and pass."""
+    tmp_path, domain, op = generated.root, generated.domain, generated.op
+    experimental_domain, experimental_op = generated.experimental_domain, generated.experimental_op
 
     if RUFF is not None:
         for command in (['check', '--no-cache'], ['format', '--no-cache', '--check', '--diff']):
-            result = subprocess.run([*RUFF, *command, *generated], cwd=tmp_path, capture_output=True, text=True)
+            result = subprocess.run([*RUFF, *command, *generated.files], cwd=tmp_path, capture_output=True, text=True)
             assert result.returncode == 0, result.stdout + result.stderr
 
     # Public through the root package; experimental through its domain, which the root imports on first use.
@@ -485,12 +668,22 @@ def test_generated_operator_passes_its_cpu_tests(tmp_path):
         'test_foo_bar_rejects_too_many_elements',
         'test_foo_bar_rejects_out',
         'test_foo_bar_refuses_cpu_tensors',
+        'test_foo_bar_op_is_registered',
+        'test_foo_bar_fake_output',
+        'test_foo_bar_fake_calls_raise_the_typed_errors',
+        'test_foo_bar_compiles_into_one_graph',
     ]
-    device_tier = ['test_foo_bar_values', 'test_foo_bar_empty', 'test_foo_bar_prints_kernel_source']
+    device_tier = [
+        'test_foo_bar_values',
+        'test_foo_bar_empty',
+        'test_foo_bar_prints_kernel_source',
+        'test_foo_bar_opcheck',
+    ]
     assert sorted(outcomes) == sorted([*cpu_tier, *device_tier, 'test_foo_bar_benchmark'])
     for name in cpu_tier:
         assert set(outcomes[name]) == {'passed'}, (name, outcomes[name])
     assert len(outcomes['test_foo_bar_ascend_kernel_lowers']) == 14  # level 1: 2 dtypes x 7 shapes
+    assert len(outcomes['test_foo_bar_fake_output']) == 14
     device = has_accelerator()
     for name in device_tier:
         if device:
@@ -498,6 +691,32 @@ def test_generated_operator_passes_its_cpu_tests(tmp_path):
         else:
             assert all(o.startswith('skipped: needs an accelerator') for o in outcomes[name]), (name, outcomes[name])
     assert all(o.startswith('skipped') for o in outcomes['test_foo_bar_benchmark'])  # needs --run-benchmark
+
+
+def test_generated_public_operator_has_its_op(generated):
+    """Importing the root package registers the public operator's ops (the experimental domain's once it is
+    imported), and the repository's check that every public operator has its op passes with it."""
+    op, experimental_domain, experimental_op = generated.op, generated.experimental_domain, generated.experimental_op
+    probe = (
+        'import torch\n'
+        'import cann_ops_tilelang as c\n'
+        'ops = torch.ops.cann_ops_tilelang\n'
+        f"assert ops.{op}.default._schema.name == 'cann_ops_tilelang::{op}'\n"
+        f'schema = ops.{op}_out.default._schema\n'
+        "assert [a.name for a in schema.arguments if a.alias_info and a.alias_info.is_write] == ['out']\n"
+        f"assert not hasattr(ops, '{experimental_op}')\n"
+        f'c.{experimental_domain}\n'
+        f"assert ops.{experimental_op}.default._schema.name == 'cann_ops_tilelang::{experimental_op}'\n"
+    )
+    env = child_env(generated.root)
+    result = subprocess.run(
+        [sys.executable, '-c', probe], cwd=generated.root, env=env, capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    command = [sys.executable, '-m', 'pytest', EVERY_PUBLIC_OPERATOR_HAS_ITS_OPS, '-p', 'no:cacheprovider', '-q']
+    result = subprocess.run(command, cwd=generated.root, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    assert '1 passed' in result.stdout, result.stdout[-4000:]
 
 
 def test_invoke_task(tmp_path, capsys):
