@@ -33,6 +33,9 @@ from cann_ops_tilelang.kernel_target import compile_kernel
 VEC = 8  # bf16 elements per 16-byte vector access (CUDA)
 _LANES = 64  # fp32 lanes of one 256-byte Ascend vector register
 _CUDA_SMEM_BUDGET = 200 * 1024  # bytes of shared memory a resident block may use (227 KB max, keep L1)
+# Resident blocks wider than this were slower: at H = 5120 one group per thread takes 640 threads and
+# reached 83-86 % of copy, two groups per thread on 320 threads 95-99 % (README, Performance).
+_CUDA_RESIDENT_PREFERRED_THREADS = 512
 _CUDA_REGS = 65536  # 32-bit registers per SM
 _CUDA_REG_BASE = 20  # registers per thread besides the per-branch scalars, packed grad_out and weight-gradient slice
 _CUDA_REG_SLACK = 8  # at >= 128 registers a few spilled ones cost less than halving the threads
@@ -107,8 +110,11 @@ def _cuda_reg_cap(threads: int) -> int:
 def _cuda_resident_plan(hc: int, hidden: int) -> tuple[int, int, bool] | None:
     """(threads, groups_per_thread, w_in_smem) of the resident kernel, or None where it does not fit."""
     groups = hidden // VEC
-    for g in (1, 2, 4):
-        threads = _round_up(-(-groups // g), 32)
+    # Blocks of at most _CUDA_RESIDENT_PREFERRED_THREADS first (more column groups per thread where needed),
+    # wider blocks only where no such plan fits (README, Performance: H = 5120).
+    candidates = [(g, _round_up(-(-groups // g), 32)) for g in (1, 2, 4)]
+    candidates.sort(key=lambda gt: gt[1] > _CUDA_RESIDENT_PREFERRED_THREADS)  # stable: fewest groups first
+    for g, threads in candidates:
         if threads > 1024:
             continue
         # registers: the weight-gradient slice (fp32), grad_out held across the reduction (packed bf16),
