@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -95,12 +97,21 @@ def test_engram_grad_w_reduce_cuda_lowers(params):
     assert cfg.block_cols <= 256  # TMA box limit
     lowered = assert_cuda_kernel_lowers(lambda: make_engram_grad_w_reduce_kernel(cfg), key=cfg, kernel_name=KERNEL_NAME)
     assert 'num_partials' in lowered.source  # P stays a runtime argument
+    assert lowered.source.count('__syncthreads()') == 1  # the lane sums meet once; no reduction tree
+
+
+def test_engram_grad_w_reduce_cuda_tiling_is_checked():
+    cfg = choose_engram_grad_w_reduce_config(backend='cuda', hc=4, hidden=4096, num_cores=H200_SMS)
+    with pytest.raises(ValueError, match='row lanes'):
+        dataclasses.replace(cfg, block_rows=cfg.block_rows + 1)
+    with pytest.raises(ValueError, match='column groups'):
+        dataclasses.replace(cfg, threads=cfg.block_cols // 4 + 1)
 
 
 def test_engram_grad_w_reduce_config_benchmark_shapes():
     for hidden in BENCHMARK_HIDDEN:
         cfg = choose_engram_grad_w_reduce_config(backend='cuda', hc=4, hidden=hidden, num_cores=H200_SMS)
-        assert cfg.num_tiles <= H200_SMS  # one wave of blocks
+        assert cfg.num_tiles == 4 * hidden // cfg.block_cols  # column tiles only: P is never split
         cfg = choose_engram_grad_w_reduce_config(backend='ascend', hc=4, hidden=hidden, num_cores=64)
         assert 32 < cfg.num_tiles <= 64
     with pytest.raises(ValueError, match='backend'):

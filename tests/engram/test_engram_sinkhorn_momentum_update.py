@@ -141,11 +141,13 @@ def test_engram_sinkhorn_momentum_update_cuda_lowers(params):
         lambda: make_engram_sinkhorn_momentum_update_kernel(cfg), key=cfg, kernel_name=KERNEL_NAME
     )
     assert 'numel' in lowered.source
-    # Full blocks move 16-byte vectors; the lookahead and the momentum are single-rounding FMAs.
+    # Full blocks move 4-element vectors (16-byte fp32, 8-byte bf16), one per thread and warp-contiguous;
+    # the lookahead and the momentum are single-rounding FMAs.
     assert 'float4' in lowered.source
     assert '__fmaf_rn' in lowered.source
-    if params['dtypes'][0] == torch.bfloat16:
-        assert 'uint4' in lowered.source  # 8 bf16 gradients per access
+    if torch.bfloat16 in params['dtypes']:
+        assert 'uint2' in lowered.source  # 4 bf16 elements per access
+    assert 'uint4' not in lowered.source
 
 
 def test_engram_sinkhorn_momentum_update_config_is_pure_and_hashable():

@@ -8,10 +8,10 @@ One pass: every partial element is read once, the two weights and the two gradie
 The work is split over column tiles (h, d0:d0 + block_cols); each tile loops over P in chunks of
 `block_rows` partial rows.
 
-Summation order (fp32): Ascend adds the rows of a tile in order p = 0, 1, ..., P - 1. CUDA: row
-slot r of a step accumulates rows r, r + R, r + 2R, ... in order, then the R slot sums are added
-(per thread, then by a tree across threads). Both differ from torch's order, so results agree with an fp32
-reference within a few ulps of sum_p |partial[p]| (see the tests).
+Summation order (fp32): Ascend adds the rows of a tile in order p = 0, 1, ..., P - 1. CUDA: the tile's
+threads are (row lane, 16-byte column group) pairs; lane l adds rows l, l + L, l + 2L, ... in order, then
+the L lane sums of a column are added in lane order. Both differ from torch's order, so results agree with
+an fp32 reference within a few ulps of sum_p |partial[p]| (see the tests).
 """
 
 # No `from __future__ import annotations`: TileLang evaluates the prim_func annotations, which
@@ -23,6 +23,7 @@ from cann_ops_tilelang.config import Backend
 from cann_ops_tilelang.kernel_target import compile_kernel
 
 _LANES = 64  # fp32 lanes of one 256-byte Ascend vector register
+_CUDA_VEC = 4  # fp32 elements of one 16-byte CUDA access
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,6 +44,13 @@ class EngramGradWReduceConfig:
             raise ValueError(f'block_cols {self.block_cols} must be a multiple of {_LANES} dividing {self.hidden}')
         if self.block_rows < 1:
             raise ValueError(f'block_rows must be >= 1, got {self.block_rows}')
+        if self.backend == 'cuda':
+            groups = self.block_cols // _CUDA_VEC
+            if self.threads % groups or self.block_rows % (self.threads // groups):
+                raise ValueError(
+                    f'CUDA tiling: threads {self.threads} must be a multiple of the {groups} column groups and '
+                    f'block_rows {self.block_rows} a multiple of the {self.threads // max(1, groups)} row lanes'
+                )
 
     @property
     def num_tiles(self) -> int:
@@ -69,11 +77,10 @@ def choose_engram_grad_w_reduce_config(
             threads=0,
             num_stages=2,
         )
-    # CUDA: the narrowest tile that keeps the grid within one wave of SMs (one block per SM); a step
-    # loads 32 KB of partial rows (8192 fp32) per block, 8 independent 16-byte loads per thread.
-    cols = next((w for w in divisors if w <= 256 and hc * hidden // w <= num_cores), min(256, divisors[-1]))
+    # CUDA: 64-column tiles (hc * H / 64 blocks, several per SM) of 128 threads: 16 column groups x 8 row
+    # lanes, each lane with 9 independent 16-byte row loads per step (2 steps for P = 132).
     return EngramGradWReduceConfig(
-        backend, hc, hidden, num_cores, block_cols=cols, block_rows=8192 // cols, threads=256, num_stages=1
+        backend, hc, hidden, num_cores, block_cols=_LANES, block_rows=72, threads=128, num_stages=1
     )
 
 
@@ -139,8 +146,12 @@ def _ascend_engram_grad_w_reduce_kernel(cfg: EngramGradWReduceConfig):
 def _cuda_engram_grad_w_reduce_kernel(cfg: EngramGradWReduceConfig):
     import tilelang.language as T
 
-    hc, hidden, W, R = cfg.hc, cfg.hidden, cfg.block_cols, cfg.block_rows
+    hc, hidden, W, R, nt = cfg.hc, cfg.hidden, cfg.block_cols, cfg.block_rows, cfg.threads
     n_d = hidden // W
+    G = W // _CUDA_VEC  # column groups (16-byte fp32 vectors) of a tile
+    L = nt // G  # row lanes: thread (lane, group) sums rows lane, lane + L, ... of its group
+    U = R // L  # independent row loads per lane and step
+    f32 = T.float32
     num_partials = T.dynamic('num_partials')
 
     @T.prim_func
@@ -151,21 +162,61 @@ def _cuda_engram_grad_w_reduce_kernel(cfg: EngramGradWReduceConfig):
         grad_weight_hidden: T.Tensor((hc, hidden), T.float32),
         grad_weight_embed: T.Tensor((hc, hidden), T.float32),
     ):
-        with T.Kernel(cfg.num_tiles, threads=cfg.threads) as bx:
+        with T.Kernel(cfg.num_tiles, threads=nt) as bx:
+            tid = T.get_thread_binding()
             h = bx // n_d
-            d0 = (bx % n_d) * W
-            acc = T.alloc_fragment((R, W), T.float32)
-            s = T.alloc_fragment((W,), T.float32)
-            T.clear(acc)
-            # Register loads straight from global memory (no shared-memory staging): every thread has
-            # R * W / threads independent loads in flight per step; rows past P are masked to zero.
+            col = (bx % n_d) * W + (tid % G) * _CUDA_VEC
+            lane = tid // G
+            acc = T.alloc_local((_CUDA_VEC,), f32)
+            rows = T.alloc_local((U * _CUDA_VEC,), f32)
+            lane_sums = T.alloc_shared((L, W), f32)
+            s = T.alloc_local((_CUDA_VEC,), f32)
+            wh = T.alloc_local((_CUDA_VEC,), T.bfloat16)
+            we = T.alloc_local((_CUDA_VEC,), T.bfloat16)
+            gh = T.alloc_local((_CUDA_VEC,), f32)
+            ge = T.alloc_local((_CUDA_VEC,), f32)
+            for j in T.vectorized(_CUDA_VEC):
+                acc[j] = 0.0
+            if lane == 0:  # the threads that finish the tile: these loads fly while the partials stream in
+                for j in T.vectorized(_CUDA_VEC):
+                    wh[j] = weight_hidden[h, col + j]
+                for j in T.vectorized(_CUDA_VEC):
+                    we[j] = weight_embed[h, col + j]
+                for j in T.vectorized(_CUDA_VEC):
+                    gh[j] = grad_weight_hidden[h, col + j]
+                for j in T.vectorized(_CUDA_VEC):
+                    ge[j] = grad_weight_embed[h, col + j]
+            # All U loads of a step are issued before the first add (one memory round trip per step); rows
+            # past P load zeros. The lane's running sum takes its rows in increasing p.
             for k in T.serial(T.ceildiv(num_partials, R)):
-                for r, j in T.Parallel(R, W):
-                    acc[r, j] += T.if_then_else(k * R + r < num_partials, grad_w_partial[k * R + r, h, d0 + j], 0.0)
-            T.reduce_sum(acc, s, dim=0)
-            for j in T.Parallel(W):
-                grad_weight_hidden[h, d0 + j] += s[j] * T.cast(weight_embed[h, d0 + j], T.float32)
-                grad_weight_embed[h, d0 + j] += s[j] * T.cast(weight_hidden[h, d0 + j], T.float32)
+                for u in T.unroll(U):
+                    p = k * R + u * L + lane
+                    if p < num_partials:
+                        for j in T.vectorized(_CUDA_VEC):
+                            rows[u * _CUDA_VEC + j] = grad_w_partial[p, h, col + j]
+                    else:
+                        for j in T.vectorized(_CUDA_VEC):
+                            rows[u * _CUDA_VEC + j] = 0.0
+                for u in T.unroll(U):
+                    for j in T.unroll(_CUDA_VEC):
+                        acc[j] += rows[u * _CUDA_VEC + j]
+            # One barrier: the L lane sums of each column meet in shared memory, lane 0 adds them in order.
+            for j in T.vectorized(_CUDA_VEC):
+                lane_sums[lane, (tid % G) * _CUDA_VEC + j] = acc[j]
+            T.sync_threads()
+            if lane == 0:
+                for j in T.vectorized(_CUDA_VEC):
+                    s[j] = lane_sums[0, tid * _CUDA_VEC + j]
+                for r in T.unroll(1, L):
+                    for j in T.unroll(_CUDA_VEC):
+                        s[j] += lane_sums[r, tid * _CUDA_VEC + j]
+                for j in T.unroll(_CUDA_VEC):
+                    gh[j] += s[j] * T.cast(we[j], f32)
+                    ge[j] += s[j] * T.cast(wh[j], f32)
+                for j in T.vectorized(_CUDA_VEC):
+                    grad_weight_hidden[h, col + j] = gh[j]
+                for j in T.vectorized(_CUDA_VEC):
+                    grad_weight_embed[h, col + j] = ge[j]
 
     return engram_grad_w_reduce_kernel
 

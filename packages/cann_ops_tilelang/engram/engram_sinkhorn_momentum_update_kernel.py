@@ -22,7 +22,9 @@ from cann_ops_tilelang.kernel_target import compile_kernel
 
 _LANES = 64  # fp32 lanes of one 256-byte Ascend vector register
 _DTYPES = ('bfloat16', 'float32')
-_CUDA_ELEMS = 8  # elements per thread and unroll step: one 16-byte bf16 access, two 16-byte fp32 accesses
+# Elements of one CUDA vector access (16 bytes of fp32, 8 of bf16): a warp's access covers 32 consecutive
+# chunks, so every tensor's accesses are coalesced whatever its dtype.
+_CUDA_CHUNK = 4
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,8 +45,8 @@ class EngramSinkhornMomentumUpdateConfig:
             raise ValueError(f'dtypes must be among {_DTYPES}, got {self.grad_dtype!r}, {self.momentum_dtype!r}')
         if self.backend == 'ascend' and self.block % _LANES != 0:
             raise ValueError(f'block {self.block} must be a multiple of {_LANES}')
-        if self.backend == 'cuda' and self.block % (self.threads * _CUDA_ELEMS) != 0:
-            raise ValueError(f'block {self.block} must be a multiple of threads * {_CUDA_ELEMS}')
+        if self.backend == 'cuda' and self.block % (self.threads * _CUDA_CHUNK) != 0:
+            raise ValueError(f'block {self.block} must be a multiple of threads * {_CUDA_CHUNK}')
 
 
 def choose_engram_sinkhorn_momentum_update_config(
@@ -57,10 +59,11 @@ def choose_engram_sinkhorn_momentum_update_config(
         return EngramSinkhornMomentumUpdateConfig(
             backend, grad_dtype, momentum_dtype, nesterov, num_cores, block=8192, threads=0, num_stages=2
         )
-    # CUDA: 256 threads x 2 steps x 8 elements per block; every thread issues all its loads (64 or 128
-    # bytes per tensor) before the first use, and the grid is the tile count (many blocks per SM).
+    # CUDA: one warp of 8 elements per thread per block, the grid the tile count (up to 32 blocks per SM).
+    # Of the block shapes measured side by side on the H200 (32 to 256 threads, 1 to 4 steps), the smallest
+    # block came closest to the copy ceiling for all four dtype pairings (README, Performance).
     return EngramSinkhornMomentumUpdateConfig(
-        backend, grad_dtype, momentum_dtype, nesterov, num_cores, block=4096, threads=256, num_stages=1
+        backend, grad_dtype, momentum_dtype, nesterov, num_cores, block=256, threads=32, num_stages=1
     )
 
 
@@ -129,13 +132,11 @@ def _cuda_kernel(cfg: EngramSinkhornMomentumUpdateConfig):
     import tilelang.language as T
 
     blk, nt, nesterov = cfg.block, cfg.threads, cfg.nesterov
-    ve = _CUDA_ELEMS
-    steps = blk // (nt * ve)
+    vc = _CUDA_CHUNK
+    chunks = blk // (nt * vc)  # chunks per thread
     f32, bf16 = T.float32, T.bfloat16
     gdt = bf16 if cfg.grad_dtype == 'bfloat16' else f32
     mdt = bf16 if cfg.momentum_dtype == 'bfloat16' else f32
-    gvec = 8 if gdt == bf16 else 4  # elements of one 16-byte access
-    mvec = 8 if mdt == bf16 else 4
     numel = T.dynamic('numel')
 
     @T.prim_func
@@ -148,38 +149,34 @@ def _cuda_kernel(cfg: EngramSinkhornMomentumUpdateConfig):
     ):
         with T.Kernel(T.ceildiv(numel, blk), threads=nt) as bx:
             tid = T.get_thread_binding()
-            g_l = T.alloc_local((steps * ve,), gdt)
-            m_l = T.alloc_local((steps * ve,), mdt)
-            o_l = T.alloc_local((steps * ve,), f32)
+            g_l = T.alloc_local((chunks * vc,), gdt)
+            m_l = T.alloc_local((chunks * vc,), mdt)
+            o_l = T.alloc_local((chunks * vc,), f32)
             mn = T.alloc_var(f32)
             e0 = bx * blk
             if e0 + blk <= numel:
-                # Full block: 16-byte vector accesses; thread `tid` owns the 8-element chunks
-                # e0 + (u * nt + tid) * 8, u = 0 .. steps - 1 (coalesced across the block).
-                for u in T.unroll(steps):
-                    base = e0 + (u * nt + tid) * ve
-                    for j0 in T.unroll(ve // gvec):
-                        for j in T.vectorized(gvec):
-                            g_l[u * ve + j0 * gvec + j] = grad[base + j0 * gvec + j]
-                    for j0 in T.unroll(ve // mvec):
-                        for j in T.vectorized(mvec):
-                            m_l[u * ve + j0 * mvec + j] = momentum_buffer[base + j0 * mvec + j]
-                for i in T.unroll(steps * ve):
+                # Full block: thread `tid` owns the 4-element chunks e0 + (q * nt + tid) * 4, q = 0 .. chunks - 1;
+                # all its loads are issued before the first use.
+                for q in T.unroll(chunks):
+                    base = e0 + (q * nt + tid) * vc
+                    for j in T.vectorized(vc):
+                        g_l[q * vc + j] = grad[base + j]
+                    for j in T.vectorized(vc):
+                        m_l[q * vc + j] = momentum_buffer[base + j]
+                for i in T.unroll(chunks * vc):
                     s = one_minus_beta1 * T.cast(g_l[i], f32)
                     mn = T.ieee_fmaf(T.cast(m_l[i], f32), beta1, s)
                     m_l[i] = T.cast(mn, mdt)
                     o_l[i] = T.ieee_fmaf(mn, beta1, s) if nesterov else mn
-                for u in T.unroll(steps):
-                    base = e0 + (u * nt + tid) * ve
-                    for j0 in T.unroll(ve // mvec):
-                        for j in T.vectorized(mvec):
-                            momentum_buffer[base + j0 * mvec + j] = m_l[u * ve + j0 * mvec + j]
-                    for j0 in T.unroll(2):
-                        for j in T.vectorized(4):
-                            sinkhorn_input[base + j0 * 4 + j] = o_l[u * ve + j0 * 4 + j]
+                for q in T.unroll(chunks):
+                    base = e0 + (q * nt + tid) * vc
+                    for j in T.vectorized(vc):
+                        momentum_buffer[base + j] = m_l[q * vc + j]
+                    for j in T.vectorized(vc):
+                        sinkhorn_input[base + j] = o_l[q * vc + j]
             else:
                 # The last, partial block: element-wise, guarded (at most blk - 1 elements).
-                for i in T.serial(steps * ve):
+                for i in T.serial(chunks * vc):
                     e = e0 + i * nt + tid
                     if e < numel:
                         s = one_minus_beta1 * T.cast(grad[e], f32)
