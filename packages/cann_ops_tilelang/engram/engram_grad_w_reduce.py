@@ -10,7 +10,7 @@ from cann_ops_tilelang._torch_library import op, traced
 from cann_ops_tilelang.config import get_num_cores, require_accelerator
 from cann_ops_tilelang.engram._contract import check_hc_hidden
 from cann_ops_tilelang.kernel_target import Launcher
-from cann_ops_tilelang.validation import check_aligned, check_contiguous, check_shape, check_tensor, may_overlap
+from cann_ops_tilelang.validation import ALIGN_BYTES, check_aligned, check_contiguous, check_shape, check_tensor
 
 from .engram_grad_w_reduce_kernel import (
     EngramGradWReduceConfig,
@@ -31,40 +31,56 @@ class EngramGradWReduceResult(NamedTuple):
 _LAUNCHERS: dict[tuple, Launcher] = {}
 
 
+# (name, dtype, ndim) of the five tensor arguments, in order.
+_ARGS = (
+    ('grad_w_partial', torch.float32, 3),
+    ('weight_hidden', torch.bfloat16, 2),
+    ('weight_embed', torch.bfloat16, 2),
+    ('grad_weight_hidden', torch.float32, 2),
+    ('grad_weight_embed', torch.float32, 2),
+)
+_GRADS = (3, 4)  # the tensors updated in place, by index into _ARGS
+
+
 def _check(grad_w_partial, weight_hidden, weight_embed, grad_weight_hidden, grad_weight_embed, *, memory) -> str:
-    """Validate the arguments (memory=False: fake tensors, see validation.may_overlap); the backend."""
-    check_tensor('grad_w_partial', grad_w_partial, dtype=torch.float32, ndim=3)
-    check_tensor('weight_hidden', weight_hidden, dtype=torch.bfloat16, ndim=2)
-    check_tensor('weight_embed', weight_embed, dtype=torch.bfloat16, ndim=2)
-    check_tensor('grad_weight_hidden', grad_weight_hidden, dtype=torch.float32, ndim=2)
-    check_tensor('grad_weight_embed', grad_weight_embed, dtype=torch.float32, ndim=2)
+    """Validate the arguments (memory=False: fake tensors, see validation.may_overlap); the backend.
+
+    One pass per kind of check over the five tensors; the check functions run only to raise (this is the
+    host path of a launch-bound call)."""
+    values = (grad_w_partial, weight_hidden, weight_embed, grad_weight_hidden, grad_weight_embed)
+    for (name, dtype, ndim), value in zip(_ARGS, values, strict=True):
+        check_tensor(name, value, dtype=dtype, ndim=ndim)
     _, hc, hidden = grad_w_partial.shape
     check_hc_hidden(_NAME, hc, hidden)
-    for name, value in (
-        ('weight_hidden', weight_hidden),
-        ('weight_embed', weight_embed),
-        ('grad_weight_hidden', grad_weight_hidden),
-        ('grad_weight_embed', grad_weight_embed),
-    ):
-        check_shape(name, value, (hc, hidden))
-    for name, value in (
-        ('grad_w_partial', grad_w_partial),
-        ('weight_hidden', weight_hidden),
-        ('weight_embed', weight_embed),
-        ('grad_weight_hidden', grad_weight_hidden),
-        ('grad_weight_embed', grad_weight_embed),
-    ):
-        check_contiguous(name, value)
-        check_aligned(name, value, memory=memory)
-    if may_overlap(grad_weight_hidden, grad_weight_embed, memory=memory):
+    weight_shape = grad_w_partial.shape[1:]
+    for (name, _, _), value in zip(_ARGS[1:], values[1:], strict=True):
+        if value.shape != weight_shape:
+            check_shape(name, value, (hc, hidden))
+    spans = [] if memory else None  # all five are contiguous: each occupies [data_ptr, data_ptr + nbytes)
+    for (name, _, _), value in zip(_ARGS, values, strict=True):
+        if not value.is_contiguous():
+            check_contiguous(name, value)
+        if memory:
+            start = value.data_ptr()
+            if start % ALIGN_BYTES:
+                check_aligned(name, value)
+            spans.append((start, start + value.nbytes))
+    if _overlap(values, spans, *_GRADS):
         raise ValueError(f'{_NAME}: grad_weight_hidden and grad_weight_embed must not overlap')
-    inputs = {'grad_w_partial': grad_w_partial, 'weight_hidden': weight_hidden, 'weight_embed': weight_embed}
-    for grad_name, grad in (('grad_weight_hidden', grad_weight_hidden), ('grad_weight_embed', grad_weight_embed)):
-        for input_name, value in inputs.items():
-            if may_overlap(grad, value, memory=memory):
+    for grad_index in _GRADS:
+        for index in range(_GRADS[0]):
+            if _overlap(values, spans, grad_index, index):
+                grad_name, input_name = _ARGS[grad_index][0], _ARGS[index][0]
                 raise ValueError(f'{_NAME}: {grad_name} (updated in place) must not alias the input {input_name}')
+    return require_accelerator(*values)
 
-    return require_accelerator(grad_w_partial, weight_hidden, weight_embed, grad_weight_hidden, grad_weight_embed)
+
+def _overlap(values, spans, i: int, j: int) -> bool:
+    """Whether values[i] and values[j] share memory (spans None: fake tensors, only the same tensor twice)."""
+    if spans is None:
+        return values[i] is values[j]
+    (a0, a1), (b0, b1) = spans[i], spans[j]
+    return a0 < b1 and b0 < a1 and values[i].device == values[j].device
 
 
 def _launcher(backend, grad_w_partial) -> Launcher:
