@@ -88,14 +88,13 @@ def test_fused_weight_bit_exact(hc, hidden):
 
 def _gate_fwd_inputs(num_tokens, hc, hidden):
     x = torch.randn(num_tokens, hc, hidden).to(torch.bfloat16)
-    k = torch.randn(num_tokens, hc, hidden).to(torch.bfloat16)
-    v = torch.randn(num_tokens, hidden).to(torch.bfloat16)
+    kv = torch.randn(num_tokens, hc + 1, hidden).to(torch.bfloat16)
     w = (1.0 + 0.5 * torch.randn(hc, hidden)).to(torch.bfloat16).float()
-    return x, k, v, w
+    return x, kv, w
 
 
-def _fwd_args(x, k, v, w, out, saved):
-    named = dict(x=x, k=k, v=v, w=w, out=out, eps=1e-6, clamp_value=1e-6)
+def _fwd_args(x, kv, w, out, saved):
+    named = dict(x=x, kv=kv, w=w, out=out, eps=1e-6, clamp_value=1e-6)
     if saved is not None:
         named.update(zip(('dot_o', 'g_o', 'rx_o', 'rk_o'), saved, strict=True))
     return named
@@ -104,33 +103,27 @@ def _fwd_args(x, k, v, w, out, saved):
 @pytest.mark.parametrize('num_tokens', [1, 130])
 def test_gate_fwd_saved_outputs(num_tokens):
     hc, hidden = 4, 256
-    x, k, v, w = _gate_fwd_inputs(num_tokens, hc, hidden)
+    x, kv, w = _gate_fwd_inputs(num_tokens, hc, hidden)
     out = torch.empty(num_tokens, hc, hidden, dtype=torch.bfloat16)
     saved = [torch.empty(num_tokens, hc) for _ in range(4)]
-    call_by_name(gate_fwd_kernel(hc, hidden, True), **_fwd_args(x, k, v, w, out, saved))
-    check_gate_fwd(EngramGateFwdResult(out, *saved), x, k, v, w)
+    call_by_name(gate_fwd_kernel(hc, hidden, True), **_fwd_args(x, kv, w, out, saved))
+    check_gate_fwd(EngramGateFwdResult(out, *saved), x, kv[:, :hc], kv[:, hc], w)
 
 
-def test_gate_fwd_without_saved_outputs_strided_k_v():
+def test_gate_fwd_without_saved_outputs_strided_kv():
     num_tokens, hc, hidden = 70, 4, 256
-    x, _, _, w = _gate_fwd_inputs(num_tokens, hc, hidden)
-    kv = torch.randn(num_tokens, hc + 1, hidden).to(torch.bfloat16)  # k and v: views of one tensor
-    k, v = kv[:, :hc], kv[:, hc]
+    x, _, w = _gate_fwd_inputs(num_tokens, hc, hidden)
+    # kv a view with padded rows and a token stride of its own: the kernel addresses it through its strides
+    kv = torch.randn(num_tokens, hc + 2, hidden + 64).to(torch.bfloat16)[:, 1:, 32 : 32 + hidden]
     out = torch.empty(num_tokens, hc, hidden, dtype=torch.bfloat16)
-    call_by_name(gate_fwd_kernel(hc, hidden, False), **_fwd_args(x, k, v, w, out, None))
+    call_by_name(gate_fwd_kernel(hc, hidden, False), **_fwd_args(x, kv, w, out, None))
     saved = [torch.empty(num_tokens, hc) for _ in range(4)]
-    call_by_name(gate_fwd_kernel(hc, hidden, True), **_fwd_args(x, k, v, w, torch.empty_like(out), saved))
-    check_gate_fwd(EngramGateFwdResult(out, *saved), x, k, v, w)
+    call_by_name(gate_fwd_kernel(hc, hidden, True), **_fwd_args(x, kv, w, torch.empty_like(out), saved))
+    check_gate_fwd(EngramGateFwdResult(out, *saved), x, kv[:, :hc], kv[:, hc], w)
 
 
 # EngramGateBwdResult field -> the kernel's buffer holding it
-_BWD_FIELDS = {
-    'grad_hidden_states': 'grad_x',
-    'grad_k': 'grad_k',
-    'grad_v': 'grad_v',
-    'grad_kv': 'grad_kv',
-    'grad_w_partial': 'grad_w_partial',
-}
+_BWD_FIELDS = {'grad_hidden_states': 'grad_x', 'grad_kv': 'grad_kv', 'grad_w_partial': 'grad_w_partial'}
 
 
 @pytest.mark.parametrize('num_tokens', [130])
@@ -138,20 +131,14 @@ def test_gate_bwd(num_tokens):
     hc, hidden = 4, 256
     cfg, kernel = gate_bwd_kernel(hc, hidden)
     inputs = gate_bwd_inputs(num_tokens, hc, hidden, 'cpu')
-    if len(inputs) == 9:  # k and v separate
-        grad_out, x, k, v, w, dot, g, rx, rk = inputs
-    else:  # k and v packed as kv (T, hc + 1, H)
-        grad_out, x, kv, w, dot, g, rx, rk = inputs
-        k, v = kv[:, :hc], kv[:, hc]
+    grad_out, x, kv, w, dot, g, rx, rk = inputs  # kv packed (T, hc + 1, H): the kernel takes it whole
     alloc = torch.zeros if cfg.accumulates_into_partials else torch.empty
     named = dict(
-        grad_out=grad_out, hidden_states=x, k=k, v=v, weight_fused=w, dot=dot, gate_score=g, rstd_x=rx, rstd_k=rk,
+        grad_out=grad_out, hidden_states=x, kv=kv, weight_fused=w, dot=dot, gate_score=g, rstd_x=rx, rstd_k=rk,
         grad_x=torch.empty(num_tokens, hc, hidden, dtype=torch.bfloat16),
-        grad_k=torch.empty(num_tokens, hc, hidden, dtype=torch.bfloat16),
-        grad_v=torch.empty(num_tokens, hidden, dtype=torch.bfloat16),
         grad_kv=torch.empty(num_tokens, hc + 1, hidden, dtype=torch.bfloat16),
         grad_w_partial=alloc(cfg.num_blocks, hc, hidden), clamp_value=1e-6,
-        token_counter=torch.zeros(1, dtype=torch.int32),
+        token_counter=torch.zeros(gb_k.COUNTER_WORDS, dtype=torch.int32),
     )  # fmt: skip
     call_by_name(kernel, **named)
     result = EngramGateBwdResult(*(named[_BWD_FIELDS[f]] for f in EngramGateBwdResult._fields))

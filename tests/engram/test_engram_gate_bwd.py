@@ -18,6 +18,7 @@ from cann_ops_tilelang.engram import EngramGateBwdResult
 from cann_ops_tilelang.engram._contract import HIDDEN_ALIGN, MAX_HC, MAX_HIDDEN
 from cann_ops_tilelang.engram.engram_gate_bwd import engram_gate_bwd_config
 from cann_ops_tilelang.engram.engram_gate_bwd_kernel import (
+    COUNTER_WORDS,
     choose_engram_gate_bwd_config,
     make_engram_gate_bwd_kernel,
 )
@@ -244,6 +245,42 @@ def test_engram_gate_bwd_mask_variant_lowers(backend, params):
     plain = dataclasses.replace(cfg, has_mask=False)
     lowered = lower(lambda: make_engram_gate_bwd_kernel(plain), key=plain, kernel_name=KERNEL_NAME)
     assert 'image_token_mask' not in lowered.source
+
+
+def _kernel_params(prim_func) -> list[str]:
+    """The prim_func's parameters in launch order: buffer names for tensors, variable names for scalars."""
+    return [prim_func.buffer_map[p].name if p in prim_func.buffer_map else p.name for p in prim_func.params]
+
+
+@pytest.mark.parametrize(
+    ('backend', 'params', 'deterministic'),
+    [
+        ('cuda', {'hc': 4, 'hidden': 4096}, False),  # resident, claimed tokens
+        ('cuda', {'hc': 4, 'hidden': 4096}, True),  # resident, fixed ranges
+        ('cuda', CHUNKED_CUDA_SHAPES[0], False),  # chunked
+        ('ascend', {'hc': 4, 'hidden': 4096}, False),
+    ],
+    ids=['cuda-resident', 'cuda-resident-deterministic', 'cuda-chunked', 'ascend'],
+)
+def test_engram_gate_bwd_kernels_take_kv_whole(backend, params, deterministic):
+    """Every variant takes kv (T, hc + 1, H) as one argument with runtime outer strides and a unit last stride,
+    not key and value views (one tensor fewer to convert per launch), and the counter last."""
+    cores = H200_SMS if backend == 'cuda' else ASCEND_950_VECTOR_CORES
+    hc, hidden = params['hc'], params['hidden']
+    for has_mask in (False, True):
+        cfg = choose_engram_gate_bwd_config(
+            backend=backend, **params, num_cores=cores, deterministic=deterministic, has_mask=has_mask
+        )
+        prim_func = make_engram_gate_bwd_kernel(cfg)
+        assert _kernel_params(prim_func) == [
+            'grad_out', 'hidden_states', 'kv', 'weight_fused', 'dot', 'gate_score', 'rstd_x', 'rstd_k',
+            *(['image_token_mask'] if has_mask else []),
+            'grad_x', 'grad_kv', 'grad_w_partial', 'clamp_value', 'token_counter',
+        ]  # fmt: skip
+        buffers = {b.name: b for b in prim_func.buffer_map.values()}
+        assert [str(d) for d in buffers['kv'].shape] == ['num_tokens', str(hc + 1), str(hidden)]
+        assert [str(s) for s in buffers['kv'].strides] == ['kv_stride_t', 'kv_stride_h', '1']
+        assert [int(d) for d in buffers['token_counter'].shape] == [COUNTER_WORDS]
 
 
 def test_engram_gate_bwd_config_covers_supported_range():

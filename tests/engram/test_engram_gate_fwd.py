@@ -79,7 +79,7 @@ def test_engram_gate_fwd_ascend_lowers(params):
     lowered = assert_ascend_kernel_lowers(lambda: make_engram_gate_fwd_kernel(cfg), key=cfg, kernel_name=KERNEL_NAME)
     assert '__simd_vf__' in lowered.source  # the SIMD path, no SIMT reservation needed
     assert 'num_tokens' in lowered.source
-    assert 'k_stride_t' in lowered.source  # k rows addressed through the tensor's strides
+    assert 'kv_stride_t' in lowered.source  # keys and value addressed through kv's own strides
     # The UB model of the config chooser covers what the compiler allocated.
     assert lowered.ub_bytes <= _ascend_ub_bytes(hc, hidden, cfg.group, cfg.stages, cfg.weight_resident)
 
@@ -93,7 +93,7 @@ def test_engram_gate_fwd_cuda_lowers(params):
     assert cfg.chunks <= 8
     lowered = assert_cuda_kernel_lowers(lambda: make_engram_gate_fwd_kernel(cfg), key=cfg, kernel_name=KERNEL_NAME)
     assert 'uint4' in lowered.source  # 16-byte accesses
-    assert 'k_stride_t' in lowered.source
+    assert 'kv_stride_t' in lowered.source
     assert 'num_tokens' in lowered.source
 
 
@@ -121,6 +121,30 @@ def test_engram_gate_fwd_variants_lower():
             lambda cfg=cfg: make_engram_gate_fwd_kernel(cfg), key=cfg, kernel_name=KERNEL_NAME
         )
         assert 'uint4' not in lowered.source
+
+
+def _kernel_params(prim_func) -> list[str]:
+    """The prim_func's parameters in launch order: buffer names for tensors, variable names for scalars."""
+    return [prim_func.buffer_map[p].name if p in prim_func.buffer_map else p.name for p in prim_func.params]
+
+
+@pytest.mark.parametrize('backend', ['cuda', 'ascend'])
+def test_engram_gate_fwd_kernels_take_kv_whole(backend):
+    """Every variant takes kv (T, hc + 1, H) as one argument with runtime outer strides and a unit last stride,
+    not key and value views (one tensor fewer to convert per launch)."""
+    cores = H200_SMS if backend == 'cuda' else ASCEND_950_VECTOR_CORES
+    for save in (True, False):
+        for has_mask in (False, True):
+            cfg = choose_engram_gate_fwd_config(
+                backend=backend, hc=3, hidden=192, num_cores=cores, save_for_backward=save, has_mask=has_mask
+            )
+            prim_func = make_engram_gate_fwd_kernel(cfg)
+            expected = ['x', 'kv', 'w', *(['image_token_mask'] if has_mask else []), 'out']
+            expected += ['dot_o', 'g_o', 'rx_o', 'rk_o'] if save else []
+            assert _kernel_params(prim_func) == [*expected, 'eps', 'clamp_value']
+            kv = next(b for b in prim_func.buffer_map.values() if b.name == 'kv')
+            assert [str(d) for d in kv.shape] == ['num_tokens', '4', '192']
+            assert [str(s) for s in kv.strides] == ['kv_stride_t', 'kv_stride_h', '1']
 
 
 def test_engram_gate_fwd_config_limits():

@@ -26,7 +26,7 @@ def ascend_chunked_kernel(cfg: EngramGateBwdConfig):
     scale = hidden**-0.5
     inv_h = 1.0 / hidden
     num_tokens = T.dynamic('num_tokens')
-    k_stride_t, k_stride_h, v_stride_t = T.dynamic('k_stride_t'), T.dynamic('k_stride_h'), T.dynamic('v_stride_t')
+    kv_stride_t, kv_stride_h = T.dynamic('kv_stride_t'), T.dynamic('kv_stride_h')
 
     @T.macro
     def phase_a_vf(i, go_ub, v_ub, sc_ub, dl_ub, gv_ub):
@@ -79,8 +79,7 @@ def ascend_chunked_kernel(cfg: EngramGateBwdConfig):
     def body(
         grad_out,
         hidden_states,
-        k,
-        v,
+        kv,
         weight_fused,
         dot,
         gate_score,
@@ -131,7 +130,7 @@ def ascend_chunked_kernel(cfg: EngramGateBwdConfig):
                     t = c0 + i
                     with T.Task():
                         T.copy(grad_out[t, :, d * D : (d + 1) * D], go_ub)
-                        T.copy(v[t, d * D : (d + 1) * D], v_ub)
+                        T.copy(kv[t, hc, d * D : (d + 1) * D], v_ub)
                     if has_mask:
                         if image_token_mask[t]:  # an image token: grad_v = 0 (its dL/dg is never used)
                             with T.SimdVF():
@@ -170,7 +169,7 @@ def ascend_chunked_kernel(cfg: EngramGateBwdConfig):
                         with T.Task():
                             T.copy(grad_out[t, :, d * D : (d + 1) * D], go_ub)
                             T.copy(hidden_states[t, :, d * D : (d + 1) * D], x_ub)
-                            T.copy(k[t, :, d * D : (d + 1) * D], k_ub)
+                            T.copy(kv[t, 0:hc, d * D : (d + 1) * D], k_ub)
                         if has_mask:
                             if image_token_mask[t]:
                                 # An image token: grad_x = grad_out bit for bit (16-bit lanes unpacked and packed
@@ -199,5 +198,5 @@ def ascend_chunked_kernel(cfg: EngramGateBwdConfig):
         num_blocks=P,
         has_mask=cfg.has_mask,
         num_tokens=num_tokens,
-        strides=(k_stride_t, k_stride_h, v_stride_t),
+        strides=(kv_stride_t, kv_stride_h),
     )

@@ -62,7 +62,7 @@ def cuda_resident_kernel(cfg: EngramGateBwdConfig):
     scale = hidden**-0.5
     inv_h = 1.0 / hidden
     num_tokens = T.dynamic('num_tokens')
-    k_stride_t, k_stride_h, v_stride_t = T.dynamic('k_stride_t'), T.dynamic('k_stride_h'), T.dynamic('v_stride_t')
+    kv_stride_t, kv_stride_h = T.dynamic('kv_stride_t'), T.dynamic('kv_stride_h')
 
     def unpack(word, e, *, alt: bool):
         # bf16 element e (of a pair packed in a uint32) as fp32. `alt` spells the same bits with a byte
@@ -84,7 +84,7 @@ def cuda_resident_kernel(cfg: EngramGateBwdConfig):
             T.ptx_cp_async(T.access_ptr(sc_s[sl, 3, tid], 'w', 1), T.access_ptr(rstd_k[tt, tid], 'r', 1), 1)
 
     @T.macro
-    def issue_go_v(tt, tid, go_s, v_s, grad_out, v):
+    def issue_go_v(tt, tid, go_s, v_s, grad_out, kv):
         for j in T.unroll(g):
             if j * threads + tid < groups:
                 col = (j * threads + tid) * VEC
@@ -94,10 +94,10 @@ def cuda_resident_kernel(cfg: EngramGateBwdConfig):
                         T.access_ptr(grad_out[tt, h, col], 'r', VEC),
                         VEC,
                     )
-                T.ptx_cp_async(T.access_ptr(v_s[j, tid * VEC], 'w', VEC), T.access_ptr(v[tt, col], 'r', VEC), VEC)
+                T.ptx_cp_async(T.access_ptr(v_s[j, tid * VEC], 'w', VEC), T.access_ptr(kv[tt, hc, col], 'r', VEC), VEC)
 
     @T.macro
-    def issue_x_k(tt, tid, x_s, k_s, hidden_states, k):
+    def issue_x_k(tt, tid, x_s, k_s, hidden_states, kv):
         for j in T.unroll(g):
             if j * threads + tid < groups:
                 col = (j * threads + tid) * VEC
@@ -109,7 +109,7 @@ def cuda_resident_kernel(cfg: EngramGateBwdConfig):
                     )
                     T.ptx_cp_async(
                         T.access_ptr(k_s[j, h, tid * VEC], 'w', VEC),
-                        T.access_ptr(k[tt, h, col], 'r', VEC),
+                        T.access_ptr(kv[tt, h, col], 'r', VEC),
                         VEC,
                     )
 
@@ -147,8 +147,7 @@ def cuda_resident_kernel(cfg: EngramGateBwdConfig):
     def body(
         grad_out,
         hidden_states,
-        k,
-        v,
+        kv,
         weight_fused,
         dot,
         gate_score,
@@ -226,7 +225,7 @@ def cuda_resident_kernel(cfg: EngramGateBwdConfig):
             # weight_fused; group 2: x/k of c_0. Loop invariant at the top of iteration i: the pending groups
             # are [grad_out/v(c_i) (+ scalars(c_(i + 1)))], [x/k(c_i)], in that order.
             if has_c0:
-                issue_go_v(c0, tid, go_s, v_s, grad_out, v)
+                issue_go_v(c0, tid, go_s, v_s, grad_out, kv)
                 issue_scalars(c0, 0 if dynamic else c0 % 4, tid, sc_s, dot, gate_score, rstd_x, rstd_k)
                 if w_in_smem:
                     for j in T.unroll(g):
@@ -242,7 +241,7 @@ def cuda_resident_kernel(cfg: EngramGateBwdConfig):
                 issue_scalars(c1, 1 if dynamic else c1 % 4, tid, sc_s, dot, gate_score, rstd_x, rstd_k)
             T.ptx_commit_group()
             if has_c0:
-                issue_x_k(c0, tid, x_s, k_s, hidden_states, k)
+                issue_x_k(c0, tid, x_s, k_s, hidden_states, kv)
             T.ptx_commit_group()
 
             for t in T.serial(num_tokens) if dynamic else T.serial(t0, t1):
@@ -292,7 +291,7 @@ def cuda_resident_kernel(cfg: EngramGateBwdConfig):
                 # ---- prefetch grad_out/v of c_(i + 1) (slots consumed above) and the scalars of c_(i + 2)
                 # (ring slot (i + 2) % 4 was last read in iteration i - 2, before barrier i - 1)
                 if has1:
-                    issue_go_v(tok1, tid, go_s, v_s, grad_out, v)
+                    issue_go_v(tok1, tid, go_s, v_s, grad_out, kv)
                 if has2:
                     issue_scalars(tok2, sl2, tid, sc_s, dot, gate_score, rstd_x, rstd_k)
                 T.ptx_commit_group()
@@ -391,7 +390,7 @@ def cuda_resident_kernel(cfg: EngramGateBwdConfig):
                     )
                 # ---- prefetch x, k of c_(i + 1) (slots consumed above)
                 if has1:
-                    issue_x_k(tok1, tid, x_s, k_s, hidden_states, k)
+                    issue_x_k(tok1, tid, x_s, k_s, hidden_states, kv)
                 T.ptx_commit_group()
                 if dynamic:
                     cur = nx1
@@ -414,7 +413,7 @@ def cuda_resident_kernel(cfg: EngramGateBwdConfig):
         num_blocks=P,
         has_mask=has_mask,
         num_tokens=num_tokens,
-        strides=(k_stride_t, k_stride_h, v_stride_t),
+        strides=(kv_stride_t, kv_stride_h),
     )
 
 
@@ -429,7 +428,7 @@ def cuda_chunked_kernel(cfg: EngramGateBwdConfig):
     scale = hidden**-0.5
     inv_h = 1.0 / hidden
     num_tokens = T.dynamic('num_tokens')
-    k_stride_t, k_stride_h, v_stride_t = T.dynamic('k_stride_t'), T.dynamic('k_stride_h'), T.dynamic('v_stride_t')
+    kv_stride_t, kv_stride_h = T.dynamic('kv_stride_t'), T.dynamic('kv_stride_h')
 
     @T.macro
     def chunked_grads(t, h, c, r, cxv, ckv, gob, xb, kb, wf, xf, kf, ox, ok, gw, grad_x, grad_kv):
@@ -449,8 +448,7 @@ def cuda_chunked_kernel(cfg: EngramGateBwdConfig):
     def body(
         grad_out,
         hidden_states,
-        k,
-        v,
+        kv,
         weight_fused,
         dot,
         gate_score,
@@ -469,7 +467,7 @@ def cuda_chunked_kernel(cfg: EngramGateBwdConfig):
             wid = tid // 32
             red_s = T.alloc_shared((2, nw, hc), T.float32)
             rs_s = T.alloc_shared((3, TC, hc), T.float32)  # r, dot*rstd_x^2/H, dot*rstd_k^2/H per chunk token
-            # Thread-private slots for the strided k and v: cp.async keeps their accesses 16 bytes wide.
+            # Thread-private slots for the strided keys and value of kv: cp.async keeps their accesses 16 bytes wide.
             k_s = T.alloc_shared((hc, threads * VEC), T.bfloat16)
             v_s = T.alloc_shared((threads * VEC,), T.bfloat16)
 
@@ -510,7 +508,7 @@ def cuda_chunked_kernel(cfg: EngramGateBwdConfig):
                         c = tile * threads + tid
                         if c < groups:
                             T.ptx_cp_async(
-                                T.access_ptr(v_s[tid * VEC], 'w', VEC), T.access_ptr(v[t, c * VEC], 'r', VEC), VEC
+                                T.access_ptr(v_s[tid * VEC], 'w', VEC), T.access_ptr(kv[t, hc, c * VEC], 'r', VEC), VEC
                             )
                             T.ptx_commit_group()
                             T.ptx_wait_group(0)
@@ -567,7 +565,7 @@ def cuda_chunked_kernel(cfg: EngramGateBwdConfig):
                             for h in T.unroll(hc):
                                 T.ptx_cp_async(
                                     T.access_ptr(k_s[h, tid * VEC], 'w', VEC),
-                                    T.access_ptr(k[t, h, c * VEC], 'r', VEC),
+                                    T.access_ptr(kv[t, h, c * VEC], 'r', VEC),
                                     VEC,
                                 )
                             T.ptx_commit_group()
@@ -619,5 +617,5 @@ def cuda_chunked_kernel(cfg: EngramGateBwdConfig):
         num_blocks=P,
         has_mask=has_mask,
         num_tokens=num_tokens,
-        strides=(k_stride_t, k_stride_h, v_stride_t),
+        strides=(kv_stride_t, kv_stride_h),
     )

@@ -8,8 +8,9 @@ def ascend_engram_gate_fwd_kernel(cfg: EngramGateFwdConfig):
     """SIMD kernel. A task is (token t, group of `group` branches); tasks go round-robin over the vector
     cores (T.Persistent, `stages` buffer versions so the DMA of the next task overlaps the vector work).
 
-    Per task: v[t] (H), x and k rows of the group ((group, H) bf16, strided k rows by the tensor strides)
-    and, unless it stays resident for the whole kernel, the fp32 weight rows land in UB; one vector pass
+    Per task: the value row kv[t, hc] (H), the x and key rows of the group ((group, H) bf16, the key rows
+    kv[t, h0 : h0 + group] through kv's strides) and, unless it stays resident for the whole kernel, the
+    fp32 weight rows land in UB; one vector pass
     per branch accumulates x*x, k*k and x*w*k in three 64-lane registers, folds them (vcadd) and computes
     rstd_x, rstd_k and the gate in lane 0; a second pass writes out = x + g*v over the x tile in place
     (bf16), which then goes back to GM.
@@ -27,9 +28,8 @@ def ascend_engram_gate_fwd_kernel(cfg: EngramGateFwdConfig):
     f32, bf16 = T.float32, T.bfloat16
 
     num_tokens = T.dynamic('num_tokens')
-    k_st = T.dynamic('k_stride_t')
-    k_sh = T.dynamic('k_stride_h')
-    v_st = T.dynamic('v_stride_t')
+    kv_st = T.dynamic('kv_stride_t')
+    kv_sh = T.dynamic('kv_stride_h')
 
     @T.macro
     def gate_vf(x_ub, k_ub, v_ub, w_ub, s_ub, h0, eps, clamp_value):
@@ -76,7 +76,7 @@ def ascend_engram_gate_fwd_kernel(cfg: EngramGateFwdConfig):
                     T.simd.vsts(x_ub[i, c * lanes], T.simd.vcvt(o, bf16), dist='PK_B32')
 
     @T.macro
-    def body(x, k, v, w, image_token_mask, out, dot_o, g_o, rx_o, rk_o, eps, clamp_value):
+    def body(x, kv, w, image_token_mask, out, dot_o, g_o, rx_o, rk_o, eps, clamp_value):
         with T.Kernel(num_cores) as cid:
             x_ub = T.alloc_shared((grp, hidden), bf16)  # x, then out (in place)
             k_ub = T.alloc_shared((grp, hidden), bf16)
@@ -95,8 +95,8 @@ def ascend_engram_gate_fwd_kernel(cfg: EngramGateFwdConfig):
                 # modulo scheduling of the loop small (lowering time).
                 with T.Task():
                     T.copy(x[t, h0 : h0 + grp, :], x_ub)
-                    T.copy(k[t, h0 : h0 + grp, :], k_ub)
-                    T.copy(v[t, :], v_ub)
+                    T.copy(kv[t, h0 : h0 + grp, :], k_ub)
+                    T.copy(kv[t, hc, :], v_ub)
                     if not resident:
                         T.copy(w[h0 : h0 + grp, :], w_ub)
                 if has_mask:
@@ -128,5 +128,5 @@ def ascend_engram_gate_fwd_kernel(cfg: EngramGateFwdConfig):
         save=save,
         has_mask=cfg.has_mask,
         num_tokens=num_tokens,
-        strides=(k_st, k_sh, v_st),
+        strides=(kv_st, kv_sh),
     )

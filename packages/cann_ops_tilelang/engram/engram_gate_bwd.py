@@ -127,18 +127,16 @@ def _eager(grad_out, hidden_states, kv, weight_fused, saved, clamp_value, image_
         x = _aligned(x)
     if weight_fused.data_ptr() % ALIGN_BYTES:
         weight_fused = _aligned(weight_fused)
-    kv = _aligned(kv)
-    k, v = kv[:, :hc], kv[:, hc]  # zero-copy key and value views: the kernels read them through their strides
+    kv = _aligned(kv)  # whole: the kernels read keys and value through its strides
     if image_token_mask is None:
         launcher.launch(
-            grad_out, x, k, v, weight_fused, *saved, grad_x, grad_kv, grad_w_partial, float(clamp_value), token_counter
+            grad_out, x, kv, weight_fused, *saved, grad_x, grad_kv, grad_w_partial, float(clamp_value), token_counter
         )
     else:
         launcher.launch(
             grad_out,
             x,
-            k,
-            v,
+            kv,
             weight_fused,
             *saved,
             image_token_mask,

@@ -31,6 +31,7 @@ from cann_ops_tilelang.config import Backend
 from cann_ops_tilelang.kernel_target import compile_kernel
 
 VEC = 8  # bf16 elements per 16-byte vector access (CUDA)
+COUNTER_WORDS = 1  # int32 words of the token_counter argument
 _LANES = 64  # fp32 lanes of one 256-byte Ascend vector register
 _CUDA_SMEM_BUDGET = 200 * 1024  # bytes of shared memory a resident block may use (227 KB max, keep L1)
 # Resident blocks wider than this were slower: at H = 5120 one group per thread takes 640 threads and
@@ -207,13 +208,16 @@ def choose_engram_gate_bwd_config(
 
 def _engram_gate_bwd_prim_func(T, body, *, hc, hidden, num_blocks, has_mask, num_tokens, strides):
     """The prim_func `engram_gate_bwd_kernel` around a backend's kernel body, a T.macro taking (grad_out,
-    hidden_states, k, v, weight_fused, dot, gate_score, rstd_x, rstd_k, image_token_mask, grad_x, grad_kv,
+    hidden_states, kv, weight_fused, dot, gate_score, rstd_x, rstd_k, image_token_mask, grad_x, grad_kv,
     grad_w_partial, clamp_value, token_counter), image_token_mask (T,) bool an argument only when `has_mask`
-    (None otherwise). grad_kv is the packed (T, hc + 1, H) gradient: rows :hc grad_k, row hc grad_v. Every
-    variant takes token_counter, int32 (1,), as its last argument (read only where blocks claim tokens), so
-    that there are two signatures, not four. `T` is the backend's language module; `strides` the dynamic
-    (k_stride_t, k_stride_h, v_stride_t) of the key and value views of kv."""
-    k_st, k_sh, v_st = strides
+    (None otherwise). kv is the caller's (T, hc + 1, H) tensor with its runtime outer strides `strides`
+    (kv_stride_t, kv_stride_h), indexed kv[t, h, :] for the keys (h < hc) and kv[t, hc, :] for the value:
+    one tensor argument rather than key and value views, because every tensor argument costs the launch a
+    conversion and its checks on the host. grad_kv is the packed (T, hc + 1, H) gradient: rows :hc grad_k,
+    row hc grad_v. Every variant takes token_counter, int32 (COUNTER_WORDS,), as its last argument (used only
+    where blocks claim tokens), so that there are two signatures, not four. `T` is the backend's language
+    module."""
+    kv_st, kv_sh = strides
     f32, bf16 = T.float32, T.bfloat16
     P = num_blocks
     if has_mask:
@@ -222,8 +226,7 @@ def _engram_gate_bwd_prim_func(T, body, *, hc, hidden, num_blocks, has_mask, num
         def engram_gate_bwd_kernel(
             grad_out: T.Tensor((num_tokens, hc, hidden), bf16),
             hidden_states: T.Tensor((num_tokens, hc, hidden), bf16),
-            k: T.StridedTensor((num_tokens, hc, hidden), (k_st, k_sh, 1), bf16),
-            v: T.StridedTensor((num_tokens, hidden), (v_st, 1), bf16),
+            kv: T.StridedTensor((num_tokens, hc + 1, hidden), (kv_st, kv_sh, 1), bf16),
             weight_fused: T.Tensor((hc, hidden), f32),
             dot: T.Tensor((num_tokens, hc), f32),
             gate_score: T.Tensor((num_tokens, hc), f32),
@@ -234,10 +237,10 @@ def _engram_gate_bwd_prim_func(T, body, *, hc, hidden, num_blocks, has_mask, num
             grad_kv: T.Tensor((num_tokens, hc + 1, hidden), bf16),
             grad_w_partial: T.Tensor((P, hc, hidden), f32),
             clamp_value: T.float32,
-            token_counter: T.Tensor((1,), T.int32),
+            token_counter: T.Tensor((COUNTER_WORDS,), T.int32),
         ):
             body(
-                grad_out, hidden_states, k, v, weight_fused, dot, gate_score, rstd_x, rstd_k,
+                grad_out, hidden_states, kv, weight_fused, dot, gate_score, rstd_x, rstd_k,
                 image_token_mask, grad_x, grad_kv, grad_w_partial, clamp_value, token_counter,
             )  # fmt: skip
 
@@ -247,8 +250,7 @@ def _engram_gate_bwd_prim_func(T, body, *, hc, hidden, num_blocks, has_mask, num
         def engram_gate_bwd_kernel(
             grad_out: T.Tensor((num_tokens, hc, hidden), bf16),
             hidden_states: T.Tensor((num_tokens, hc, hidden), bf16),
-            k: T.StridedTensor((num_tokens, hc, hidden), (k_st, k_sh, 1), bf16),
-            v: T.StridedTensor((num_tokens, hidden), (v_st, 1), bf16),
+            kv: T.StridedTensor((num_tokens, hc + 1, hidden), (kv_st, kv_sh, 1), bf16),
             weight_fused: T.Tensor((hc, hidden), f32),
             dot: T.Tensor((num_tokens, hc), f32),
             gate_score: T.Tensor((num_tokens, hc), f32),
@@ -258,10 +260,10 @@ def _engram_gate_bwd_prim_func(T, body, *, hc, hidden, num_blocks, has_mask, num
             grad_kv: T.Tensor((num_tokens, hc + 1, hidden), bf16),
             grad_w_partial: T.Tensor((P, hc, hidden), f32),
             clamp_value: T.float32,
-            token_counter: T.Tensor((1,), T.int32),
+            token_counter: T.Tensor((COUNTER_WORDS,), T.int32),
         ):
             body(
-                grad_out, hidden_states, k, v, weight_fused, dot, gate_score, rstd_x, rstd_k,
+                grad_out, hidden_states, kv, weight_fused, dot, gate_score, rstd_x, rstd_k,
                 None, grad_x, grad_kv, grad_w_partial, clamp_value, token_counter,
             )  # fmt: skip
 

@@ -157,13 +157,12 @@ def _eager(
         saved = (None, None, None, None)
     if num_tokens == 0:
         return EngramGateFwdResult(output, *saved)
-    # Zero-copy views of the packed kv: the kernel reads keys and value through their strides.
-    k, v = kv[:, :hc], kv[:, hc]
+    # kv whole: the kernel reads keys and value through its strides (no views to build per call).
     outputs = (output, *saved) if save_for_backward else (output,)  # no slots for unsaved outputs
     if image_token_mask is None:
-        launcher.launch(hidden_states, k, v, weight_fused, *outputs, float(eps), float(clamp_value))
+        launcher.launch(hidden_states, kv, weight_fused, *outputs, float(eps), float(clamp_value))
     else:
-        launcher.launch(hidden_states, k, v, weight_fused, image_token_mask, *outputs, float(eps), float(clamp_value))
+        launcher.launch(hidden_states, kv, weight_fused, image_token_mask, *outputs, float(eps), float(clamp_value))
     return EngramGateFwdResult(output, *saved)
 
 

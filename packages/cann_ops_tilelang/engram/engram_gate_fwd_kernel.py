@@ -173,21 +173,22 @@ def get_engram_gate_fwd_kernel(cfg: EngramGateFwdConfig):
 
 
 def _engram_gate_fwd_prim_func(T, body, *, hc, hidden, save, has_mask, num_tokens, strides):
-    """The prim_func `engram_gate_fwd_kernel` around a backend's kernel body, a T.macro taking (x, k, v, w,
+    """The prim_func `engram_gate_fwd_kernel` around a backend's kernel body, a T.macro taking (x, kv, w,
     image_token_mask, out, dot, gate_score, rstd_x, rstd_k, eps, clamp_value) with None for what the variant
     does not take: image_token_mask (T,) bool only when `has_mask`, the four saved (T, hc) fp32 outputs only
-    when `save`. `T` is the backend's language module; `strides` the dynamic (k_stride_t, k_stride_h,
-    v_stride_t). In place, `out` is `x` itself: every element of x is read before the same core/thread
-    writes it, and no other one touches it."""
-    k_st, k_sh, v_st = strides
+    when `save`. `T` is the backend's language module; `strides` the dynamic (kv_stride_t, kv_stride_h) of
+    kv, which the bodies index as kv[t, h, :] (keys, h < hc) and kv[t, hc, :] (the value): one tensor
+    argument rather than key and value views, because every tensor argument costs the launch a conversion
+    and its checks on the host. In place, `out` is `x` itself: every element of x is read before the same
+    core/thread writes it, and no other one touches it."""
+    kv_st, kv_sh = strides
     f32, bf16 = T.float32, T.bfloat16
     if save and has_mask:
 
         @T.prim_func
         def engram_gate_fwd_kernel(
             x: T.Tensor((num_tokens, hc, hidden), bf16),
-            k: T.StridedTensor((num_tokens, hc, hidden), (k_st, k_sh, 1), bf16),
-            v: T.StridedTensor((num_tokens, hidden), (v_st, 1), bf16),
+            kv: T.StridedTensor((num_tokens, hc + 1, hidden), (kv_st, kv_sh, 1), bf16),
             w: T.Tensor((hc, hidden), f32),
             image_token_mask: T.Tensor((num_tokens,), T.bool),
             out: T.Tensor((num_tokens, hc, hidden), bf16),
@@ -198,15 +199,14 @@ def _engram_gate_fwd_prim_func(T, body, *, hc, hidden, save, has_mask, num_token
             eps: T.float32,
             clamp_value: T.float32,
         ):
-            body(x, k, v, w, image_token_mask, out, dot_o, g_o, rx_o, rk_o, eps, clamp_value)
+            body(x, kv, w, image_token_mask, out, dot_o, g_o, rx_o, rk_o, eps, clamp_value)
 
     elif save:
 
         @T.prim_func
         def engram_gate_fwd_kernel(
             x: T.Tensor((num_tokens, hc, hidden), bf16),
-            k: T.StridedTensor((num_tokens, hc, hidden), (k_st, k_sh, 1), bf16),
-            v: T.StridedTensor((num_tokens, hidden), (v_st, 1), bf16),
+            kv: T.StridedTensor((num_tokens, hc + 1, hidden), (kv_st, kv_sh, 1), bf16),
             w: T.Tensor((hc, hidden), f32),
             out: T.Tensor((num_tokens, hc, hidden), bf16),
             dot_o: T.Tensor((num_tokens, hc), f32),
@@ -216,35 +216,33 @@ def _engram_gate_fwd_prim_func(T, body, *, hc, hidden, save, has_mask, num_token
             eps: T.float32,
             clamp_value: T.float32,
         ):
-            body(x, k, v, w, None, out, dot_o, g_o, rx_o, rk_o, eps, clamp_value)
+            body(x, kv, w, None, out, dot_o, g_o, rx_o, rk_o, eps, clamp_value)
 
     elif has_mask:
 
         @T.prim_func
         def engram_gate_fwd_kernel(
             x: T.Tensor((num_tokens, hc, hidden), bf16),
-            k: T.StridedTensor((num_tokens, hc, hidden), (k_st, k_sh, 1), bf16),
-            v: T.StridedTensor((num_tokens, hidden), (v_st, 1), bf16),
+            kv: T.StridedTensor((num_tokens, hc + 1, hidden), (kv_st, kv_sh, 1), bf16),
             w: T.Tensor((hc, hidden), f32),
             image_token_mask: T.Tensor((num_tokens,), T.bool),
             out: T.Tensor((num_tokens, hc, hidden), bf16),
             eps: T.float32,
             clamp_value: T.float32,
         ):
-            body(x, k, v, w, image_token_mask, out, None, None, None, None, eps, clamp_value)
+            body(x, kv, w, image_token_mask, out, None, None, None, None, eps, clamp_value)
 
     else:
 
         @T.prim_func
         def engram_gate_fwd_kernel(
             x: T.Tensor((num_tokens, hc, hidden), bf16),
-            k: T.StridedTensor((num_tokens, hc, hidden), (k_st, k_sh, 1), bf16),
-            v: T.StridedTensor((num_tokens, hidden), (v_st, 1), bf16),
+            kv: T.StridedTensor((num_tokens, hc + 1, hidden), (kv_st, kv_sh, 1), bf16),
             w: T.Tensor((hc, hidden), f32),
             out: T.Tensor((num_tokens, hc, hidden), bf16),
             eps: T.float32,
             clamp_value: T.float32,
         ):
-            body(x, k, v, w, None, out, None, None, None, None, eps, clamp_value)
+            body(x, kv, w, None, out, None, None, None, None, eps, clamp_value)
 
     return engram_gate_fwd_kernel
