@@ -75,13 +75,12 @@ def _eager(grad, momentum_buffer, beta1, nesterov) -> torch.Tensor:
     result = momentum_buffer.new_empty(momentum_buffer.shape, dtype=torch.float32)
     if grad.numel() == 0:
         return result
-    launcher.launch(
-        grad.view(-1),
-        momentum_buffer.view(-1),
-        result.view(-1),
-        beta1,
-        1.0 - beta1,  # rounded once to fp32 at the launch, as torch rounds the scalar of `grad * (1 - beta1)`
-    )
+    if grad.dim() != 1:  # the kernel takes (numel,); 1-D tensors (the common case) need no view
+        grad, momentum_buffer, flat_result = grad.view(-1), momentum_buffer.view(-1), result.view(-1)
+    else:
+        flat_result = result
+    # 1 - beta1 is rounded once to fp32 at the launch, as torch rounds the scalar of `grad * (1 - beta1)`
+    launcher.launch(grad, momentum_buffer, flat_result, beta1, 1.0 - beta1)
     return result
 
 
