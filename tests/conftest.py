@@ -9,4 +9,5 @@ pytest_plugins = [
     'tests.testing.plugins.npu_mem',
     'tests.testing.plugins.xdist_fail_fast',
     'tests.testing.plugins.compile_warnings',
+    'tests.testing.plugins.longest_first',
 ]
