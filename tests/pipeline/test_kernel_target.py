@@ -88,14 +88,17 @@ def test_no_lock_when_tilelang_cache_is_disabled(cache_dir, monkeypatch):
 
 
 # Each process "compiles" (sleeps, then writes the cache entry) only if the entry is not there yet, as
-# TileLang's disk cache does once the lock is held.
-WORKER = """
-import sys, time
+# TileLang's disk cache does once the lock is held. One interpreter imports tilelang and the package (the
+# seconds of a start-up), then forks the three processes, as torch's DataLoader forks after importing torch:
+# each opens the lock file itself, so each holds its own open file description and flock excludes them
+# from one another exactly as it does separate programs.
+WORKERS = """
+import os, sys, time, traceback
 from pathlib import Path
 import tilelang
 from cann_ops_tilelang.kernel_target import compile_kernel
 
-entry = Path(sys.argv[1])
+entry, go, out = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
 
 def fake_compile(prim_func, *, target):
     if entry.exists():
@@ -109,38 +112,48 @@ class Func:
         return 'the same kernel'
 
 tilelang.compile = fake_compile
-Path(sys.argv[2]).touch()  # ready
-while not Path(sys.argv[3]).exists():  # start together
-    time.sleep(0.01)
-print(compile_kernel(Func(), 'ascend'))
+
+def work(i):
+    (out / f'ready{i}').touch()
+    while not go.exists():  # start together
+        time.sleep(0.01)
+    (out / f'result{i}').write_text(compile_kernel(Func(), 'ascend'))
+
+pids = []
+for i in range(3):
+    pid = os.fork()
+    if pid == 0:
+        try:
+            work(i)
+        except BaseException:
+            traceback.print_exc()
+            os._exit(1)
+        os._exit(0)
+    pids.append(pid)
+print(*(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) for pid in pids))
 """
 
 
 def test_processes_compiling_one_kernel_compile_it_once(cache_dir, tmp_path):
     packages = str(Path(kernel_target.__file__).parents[1])
     env = {**os.environ, 'PYTHONPATH': os.pathsep.join(filter(None, (packages, os.environ.get('PYTHONPATH'))))}
-    entry, go = tmp_path / 'entry', tmp_path / 'go'
-    ready = [tmp_path / f'ready{i}' for i in range(3)]
-    procs = [
-        subprocess.Popen(
-            [sys.executable, '-c', WORKER, str(entry), str(r), str(go)],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for r in ready
-    ]
+    entry, go, out = tmp_path / 'entry', tmp_path / 'go', tmp_path / 'out'
+    out.mkdir()
+    proc = subprocess.Popen(
+        [sys.executable, '-c', WORKERS, str(entry), str(go), str(out)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
-        for r, proc in zip(ready, procs, strict=True):
-            while not r.exists():  # bounded by one worker's import time
-                if proc.poll() is not None:
-                    pytest.fail(f'worker exited early: {proc.stderr.read()}')
-                time.sleep(0.05)
+        while not all((out / f'ready{i}').exists() for i in range(3)):  # bounded by one import
+            if proc.poll() is not None:
+                pytest.fail(f'workers exited early: {proc.stderr.read()}')
+            time.sleep(0.05)
         go.touch()
-        outputs = [proc.communicate(timeout=120) for proc in procs]
+        stdout, stderr = proc.communicate(timeout=120)
     finally:
-        for proc in procs:
-            proc.kill()
-    assert [proc.returncode for proc in procs] == [0, 0, 0], [err for _, err in outputs]
-    assert sorted(out.strip() for out, _ in outputs) == ['compiled', 'loaded', 'loaded']
+        proc.kill()
+    assert proc.returncode == 0 and stdout.split() == ['0', '0', '0'], stdout + stderr  # noqa: PT018
+    assert sorted((out / f'result{i}').read_text() for i in range(3)) == ['compiled', 'loaded', 'loaded']

@@ -90,10 +90,13 @@ def test_malformed_expressions_name_the_column(expr, column, problem):
     assert f'at column {column}' in str(info.value)
 
 
+# The ids as tests.testing.bench.make_param_id writes them for int parameters (checked below), without
+# importing bench, i.e. torch: the xdist workers of these inner runs would spend seconds on it, for ids alone.
 TEST_FILE = """
 import pytest
 
-from tests.testing.bench import make_param_id
+def make_param_id(params):
+    return '-'.join(f'{k}={v}' for k, v in params.items())
 
 @pytest.mark.parametrize('params', [{'hidden': h, 'hc': 4} for h in (64, 4096, 7168)], ids=make_param_id)
 def test_with_params(params):
@@ -143,13 +146,21 @@ def test_option_malformed_is_a_usage_error_with_the_column(k_pytester):
     result.stderr.fnmatch_lines(['*-K: expected a comparison, got the end at column 15*'])
 
 
+def test_the_inner_ids_are_the_projects():
+    from tests.testing.bench import make_param_id
+
+    assert make_param_id({'hidden': 4096, 'hc': 4}) == 'hidden=4096-hc=4'
+
+
 def test_names_of_an_expression():
     assert param_expr.names(parse('not (hidden>64 and hc=4) or dtype=bf16')) == {'hidden', 'hc', 'dtype'}
 
 
 @pytest.mark.parametrize('xdist', [(), ('-n', '2')], ids=['in-process', 'xdist'])
 def test_a_parameter_no_test_has_is_a_usage_error_listing_the_parameters(k_pytester, xdist):
-    result = k_pytester.runpytest_subprocess(*QUIET, *xdist, '-K', 'hiden=4096 or hc=4')
+    # In this process (under xdist: the controller; the workers, which find the problem, in their own): a
+    # child process would only add a start-up.
+    result = k_pytester.runpytest_inprocess(*QUIET, *xdist, '-K', 'hiden=4096 or hc=4')
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     output = result.stdout.str() + result.stderr.str()
     message = "-K 'hiden=4096 or hc=4': no collected test has the parameter(s) hiden; parameters: hc, hidden"
@@ -176,7 +187,7 @@ def test_bad_selection_stops_the_run_before_any_test_with_one_message(
 ):
     for name, value in env.items():
         monkeypatch.setenv(name, value)
-    result = k_pytester.runpytest_subprocess(*QUIET, *xdist, *args)
+    result = k_pytester.runpytest_inprocess(*QUIET, *xdist, *args)  # as above
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     output = result.stdout.str() + result.stderr.str()
     assert output.count(message) == 1, output

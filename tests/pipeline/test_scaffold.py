@@ -3,9 +3,11 @@ that works.
 
 The end-to-end tests scaffold foo/foo_bar (foo2/foo2_bar, ... when the working package has a `foo` domain
 already) into a temporary copy of the repository's needed parts, once per module, and run child processes
-there: the generated test file (CPU tier: Ascend and CUDA lowering, contract tests, the torch.library ops on
-fake tensors pass; device tests skip with the reason on a CPU, run and pass where an accelerator is), ruff
-over the generated files, and the check that every public operator has its torch.library op.
+there: ruff over the generated files, and one child, once per module, whose results both tests read: an
+import probe, forked off before anything imports the package, and a pytest run of the generated test file
+(CPU tier: Ascend and CUDA lowering, contract tests, the torch.library ops on fake tensors pass; device tests
+skip with the reason on a CPU, run and pass where an accelerator is) and of the check that every public
+operator has its torch.library op.
 """
 
 from __future__ import annotations
@@ -622,10 +624,110 @@ def generated(tmp_path_factory) -> Generated:
     return Generated(root, domain, op, experimental_domain, experimental_op, files)
 
 
-def test_generated_operator_passes_its_cpu_tests(generated):
+def import_probe(generated: Generated) -> str:
+    """A fresh interpreter's view of the copy. First (PROBE root package ok): the public operator through the
+    root package, the experimental one only through its domain, which the root imports on first use. Then
+    (PROBE ops ok): the root package registered the public operator's ops, the experimental domain's only
+    once it was imported (looked up before that first use, asserted here)."""
+    op, domain = generated.op, generated.domain
+    experimental_domain, experimental_op = generated.experimental_domain, generated.experimental_op
+    return (
+        'import sys\n'
+        'import torch\n'
+        'import cann_ops_tilelang as c\n'
+        'ops = torch.ops.cann_ops_tilelang\n'
+        f"assert c.{op} is c.{domain}.{op} and '{op}' in c.__all__\n"
+        f"assert 'cann_ops_tilelang.{experimental_domain}' not in sys.modules\n"
+        f"assert not hasattr(c, '{experimental_op}') and '{experimental_op}' not in c.__all__\n"
+        f"registered_before_use = hasattr(ops, '{experimental_op}')\n"
+        f'assert callable(c.{experimental_domain}.{experimental_op})\n'
+        "print('PROBE root package ok', flush=True)\n"
+        f"assert ops.{op}.default._schema.name == 'cann_ops_tilelang::{op}'\n"
+        f'schema = ops.{op}_out.default._schema\n'
+        "assert [a.name for a in schema.arguments if a.alias_info and a.alias_info.is_write] == ['out']\n"
+        'assert not registered_before_use\n'
+        f"assert ops.{experimental_op}.default._schema.name == 'cann_ops_tilelang::{experimental_op}'\n"
+        "print('PROBE ops ok', flush=True)\n"
+    )
+
+
+# One child process for the probe and the pytest run: it imports torch and tilelang (seconds of a start-up)
+# once, then forks the probe, which thus starts before anything imported cann_ops_tilelang, as a fresh
+# interpreter would, and whose imports leave the pytest run untouched; the run goes on in the parent.
+LAUNCHER = """
+import os, sys, traceback
+import torch, tilelang
+
+probe, probe_output = sys.argv[1], sys.argv[2]
+pid = os.fork()
+if pid == 0:
+    fd = os.open(probe_output, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    code = 0
+    try:
+        exec(compile(open(probe).read(), probe, 'exec'), {'__name__': '__main__'})
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+import pytest
+
+code = pytest.main(sys.argv[3:])
+status = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+with open(probe_output, 'a') as f:  # after the probe has written its own lines
+    print('PROBE exit status', status, file=f)
+sys.exit(code)
+"""
+
+
+@dataclasses.dataclass(frozen=True)
+class ChildRuns:
+    """What the child in the copy said: the import probe's output, and the pytest run of the generated test
+    file together with EVERY_PUBLIC_OPERATOR_HAS_ITS_OPS, with its testcase outcomes by (module, test name)."""
+
+    probe: str
+    pytest: subprocess.CompletedProcess
+    outcomes: dict[tuple[str, str], list[str]]
+
+    def failure_text(self) -> str:
+        return self.pytest.stdout[-4000:] + self.pytest.stderr[-4000:]
+
+
+@pytest.fixture(scope='module')
+def child_runs(generated) -> ChildRuns:
+    """The probe and the pytest run, shared by the two tests that read them (see LAUNCHER)."""
+    root = generated.root
+    probe, probe_output, report = root / 'probe.py', root / 'probe.txt', root / 'report.xml'
+    probe.write_text(import_probe(generated), encoding='utf-8')
+    pytest_args = [f'tests/{generated.domain}/test_{generated.op}.py', EVERY_PUBLIC_OPERATOR_HAS_ITS_OPS]
+    pytest_args += ['-p', 'no:cacheprovider', '-q', f'--junitxml={report}']
+    run = subprocess.run(
+        [sys.executable, '-c', LAUNCHER, str(probe), str(probe_output), *pytest_args],
+        cwd=root,
+        env=child_env(root),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    outcomes: dict[tuple[str, str], list[str]] = {}
+    if report.exists():
+        for case in ET.parse(report).getroot().iter('testcase'):
+            name = case.get('name').split('[')[0].replace(generated.op, 'foo_bar')
+            skipped = case.find('skipped')
+            failed = case.find('failure') is not None or case.find('error') is not None
+            outcome = 'failed' if failed else 'passed' if skipped is None else f'skipped: {skipped.get("message")}'
+            outcomes.setdefault((case.get('classname'), name), []).append(outcome)
+    probe_text = probe_output.read_text(encoding='utf-8') if probe_output.exists() else run.stderr[-4000:]
+    return ChildRuns(probe_text, run, outcomes)
+
+
+def test_generated_operator_passes_its_cpu_tests(generated, child_runs):
     """On a CPU the device tests skip with the reason; on a machine with an accelerator they run and pass."""
     tmp_path, domain, op = generated.root, generated.domain, generated.op
-    experimental_domain, experimental_op = generated.experimental_domain, generated.experimental_op
 
     if RUFF is not None:
         for command in (['check', '--no-cache'], ['format', '--no-cache', '--check', '--diff']):
@@ -633,31 +735,12 @@ def test_generated_operator_passes_its_cpu_tests(generated):
             assert result.returncode == 0, result.stdout + result.stderr
 
     # Public through the root package; experimental through its domain, which the root imports on first use.
-    probe = (
-        'import sys\n'
-        'import cann_ops_tilelang as c\n'
-        f"assert c.{op} is c.{domain}.{op} and '{op}' in c.__all__\n"
-        f"assert 'cann_ops_tilelang.{experimental_domain}' not in sys.modules\n"
-        f"assert not hasattr(c, '{experimental_op}') and '{experimental_op}' not in c.__all__\n"
-        f'assert callable(c.{experimental_domain}.{experimental_op})\n'
-    )
-    env = child_env(tmp_path)
-    result = subprocess.run([sys.executable, '-c', probe], cwd=tmp_path, env=env, capture_output=True, text=True)
-    assert result.returncode == 0, result.stdout + result.stderr
+    assert 'PROBE root package ok' in child_runs.probe, child_runs.probe
 
-    report = tmp_path / 'report.xml'
-    command = [sys.executable, '-m', 'pytest', f'tests/{domain}/test_{op}.py', '-p', 'no:cacheprovider', '-q']
-    result = subprocess.run(
-        [*command, f'--junitxml={report}'], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600
-    )
-    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
-    outcomes: dict[str, list[str]] = {}
-    for case in ET.parse(report).getroot().iter('testcase'):
-        name = case.get('name').split('[')[0].replace(op, 'foo_bar')
-        skipped = case.find('skipped')
-        failed = case.find('failure') is not None or case.find('error') is not None
-        outcome = 'failed' if failed else 'passed' if skipped is None else f'skipped: {skipped.get("message")}'
-        outcomes.setdefault(name, []).append(outcome)
+    # The run holds EVERY_PUBLIC_OPERATOR_HAS_ITS_OPS too (its own test judges it): exit 1 may be that test's.
+    assert child_runs.pytest.returncode in (0, 1), child_runs.failure_text()
+    module = f'tests.{domain}.test_{op}'
+    outcomes = {name: found for (classname, name), found in child_runs.outcomes.items() if classname == module}
     cpu_tier = [
         'test_foo_bar_ascend_kernel_lowers',
         'test_foo_bar_cuda_kernel_lowers',
@@ -679,9 +762,9 @@ def test_generated_operator_passes_its_cpu_tests(generated):
         'test_foo_bar_prints_kernel_source',
         'test_foo_bar_opcheck',
     ]
-    assert sorted(outcomes) == sorted([*cpu_tier, *device_tier, 'test_foo_bar_benchmark'])
+    assert sorted(outcomes) == sorted([*cpu_tier, *device_tier, 'test_foo_bar_benchmark']), child_runs.failure_text()
     for name in cpu_tier:
-        assert set(outcomes[name]) == {'passed'}, (name, outcomes[name])
+        assert set(outcomes[name]) == {'passed'}, (name, outcomes[name], child_runs.failure_text())
     assert len(outcomes['test_foo_bar_ascend_kernel_lowers']) == 14  # level 1: 2 dtypes x 7 shapes
     assert len(outcomes['test_foo_bar_fake_output']) == 14
     device = has_accelerator()
@@ -693,30 +776,13 @@ def test_generated_operator_passes_its_cpu_tests(generated):
     assert all(o.startswith('skipped') for o in outcomes['test_foo_bar_benchmark'])  # needs --run-benchmark
 
 
-def test_generated_public_operator_has_its_op(generated):
+def test_generated_public_operator_has_its_op(child_runs):
     """Importing the root package registers the public operator's ops (the experimental domain's once it is
     imported), and the repository's check that every public operator has its op passes with it."""
-    op, experimental_domain, experimental_op = generated.op, generated.experimental_domain, generated.experimental_op
-    probe = (
-        'import torch\n'
-        'import cann_ops_tilelang as c\n'
-        'ops = torch.ops.cann_ops_tilelang\n'
-        f"assert ops.{op}.default._schema.name == 'cann_ops_tilelang::{op}'\n"
-        f'schema = ops.{op}_out.default._schema\n'
-        "assert [a.name for a in schema.arguments if a.alias_info and a.alias_info.is_write] == ['out']\n"
-        f"assert not hasattr(ops, '{experimental_op}')\n"
-        f'c.{experimental_domain}\n'
-        f"assert ops.{experimental_op}.default._schema.name == 'cann_ops_tilelang::{experimental_op}'\n"
-    )
-    env = child_env(generated.root)
-    result = subprocess.run(
-        [sys.executable, '-c', probe], cwd=generated.root, env=env, capture_output=True, text=True, check=False
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
-    command = [sys.executable, '-m', 'pytest', EVERY_PUBLIC_OPERATOR_HAS_ITS_OPS, '-p', 'no:cacheprovider', '-q']
-    result = subprocess.run(command, cwd=generated.root, env=env, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
-    assert '1 passed' in result.stdout, result.stdout[-4000:]
+    assert 'PROBE ops ok' in child_runs.probe and 'PROBE exit status 0' in child_runs.probe, child_runs.probe  # noqa: PT018
+    path, name = EVERY_PUBLIC_OPERATOR_HAS_ITS_OPS.split('::')
+    module = path.removesuffix('.py').replace('/', '.')  # junit's classname
+    assert child_runs.outcomes.get((module, name)) == ['passed'], child_runs.failure_text()
 
 
 def test_invoke_task(tmp_path, capsys):

@@ -25,7 +25,8 @@ def test_slow(i):
 def test_x_stops_every_worker(pytester):
     pytester.makeconftest("pytest_plugins = ['tests.testing.plugins.xdist_fail_fast']")
     pytester.makepyfile(test_slow=TESTS)
-    result = pytester.runpytest_subprocess(*QUIET, '-n', '2', '--dist', 'worksteal', '-x')
+    # The controller in this process, the workers in their own (a controller process would add a start-up).
+    result = pytester.runpytest_inprocess(*QUIET, '-n', '2', '--dist', 'worksteal', '-x')
     assert result.ret == pytest.ExitCode.INTERRUPTED  # xdist's own code for a run stopped by -x
     result.stdout.fnmatch_lines(['*1 failed, * passed in *'])
     passed = int(re.search(r'(\d+) passed', result.stdout.str()).group(1))
@@ -36,5 +37,5 @@ def test_x_stops_every_worker(pytester):
 def test_without_maxfail_every_test_runs(pytester):
     pytester.makeconftest("pytest_plugins = ['tests.testing.plugins.xdist_fail_fast']")
     pytester.makepyfile(test_slow=TESTS.replace('0.2', '0'))
-    result = pytester.runpytest_subprocess(*QUIET, '-n', '2')
+    result = pytester.runpytest_inprocess(*QUIET, '-n', '2')
     result.assert_outcomes(passed=29, failed=1)
