@@ -133,7 +133,8 @@ def stubbed_launches():
     """CPU tensors posing as CUDA tensors of an H200 (132 SMs), every kernel's compile replaced by a no-op
     callable: what remains of a call is its host path (validation, configuration, allocation, launch
     plumbing). The kernels' TileLang sources are not even built. Differences from a real CUDA call: the
-    allocations are the CPU allocator's, and the CUDA stream / device queries of the launch are missing."""
+    allocations are the CPU allocator's (and a zero fill is no kernel launch), and the CUDA stream / device
+    queries of the launch and of the backward's counter lookup are missing."""
     from cann_ops_tilelang import config, kernel_target
 
     class _NoKernel:
@@ -162,6 +163,12 @@ def stubbed_launches():
         interface = importlib.import_module(f'cann_ops_tilelang.engram.{module}')
         if hasattr(interface, '_LAUNCHERS'):  # launchers made before the patch would launch real kernels
             patch(interface, '_LAUNCHERS', {})
+    # The backward's counter lookup asks CUDA for the current stream (a CPU build has no such call): one
+    # stream, never capturing; its counters (CPU tensors) are dropped afterwards.
+    backward = importlib.import_module('cann_ops_tilelang.engram.engram_gate_bwd')
+    patch(backward, '_launch_stream', lambda index: 0)
+    patch(backward, '_COUNTERS', {})
+    patch(backward, '_UNUSED_COUNTERS', {})
     try:
         yield torch.device('cpu')
     finally:

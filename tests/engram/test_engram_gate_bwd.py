@@ -206,20 +206,32 @@ def test_engram_gate_bwd_cuda_lowers(params):
     assert 'cp_async' in lowered.source  # 16-byte asynchronous staging
     if cfg.variant == 'resident':
         assert cfg.dynamic_tokens
-        assert 'AtomicAddRet' in lowered.source  # the blocks claim tokens from the counter
+        assert 'AtomicAddRet((&(token_counter[0])), 1)' in lowered.source  # the blocks claim tokens
+        # ... and the last block to finish resets the counter for the next launch on the stream: the blocks
+        # count themselves done with an acq_rel atomic (memory order 4), the one that sees P - 1 stores zeros.
+        done = re.search(
+            r'(\w+) = AtomicAddRet\(\(&\(token_counter\[1\]\)\), 1, 4\);(.*?)\n\}\n', lowered.source, re.DOTALL
+        )
+        assert done, 'no acq_rel count of the blocks done in token_counter[1]'
+        var, tail = done.groups()
+        for word in range(COUNTER_WORDS):
+            assert re.search(rf'if \({var} == {H200_SMS - 1}\) \{{\s*token_counter\[{word}\] = 0;', tail), word
+        assert lowered.source.count('token_counter[') == 2 + COUNTER_WORDS  # nothing else touches it
         fixed = choose_engram_gate_bwd_config(backend='cuda', **params, num_cores=H200_SMS, deterministic=True)
         assert not fixed.dynamic_tokens
         lowered = assert_cuda_kernel_lowers(
             lambda: make_engram_gate_bwd_kernel(fixed), key=fixed, kernel_name=KERNEL_NAME
         )
         assert 'Atomic' not in lowered.source  # fixed token ranges: nothing to claim
+        assert 'token_counter[' not in lowered.source  # nor to reset
 
 
 @pytest.mark.parametrize('params', CHUNKED_CUDA_SHAPES, ids=make_param_id)
 def test_engram_gate_bwd_cuda_chunked_lowers(params):
     cfg = choose_engram_gate_bwd_config(backend='cuda', **params, num_cores=H200_SMS)
     assert cfg.variant == 'chunked'
-    assert_cuda_kernel_lowers(lambda: make_engram_gate_bwd_kernel(cfg), key=cfg, kernel_name=KERNEL_NAME)
+    lowered = assert_cuda_kernel_lowers(lambda: make_engram_gate_bwd_kernel(cfg), key=cfg, kernel_name=KERNEL_NAME)
+    assert 'token_counter[' not in lowered.source  # fixed token ranges: the counter is never touched
 
 
 @pytest.mark.parametrize(
@@ -498,6 +510,129 @@ def test_engram_gate_bwd_config_follows_arguments(monkeypatch):
         assert not engram_gate_bwd_config(*args).dynamic_tokens
 
 
+def _recorded_launches(monkeypatch, streams: list):
+    """engram_gate_bwd on CPU tensors posing as a CUDA device's, each launch recorded as (cfg, arguments)
+    instead of run; the launch stream is streams[-1] (None: the stream is capturing a CUDA graph). Returns
+    the launches and the device indices whose stream was looked up."""
+    interface = sys.modules['cann_ops_tilelang.engram.engram_gate_bwd']
+    launches, lookups = [], []
+
+    class RecordingLauncher:
+        def __init__(self, get_kernel, cfg, device):
+            self.cfg, self.device = cfg, device
+
+        def launch(self, *args):
+            launches.append((self.cfg, args))
+
+    monkeypatch.setattr(interface, 'Launcher', RecordingLauncher)
+    for name in ('_LAUNCHERS', '_COUNTERS', '_UNUSED_COUNTERS'):
+        monkeypatch.setattr(interface, name, {})
+    monkeypatch.setattr(interface, 'require_accelerator', lambda *tensors: 'cuda')
+    monkeypatch.setattr(interface, 'get_num_cores', lambda device: H200_SMS)
+    monkeypatch.setattr(interface, '_launch_stream', lambda index: lookups.append(index) or streams[-1])
+    return launches, lookups
+
+
+def test_engram_gate_bwd_token_counter_per_stream(monkeypatch):
+    """The claiming kernel gets one kept, zero-filled counter per stream (it leaves it at zero itself), and a
+    fresh zero-filled one per call while the stream captures a CUDA graph; the kernels that claim nothing
+    (deterministic mode) get one kept placeholder, and no stream is looked up for them."""
+    streams = [11]
+    launches, lookups = _recorded_launches(monkeypatch, streams)
+    args = _cpu_args()
+
+    def counter(*extra):
+        _call(*args, *extra)
+        cfg, launched = launches[-1]
+        assert cfg.dynamic_tokens
+        token_counter = launched[-1]
+        assert (token_counter.dtype, tuple(token_counter.shape)) == (torch.int32, (COUNTER_WORDS,))
+        assert not bool(token_counter.any())
+        return token_counter
+
+    first = counter()
+    assert counter() is first  # the same stream: the same buffer, no new fill
+    assert counter(torch.zeros(3, dtype=torch.bool)) is first  # the mask variant shares it
+    streams.append(12)
+    second = counter()
+    assert second is not first
+    streams.append(11)
+    assert counter() is first
+    streams.append(None)  # capturing
+    captured = [counter(), counter()]
+    assert len({id(c) for c in (first, second, *captured)}) == 4  # each captured call its own, none kept
+    assert lookups == [None] * 7  # the tensors' device index (None for these CPU tensors), once per call
+
+    with _deterministic_algorithms():
+        _call(*args)
+        _call(*args, torch.zeros(3, dtype=torch.bool))
+    (cfg_a, args_a), (cfg_b, args_b) = launches[-2:]
+    assert not cfg_a.dynamic_tokens
+    assert not cfg_b.dynamic_tokens
+    assert args_a[-1] is args_b[-1]
+    assert all(args_a[-1] is not c for c in (first, second, *captured))
+    assert len(lookups) == 7  # no stream lookup where nothing is claimed
+    _call(*(t[:0] for t in args[:3]), args[3], *(t[:0] for t in args[4:8]), CLAMP)
+    assert len(launches) == 9  # T = 0: no launch, no counter
+
+
+def test_engram_gate_bwd_launch_stream_asks_the_tensors_device(monkeypatch):
+    """_launch_stream: the current stream of the tensors' device and whether it captures, asked with that
+    device current (switched to only when another one is), CUDA calls mocked."""
+    interface = sys.modules['cann_ops_tilelang.engram.engram_gate_bwd']
+    current = [0]
+    capturing = {0: False, 1: False}
+
+    @contextlib.contextmanager
+    def device(index):
+        current.append(index)
+        try:
+            yield
+        finally:
+            current.pop()
+
+    def raw_stream(index):
+        assert index == current[-1]
+        return 100 + index
+
+    monkeypatch.setattr(torch._C, '_cuda_getDevice', lambda: current[-1], raising=False)
+    monkeypatch.setattr(torch._C, '_cuda_isCurrentStreamCapturing', lambda: capturing[current[-1]], raising=False)
+    monkeypatch.setattr(torch._C, '_cuda_getCurrentRawStream', raw_stream, raising=False)
+    monkeypatch.setattr(torch.cuda, 'device', device)
+    assert interface._launch_stream(0) == 100
+    assert interface._launch_stream(1) == 101
+    assert current == [0]  # switched back
+    capturing[1] = True
+    assert interface._launch_stream(1) is None
+    assert interface._launch_stream(0) == 100
+
+
+def test_engram_gate_bwd_launches_kv_whole(monkeypatch):
+    """kv goes to the kernel itself where its address and used outer strides are 16-byte multiples (strides of
+    size-1 dimensions are never used), else as an aligned contiguous copy."""
+    launches, _ = _recorded_launches(monkeypatch, [0])
+
+    def sent_kv(kv):
+        args = _cpu_args(num_tokens=kv.shape[0])
+        args[2] = kv
+        _call(*args)
+        return launches[-1][1][2]
+
+    kv = _cpu_args()[2]
+    assert sent_kv(kv) is kv
+    broadcast = kv[:, :1].expand(-1, 5, -1)  # stride 0 over keys and value
+    assert sent_kv(broadcast) is broadcast
+    single = torch.zeros(641 + 8, dtype=torch.bfloat16).as_strided((1, 5, 128), (641, 128, 1))
+    assert sent_kv(single) is single  # T = 1: its odd token stride is never used
+    odd_address = torch.randn(3, 5, 128 + 8, dtype=torch.bfloat16)[..., 1:129]
+    odd_stride = torch.randn(3, 5, 132, dtype=torch.bfloat16)[..., :128]  # rows 264 bytes apart
+    for kv in (odd_address, odd_stride):
+        sent = sent_kv(kv)
+        assert sent is not kv
+        assert sent.is_contiguous()
+        assert torch.equal(sent, kv)
+
+
 # ---------------------------------------------------------------- device tier
 
 
@@ -721,6 +856,36 @@ def test_engram_gate_bwd_token_schedule(params, device):
         assert torch.equal(a, b)
     for a, b in zip(fixed, fixed_again, strict=True):
         assert torch.equal(a, b)
+
+
+@pytest.mark.npu
+@pytest.mark.cuda_only  # the resident CUDA kernel is the one that claims tokens
+def test_engram_gate_bwd_counter_left_at_zero(device):
+    """The claiming kernel leaves its stream's counter at zero, so that the next launch on the stream needs no
+    fill: calls back to back (fewer tokens than blocks, about one per block, several per block) on the
+    current stream and on a side stream, which has a counter of its own, all give the right grads, and both
+    counters read zero afterwards."""
+    interface = sys.modules['cann_ops_tilelang.engram.engram_gate_bwd']
+    num_cores = get_num_cores(device)
+    main = torch.cuda.current_stream(device)
+    side = torch.cuda.Stream(device)
+    counters = []
+    for stream in (main, side):
+        stream.wait_stream(main)
+        with torch.cuda.stream(stream):
+            for num_tokens in (1, num_cores - 1, num_cores, 3 * num_cores + 1, 1000):
+                inputs = _inputs(num_tokens, 4, 4096, device)
+                _poison_allocator(device, 4 * 3 * (2 * num_tokens * 5 * 4096 + num_cores * 4 * 4096))
+                results = [cann_ops_tilelang.engram_gate_bwd(*inputs, CLAMP) for _ in range(3)]
+                for result in results:
+                    _check_result(result, inputs, clamp_value=CLAMP, num_cores=num_cores)
+            index = inputs[0].device.index
+            counters.append(interface._COUNTERS[(index, stream.cuda_stream)])
+        main.wait_stream(stream)
+    torch.cuda.synchronize(device)
+    assert counters[0] is not counters[1]
+    for counter in counters:
+        assert counter.tolist() == [0] * COUNTER_WORDS
 
 
 @pytest.mark.npu

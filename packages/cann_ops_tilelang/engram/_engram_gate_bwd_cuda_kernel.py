@@ -1,13 +1,18 @@
 """CUDA kernels of engram_gate_bwd (math and the grad_w_partial contract: engram_gate_bwd_kernel.py).
 
 CUDA, variant 'resident' (the fast path, one pass over memory): block p starts with tokens p, P + p and
-2 P + p and then claims one token at a time from a zero-filled counter (atomicAdd, three tokens ahead of
-the one it computes, so the claim's round trip hides behind the work). Claiming is what makes this kernel
+2 P + p and then claims one token at a time from token_counter[0] (atomicAdd, three tokens ahead of the
+one it computes, so the claim's round trip hides behind the work). Claiming is what makes this kernel
 fast: with a fixed range per block, globaltimer traces showed the blocks drifting apart by a few tokens by
 the end, at random from run to run, and the slowest block set the kernel's time (figures: README,
-Performance). Under cfg.dynamic_tokens = False (deterministic
-mode) block p keeps its contiguous range of T // P or T // P + 1 tokens instead, so that grad_w_partial is
-reproducible bit for bit. Thread i owns column groups c = j * threads + i (8 bf16 = 16 bytes, all hc
+Performance). The launch must find both counter words at zero, and the kernel leaves them so: after its
+last claim every block adds 1 to token_counter[1] (acq_rel), and the block that gets P - 1 back, the last
+to finish claiming, stores 0 to both (no block claims any more by then). So the caller can keep one counter
+per CUDA stream (launches on a stream run one after another) instead of zero-filling a fresh one per call,
+a fill launch that cost about as much host time as the kernel's own launch (engram_gate_bwd._token_counter).
+Under cfg.dynamic_tokens = False (deterministic mode) block p keeps its contiguous range of T // P or
+T // P + 1 tokens instead, so that grad_w_partial is reproducible bit for bit, and the counter is not
+touched. Thread i owns column groups c = j * threads + i (8 bf16 = 16 bytes, all hc
 branches) for the whole kernel: its slice of the weight gradient lives in registers, its slice of
 weight_fused in shared memory where it fits (else it is read through L1/L2 per token), and every staging
 slot in shared memory is private to the thread that fills it with cp.async, so no barrier guards the data:
@@ -207,6 +212,7 @@ def cuda_resident_kernel(cfg: EngramGateBwdConfig):
             nx1 = T.alloc_var(T.int32)
             nx2 = T.alloc_var(T.int32)
             claim = T.alloc_var(T.int32)
+            done = T.alloc_var(T.int32)
             it = T.alloc_var(T.int32)
             if dynamic:
                 cur = pid
@@ -404,6 +410,18 @@ def cuda_resident_kernel(cfg: EngramGateBwdConfig):
                     for h in T.unroll(hc):
                         for e in T.vectorized(VEC):
                             grad_w_partial[pid, h, (j * threads + tid) * VEC + e] = gw[j, h, e]
+
+            if dynamic and tid == 0:
+                # Leave the counter at zero for the next launch on this stream (module docstring). Thread 0
+                # made every claim of this block, and each returned before the loop went on, so its claims
+                # are all done here. acq_rel: the release orders them before this increment, the acquire of
+                # the block that counts last sees every block's claims before its reset below; the other
+                # blocks touch the counter no more. After the grad_w_partial stores, so that the atomic's
+                # round trip delays no data.
+                done = T.atomic_add(token_counter[1], 1, memory_order='acq_rel', return_prev=True)
+                if done == P - 1:
+                    token_counter[0] = 0
+                    token_counter[1] = 0
 
     return _engram_gate_bwd_prim_func(
         T,

@@ -20,7 +20,12 @@ from cann_ops_tilelang.validation import (
     check_tensor,
 )
 
-from .engram_gate_bwd_kernel import EngramGateBwdConfig, choose_engram_gate_bwd_config, get_engram_gate_bwd_kernel
+from .engram_gate_bwd_kernel import (
+    COUNTER_WORDS,
+    EngramGateBwdConfig,
+    choose_engram_gate_bwd_config,
+    get_engram_gate_bwd_kernel,
+)
 
 _NAME = 'engram_gate_bwd'
 _MAX_STRIDE = 2**31 - 1  # strides are int32 kernel arguments
@@ -52,6 +57,51 @@ _SAVED = ('dot', 'gate_score', 'rstd_x', 'rstd_k')
 # One launcher per (device, backend, hc, H, deterministic, mask): chosen and looked up once.
 # (The core count is the device's, fixed for a process.)
 _LAUNCHERS: dict[tuple, Launcher] = {}
+# The claiming kernels' token counters, one per (device index, raw CUDA stream): see _token_counter.
+_COUNTERS: dict[tuple, torch.Tensor] = {}
+# What the kernels that claim nothing get as token_counter (never read or written), one per device.
+_UNUSED_COUNTERS: dict[torch.device, torch.Tensor] = {}
+
+
+def _launch_stream(index: int) -> int | None:
+    """The raw current CUDA stream of device `index`, where the launch goes; None while it captures a graph."""
+    if torch._C._cuda_getDevice() != index:  # tensors on another GPU than the current one: ask that one
+        with torch.cuda.device(index):
+            return _launch_stream(index)
+    if torch._C._cuda_isCurrentStreamCapturing():
+        return None
+    return torch._C._cuda_getCurrentRawStream(index)
+
+
+def _token_counter(x: torch.Tensor) -> torch.Tensor:
+    """The token_counter of a kernel that claims tokens: all words zero when the kernel starts.
+
+    Eagerly one buffer per (device, stream), zero-filled when first used: the kernel leaves it at zero
+    (_engram_gate_bwd_cuda_kernel.py) and launches on one stream run one after another, so the next launch
+    there finds zeros without a fill of its own, which would be a second launch per call (as much host time
+    as the kernel's). Launches on different streams may overlap, hence one buffer each. While the stream
+    captures a CUDA graph, a fresh zero-filled buffer per call instead (its memset captured before the kernel,
+    in the graph's private memory): a replay may run on any stream, concurrently with eager calls, so it must
+    share no buffer with them (nor with another graph). Keyed by the raw stream handle, which a stream
+    destroyed and another created could share; PyTorch's pooled streams are never destroyed.
+    """
+    index = x.device.index
+    stream = _launch_stream(index)
+    if stream is None:
+        return x.new_zeros((COUNTER_WORDS,), dtype=torch.int32)
+    key = (index, stream)
+    counter = _COUNTERS.get(key)
+    if counter is None:  # allocated and zero-filled on this very stream, so ordered before the kernel
+        counter = _COUNTERS[key] = x.new_zeros((COUNTER_WORDS,), dtype=torch.int32)
+    return counter
+
+
+def _unused_counter(x: torch.Tensor) -> torch.Tensor:
+    """token_counter for the kernels that claim nothing: any int32 (COUNTER_WORDS,) of the device, kept."""
+    counter = _UNUSED_COUNTERS.get(x.device)
+    if counter is None:
+        counter = _UNUSED_COUNTERS[x.device] = x.new_empty((COUNTER_WORDS,), dtype=torch.int32)
+    return counter
 
 
 def _check(grad_out, hidden_states, kv, weight_fused, saved, clamp_value, image_token_mask) -> str:
@@ -115,9 +165,7 @@ def _eager(grad_out, hidden_states, kv, weight_fused, saved, clamp_value, image_
         return EngramGateBwdResult(grad_x, grad_kv, grad_w_partial)
     alloc = x.new_zeros if cfg.accumulates_into_partials else x.new_empty
     grad_w_partial = alloc((cfg.num_blocks, hc, hidden), dtype=torch.float32)
-    # A fresh counter per call (zero-filled only where the blocks claim from it): stream-ordered and
-    # captured with the launch in CUDA graphs, so concurrent calls never share one.
-    token_counter = (x.new_zeros if cfg.dynamic_tokens else x.new_empty)((1,), dtype=torch.int32)
+    token_counter = _token_counter(x) if cfg.dynamic_tokens else _unused_counter(x)
 
     # grad_out, hidden_states and weight_fused are contiguous with rows of H (a multiple of 64) elements, so
     # only their addresses can be misaligned; kv's outer strides are free.

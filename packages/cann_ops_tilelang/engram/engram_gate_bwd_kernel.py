@@ -31,7 +31,9 @@ from cann_ops_tilelang.config import Backend
 from cann_ops_tilelang.kernel_target import compile_kernel
 
 VEC = 8  # bf16 elements per 16-byte vector access (CUDA)
-COUNTER_WORDS = 1  # int32 words of the token_counter argument
+# int32 words of the token_counter argument: [0] the claims made so far, [1] the blocks done claiming (the
+# resident CUDA kernel resets both to 0 when the last block is done: _engram_gate_bwd_cuda_kernel.py).
+COUNTER_WORDS = 2
 _LANES = 64  # fp32 lanes of one 256-byte Ascend vector register
 _CUDA_SMEM_BUDGET = 200 * 1024  # bytes of shared memory a resident block may use (227 KB max, keep L1)
 # Resident blocks wider than this were slower: at H = 5120 one group per thread takes 640 threads and
