@@ -147,3 +147,10 @@ def check_out(
         if value is not None and may_overlap(out, value, memory=memory):
             raise ValueError(f'{name} must not alias the input {input_name}')
     return out
+
+
+def is_contiguous_tensor(value, dtype: torch.dtype, shape: Sequence[int]) -> bool:
+    """Whether `value` is a contiguous tensor of exactly `dtype` and `shape` (a tuple or torch.Size): what
+    check_tensor (ndim = len(shape)), check_shape and check_contiguous test, as one boolean without building
+    tuples. For an interface's fast path that calls those checks, for the typed error, only where it is False."""
+    return isinstance(value, torch.Tensor) and value.dtype is dtype and value.shape == shape and value.is_contiguous()
