@@ -510,6 +510,41 @@ def test_engram_gate_bwd_config_follows_arguments(monkeypatch):
         assert not engram_gate_bwd_config(*args).dynamic_tokens
 
 
+def test_engram_gate_bwd_checks_the_common_call_at_once(monkeypatch):
+    """A valid call passes the contract's checks in one test of direct comparisons (_conforms), without the
+    helper per check (_check_each); a call that test does not accept goes through those helpers, whose typed
+    errors the contract tests pin, and a valid one of them still passes (CUDA device faked)."""
+    interface = sys.modules['cann_ops_tilelang.engram.engram_gate_bwd']
+    monkeypatch.setattr(interface, 'require_accelerator', lambda *tensors: 'cuda')
+    monkeypatch.setattr(interface, 'get_num_cores', lambda device: H200_SMS)
+    each = []
+    real_each = interface._check_each
+    monkeypatch.setattr(interface, '_check_each', lambda *args: each.append(args) or real_each(*args))
+    args = _cpu_args()
+    mask = torch.zeros(3, dtype=torch.bool)
+    broadcast = args[2][:, :1].expand(-1, 5, -1)  # kv's outer strides are free
+    odd = torch.zeros(3, 5, 136, dtype=torch.bfloat16)[..., 3:131]
+    for valid in (args, [*args, mask], [*args[:2], broadcast, *args[3:]], [*args[:2], odd, *args[3:]]):
+        engram_gate_bwd_config(*valid)
+    engram_gate_bwd_config(*args[:3], torch.nn.Parameter(args[3]), *args[4:])
+    assert each == []
+    engram_gate_bwd_config(*args[:8], 1)  # an int clamp_value: valid, through the helpers
+    assert len(each) == 1
+    for index, bad in (
+        (2, args[2][:, :4]),
+        (3, args[3].double()),
+        (4, args[4][:2]),
+        (7, args[7].t().contiguous().t()),
+        (8, 0.0),
+        (9, mask[:2]),
+    ):
+        call = [*args, None]  # ..., clamp_value, image_token_mask
+        call[index] = bad
+        assert not interface._conforms(*call[:4], tuple(call[4:8]), *call[8:])
+        with pytest.raises((TypeError, ValueError)):
+            engram_gate_bwd_config(*call)
+
+
 def _recorded_launches(monkeypatch, streams: list):
     """engram_gate_bwd on CPU tensors posing as a CUDA device's, each launch recorded as (cfg, arguments)
     instead of run; the launch stream is streams[-1] (None: the stream is capturing a CUDA graph). Returns

@@ -416,6 +416,65 @@ def test_engram_gate_fwd_config_follows_arguments(monkeypatch):
     assert (cfg.has_mask, cfg.save_for_backward) == (True, False)
     shifted = torch.zeros(3, 5, 130, dtype=torch.bfloat16)[..., 2:]  # 4 bytes off, strides 650 and 130
     assert engram_gate_fwd_config(x, shifted, w, eps, clamp).vec == 2
+    # The access width: the largest that every address and used outer stride allows.
+    base = torch.zeros(3 * 5 * 136 + 8, dtype=torch.bfloat16)
+    assert base.data_ptr() % 16 == 0
+
+    def vec(kv, out=None, x=x):
+        return engram_gate_fwd_config(x, kv, w, eps, clamp, out=out).vec
+
+    assert vec(kv) == 8
+    assert vec(kv[:, :1].expand(-1, 5, -1)) == 8  # stride 0 over keys and value
+    assert vec(base[4 : 4 + 3 * 5 * 128].view(3, 5, 128)) == 4  # 8 bytes off
+    assert vec(base[1 : 1 + 3 * 5 * 128].view(3, 5, 128)) == 1  # 2 bytes off
+    assert vec(base[: 3 * 5 * 132].view(3, 5, 132)[..., :128]) == 4  # rows 264 bytes apart
+    assert vec(base.as_strided((3, 5, 128), (642, 128, 1))) == 2  # tokens 1284 bytes apart
+    single = base.as_strided((1, 5, 128), (641, 128, 1))  # one token: its odd stride is never used
+    assert vec(single, x=x[:1]) == 8
+    assert vec(kv, out=base[1 : 1 + 3 * 4 * 128].view(3, 4, 128)) == 1  # out 2 bytes off
+
+
+def test_engram_gate_fwd_checks_the_common_call_at_once(monkeypatch):
+    """A valid call without inplace / out= passes the contract's checks in one test of direct comparisons
+    (_conforms), without the helper per check (_check_each); every other call goes through those helpers,
+    whose typed errors the contract tests pin, and a valid one of them still passes (CUDA device faked)."""
+    interface = sys.modules['cann_ops_tilelang.engram.engram_gate_fwd']
+    monkeypatch.setattr(interface, 'require_accelerator', lambda *tensors: 'cuda')
+    monkeypatch.setattr(interface, 'get_num_cores', lambda device: H200_SMS)
+    each = []
+    real_each = interface._check_each
+    monkeypatch.setattr(
+        interface, '_check_each', lambda *args, **kwargs: each.append(args) or real_each(*args, **kwargs)
+    )
+    x, kv, w, eps, clamp = _args()
+    mask = torch.zeros(3, dtype=torch.bool)
+    for args in (
+        (x, kv, w, eps, clamp),
+        (x, kv, torch.nn.Parameter(w), eps, clamp, False, mask, False),
+        (x, kv[:, :1].expand(-1, 5, -1), w, eps, clamp),  # kv's outer strides are free
+        (x, torch.zeros(3, 5, 136, dtype=torch.bfloat16)[..., 3:131], w, eps, clamp, True, None),
+    ):
+        engram_gate_fwd_config(*args)
+    assert each == []
+    for args, kwargs in (
+        ((x, kv, w, 1, clamp), {}),  # an int eps: valid
+        ((x, kv, w, eps, clamp, False, None, True), {}),  # inplace: its overlap checks
+        ((x, kv, w, eps, clamp), {'out': torch.empty_like(x)}),  # out=: its checks
+    ):
+        engram_gate_fwd_config(*args, **kwargs)
+    assert len(each) == 3
+    for bad in (
+        (x, kv, w, eps, clamp, 1),
+        (x, kv, w, eps, float('nan')),
+        (x, kv, w.double(), eps, clamp),
+        (x, kv[:, :4], w, eps, clamp),
+        (x, kv, w, eps, clamp, True, mask[:2]),
+        (x, kv.transpose(-1, -2).contiguous().transpose(-1, -2), w, eps, clamp),
+    ):
+        call = bad + (True, None)[len(bad) - 5 :]  # save_for_backward and image_token_mask filled in
+        assert not interface._conforms(*call)
+        with pytest.raises((TypeError, ValueError)):
+            engram_gate_fwd_config(*call)
 
 
 # ---------------------------------------------------------------- device tier

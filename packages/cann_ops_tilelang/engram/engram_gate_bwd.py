@@ -8,7 +8,7 @@ import torch
 
 from cann_ops_tilelang._torch_library import op, traced
 from cann_ops_tilelang.config import get_num_cores, require_accelerator
-from cann_ops_tilelang.engram._contract import check_hc_hidden
+from cann_ops_tilelang.engram._contract import HIDDEN_ALIGN, MAX_HC, MAX_HIDDEN, check_hc_hidden
 from cann_ops_tilelang.kernel_target import Launcher
 from cann_ops_tilelang.validation import (
     ALIGN_BYTES,
@@ -18,6 +18,7 @@ from cann_ops_tilelang.validation import (
     check_positive_float,
     check_shape,
     check_tensor,
+    is_contiguous_tensor,
 )
 
 from .engram_gate_bwd_kernel import (
@@ -29,6 +30,7 @@ from .engram_gate_bwd_kernel import (
 
 _NAME = 'engram_gate_bwd'
 _MAX_STRIDE = 2**31 - 1  # strides are int32 kernel arguments
+_INF = float('inf')
 
 
 class EngramGateBwdResult(NamedTuple):
@@ -37,20 +39,21 @@ class EngramGateBwdResult(NamedTuple):
     grad_w_partial: torch.Tensor  # (P, hc, H) fp32: per-block partial sums of r * x * k over tokens
 
 
-def _aligned(value: torch.Tensor) -> torch.Tensor:
-    """`value` itself when its address and outer strides suit 16-byte vector accesses, else an aligned copy.
+def _aligned_kv(kv: torch.Tensor) -> torch.Tensor:
+    """kv itself when its address and outer strides suit 16-byte vector accesses (and the int32 stride
+    arguments), else an aligned copy.
 
-    Strides of size-1 dimensions are never used and do not count. The copy (contiguous, from the caching
+    The token stride of a single token is never used and does not count (kv.stride(1) always counts: hc + 1
+    >= 2 rows). Integer operations only: a power of two divides each of the address and the strides in bytes
+    (bf16: twice the element strides) iff it divides their bitwise or. The copy (contiguous, from the caching
     allocator, so aligned) keeps views with odd offsets or strides correct at the price of one extra pass.
     """
-    elems = ALIGN_BYTES // value.element_size()
-    ok = value.data_ptr() % ALIGN_BYTES == 0
-    for size, stride in zip(value.shape[:-1], value.stride()[:-1], strict=True):
-        if size > 1 and (stride % elems != 0 or stride > _MAX_STRIDE):
-            ok = False
-    if ok:
-        return value
-    return value.clone(memory_format=torch.contiguous_format)
+    stride_t, stride_h, _ = kv.stride()
+    if kv.shape[0] == 1:
+        stride_t = 0
+    if (kv.data_ptr() | (stride_t | stride_h) * 2) % ALIGN_BYTES == 0 and max(stride_t, stride_h) <= _MAX_STRIDE:
+        return kv
+    return kv.clone(memory_format=torch.contiguous_format)
 
 
 _SAVED = ('dot', 'gate_score', 'rstd_x', 'rstd_k')
@@ -104,8 +107,52 @@ def _unused_counter(x: torch.Tensor) -> torch.Tensor:
     return counter
 
 
+def _conforms(grad_out, x, kv, weight_fused, saved, clamp_value, image_token_mask) -> bool:
+    """Whether every check of _check_each passes, found with direct comparisons: the common call's path,
+    without a helper call per check. False sends the call through _check_each, which raises the contract's
+    typed error, first violation first (or passes: an int clamp_value, say). No memory needed (fake tensors
+    too)."""
+    if not (isinstance(x, torch.Tensor) and x.dim() == 3):
+        return False
+    shape = x.shape
+    num_tokens, hc, hidden = shape
+    if not (
+        x.dtype is torch.bfloat16
+        and x.is_contiguous()
+        and is_contiguous_tensor(grad_out, torch.bfloat16, shape)
+        and 1 <= hc <= MAX_HC
+        and hidden % HIDDEN_ALIGN == 0
+        and HIDDEN_ALIGN <= hidden <= MAX_HIDDEN
+        and isinstance(kv, torch.Tensor)
+        and kv.dtype is torch.bfloat16
+        and kv.shape == (num_tokens, hc + 1, hidden)
+        and is_contiguous_tensor(weight_fused, torch.float32, (hc, hidden))
+        and type(clamp_value) is float
+        and 0.0 < clamp_value < _INF
+    ):
+        return False
+    stride_t, stride_h, stride_last = kv.stride()
+    if stride_last != 1 or stride_t < 0 or stride_h < 0:
+        return False
+    saved_shape = (num_tokens, hc)
+    for value in saved:
+        if not is_contiguous_tensor(value, torch.float32, saved_shape):
+            return False
+    return image_token_mask is None or is_contiguous_tensor(image_token_mask, torch.bool, (num_tokens,))
+
+
 def _check(grad_out, hidden_states, kv, weight_fused, saved, clamp_value, image_token_mask) -> str:
-    """Validate the arguments (none needs memory: misaligned inputs are copied, see _aligned); the backend."""
+    """Validate the arguments (none needs memory: misaligned inputs are copied, see _eager); the backend."""
+    if not _conforms(grad_out, hidden_states, kv, weight_fused, saved, clamp_value, image_token_mask):
+        _check_each(grad_out, hidden_states, kv, weight_fused, saved, clamp_value, image_token_mask)
+    if image_token_mask is None:
+        return require_accelerator(grad_out, hidden_states, kv, weight_fused, *saved)
+    return require_accelerator(grad_out, hidden_states, kv, weight_fused, *saved, image_token_mask)
+
+
+def _check_each(grad_out, hidden_states, kv, weight_fused, saved, clamp_value, image_token_mask) -> None:
+    """Every check of the contract, one helper each, in the order that decides which error a call with
+    several violations gets: types, dtypes and ranks first, then hc / H, shapes, layouts, clamp_value."""
     check_tensor('grad_out', grad_out, dtype=torch.bfloat16, ndim=3)
     x = check_tensor('hidden_states', hidden_states, dtype=torch.bfloat16, ndim=3)
     check_tensor('kv', kv, dtype=torch.bfloat16, ndim=3)
@@ -126,11 +173,8 @@ def _check(grad_out, hidden_states, kv, weight_fused, saved, clamp_value, image_
     for name, value in zip(_SAVED, saved, strict=True):
         check_contiguous(name, value)
     check_positive_float('clamp_value', clamp_value)
-    tensors = [grad_out, x, kv, weight_fused, *saved]
     if image_token_mask is not None:
         check_image_token_mask(image_token_mask, num_tokens)
-        tensors.append(image_token_mask)
-    return require_accelerator(*tensors)
 
 
 def _launcher(backend, device, hc: int, hidden: int, image_token_mask) -> Launcher:
@@ -168,14 +212,13 @@ def _eager(grad_out, hidden_states, kv, weight_fused, saved, clamp_value, image_
     token_counter = _token_counter(x) if cfg.dynamic_tokens else _unused_counter(x)
 
     # grad_out, hidden_states and weight_fused are contiguous with rows of H (a multiple of 64) elements, so
-    # only their addresses can be misaligned; kv's outer strides are free.
-    if grad_out.data_ptr() % ALIGN_BYTES:
-        grad_out = _aligned(grad_out)
-    if x.data_ptr() % ALIGN_BYTES:
-        x = _aligned(x)
-    if weight_fused.data_ptr() % ALIGN_BYTES:
-        weight_fused = _aligned(weight_fused)
-    kv = _aligned(kv)  # whole: the kernels read keys and value through its strides
+    # only their addresses can be misaligned (one test for the three); a copy from the caching allocator is
+    # aligned. kv's outer strides are free: _aligned_kv.
+    if (grad_out.data_ptr() | x.data_ptr() | weight_fused.data_ptr()) % ALIGN_BYTES:
+        grad_out, x, weight_fused = (
+            t if t.data_ptr() % ALIGN_BYTES == 0 else t.clone() for t in (grad_out, x, weight_fused)
+        )
+    kv = _aligned_kv(kv)  # whole: the kernels read keys and value through its strides
     if image_token_mask is None:
         launcher.launch(
             grad_out, x, kv, weight_fused, *saved, grad_x, grad_kv, grad_w_partial, float(clamp_value), token_counter

@@ -8,7 +8,7 @@ import torch
 
 from cann_ops_tilelang._torch_library import op, traced
 from cann_ops_tilelang.config import get_num_cores, require_accelerator
-from cann_ops_tilelang.engram._contract import check_hc_hidden
+from cann_ops_tilelang.engram._contract import HIDDEN_ALIGN, MAX_HC, MAX_HIDDEN, check_hc_hidden
 from cann_ops_tilelang.kernel_target import Launcher
 from cann_ops_tilelang.validation import (
     check_bool,
@@ -20,11 +20,13 @@ from cann_ops_tilelang.validation import (
     check_positive_float,
     check_shape,
     check_tensor,
+    is_contiguous_tensor,
 )
 
 from .engram_gate_fwd_kernel import EngramGateFwdConfig, choose_engram_gate_fwd_config, get_engram_gate_fwd_kernel
 
 _NAME = 'engram_gate_fwd'
+_INF = float('inf')
 
 
 class EngramGateFwdResult(NamedTuple):
@@ -35,16 +37,22 @@ class EngramGateFwdResult(NamedTuple):
     rstd_k: torch.Tensor | None  # (T, hc) fp32
 
 
-def _access_vec(tensors: tuple[torch.Tensor, ...], strides: tuple[int, ...]) -> int:
-    """Widest access (8, 4, 2 or 1 bf16 elements) that every pointer and outer stride is aligned to."""
-    vec = 8
-    for t in tensors:
-        while vec > 1 and t.data_ptr() % (2 * vec):
-            vec //= 2
-    for s in strides:
-        while vec > 1 and s % vec:
-            vec //= 2
-    return vec
+def _access_vec(hidden_states: torch.Tensor, kv: torch.Tensor, out: torch.Tensor | None) -> int:
+    """Widest access (8, 4, 2 or 1 bf16 elements) that the addresses of hidden_states, kv and out (None: the
+    caching allocator's, aligned) and kv's outer strides are all aligned to.
+
+    The token stride of a single token is never used and does not count; kv.stride(1) (key rows, the value's
+    offset) always does. Integer operations only: a power of two divides each address and stride in bytes
+    (bf16: twice the element strides) iff it divides their bitwise or, whose lowest set bit is the answer.
+    """
+    stride_t, stride_h, _ = kv.stride()
+    if kv.shape[0] <= 1:
+        stride_t = 0
+    bits = hidden_states.data_ptr() | kv.data_ptr() | (stride_t | stride_h) * 2
+    if out is not None:
+        bits |= out.data_ptr()
+    low = bits & -bits  # bytes; 0 where every address and stride is 0
+    return 8 if low == 0 or low >= 16 else max(1, low // 2)
 
 
 # One launcher per (device, backend, hc, H, save_for_backward, mask, access width): chosen and looked up once.
@@ -52,10 +60,72 @@ def _access_vec(tensors: tuple[torch.Tensor, ...], strides: tuple[int, ...]) -> 
 _LAUNCHERS: dict[tuple, Launcher] = {}
 
 
+def _conforms(x, kv, weight_fused, eps, clamp_value, save_for_backward, image_token_mask) -> bool:
+    """Whether every check of _check_each passes for a call without inplace or out= (whose overlap checks
+    stay with _check_each), found with direct comparisons: the common call's path, without a helper call
+    per check. False sends the call through _check_each, which raises the contract's typed error, first
+    violation first (or passes: an int eps, say). No memory needed (fake tensors too)."""
+    if not (isinstance(x, torch.Tensor) and x.dim() == 3):
+        return False
+    num_tokens, hc, hidden = x.shape
+    if not (
+        x.dtype is torch.bfloat16
+        and x.is_contiguous()
+        and 1 <= hc <= MAX_HC
+        and hidden % HIDDEN_ALIGN == 0
+        and HIDDEN_ALIGN <= hidden <= MAX_HIDDEN
+        and isinstance(kv, torch.Tensor)
+        and kv.dtype is torch.bfloat16
+        and kv.shape == (num_tokens, hc + 1, hidden)
+        and is_contiguous_tensor(weight_fused, torch.float32, (hc, hidden))
+        and type(eps) is float
+        and 0.0 < eps < _INF
+        and type(clamp_value) is float
+        and 0.0 < clamp_value < _INF
+        and type(save_for_backward) is bool
+    ):
+        return False
+    stride_t, stride_h, stride_last = kv.stride()
+    if stride_last != 1 or stride_t < 0 or stride_h < 0:
+        return False
+    return image_token_mask is None or is_contiguous_tensor(image_token_mask, torch.bool, (num_tokens,))
+
+
 def _check(
     hidden_states, kv, weight_fused, eps, clamp_value, save_for_backward, image_token_mask, inplace, out, *, memory
 ) -> str:
     """Validate the arguments (memory=False: fake tensors, see validation.may_overlap); the backend."""
+    if not (
+        inplace is False
+        and out is None
+        and _conforms(hidden_states, kv, weight_fused, eps, clamp_value, save_for_backward, image_token_mask)
+    ):
+        _check_each(
+            hidden_states,
+            kv,
+            weight_fused,
+            eps,
+            clamp_value,
+            save_for_backward,
+            image_token_mask,
+            inplace,
+            out,
+            memory=memory,
+        )
+    tensors = (
+        (hidden_states, kv, weight_fused)
+        if image_token_mask is None
+        else (hidden_states, kv, weight_fused, image_token_mask)
+    )
+    return require_accelerator(*tensors) if out is None else require_accelerator(*tensors, out)
+
+
+def _check_each(
+    hidden_states, kv, weight_fused, eps, clamp_value, save_for_backward, image_token_mask, inplace, out, *, memory
+) -> None:
+    """Every check of the contract, one helper each, in the order that decides which error a call with
+    several violations gets: types, dtypes and ranks first, then hc / H, shapes, layouts, scalars, the mask,
+    inplace / out= and their overlaps (memory=False: fake tensors, see validation.may_overlap)."""
     x = check_tensor('hidden_states', hidden_states, dtype=torch.bfloat16, ndim=3)
     check_tensor('kv', kv, dtype=torch.bfloat16, ndim=3)
     check_tensor('weight_fused', weight_fused, dtype=torch.float32, ndim=2)
@@ -93,21 +163,11 @@ def _check(
             memory=memory,
         )
 
-    tensors = [x, kv, weight_fused]
-    if image_token_mask is not None:
-        tensors.append(image_token_mask)
-    if out is not None:
-        tensors.append(out)
-    return require_accelerator(*tensors)
-
 
 def _launcher(backend, hidden_states, kv, save_for_backward, image_token_mask, out) -> Launcher:
-    num_tokens, hc, hidden = hidden_states.shape
+    _, hc, hidden = hidden_states.shape
     device = hidden_states.device
-    # Outer strides of size-1 dimensions are never used: they do not limit the access width. The output
-    # (allocated by the caching allocator where not given) is 16-byte aligned unless `out` says otherwise.
-    strides = (kv.stride(0), kv.stride(1)) if num_tokens > 1 else (kv.stride(1),)  # kv.stride(1): k rows, v offset
-    vec = _access_vec((hidden_states, kv) if out is None else (hidden_states, kv, out), strides)
+    vec = _access_vec(hidden_states, kv, out)
     has_mask = image_token_mask is not None
     key = (device, backend, hc, hidden, save_for_backward, has_mask, vec)
     launcher = _LAUNCHERS.get(key)
@@ -150,9 +210,14 @@ def _eager(
     else:
         output = hidden_states.new_empty((num_tokens, hc, hidden))  # cheaper than torch.empty(..., device=)
     if save_for_backward:
-        new_empty = hidden_states.new_empty
-        saved = (new_empty((num_tokens, hc), dtype=torch.float32) for _ in range(4))
-        saved = tuple(saved)
+        new_empty, shape, f32 = hidden_states.new_empty, (num_tokens, hc), torch.float32
+        # four calls spelled out: a generator and tuple() around them cost more than a call
+        saved = (
+            new_empty(shape, dtype=f32),
+            new_empty(shape, dtype=f32),
+            new_empty(shape, dtype=f32),
+            new_empty(shape, dtype=f32),
+        )
     else:
         saved = (None, None, None, None)
     if num_tokens == 0:
