@@ -151,6 +151,24 @@ def test_judge_needs_both_thresholds(time_us, baseline_us, verdict):
     assert baseline.judge(time_us, baseline_us, threshold=0.10, min_delta_us=1.0) == verdict
 
 
+@pytest.mark.parametrize(
+    ('timing_backend', 'time_us', 'verdict'),
+    [
+        ('cupti', 27.7 * 1.2, 'regression'),  # a device record: the run's 10 % / 1 us
+        ('host', 49.0, 'ok'),  # +77 %: the spread of one H200 host record between a refresh and its verify
+        ('host', 27.7 + 200.0, 'regression'),  # the planted 200 us slowdown
+        ('host', 1.0 + 9.0, 'ok'),  # +900 % but +9 us: below the host records' 10 us
+        ('host', 5.0, 'ok'),  # a 100 % threshold reports no improvement (refresh to take one in)
+    ],
+)
+def test_host_records_are_judged_with_the_host_floors(timing_backend, time_us, verdict):
+    base = 1.0 if time_us == 10.0 else 27.7
+    old = {**make(time_us=base), 'timing_backend': timing_backend}
+    new = {**make(time_us=time_us), 'timing_backend': timing_backend}
+    (result,) = baseline.verify([new], [old], threshold=0.10, min_delta_us=1.0)
+    assert result.status == verdict
+
+
 def make(kernel='op_a', cluster='fake1', hidden=4096, time_us=10.0, node='t.py::test[x]') -> dict:
     return baseline.make_record(
         kernel=kernel,

@@ -18,6 +18,7 @@ import torch
 
 from tests.testing.bench import format_param_value, make_param_id
 from tests.testing.files import CorruptFileError
+from tests.testing.host_timing import HOST_MIN_DELTA_US_FLOOR, HOST_REGRESSION_THRESHOLD_FLOOR, HOST_TIMING_BACKEND
 
 FIELDS = (
     'kernel',
@@ -261,17 +262,19 @@ def judge(time_us: float, baseline_us: float, threshold: float, min_delta_us: fl
 def verify(
     results: Iterable[Mapping], baselines: Iterable[Mapping], threshold: float, min_delta_us: float
 ) -> list[Verdict]:
-    """A verdict per result (in key order), against the baseline of the same key and cluster."""
+    """A verdict per result (in key order), against the baseline of the same key and cluster. Host records
+    (timing_backend 'host') are judged with at least the host floors of tests/testing/host_timing.py."""
     by_key = {record_key(b): b for b in baselines}
     verdicts = []
     for record in sorted(results, key=record_key):
         baseline = by_key.get(record_key(record))
         if baseline is None:
             verdicts.append(Verdict('missing', record))
-        else:
-            verdicts.append(
-                Verdict(judge(record['time_us'], baseline['time_us'], threshold, min_delta_us), record, baseline)
-            )
+            continue
+        limits = (threshold, min_delta_us)
+        if record.get('timing_backend') == HOST_TIMING_BACKEND:
+            limits = (max(threshold, HOST_REGRESSION_THRESHOLD_FLOOR), max(min_delta_us, HOST_MIN_DELTA_US_FLOOR))
+        verdicts.append(Verdict(judge(record['time_us'], baseline['time_us'], *limits), record, baseline))
     return verdicts
 
 

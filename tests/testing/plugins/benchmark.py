@@ -456,7 +456,9 @@ def _verify(config: pytest.Config, outcome: _Outcome, old: dict, new: dict) -> N
         (
             f'{sum(counts.values())} result(s): {counts["ok"]} within thresholds, {counts["regression"]} '
             f'regression(s), {counts["improvement"]} improvement(s), {counts["missing"]} without a baseline '
-            f'(regression: slower by > {threshold:.0%} and > {min_delta:g} us)',
+            f'(regression: slower by > {threshold:.0%} and > {min_delta:g} us; host records by > '
+            f'{max(threshold, host_timing.HOST_REGRESSION_THRESHOLD_FLOOR):.0%} and > '
+            f'{max(min_delta, host_timing.HOST_MIN_DELTA_US_FLOOR):g} us)',
             {'bold': True},
         )
     )
