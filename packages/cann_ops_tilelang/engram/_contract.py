@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import torch
+
+from cann_ops_tilelang.validation import is_contiguous_tensor
+
 MAX_HC = 8
 HIDDEN_ALIGN = 64
 MAX_HIDDEN = 16384
@@ -15,3 +19,30 @@ def check_hc_hidden(name: str, hc: int, hidden: int) -> None:
         raise ValueError(
             f'{name}: hidden size must be a positive multiple of {HIDDEN_ALIGN} up to {MAX_HIDDEN}, got {hidden}'
         )
+
+
+def hc_hidden_supported(hc: int, hidden: int) -> bool:
+    """check_hc_hidden's conditions as one boolean (the operators' fast checks)."""
+    return 1 <= hc <= MAX_HC and hidden % HIDDEN_ALIGN == 0 and HIDDEN_ALIGN <= hidden <= MAX_HIDDEN
+
+
+_INF = float('inf')
+
+
+def gate_operands_conform(kv, weight_fused, clamp_value, num_tokens: int, hc: int, hidden: int) -> bool:
+    """Whether the gate operators' shared operands pass their checks, for hidden states of shape (T, hc, H):
+    hc and H supported, kv (T, hc + 1, H) bf16 with a contiguous last dimension and non-negative strides,
+    weight_fused (hc, H) fp32 contiguous, clamp_value a finite float > 0. A False sends the call through
+    the per-check helpers, which raise the typed error (or pass: an int clamp_value, say)."""
+    if not (
+        hc_hidden_supported(hc, hidden)
+        and isinstance(kv, torch.Tensor)
+        and kv.dtype is torch.bfloat16
+        and kv.shape == (num_tokens, hc + 1, hidden)
+        and is_contiguous_tensor(weight_fused, torch.float32, (hc, hidden))
+        and type(clamp_value) is float
+        and 0.0 < clamp_value < _INF
+    ):
+        return False
+    stride_t, stride_h, stride_last = kv.stride()
+    return stride_last == 1 and stride_t >= 0 and stride_h >= 0

@@ -8,7 +8,7 @@ import torch
 
 from cann_ops_tilelang._torch_library import op, traced
 from cann_ops_tilelang.config import get_num_cores, require_accelerator
-from cann_ops_tilelang.engram._contract import HIDDEN_ALIGN, MAX_HC, MAX_HIDDEN, check_hc_hidden
+from cann_ops_tilelang.engram._contract import check_hc_hidden, gate_operands_conform
 from cann_ops_tilelang.kernel_target import Launcher
 from cann_ops_tilelang.validation import (
     ALIGN_BYTES,
@@ -30,7 +30,6 @@ from .engram_gate_bwd_kernel import (
 
 _NAME = 'engram_gate_bwd'
 _MAX_STRIDE = 2**31 - 1  # strides are int32 kernel arguments
-_INF = float('inf')
 
 
 class EngramGateBwdResult(NamedTuple):
@@ -120,19 +119,8 @@ def _conforms(grad_out, x, kv, weight_fused, saved, clamp_value, image_token_mas
         x.dtype is torch.bfloat16
         and x.is_contiguous()
         and is_contiguous_tensor(grad_out, torch.bfloat16, shape)
-        and 1 <= hc <= MAX_HC
-        and hidden % HIDDEN_ALIGN == 0
-        and HIDDEN_ALIGN <= hidden <= MAX_HIDDEN
-        and isinstance(kv, torch.Tensor)
-        and kv.dtype is torch.bfloat16
-        and kv.shape == (num_tokens, hc + 1, hidden)
-        and is_contiguous_tensor(weight_fused, torch.float32, (hc, hidden))
-        and type(clamp_value) is float
-        and 0.0 < clamp_value < _INF
+        and gate_operands_conform(kv, weight_fused, clamp_value, num_tokens, hc, hidden)
     ):
-        return False
-    stride_t, stride_h, stride_last = kv.stride()
-    if stride_last != 1 or stride_t < 0 or stride_h < 0:
         return False
     saved_shape = (num_tokens, hc)
     for value in saved:

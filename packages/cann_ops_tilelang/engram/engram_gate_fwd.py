@@ -8,7 +8,7 @@ import torch
 
 from cann_ops_tilelang._torch_library import op, traced
 from cann_ops_tilelang.config import get_num_cores, require_accelerator
-from cann_ops_tilelang.engram._contract import HIDDEN_ALIGN, MAX_HC, MAX_HIDDEN, check_hc_hidden
+from cann_ops_tilelang.engram._contract import check_hc_hidden, gate_operands_conform
 from cann_ops_tilelang.kernel_target import Launcher
 from cann_ops_tilelang.validation import (
     check_bool,
@@ -71,22 +71,11 @@ def _conforms(x, kv, weight_fused, eps, clamp_value, save_for_backward, image_to
     if not (
         x.dtype is torch.bfloat16
         and x.is_contiguous()
-        and 1 <= hc <= MAX_HC
-        and hidden % HIDDEN_ALIGN == 0
-        and HIDDEN_ALIGN <= hidden <= MAX_HIDDEN
-        and isinstance(kv, torch.Tensor)
-        and kv.dtype is torch.bfloat16
-        and kv.shape == (num_tokens, hc + 1, hidden)
-        and is_contiguous_tensor(weight_fused, torch.float32, (hc, hidden))
+        and gate_operands_conform(kv, weight_fused, clamp_value, num_tokens, hc, hidden)
         and type(eps) is float
         and 0.0 < eps < _INF
-        and type(clamp_value) is float
-        and 0.0 < clamp_value < _INF
         and type(save_for_backward) is bool
     ):
-        return False
-    stride_t, stride_h, stride_last = kv.stride()
-    if stride_last != 1 or stride_t < 0 or stride_h < 0:
         return False
     return image_token_mask is None or is_contiguous_tensor(image_token_mask, torch.bool, (num_tokens,))
 
