@@ -8,7 +8,7 @@ import torch
 
 from cann_ops_tilelang._torch_library import op, traced
 from cann_ops_tilelang.config import get_num_cores, require_accelerator
-from cann_ops_tilelang.engram._contract import check_hc_hidden, gate_operands_conform
+from cann_ops_tilelang.engram._contract import check_hc_hidden, gate_operands_conform, kv_alignment_bits
 from cann_ops_tilelang.kernel_target import Launcher
 from cann_ops_tilelang.validation import (
     ALIGN_BYTES,
@@ -40,17 +40,11 @@ class EngramGateBwdResult(NamedTuple):
 
 def _aligned_kv(kv: torch.Tensor) -> torch.Tensor:
     """kv itself when its address and outer strides suit 16-byte vector accesses (and the int32 stride
-    arguments), else an aligned copy.
-
-    The token stride of a single token is never used and does not count (kv.stride(1) always counts: hc + 1
-    >= 2 rows). Integer operations only: a power of two divides each of the address and the strides in bytes
-    (bf16: twice the element strides) iff it divides their bitwise or. The copy (contiguous, from the caching
-    allocator, so aligned) keeps views with odd offsets or strides correct at the price of one extra pass.
-    """
+    arguments), else an aligned copy (contiguous, from the caching allocator): views with odd offsets or
+    strides stay correct at the price of one extra pass."""
     stride_t, stride_h, _ = kv.stride()
-    if kv.shape[0] == 1:
-        stride_t = 0
-    if (kv.data_ptr() | (stride_t | stride_h) * 2) % ALIGN_BYTES == 0 and max(stride_t, stride_h) <= _MAX_STRIDE:
+    used_stride_t = stride_t if kv.shape[0] > 1 else 0  # a single token's stride is never used
+    if kv_alignment_bits(kv) % ALIGN_BYTES == 0 and max(used_stride_t, stride_h) <= _MAX_STRIDE:
         return kv
     return kv.clone(memory_format=torch.contiguous_format)
 

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import torch
 
 from cann_ops_tilelang._torch_library import op, traced
 from cann_ops_tilelang.config import get_num_cores, require_accelerator
-from cann_ops_tilelang.engram._contract import check_hc_hidden, gate_operands_conform
+from cann_ops_tilelang.engram._contract import check_hc_hidden, gate_operands_conform, kv_alignment_bits
 from cann_ops_tilelang.kernel_target import Launcher
 from cann_ops_tilelang.validation import (
     check_bool,
@@ -26,7 +27,6 @@ from cann_ops_tilelang.validation import (
 from .engram_gate_fwd_kernel import EngramGateFwdConfig, choose_engram_gate_fwd_config, get_engram_gate_fwd_kernel
 
 _NAME = 'engram_gate_fwd'
-_INF = float('inf')
 
 
 class EngramGateFwdResult(NamedTuple):
@@ -41,14 +41,10 @@ def _access_vec(hidden_states: torch.Tensor, kv: torch.Tensor, out: torch.Tensor
     """Widest access (8, 4, 2 or 1 bf16 elements) that the addresses of hidden_states, kv and out (None: the
     caching allocator's, aligned) and kv's outer strides are all aligned to.
 
-    The token stride of a single token is never used and does not count; kv.stride(1) (key rows, the value's
-    offset) always does. Integer operations only: a power of two divides each address and stride in bytes
-    (bf16: twice the element strides) iff it divides their bitwise or, whose lowest set bit is the answer.
+    A power of two divides each address and stride in bytes iff it divides their bitwise or, whose lowest
+    set bit is the answer (_contract.kv_alignment_bits).
     """
-    stride_t, stride_h, _ = kv.stride()
-    if kv.shape[0] <= 1:
-        stride_t = 0
-    bits = hidden_states.data_ptr() | kv.data_ptr() | (stride_t | stride_h) * 2
+    bits = hidden_states.data_ptr() | kv_alignment_bits(kv)
     if out is not None:
         bits |= out.data_ptr()
     low = bits & -bits  # bytes; 0 where every address and stride is 0
@@ -73,7 +69,7 @@ def _conforms(x, kv, weight_fused, eps, clamp_value, save_for_backward, image_to
         and x.is_contiguous()
         and gate_operands_conform(kv, weight_fused, clamp_value, num_tokens, hc, hidden)
         and type(eps) is float
-        and 0.0 < eps < _INF
+        and 0.0 < eps < math.inf
         and type(save_for_backward) is bool
     ):
         return False
