@@ -10,4 +10,5 @@ pytest_plugins = [
     'tests.testing.plugins.xdist_fail_fast',
     'tests.testing.plugins.compile_warnings',
     'tests.testing.plugins.longest_first',
+    'tests.testing.plugins.run_timeline',
 ]

@@ -1,0 +1,170 @@
+"""Run timeline (tests/testing/plugins/run_timeline.py): per-worker records turned into a few printed lines."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from tests.testing.plugins.run_timeline import spread, start_from_proc, summary_lines
+
+pytest_plugins = ['pytester']
+
+QUIET = ('-p', 'no:cacheprovider', '-p', 'no:unraisableexception', '-p', 'no:hypothesispytest')
+CONFTEST = "pytest_plugins = ['tests.testing.plugins.run_timeline']"
+TESTS = """
+import time
+
+import pytest
+
+
+@pytest.mark.parametrize('i', range(4))
+def test_sleep(i):
+    time.sleep(0.3 if i == 0 else 0.05)
+"""
+# The block as printed: a header and five indented lines, times as one-decimal seconds.
+NUMBER = r'-?\d+\.\d'
+SPREAD = rf'{NUMBER}(?: / {NUMBER} / {NUMBER})?'
+
+
+# --- the pure helpers ---------------------------------------------------------------------------------
+
+# /proc/<pid>/stat: pid, (name, which may hold spaces and parentheses), then field 3 (state) on; starttime is
+# field 22, here 250 ticks.
+STAT = '4242 (py (x) y) S ' + ' '.join(['0'] * 18) + ' 250 ' + ' '.join(['0'] * 30)
+
+
+def test_the_process_start_comes_from_starttime_and_uptime():
+    # Up 1000.00 s at now = 5000: booted at 4000, started 2.5 s after boot (250 ticks of 100 Hz).
+    assert start_from_proc(STAT, 100, 5000.0, '1000.00 1800.00\n', 'btime 3999\n') == pytest.approx(4002.5)
+
+
+def test_without_uptime_the_boot_time_of_proc_stat_counts():
+    proc_stat = 'cpu  1 2 3\nbtime 3999\nprocesses 7\n'
+    assert start_from_proc(STAT, 100, 5000.0, None, proc_stat) == pytest.approx(4001.5)
+    assert start_from_proc(STAT, 100, 5000.0, 'garbage', proc_stat) == pytest.approx(4001.5)
+
+
+@pytest.mark.parametrize(
+    ('stat', 'uptime', 'proc_stat'),
+    [('garbage', '1.0', 'btime 1'), ('1 (x) S 0', '1.0', 'btime 1'), (STAT, None, None), (STAT, None, 'btime x')],
+)
+def test_an_unreadable_proc_gives_no_start(stat, uptime, proc_stat):
+    assert start_from_proc(stat, 100, 5000.0, uptime, proc_stat) is None
+
+
+def test_spread():
+    assert spread([]) == '-'
+    assert spread([1.24]) == '1.2'
+    assert spread([3.0, 1.0, 2.04, 10.0]) == '1.0 / 2.5 / 10.0'
+
+
+def record(start, configured, collected, first=None, last=None, busy=0.0, tests=0, first_seconds=0.0, nodeid=None):
+    finished = None if last is None else last + 0.5
+    return {
+        'finished': finished,
+        'process_start': start,
+        'configured': configured,
+        'collected': collected,
+        'first_start': first,
+        'first_nodeid': nodeid,
+        'first_seconds': first_seconds,
+        'last_end': last,
+        'busy': busy,
+        'tests': tests,
+    }
+
+
+def test_summary_lines_of_three_workers():
+    # The controller's session starts at 100 (its process at 98); the run ends at 120.
+    workers = {
+        'gw0': record(100.1, 102.1, 103.0, 103.5, 115.0, busy=10.0, tests=5, first_seconds=6.0, nodeid='t.py::a'),
+        'gw1': record(100.2, 103.2, 104.0, 104.5, 118.0, busy=12.0, tests=7, first_seconds=1.0, nodeid='t.py::b'),
+        'gw2': record(100.3, 104.3, 104.5),  # got no test
+    }
+    controller = {'process_start': 98.0, 'session_start': 100.0, 'all_collected': 104.6}
+    assert summary_lines(workers, controller, 120.0) == [
+        "run timeline (3 workers: min / median / max; s from the controller's session start, "
+        'its process started at -2.0; wall 20.0 s):',
+        '  worker up (process start -> pytest configured): 2.0 / 3.0 / 4.0 s, processes started at 0.1 to 0.3',
+        '  collection done: 3.0 / 4.0 / 4.5; the controller had every collection at 4.6',
+        '  first test started: 3.5 / 4.0 / 4.5; last test finished: 15.0 / 16.5 / 18.0; '
+        'session finished: 15.5 / 17.0 / 18.5; run ended at 20.0',
+        '  busy (setup + call + teardown): 0.0 / 10.0 / 12.0 s, 37% of 3 x wall; '
+        "idle after its last test until the run's last: 0.0 / 1.5 / 3.0 s",
+        '  first test per worker: 1.0 / 3.5 / 6.0 s, slowest t.py::a 6.0 s on gw0; mean test 1.83 s',
+    ]
+
+
+def test_summary_lines_of_a_single_process():
+    workers = {'main': record(8.0, 10.0, 11.0, 11.0, 14.0, busy=3.0, tests=3, first_seconds=2.0, nodeid='t.py::a')}
+    assert summary_lines(workers, {'process_start': 8.0, 'session_start': 10.0}, 15.0, single=True) == [
+        'run timeline (1 process, no xdist; s from the session start, its process started at -2.0; wall 5.0 s):',
+        '  worker up (process start -> pytest configured): 2.0 s',
+        '  collection done: 1.0',
+        '  first test started: 1.0; last test finished: 4.0; run ended at 5.0',
+        '  busy (setup + call + teardown): 3.0 s, 60% of wall',
+        '  first test: t.py::a 2.0 s; mean test 1.00 s',
+    ]
+
+
+# --- real runs ------------------------------------------------------------------------------------------
+
+
+def block(result: pytest.RunResult) -> list[str]:
+    lines = result.stdout.lines
+    start = next(i for i, line in enumerate(lines) if line.startswith('run timeline ('))
+    return lines[start : start + 6]
+
+
+def test_a_single_process_prints_its_timeline(pytester):
+    pytester.makeconftest(CONFTEST)
+    pytester.makepyfile(test_sleep=TESTS)
+    result = pytester.runpytest_inprocess(*QUIET)
+    result.assert_outcomes(passed=4)
+    header, up, collected, tests, busy, first = block(result)
+    assert re.fullmatch(rf'run timeline \(1 process, no xdist; .* started at {NUMBER}; wall {NUMBER} s\):', header)
+    assert re.fullmatch(rf'  worker up \(process start -> pytest configured\): {NUMBER} s', up)
+    assert re.fullmatch(rf'  collection done: {NUMBER}', collected)
+    assert re.fullmatch(rf'  first test started: {NUMBER}; last test finished: {NUMBER}; run ended at {NUMBER}', tests)
+    busy_seconds = float(re.fullmatch(rf'  busy \(setup \+ call \+ teardown\): ({NUMBER}) s, \d+% of wall', busy)[1])
+    assert busy_seconds >= 0.4  # 0.3 + 3 x 0.05 s of sleeps, rounded to one decimal
+    first_seconds = re.fullmatch(
+        rf'  first test: test_sleep.py::test_sleep\[0\] ({NUMBER}) s; mean test \d\.\d\d s', first
+    )
+    assert float(first_seconds[1]) >= 0.3
+
+
+def test_each_xdist_worker_reports_to_the_controller(pytester):
+    pytester.makeconftest(CONFTEST)
+    pytester.makepyfile(test_sleep=TESTS)
+    # The controller in this process, the workers in their own.
+    result = pytester.runpytest_inprocess(*QUIET, '-n', '2', '--dist', 'worksteal')
+    result.assert_outcomes(passed=4)
+    header, up, collected, tests, busy, first = block(result)
+    assert header.startswith("run timeline (2 workers: min / median / max; s from the controller's session start")
+    assert re.fullmatch(rf'  worker up .*: {SPREAD} s, processes started at {NUMBER}( to {NUMBER})?', up)
+    assert re.fullmatch(rf'  collection done: {SPREAD}; the controller had every collection at {NUMBER}', collected)
+    assert re.fullmatch(
+        rf'  first test started: {SPREAD}; last test finished: {SPREAD}; session finished: {SPREAD}; '
+        rf'run ended at {NUMBER}',
+        tests,
+    )
+    figures = [float(n) for n in re.findall(NUMBER, tests)]  # 3 x (min, median, max), then the end
+    assert 0 < figures[0] <= figures[5] <= figures[8] <= figures[9]
+    assert re.fullmatch(rf'  busy .*: {SPREAD} s, \d+% of 2 x wall; idle after .*: {SPREAD} s', busy)
+    # worksteal: the first worker to come up starts with test_sleep[0], the 0.3 s one.
+    slowest = re.fullmatch(
+        rf'  first test per worker: {SPREAD} s, slowest .*test_sleep\[0\] ({NUMBER}) s on gw[01]; .*', first
+    )
+    assert float(slowest[1]) >= 0.3
+
+
+def test_opt_out_and_nothing_without_tests(pytester):
+    pytester.makeconftest(CONFTEST)
+    pytester.makepyfile(test_sleep=TESTS.replace('0.3 if i == 0 else 0.05', '0'))
+    off = pytester.runpytest_inprocess(*QUIET, '-p', 'no:tests.testing.plugins.run_timeline')
+    off.assert_outcomes(passed=4)
+    collect_only = pytester.runpytest_inprocess(*QUIET, '--collect-only')
+    for result in (off, collect_only):
+        assert 'run timeline' not in result.stdout.str()
