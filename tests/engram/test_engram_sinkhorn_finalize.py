@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 
 import pytest
@@ -87,18 +88,42 @@ def test_engram_sinkhorn_finalize_ascend_lowers(params):
 def test_engram_sinkhorn_finalize_cuda_lowers(params):
     cfg = choose_engram_sinkhorn_finalize_config(backend='cuda', **params, num_cores=H200_SMS)
     step = choose_engram_sinkhorn_step_config(backend='cuda', **params, num_cores=H200_SMS)
-    # The step's row layout: the same threads add the same squares in the same order (same norms).
-    assert (cfg.group_threads, cfg.chunks, cfg.rows_per_task) == (step.group_threads, step.chunks, step.rows_per_task)
+    # The step's row layout: the same threads add the same squares in the same order (same norms); the
+    # row groups per block and rows per group do not change a row's sum.
+    assert (cfg.group_threads, cfg.chunks) == (step.group_threads, step.chunks)
+    assert cfg.threads <= 1024
     lowered = assert_cuda_kernel_lowers(
         lambda: make_engram_sinkhorn_finalize_kernel(cfg), key=cfg, kernel_name=KERNEL_NAME
     )
     assert 'float4' in lowered.source
 
 
+# Variants the chooser does not pick by default (the H200 sweep tries them): one or several rows per
+# group, several groups wider than a warp per block (the barrier outside the row conditions, `guard`).
+CUDA_VARIANTS = [
+    {'head_dim': 256, 'rows_per_task': 16, 'rows_in_flight': 1},
+    {'head_dim': 256, 'rows_per_task': 4, 'rows_in_flight': 4},
+    {'head_dim': 1088, 'rows_per_task': 4, 'rows_in_flight': 2},
+    {'head_dim': 5120, 'rows_per_task': 2, 'rows_in_flight': 2},
+]
+
+
+@pytest.mark.parametrize('variant', CUDA_VARIANTS, ids=make_param_id)
+def test_engram_sinkhorn_finalize_cuda_variants_lower(variant):
+    variant = dict(variant)
+    base = choose_engram_sinkhorn_finalize_config(backend='cuda', head_dim=variant.pop('head_dim'), num_cores=H200_SMS)
+    cfg = dataclasses.replace(base, **variant)
+    lowered = assert_cuda_kernel_lowers(
+        lambda: make_engram_sinkhorn_finalize_kernel(cfg), key=cfg, kernel_name=KERNEL_NAME
+    )
+    assert 'float4' in lowered.source
+    assert ('__syncthreads' in lowered.source) == (cfg.group_threads > 32)
+
+
 def test_engram_sinkhorn_finalize_config_is_pure():
     a = choose_engram_sinkhorn_finalize_config(backend='cuda', head_dim=256, num_cores=132)
     assert a == choose_engram_sinkhorn_finalize_config(backend='cuda', head_dim=256, num_cores=132)
-    assert a.threads == 512
+    assert (a.rows_per_task, a.rows_in_flight, a.threads) == (8, 2, 256)  # 16 rows per block, 2 per warp
     with pytest.raises(ValueError, match='backend'):
         choose_engram_sinkhorn_finalize_config(backend='cpu', head_dim=256, num_cores=64)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 
 import pytest
@@ -148,13 +149,38 @@ def test_engram_sinkhorn_step_cuda_lowers(params):
     assert 'atomic' not in lowered.source  # one partial per block
 
 
+# Variants the chooser does not pick by default (the H200 sweep tries them): several rows in flight with
+# and without prefetch, row groups wider than a warp with several groups per block (barriers, `guard`).
+CUDA_VARIANTS = [
+    {'head_dim': 256, 'rows_per_task': 16, 'rows_in_flight': 1, 'num_stages': 2},
+    {'head_dim': 256, 'rows_per_task': 16, 'rows_in_flight': 2, 'num_stages': 1},
+    {'head_dim': 256, 'rows_per_task': 8, 'rows_in_flight': 8, 'num_stages': 1},
+    {'head_dim': 256, 'rows_per_task': 12, 'rows_in_flight': 2, 'num_stages': 2},
+    {'head_dim': 1088, 'rows_per_task': 4, 'rows_in_flight': 2, 'num_stages': 2},
+    {'head_dim': 5120, 'rows_per_task': 1, 'rows_in_flight': 2, 'num_stages': 1},
+]
+
+
+@pytest.mark.parametrize('variant', CUDA_VARIANTS, ids=make_param_id)
+def test_engram_sinkhorn_step_cuda_variants_lower(variant):
+    variant = dict(variant)
+    base = choose_engram_sinkhorn_step_config(backend='cuda', head_dim=variant.pop('head_dim'), num_cores=H200_SMS)
+    cfg = dataclasses.replace(base, **variant)
+    lowered = assert_cuda_kernel_lowers(lambda: make_engram_sinkhorn_step_kernel(cfg), key=cfg, kernel_name=KERNEL_NAME)
+    assert 'float4' in lowered.source
+    assert 'atomic' not in lowered.source
+    assert ('__syncthreads' in lowered.source) == (cfg.rows_per_task > 1 or cfg.group_threads > 32)
+
+
 def test_engram_sinkhorn_step_config_is_pure():
     a = choose_engram_sinkhorn_step_config(backend='cuda', head_dim=5120, num_cores=132)
     assert a == choose_engram_sinkhorn_step_config(backend='cuda', head_dim=5120, num_cores=132)
     assert hash(a) == hash(choose_engram_sinkhorn_step_config(backend='cuda', head_dim=5120, num_cores=132))
     assert (a.group_threads, a.chunks, a.rows_per_task) == (320, 4, 1)  # 1280 chunks over 320 threads
+    assert (a.rows_in_flight, a.num_stages) == (1, 2)  # one row at a time, the next one prefetched
     b = choose_engram_sinkhorn_step_config(backend='cuda', head_dim=256, num_cores=132)
-    assert (b.group_threads, b.chunks, b.rows_per_task) == (32, 2, 16)  # one warp per row, 16 rows per block
+    assert (b.group_threads, b.chunks, b.rows_per_task) == (32, 2, 12)  # one warp per row, 12 warps per block
+    assert (b.rows_in_flight, b.num_stages) == (4, 1)  # four rows per warp loaded before they are reduced
     with pytest.raises(ValueError, match='backend'):
         choose_engram_sinkhorn_step_config(backend='cpu', head_dim=256, num_cores=64)
     with pytest.raises(ValueError, match='head_dim'):

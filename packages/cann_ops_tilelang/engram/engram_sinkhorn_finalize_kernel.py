@@ -37,10 +37,11 @@ class EngramSinkhornFinalizeConfig:
     backend: Backend
     head_dim: int
     num_cores: int  # Ascend: vector cores (persistent grid); CUDA: SMs (informational, the grid is rows / W)
-    rows_per_task: int  # Ascend: rows of one task (UB tile); CUDA: rows per block (W), one per row group
+    rows_per_task: int  # Ascend: rows of one task (UB tile); CUDA: row groups per block (W)
     group_threads: int  # CUDA: threads per row (G); unused on Ascend
     chunks: int  # CUDA: 16-byte chunks per thread; unused on Ascend
     num_stages: int  # Ascend buffer versions of the persistent loop; unused on CUDA
+    rows_in_flight: int = 1  # CUDA: rows per row group (R), loaded before any is reduced; Ascend: 1
 
     def __post_init__(self):
         if self.backend not in ('ascend', 'cuda'):
@@ -49,10 +50,25 @@ class EngramSinkhornFinalizeConfig:
             raise ValueError(f'head_dim must be a multiple of {HEAD_DIM_ALIGN} up to {MAX_HEAD_DIM}')
         if self.backend == 'cuda' and self.group_threads * self.chunks * CUDA_VEC < self.head_dim:
             raise ValueError('group_threads * chunks * 4 must cover head_dim')
+        if self.rows_in_flight < 1:
+            raise ValueError('rows_in_flight must be at least 1')
 
     @property
     def threads(self) -> int:
         return self.group_threads * self.rows_per_task
+
+
+def finalize_rows_in_flight(head_dim: int) -> int:
+    """CUDA: rows per row group (R).
+
+    One-warp rows of at most 2 chunks per thread (head_dim <= 256): with one row per warp a warp has one
+    1 KB load in flight and then waits for it, and each row reloads the column scale; two rows per warp
+    double the bytes in flight per warp and halve the column-scale loads. The registers stay below 64 per
+    thread (two 8-float rows, the 8-float column scale), so the SM still holds 32 warps or more. Half as
+    many warps per block keep the grid at one block per 16 rows (the same wave count as one row per warp
+    at 16 warps). Wider rows: one row per group (each thread already has 4 chunks of a row in flight)."""
+    g, chunks = row_layout(head_dim)
+    return 2 if g == 32 and chunks <= 2 else 1
 
 
 def choose_engram_sinkhorn_finalize_config(
@@ -68,12 +84,15 @@ def choose_engram_sinkhorn_finalize_config(
             group_threads=0,
             chunks=0,
             num_stages=2,
+            rows_in_flight=1,
         )
-    # The step's row layout (same norms); a block holds CUDA_BLOCK_THREADS / G rows where G = 32.
+    # The step's row layout (same norms: G and chunks; W and R do not change a row's sum).
     g, chunks = row_layout(head_dim)
-    w = max(1, CUDA_BLOCK_THREADS // g) if g == 32 else 1
+    r = finalize_rows_in_flight(head_dim)
+    # G = 32: W warps per block, each on its own R rows, no barrier; wider rows: one row group per block.
+    w = max(1, CUDA_BLOCK_THREADS // (g * r)) if g == 32 else 1
     return EngramSinkhornFinalizeConfig(
-        backend, head_dim, num_cores, rows_per_task=w, group_threads=g, chunks=chunks, num_stages=1
+        backend, head_dim, num_cores, rows_per_task=w, group_threads=g, chunks=chunks, num_stages=1, rows_in_flight=r
     )
 
 
@@ -140,10 +159,11 @@ def _ascend_kernel(cfg: EngramSinkhornFinalizeConfig):
 def _cuda_kernel(cfg: EngramSinkhornFinalizeConfig):
     import tilelang.language as T
 
-    D, W, G, nc = cfg.head_dim, cfg.rows_per_task, cfg.group_threads, cfg.chunks
+    D, W, G, nc, R = cfg.head_dim, cfg.rows_per_task, cfg.group_threads, cfg.chunks, cfg.rows_in_flight
     nt = cfg.threads
     nw = G // 32  # warps per row group
     ve = CUDA_VEC
+    L = nc * ve  # floats of one row per thread
     guard = (D // ve) % G != 0  # some threads' last chunk lies past the row
     f32 = T.float32
     rows = T.dynamic('rows')
@@ -157,51 +177,70 @@ def _cuda_kernel(cfg: EngramSinkhornFinalizeConfig):
         eps: T.float32,
         alpha: T.float32,
     ):
-        with T.Kernel(T.ceildiv(rows, W), threads=nt) as b:
+        # Block b holds rows b * W * R + r * W + w (r < R) for its W row groups: R rows per group, all
+        # loaded before any is reduced (R independent reductions), the column scale loaded once for them.
+        with T.Kernel(T.ceildiv(rows, W * R), threads=nt) as b:
             T.annotate_pass_configs({'tl.disable_thread_storage_sync': True})
             tid = T.get_thread_binding()
             lane = tid % G
-            row = b * W + tid // G
-            c_l = T.alloc_local((nc * ve,), f32)
-            m_l = T.alloc_local((nc * ve,), f32)
-            ss = T.alloc_var(f32)
-            tot = T.alloc_var(f32)
-            rs = T.alloc_var(f32)
+            w = tid // G
+            c_l = T.alloc_local((L,), f32)
+            m_l = T.alloc_local((R * L,), f32)
+            rs_l = T.alloc_local((R,), f32)
+            ss = T.alloc_local((R,), f32)
+            tot = T.alloc_local((R,), f32)
             s = T.alloc_var(f32)
-            red = T.alloc_shared((nw,), f32)
-            # W > 1 only when G = 32: no barrier, so a warp past the last row can simply skip its row.
-            # W = 1: the whole block shares one valid row (the grid is exactly `rows` blocks).
-            if row < rows:
-                rs = row_scale[row]
-                for k in T.unroll(nc):
-                    col = (lane + k * G) * ve
-                    if not guard or col < D:
-                        for j in T.vectorized(ve):
-                            m_l[k * ve + j] = matrix[row, col + j]
-                        for j in T.vectorized(ve):
-                            c_l[k * ve + j] = col_scale[col + j]
-                    else:
-                        for j in T.unroll(ve):
-                            m_l[k * ve + j] = 0.0
-                            c_l[k * ve + j] = 0.0
-                ss = 0.0
-                for e in T.unroll(nc * ve):
-                    x = (rs * m_l[e]) * c_l[e]
-                    ss += x * x
-                tot = T.warp_reduce_sum(ss)
-                if nw > 1:
-                    if lane % 32 == 0:
-                        red[lane // 32] = tot
-                    T.sync_threads()
-                    tot = red[0]
+            red = T.alloc_shared((R, W, nw), f32)
+            for k in T.unroll(nc):
+                col = (lane + k * G) * ve
+                if not guard or col < D:
+                    for j in T.vectorized(ve):
+                        c_l[k * ve + j] = col_scale[col + j]
+                else:
+                    for j in T.unroll(ve):
+                        c_l[k * ve + j] = 0.0
+            # Rows past the last are zeros and are not stored; the barrier of a group wider than a warp
+            # is outside every row condition, so all threads of the block reach it.
+            for r in T.unroll(R):
+                if (b * R + r) * W + w < rows:
+                    for k in T.unroll(nc):
+                        col = (lane + k * G) * ve
+                        if not guard or col < D:
+                            for j in T.vectorized(ve):
+                                m_l[r * L + k * ve + j] = matrix[(b * R + r) * W + w, col + j]
+                        else:
+                            for j in T.unroll(ve):
+                                m_l[r * L + k * ve + j] = 0.0
+                    rs_l[r] = row_scale[(b * R + r) * W + w]
+                else:
+                    for e in T.unroll(L):
+                        m_l[r * L + e] = 0.0
+                    rs_l[r] = 0.0
+            # The step's accumulation of each row's norm (engram_sinkhorn_step_kernel: same order, same bits).
+            for r in T.unroll(R):
+                ss[r] = 0.0
+                for e in T.unroll(L):
+                    x = (rs_l[r] * m_l[r * L + e]) * c_l[e]
+                    ss[r] += x * x
+            for r in T.unroll(R):
+                tot[r] = T.warp_reduce_sum(ss[r])
+            if nw > 1:
+                if lane % 32 == 0:
+                    for r in T.unroll(R):
+                        red[r, w, lane // 32] = tot[r]
+                T.sync_threads()
+                for r in T.unroll(R):
+                    tot[r] = red[r, w, 0]
                     for q2 in T.unroll(1, nw):
-                        tot += red[q2]
-                s = alpha * (rs / (T.sqrt(tot) + eps))
-                for k in T.unroll(nc):
-                    col = (lane + k * G) * ve
-                    if not guard or col < D:
-                        for j in T.vectorized(ve):
-                            out[row, col + j] = (s * m_l[k * ve + j]) * c_l[k * ve + j]
+                        tot[r] += red[r, w, q2]
+            for r in T.unroll(R):
+                if (b * R + r) * W + w < rows:
+                    s = alpha * (rs_l[r] / (T.sqrt(tot[r]) + eps))
+                    for k in T.unroll(nc):
+                        col = (lane + k * G) * ve
+                        if not guard or col < D:
+                            for j in T.vectorized(ve):
+                                out[(b * R + r) * W + w, col + j] = (s * m_l[r * L + k * ve + j]) * c_l[k * ve + j]
 
     return engram_sinkhorn_finalize_kernel
 

@@ -51,9 +51,21 @@ def row_layout(head_dim: int) -> tuple[int, int]:
     return g, -(-n4 // g)
 
 
-def _cuda_regs_estimate(chunks: int) -> int:
-    # Four (chunks * 4)-float arrays (column scale, row, prefetched row, column sums) plus addressing.
-    return 16 * chunks + 24
+def _cuda_regs_estimate(chunks: int, rows_in_flight: int = 1, stages: int = 2) -> int:
+    """Registers per thread: the column scale and the column sums ((chunks * 4) floats each), the
+    rows in flight (rows_in_flight row buffers, twice that when the next ones are prefetched, with their
+    row scales and sums), plus addressing; rounded up to the allocation unit of 8 (ptxas -v on sm_90a
+    gives 56 to 80 registers for the head_dim 256 variants, within this estimate)."""
+    buffers = rows_in_flight * stages
+    return -(-(4 * chunks * (2 + buffers) + 2 * buffers + 24) // 8) * 8
+
+
+def cuda_row_groups(group_threads: int, chunks: int, rows_in_flight: int, stages: int) -> int:
+    """CUDA: row groups per block (W): at most CUDA_BLOCK_THREADS threads, and as many as leave both blocks
+    of an SM resident within the register file by _cuda_regs_estimate."""
+    regs = _cuda_regs_estimate(chunks, rows_in_flight, stages)
+    fit = CUDA_REGS_PER_SM // (CUDA_BLOCKS_PER_SM * group_threads * regs)
+    return max(1, min(CUDA_BLOCK_THREADS // group_threads, fit))
 
 
 def ascend_accumulators(head_dim: int) -> int:
@@ -75,7 +87,10 @@ class EngramSinkhornStepConfig:
     rows_per_task: int  # Ascend: rows of one task (UB tile); CUDA: row groups per block (W)
     group_threads: int  # CUDA: threads per row (G); unused on Ascend
     chunks: int  # CUDA: 16-byte chunks per thread; unused on Ascend
-    num_stages: int  # Ascend buffer versions of the persistent loop; unused on CUDA
+    # Ascend: buffer versions of the persistent loop. CUDA: 1 = a row group loads its rows_in_flight rows,
+    # then reduces them; 2 = it also loads its next rows_in_flight rows before reducing the current ones.
+    num_stages: int
+    rows_in_flight: int = 1  # CUDA: rows a row group loads per iteration before reducing them (R); Ascend: 1
 
     def __post_init__(self):
         if self.backend not in ('ascend', 'cuda'):
@@ -84,10 +99,27 @@ class EngramSinkhornStepConfig:
             raise ValueError(f'head_dim must be a multiple of {HEAD_DIM_ALIGN} up to {MAX_HEAD_DIM}')
         if self.backend == 'cuda' and self.group_threads * self.chunks * CUDA_VEC < self.head_dim:
             raise ValueError('group_threads * chunks * 4 must cover head_dim')
+        if self.backend == 'cuda' and (self.num_stages not in (1, 2) or self.rows_in_flight < 1):
+            raise ValueError('CUDA: num_stages must be 1 or 2 and rows_in_flight at least 1')
 
     @property
     def threads(self) -> int:
         return self.group_threads * self.rows_per_task
+
+
+def cuda_rows_in_flight(head_dim: int) -> tuple[int, int]:
+    """CUDA: (rows_in_flight, num_stages) of a row group.
+
+    One-warp rows of at most 2 chunks per thread (head_dim <= 256): one row of 1 KB per warp, even with
+    the next row prefetched, leaves too few bytes in flight per SM to cover the memory latency, and the
+    warp waits on each load before its reduction. Four rows per iteration, loaded together and then
+    reduced as four independent chains, put 4 KB per warp in flight; without the prefetch buffers that
+    is 2 * 8 * 4 = 32 floats of row data per thread (W shrinks to 12 warps per block to keep both blocks
+    of an SM resident). Wider rows: one row at a time, the next one prefetched (enough bytes per warp)."""
+    g, chunks = row_layout(head_dim)
+    if g == 32 and chunks <= 2:
+        return 4, 1
+    return 1, 2
 
 
 def choose_engram_sinkhorn_step_config(*, backend: Backend, head_dim: int, num_cores: int) -> EngramSinkhornStepConfig:
@@ -102,11 +134,13 @@ def choose_engram_sinkhorn_step_config(*, backend: Backend, head_dim: int, num_c
             group_threads=0,
             chunks=0,
             num_stages=2,
+            rows_in_flight=1,
         )
     g, chunks = row_layout(head_dim)
+    r, stages = cuda_rows_in_flight(head_dim)
     # Narrow rows (G = 32, one warp): several warps per block, each on its own rows, no barrier per row;
-    # wider rows: one row at a time per block. Two blocks per SM: P = 2 * SMs partials.
-    w = max(1, CUDA_BLOCK_THREADS // g) if g == 32 else 1
+    # wider rows: one row group per block. Two blocks per SM: P = 2 * SMs partials.
+    w = cuda_row_groups(g, chunks, r, stages) if g == 32 else 1
     return EngramSinkhornStepConfig(
         backend,
         head_dim,
@@ -115,7 +149,8 @@ def choose_engram_sinkhorn_step_config(*, backend: Backend, head_dim: int, num_c
         rows_per_task=w,
         group_threads=g,
         chunks=chunks,
-        num_stages=1,
+        num_stages=stages,
+        rows_in_flight=r,
     )
 
 
@@ -200,23 +235,34 @@ def _cuda_kernel(cfg: EngramSinkhornStepConfig):
     import tilelang.language as T
 
     D, P, W, G, nc = cfg.head_dim, cfg.num_partials, cfg.rows_per_task, cfg.group_threads, cfg.chunks
+    R, S = cfg.rows_in_flight, cfg.num_stages
     nt = cfg.threads
     nw = G // 32  # warps per row group
     ve = CUDA_VEC
+    L = nc * ve  # floats of one row per thread
     guard = (D // ve) % G != 0  # some threads' last chunk lies past the row
     f32 = T.float32
     rows = T.dynamic('rows')
 
     @T.macro
-    def load_row(dst, matrix, row, lane):
-        for k in T.unroll(nc):
-            col = (lane + k * G) * ve
-            if not guard or col < D:
-                for j in T.vectorized(ve):
-                    dst[k * ve + j] = matrix[row, col + j]
+    def load_rows(dst, dst_rs, matrix, row_scale, it, lo, w, lane, cnt):
+        # The R rows j = it * R + r of group w (rows lo + w + j * W); rows past the group's last are zeros.
+        for r in T.unroll(R):
+            j = it * R + r
+            if j < cnt:
+                for k in T.unroll(nc):
+                    col = (lane + k * G) * ve
+                    if not guard or col < D:
+                        for v in T.vectorized(ve):
+                            dst[r * L + k * ve + v] = matrix[lo + w + j * W, col + v]
+                    else:
+                        for v in T.unroll(ve):
+                            dst[r * L + k * ve + v] = 0.0
+                dst_rs[r] = row_scale[lo + w + j * W]
             else:
-                for j in T.unroll(ve):
-                    dst[k * ve + j] = 0.0
+                for e in T.unroll(L):
+                    dst[r * L + e] = 0.0
+                dst_rs[r] = 0.0
 
     @T.prim_func
     def engram_sinkhorn_step_kernel(
@@ -228,24 +274,27 @@ def _cuda_kernel(cfg: EngramSinkhornStepConfig):
         eps: T.float32,
     ):
         with T.Kernel(P, threads=nt) as b:
-            # `red` alternates by row parity, so the one barrier per row is all it needs.
+            # `red` alternates by iteration parity, so the one barrier per iteration is all it needs.
             T.annotate_pass_configs({'tl.disable_thread_storage_sync': True})
-            if 2 * nt * _cuda_regs_estimate(nc) <= CUDA_REGS_PER_SM:
-                # Both blocks of an SM resident (the partials assume one wave), without spills.
+            if CUDA_BLOCKS_PER_SM * nt * _cuda_regs_estimate(nc, R, S) <= CUDA_REGS_PER_SM:
+                # Both blocks of an SM resident (the partials assume one wave), without spills: the
+                # chooser sizes W so that the estimate fits; a variant that does not is left to ptxas.
                 T.annotate_min_blocks_per_sm(CUDA_BLOCKS_PER_SM)
             tid = T.get_thread_binding()
             lane = tid % G
             w = tid // G
-            c_l = T.alloc_local((nc * ve,), f32)
-            m_l = T.alloc_local((nc * ve,), f32)
-            m_n = T.alloc_local((nc * ve,), f32)
-            rs_n = T.alloc_var(f32)
-            a_l = T.alloc_local((nc * ve,), f32)
-            ss = T.alloc_var(f32)
-            tot = T.alloc_var(f32)
-            rs = T.alloc_var(f32)
+            c_l = T.alloc_local((L,), f32)
+            m_l = T.alloc_local((R * L,), f32)
+            rs_l = T.alloc_local((R,), f32)
+            m_n = T.alloc_local((R * L if S > 1 else 1,), f32)
+            rs_n = T.alloc_local((R if S > 1 else 1,), f32)
+            a_l = T.alloc_local((L,), f32)
+            ss = T.alloc_local((R,), f32)
+            tot = T.alloc_local((R,), f32)
+            nrm = T.alloc_var(f32)
             rsn = T.alloc_var(f32)
-            red = T.alloc_shared((2, nw), f32)
+            acc = T.alloc_var(f32)
+            red = T.alloc_shared((2, R, W, nw), f32)
             comb = T.alloc_shared((W if W > 1 else 1, D), f32)
             for k in T.unroll(nc):
                 col = (lane + k * G) * ve
@@ -257,45 +306,59 @@ def _cuda_kernel(cfg: EngramSinkhornStepConfig):
                         c_l[k * ve + j] = 0.0
                 for j in T.unroll(ve):
                     a_l[k * ve + j] = 0.0
-            # Block b owns rows [lo, lo + n): rows // P or rows // P + 1 of them; group w takes every W-th.
+            # Block b owns rows [lo, lo + n): rows // P or rows // P + 1 of them; group w takes every W-th
+            # (cnt rows), R of them per iteration, in row order: the order of each column sum is the same
+            # for every R and S (and as with one row at a time).
             q = rows // P
             rem = rows % P
             lo = b * q + T.min(b, rem)
             n = q + T.if_then_else(b < rem, 1, 0)
-            # Software pipelining: the next row of this group is loaded (m_n, rs_n) before the current
-            # one is reduced, so two rows per group are in flight.
-            cnt = T.ceildiv(n - w, W)
-            if cnt > 0:
-                load_row(m_n, matrix, lo + w, lane)
-                rs_n = row_scale[lo + w]
-            for i in T.serial(cnt):
-                row = lo + w + i * W
-                rs = rs_n
-                for e in T.unroll(nc * ve):
-                    m_l[e] = m_n[e]
-                if i + 1 < cnt:
-                    load_row(m_n, matrix, row + W, lane)
-                    rs_n = row_scale[row + W]
-                ss = 0.0
-                for e in T.unroll(nc * ve):
-                    x = (rs * m_l[e]) * c_l[e]
-                    ss += x * x
-                tot = T.warp_reduce_sum(ss)
+            cnt = T.max(T.ceildiv(n - w, W), 0)
+            # One trip count for the whole block (group 0 has the most rows): the barrier of a row group
+            # wider than a warp is reached by every thread; groups past their last row skip the updates.
+            iters = T.ceildiv(T.ceildiv(n, W), R)
+            if S > 1:
+                # Software pipelining: the next R rows of this group are loaded (m_n, rs_n) before the
+                # current R are reduced, so up to 2 R rows per group are in flight.
+                load_rows(m_n, rs_n, matrix, row_scale, 0, lo, w, lane, cnt)
+            for it in T.serial(iters):
+                if S > 1:
+                    for e in T.unroll(R * L):
+                        m_l[e] = m_n[e]
+                    for r in T.unroll(R):
+                        rs_l[r] = rs_n[r]
+                    if it + 1 < iters:
+                        load_rows(m_n, rs_n, matrix, row_scale, it + 1, lo, w, lane, cnt)
+                else:
+                    load_rows(m_l, rs_l, matrix, row_scale, it, lo, w, lane, cnt)
+                # R independent sums and warp reductions (each row's in the one fixed order).
+                for r in T.unroll(R):
+                    ss[r] = 0.0
+                    for e in T.unroll(L):
+                        x = (rs_l[r] * m_l[r * L + e]) * c_l[e]
+                        ss[r] += x * x
+                for r in T.unroll(R):
+                    tot[r] = T.warp_reduce_sum(ss[r])
                 if nw > 1:
                     if lane % 32 == 0:
-                        red[i % 2, lane // 32] = tot
+                        for r in T.unroll(R):
+                            red[it % 2, r, w, lane // 32] = tot[r]
                     T.sync_threads()
-                    tot = red[i % 2, 0]
-                    for q2 in T.unroll(1, nw):
-                        tot += red[i % 2, q2]
-                tot = T.sqrt(tot)
-                rsn = rs / (tot + eps)
-                if lane == 0:
-                    row_norm[row] = tot
-                    row_scale[row] = rsn
-                for e in T.unroll(nc * ve):
-                    y = (rsn * m_l[e]) * c_l[e]
-                    a_l[e] += y * y
+                    for r in T.unroll(R):
+                        tot[r] = red[it % 2, r, w, 0]
+                        for q2 in T.unroll(1, nw):
+                            tot[r] += red[it % 2, r, w, q2]
+                for r in T.unroll(R):
+                    if it * R + r < cnt:
+                        row = lo + w + (it * R + r) * W
+                        nrm = T.sqrt(tot[r])
+                        rsn = rs_l[r] / (nrm + eps)
+                        if lane == 0:
+                            row_norm[row] = nrm
+                            row_scale[row] = rsn
+                        for e in T.unroll(L):
+                            y = (rsn * m_l[r * L + e]) * c_l[e]
+                            a_l[e] += y * y
             if W == 1:
                 for k in T.unroll(nc):
                     col = (lane + k * G) * ve
@@ -313,10 +376,10 @@ def _cuda_kernel(cfg: EngramSinkhornStepConfig):
                 for k in T.serial(T.ceildiv(D, nt)):
                     col = k * nt + tid
                     if col < D:
-                        tot = comb[0, col]
+                        acc = comb[0, col]
                         for w2 in T.unroll(1, W):
-                            tot += comb[w2, col]
-                        col_sumsq_partial[b, col] = tot
+                            acc += comb[w2, col]
+                        col_sumsq_partial[b, col] = acc
 
     return engram_sinkhorn_step_kernel
 
