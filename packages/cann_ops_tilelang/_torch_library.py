@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import torch
 
+from cann_ops_tilelang.validation import PLAIN_TENSOR_TYPES
+
 NAMESPACE = 'cann_ops_tilelang'
 
 
@@ -24,11 +26,9 @@ def traced(tensor) -> bool:
     non-tensor first argument takes the eager route, whose validation raises the TypeError.
     """
     return torch.compiler.is_compiling() or (
-        isinstance(tensor, torch.Tensor) and (type(tensor) not in _PLAIN or torch._C._len_torch_dispatch_stack() > 0)
+        isinstance(tensor, torch.Tensor)
+        and (type(tensor) not in PLAIN_TENSOR_TYPES or torch._C._len_torch_dispatch_stack() > 0)
     )
-
-
-_PLAIN = (torch.Tensor, torch.nn.Parameter)  # weights arrive as parameters: they take the eager route
 
 
 def op(name: str):

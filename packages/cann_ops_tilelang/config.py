@@ -206,3 +206,17 @@ def get_cuda_arch(device: torch.device | None = None) -> str:
 def should_print_kernel_source() -> bool:
     """Whether OPS_TILELANG_PRINT_KERNEL_SOURCE asks operators to print the generated source."""
     return _env_flag(PRINT_KERNEL_SOURCE_ENV)
+
+
+# os.environ.get of an unset variable raises and catches a KeyError inside the mapping (about a microsecond);
+# every launch asks, and the variable is usually unset. os.environ keeps its encoded items in one dict, which
+# its __setitem__ / __delitem__ (monkeypatch.setenv too) update, so a lookup there sees every change.
+_ENVIRON_ITEMS = getattr(os.environ, '_data', None)
+_PRINT_KERNEL_SOURCE_KEY = os.environ.encodekey(PRINT_KERNEL_SOURCE_ENV) if _ENVIRON_ITEMS is not None else None
+
+
+def kernel_source_requested() -> bool:
+    """should_print_kernel_source() on the launch path: False at the cost of a dict lookup while unset."""
+    if _ENVIRON_ITEMS is not None and _PRINT_KERNEL_SOURCE_KEY not in _ENVIRON_ITEMS:
+        return False
+    return should_print_kernel_source()

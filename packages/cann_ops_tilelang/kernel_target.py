@@ -5,17 +5,17 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+from collections.abc import Callable
 
 import torch
 
 from cann_ops_tilelang.config import (
-    PRINT_KERNEL_SOURCE_ENV,
     Backend,
     ascend_emulator_enabled,
     device_guard,
     get_cuda_arch,
     is_ascend_available,
-    should_print_kernel_source,
+    kernel_source_requested,
 )
 
 
@@ -71,9 +71,14 @@ class Launcher:
 
     The kernel is compiled (or loaded from TileLang's cache) on the first `launch`, not when the launcher is
     made: choosing a configuration (the `*_config` functions, empty inputs) never compiles. What a launch
-    calls is the cheapest entry of the compiled kernel that does the same thing (`_entry`)."""
+    calls is the cheapest entry of the compiled kernel that does the same thing (`_entry`).
 
-    __slots__ = ('_cuda_index', '_entry', '_get_kernel', '_kernel', 'cfg', 'device')
+    `checks_arguments` (known once the kernel is loaded) says whether that entry validates every tensor
+    argument itself before it launches: rank, dtype, every extent that the kernel's signature fixes or
+    shares between arguments, strides, byte offset, device type and that all tensors are on one device.
+    Operators then leave those checks to it on their fast path (see `launch_or_explain`)."""
+
+    __slots__ = ('_cuda_index', '_entry', '_get_kernel', '_kernel', 'cfg', 'checks_arguments', 'device')
 
     def __init__(self, get_kernel, cfg, device) -> None:
         self.cfg = cfg
@@ -81,6 +86,7 @@ class Launcher:
         self._get_kernel = get_kernel
         self._kernel = None
         self._entry = None
+        self.checks_arguments = False
         # CUDA: switching devices is needed only when the tensors' device is not the current one, which
         # one C call tells (torch.cuda.device's context manager costs microseconds per call on a busy host).
         self._cuda_index = device.index if device.type == 'cuda' else None
@@ -90,7 +96,7 @@ class Launcher:
         if self._kernel is None:
             with device_guard(self.device):
                 self._kernel = self._get_kernel(self.cfg)
-                self._entry = _entry(self._kernel, self.device)
+                self._entry, self.checks_arguments = _entry(self._kernel, self.device)
         return self._kernel
 
     def launch(self, *args) -> None:
@@ -100,7 +106,7 @@ class Launcher:
             entry = self._entry
         # The environment is read on every call (a test or a user may set it at any time); an unset
         # variable costs one dict lookup.
-        if os.environ.get(PRINT_KERNEL_SOURCE_ENV) and should_print_kernel_source():
+        if kernel_source_requested():
             print(self._kernel.get_kernel_source())
         index = self._cuda_index
         if index is not None and index == _cuda_current_device():
@@ -114,14 +120,29 @@ def _cuda_current_device() -> int:
     return torch._C._cuda_getDevice()
 
 
-def _entry(kernel, device):
+def launch_or_explain(launcher: Launcher, args: tuple, explain: Callable[[], object]) -> None:
+    """The launch of an operator's fast path, which left the layout checks to a launcher whose entry
+    `checks_arguments`: when the entry rejects the arguments, `explain()` (the operator's full check) raises
+    the contract's typed error naming the argument; if it finds nothing wrong, the entry's own error stands.
+    The entry checks before it launches anything, so a rejected call has no effect."""
+    try:
+        launcher.launch(*args)
+        return
+    except Exception as exc:  # re-raised below unless the contract names the fault
+        error = exc
+    explain()
+    raise error
+
+
+def _entry(kernel, device) -> tuple[Callable, bool]:
     """What a launch of `kernel` calls: for a TileLang kernel on the TVM-FFI execution backend whose outputs
     are all caller-allocated (every kernel here), the compiled TVM-FFI function itself. TileLang's
     JITKernel.__call__ -> adapter func does, per call, exactly that call after Python steps that only matter
     for kernels with TileLang-allocated outputs (argument count, output device, the argument list) or for
     NPU streams (which TileLang's Ascend adapters handle; they keep their own call). The generated host code
     behind that function checks every argument (dtype, shape, strides, device) and reads the current stream
-    either way. Other kernels (NPU ones, the emulator's, other execution backends) are called as they are."""
+    either way, hence the True (Launcher.checks_arguments). Other kernels (NPU ones, the emulator's, other
+    execution backends) are called as they are, with False."""
     adapter = getattr(kernel, 'adapter', None)
     if (
         device.type == 'cuda'
@@ -131,8 +152,8 @@ def _entry(kernel, device):
     ):
         executable = adapter._get_executable()
         if callable(executable):
-            return executable
-    return getattr(kernel, 'torch_function', None) or kernel
+            return executable, True
+    return getattr(kernel, 'torch_function', None) or kernel, False
 
 
 def compile_lock(prim_func, target):

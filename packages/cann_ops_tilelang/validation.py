@@ -46,6 +46,10 @@ def check_last_dim_contiguous(name: str, value: torch.Tensor) -> None:
         raise ValueError(f'{name} must not have negative strides, got {value.stride()}')
 
 
+# Tensors that take an operator's eager route (weights arrive as parameters); subclasses (FakeTensor,
+# functional tensors) go through its torch.library op, and the eager fast paths take only these.
+PLAIN_TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
+
 ALIGN_BYTES = 16  # the kernels move 16-byte vectors (CUDA cp.async / uint4 / TMA, Ascend DMA bursts)
 
 

@@ -10,10 +10,11 @@
 Small, launch-bound calls (T = 16, hc = 4, H = 7168; the Sinkhorn operators at 1001 x 256): what a caller
 waits for in eager mode is the host time of a call. Each figure is the median over `--rounds` rounds of
 `--calls` calls back to back, the device synchronised once at the end of a round, after a warm-up (which
-also compiles the kernels). Inputs are shared by both libraries; operators that update a buffer in place
-(grad_w_reduce, the Sinkhorn momentum and step) keep updating it, which changes no launch. A failing
-operator (or library) prints its error in its cell; the rest of the table is still measured. The last row
-times `weight_hidden.float() * weight_embed.float()` in torch (three launches) as a yardstick of the host.
+also compiles the kernels); per operator the rounds of the two libraries alternate. Inputs are shared by
+both libraries; operators that update a buffer in place (grad_w_reduce, the Sinkhorn momentum and step)
+keep updating it, which changes no launch. A failing operator (or library) prints its error in its cell;
+the rest of the table is still measured. The last row times `weight_hidden.float() * weight_embed.float()`
+in torch (three launches) as a yardstick of the host.
 """
 
 from __future__ import annotations
@@ -101,30 +102,47 @@ def calls(lib, inp: dict, *, tile_kernels: bool) -> dict[str, Callable[[], objec
     }
 
 
+def _round_us(fn: Callable[[], object], sync: Callable[[], None], calls: int) -> float:
+    """The wall time per call (us) of `calls` back-to-back calls, the device synchronised at the end."""
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    sync()
+    return (time.perf_counter() - start) / calls * 1e6
+
+
+def _warm_up(fn: Callable[[], object], sync: Callable[[], None], calls: int) -> None:
+    for _ in range(max(10, calls // 10)):  # compiles, fills the caches and the allocator
+        fn()
+    sync()
+
+
 def time_per_call(
     fn: Callable[[], object], sync: Callable[[], None], *, calls: int, rounds: int, statistic=statistics.median
 ) -> float:
     """`statistic` (the median) over rounds of the wall time per call (us) of `calls` back-to-back calls."""
-    for _ in range(max(10, calls // 10)):  # warm-up: compiles, fills the caches and the allocator
-        fn()
-    sync()
-    per_call = []
-    for _ in range(rounds):
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        sync()
-        per_call.append((time.perf_counter() - start) / calls * 1e6)
-    return statistic(per_call)
+    _warm_up(fn, sync, calls)
+    return statistic([_round_us(fn, sync, calls) for _ in range(rounds)])
 
 
-def measure(fns: dict, names, sync, **sizes) -> dict[str, float | str]:
-    results: dict[str, float | str] = {}
+def measure(libraries: dict[str, dict], names, sync, *, calls: int, rounds: int, statistic=statistics.median):
+    """library -> operator -> time per call (us) or the error of the call, `libraries` mapping a name to its
+    calls(). Per operator the libraries' rounds alternate (ours, theirs, ours, ...), so that a drift of the
+    host (clocks, other load) between rounds reaches both alike."""
+    results: dict[str, dict[str, float | str]] = {library: {} for library in libraries}
     for name in names:
-        try:
-            results[name] = time_per_call(fns[name], sync, **sizes)
-        except Exception as exc:  # reported in the table; the other operators are still measured
-            results[name] = f'{type(exc).__name__}: {str(exc).splitlines()[0][:60] if str(exc) else ""}'
+        per_round: dict[str, list[float]] = {}
+        for library, fns in libraries.items():
+            try:
+                _warm_up(fns[name], sync, calls)
+                per_round[library] = []
+            except Exception as exc:  # reported in the table; the other operators are still measured
+                results[library][name] = f'{type(exc).__name__}: {str(exc).splitlines()[0][:60] if str(exc) else ""}'
+        for _ in range(rounds):
+            for library in per_round:
+                per_round[library].append(_round_us(libraries[library][name], sync, calls))
+        for library, values in per_round.items():
+            results[library][name] = statistic(values)
     return results
 
 
@@ -220,8 +238,11 @@ def main(argv: list[str] | None = None) -> int:
             tk, why = import_tile_kernels() if args.tilekernels else (None, 'disabled (--no-tilekernels)')
         sync = torch.cuda.synchronize if device.type == 'cuda' else (lambda: None)
         inp = make_inputs(device)
-        ours = measure(calls(cann_ops_tilelang, inp, tile_kernels=False), args.ops, sync, **_sizes(args))
-        theirs = measure(calls(tk, inp, tile_kernels=True), args.ops, sync, **_sizes(args)) if tk is not None else None
+        libraries = {'ours': calls(cann_ops_tilelang, inp, tile_kernels=False)}
+        if tk is not None:
+            libraries['tk'] = calls(tk, inp, tile_kernels=True)
+        results = measure(libraries, args.ops, sync, **_sizes(args))
+        ours, theirs = results['ours'], results.get('tk')
         yardstick = time_per_call(lambda: inp['wh'].float() * inp['we'].float(), sync, **_sizes(args))
 
         where = torch.cuda.get_device_name(device) if device.type == 'cuda' else 'CPU, launches stubbed'

@@ -712,6 +712,20 @@ def test_engram_gate_fwd_noncontiguous_kv(device, num_tokens, hc, hidden):
 
 
 @pytest.mark.npu
+def test_engram_gate_fwd_misaligned_weight(device):
+    """A weight_fused 4 bytes past a 16-byte boundary (the kernels read it in 16-byte vectors) is copied first:
+    the same bits as the aligned weight, on the full and on the fast path (second call)."""
+    x, kv, w = _inputs(33, 4, 1088, device)
+    storage = torch.empty(w.numel() + 1, device=device)
+    shifted = storage[1:].view(w.shape)
+    shifted.copy_(w)
+    expected = cann_ops_tilelang.engram_gate_fwd(x, kv, w, EPS, CLAMP)
+    for _ in range(2):
+        for a, b in zip(cann_ops_tilelang.engram_gate_fwd(x, kv, shifted, EPS, CLAMP), expected, strict=True):
+            assert_equal(a, b)
+
+
+@pytest.mark.npu
 def test_engram_gate_fwd_out_and_no_save(device):
     x, kv, w = _inputs(1000, 4, 1088, device)
     full = cann_ops_tilelang.engram_gate_fwd(x, kv, w, 1e-5, 1e-4)

@@ -7,8 +7,16 @@ import torch
 from cann_ops_tilelang._torch_library import op, traced
 from cann_ops_tilelang.config import get_num_cores, require_accelerator
 from cann_ops_tilelang.engram._contract import check_hc_hidden
-from cann_ops_tilelang.kernel_target import Launcher
-from cann_ops_tilelang.validation import check_aligned, check_contiguous, check_out, check_shape, check_tensor
+from cann_ops_tilelang.kernel_target import Launcher, launch_or_explain
+from cann_ops_tilelang.validation import (
+    ALIGN_BYTES,
+    PLAIN_TENSOR_TYPES,
+    check_aligned,
+    check_contiguous,
+    check_out,
+    check_shape,
+    check_tensor,
+)
 
 from .engram_fused_weight_kernel import (
     EngramFusedWeightConfig,
@@ -20,6 +28,10 @@ _NAME = 'engram_fused_weight'
 # One launcher per (device, backend, hc, H): the configuration is chosen, and the kernel looked up, once
 # (The core count is the device's, fixed for a process.)
 _LAUNCHERS: dict[tuple, Launcher] = {}
+# The fast path's launchers (their entries check every tensor's layout, Launcher.checks_arguments), by
+# (weight_hidden.shape, CUDA device index): found there, a call without out= checks in Python only what
+# the entry cannot (argument types, alignment) and leaves the explanation of a rejection to _check.
+_CHECKED: dict[tuple, Launcher] = {}
 
 
 def _check(weight_hidden, weight_embed, out, *, memory: bool) -> tuple[int, int, str]:
@@ -59,6 +71,22 @@ def _launcher(backend: str, device: torch.device, hc: int, hidden: int) -> Launc
 
 def _eager(weight_hidden, weight_embed, out):
     """The call on real tensors: every check, then the launch (also the torch.library op's kernel)."""
+    if (
+        out is None
+        and type(weight_hidden) in PLAIN_TENSOR_TYPES
+        and type(weight_embed) in PLAIN_TENSOR_TYPES
+        and weight_hidden.is_cuda
+    ):
+        shape = weight_hidden.shape
+        launcher = _CHECKED.get((shape, weight_hidden.get_device()))
+        if launcher is not None and not (weight_hidden.data_ptr() | weight_embed.data_ptr()) % ALIGN_BYTES:
+            result = weight_hidden.new_empty(shape, dtype=torch.float32)
+            launch_or_explain(
+                launcher,
+                (weight_hidden, weight_embed, result),
+                lambda: _check(weight_hidden, weight_embed, None, memory=True),
+            )
+            return result
     hc, hidden, backend = _check(weight_hidden, weight_embed, out, memory=True)
     device = weight_hidden.device
     launcher = _launcher(backend, device, hc, hidden)
@@ -66,6 +94,8 @@ def _eager(weight_hidden, weight_embed, out):
     # Tensor.new_empty: the device from the tensor, no keyword parsing of it (about 1 us less than torch.empty)
     result = weight_hidden.new_empty((hc, hidden), dtype=torch.float32) if out is None else out
     launcher.launch(weight_hidden, weight_embed, result)
+    if out is None and launcher.checks_arguments:
+        _CHECKED[(weight_hidden.shape, weight_hidden.get_device())] = launcher
     return result
 
 

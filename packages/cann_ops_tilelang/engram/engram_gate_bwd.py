@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import torch
@@ -9,9 +10,10 @@ import torch
 from cann_ops_tilelang._torch_library import op, traced
 from cann_ops_tilelang.config import get_num_cores, require_accelerator
 from cann_ops_tilelang.engram._contract import check_hc_hidden, gate_operands_conform, kv_alignment_bits
-from cann_ops_tilelang.kernel_target import Launcher
+from cann_ops_tilelang.kernel_target import Launcher, launch_or_explain
 from cann_ops_tilelang.validation import (
     ALIGN_BYTES,
+    PLAIN_TENSOR_TYPES,
     check_contiguous,
     check_image_token_mask,
     check_last_dim_contiguous,
@@ -53,6 +55,11 @@ _SAVED = ('dot', 'gate_score', 'rstd_x', 'rstd_k')
 # One launcher per (device, backend, hc, H, deterministic, mask): chosen and looked up once.
 # (The core count is the device's, fixed for a process.)
 _LAUNCHERS: dict[tuple, Launcher] = {}
+# The fast path's launchers (their entries check every tensor's layout, Launcher.checks_arguments), by
+# (hidden_states.shape[1:], CUDA device index, deterministic, mask given): found there, a call checks in
+# Python only what the entry cannot (argument types, clamp_value, kv's outer strides, alignment: a call
+# that would need an aligned copy goes the full way) and leaves the explanation of a rejection to _check.
+_CHECKED: dict[tuple, Launcher] = {}
 # The claiming kernels' token counters, one per (device index, raw CUDA stream): see _token_counter.
 _COUNTERS: dict[tuple, torch.Tensor] = {}
 # What the kernels that claim nothing get as token_counter (never read or written), one per device.
@@ -177,8 +184,59 @@ def _launcher(backend, device, hc: int, hidden: int, image_token_mask) -> Launch
     return launcher
 
 
+def _fast_key(grad_out, hidden_states, kv, weight_fused, saved, clamp_value, image_token_mask) -> tuple | None:
+    """The _CHECKED key of a call whose remaining checks the entry makes and that needs no aligned copy;
+    None sends it the full way."""
+    plain = PLAIN_TENSOR_TYPES
+    if not (
+        type(hidden_states) in plain
+        and type(grad_out) in plain
+        and type(kv) in plain
+        and type(weight_fused) in plain
+        and type(saved[0]) in plain
+        and type(saved[1]) in plain
+        and type(saved[2]) in plain
+        and type(saved[3]) in plain
+        and (image_token_mask is None or type(image_token_mask) in plain)
+        and hidden_states.is_cuda
+        and kv.dim() == 3
+        and type(clamp_value) is float
+        and 0.0 < clamp_value < math.inf
+    ):
+        return None
+    stride_t, stride_h, _ = kv.stride()
+    if not (
+        0 <= stride_t <= _MAX_STRIDE
+        and 0 <= stride_h <= _MAX_STRIDE
+        and (grad_out.data_ptr() | hidden_states.data_ptr() | weight_fused.data_ptr() | kv_alignment_bits(kv))
+        % ALIGN_BYTES
+        == 0
+    ):
+        return None
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    return (hidden_states.shape[1:], hidden_states.get_device(), deterministic, image_token_mask is None)
+
+
 def _eager(grad_out, hidden_states, kv, weight_fused, saved, clamp_value, image_token_mask) -> EngramGateBwdResult:
     """The call on real tensors: every check, then the launch (also the torch.library op's kernel)."""
+    fast_key = _fast_key(grad_out, hidden_states, kv, weight_fused, saved, clamp_value, image_token_mask)
+    launcher = _CHECKED.get(fast_key) if fast_key is not None else None
+    if launcher is not None:
+        num_tokens, hc, hidden = hidden_states.shape
+        if num_tokens:
+            x = hidden_states
+            grad_x = x.new_empty((num_tokens, hc, hidden))
+            grad_kv = x.new_empty((num_tokens, hc + 1, hidden))
+            grad_w_partial = x.new_empty((launcher.cfg.num_blocks, hc, hidden), dtype=torch.float32)
+            grads = (grad_x, grad_kv, grad_w_partial)
+            counter = _token_counter(x) if launcher.cfg.dynamic_tokens else _unused_counter(x)
+            mask = () if image_token_mask is None else (image_token_mask,)
+            launch_or_explain(
+                launcher,
+                (grad_out, x, kv, weight_fused, *saved, *mask, *grads, clamp_value, counter),
+                lambda: _check(grad_out, x, kv, weight_fused, saved, clamp_value, image_token_mask),
+            )
+            return EngramGateBwdResult(*grads)
     backend = _check(grad_out, hidden_states, kv, weight_fused, saved, clamp_value, image_token_mask)
     num_tokens, hc, hidden = hidden_states.shape
     launcher = _launcher(backend, hidden_states.device, hc, hidden, image_token_mask)
@@ -219,6 +277,8 @@ def _eager(grad_out, hidden_states, kv, weight_fused, saved, clamp_value, image_
             float(clamp_value),
             token_counter,
         )
+    if fast_key is not None and launcher.checks_arguments and not cfg.accumulates_into_partials:
+        _CHECKED[fast_key] = launcher
     return EngramGateBwdResult(grad_x, grad_kv, grad_w_partial)
 
 

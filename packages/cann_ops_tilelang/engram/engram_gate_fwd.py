@@ -10,8 +10,10 @@ import torch
 from cann_ops_tilelang._torch_library import op, traced
 from cann_ops_tilelang.config import get_num_cores, require_accelerator
 from cann_ops_tilelang.engram._contract import check_hc_hidden, gate_operands_conform, kv_alignment_bits
-from cann_ops_tilelang.kernel_target import Launcher
+from cann_ops_tilelang.kernel_target import Launcher, launch_or_explain
 from cann_ops_tilelang.validation import (
+    ALIGN_BYTES,
+    PLAIN_TENSOR_TYPES,
     check_bool,
     check_contiguous,
     check_image_token_mask,
@@ -54,6 +56,34 @@ def _access_vec(hidden_states: torch.Tensor, kv: torch.Tensor, out: torch.Tensor
 # One launcher per (device, backend, hc, H, save_for_backward, mask, access width): chosen and looked up once.
 # (The core count is the device's, fixed for a process.)
 _LAUNCHERS: dict[tuple, Launcher] = {}
+# The fast path's launchers (their entries check every tensor's layout, Launcher.checks_arguments), by
+# (hidden_states.shape[1:], CUDA device index, save_for_backward, mask given, access width): found there,
+# a call without inplace or out= checks in Python only what the entry cannot (argument types, the scalars,
+# kv's outer strides, alignment) and leaves the explanation of a rejection to _check.
+_CHECKED: dict[tuple, Launcher] = {}
+
+
+def _fast_key(hidden_states, kv, weight_fused, eps, clamp_value, save_for_backward, image_token_mask) -> tuple | None:
+    """The _CHECKED key of a call whose remaining checks the entry makes; None sends it the full way."""
+    if not (
+        type(hidden_states) in PLAIN_TENSOR_TYPES
+        and type(kv) in PLAIN_TENSOR_TYPES
+        and type(weight_fused) in PLAIN_TENSOR_TYPES
+        and hidden_states.is_cuda
+        and kv.dim() == 3
+        and type(eps) is float
+        and 0.0 < eps < math.inf
+        and type(clamp_value) is float
+        and 0.0 < clamp_value < math.inf
+        and type(save_for_backward) is bool
+        and (image_token_mask is None or type(image_token_mask) in PLAIN_TENSOR_TYPES)
+    ):
+        return None
+    stride_t, stride_h, _ = kv.stride()
+    if stride_t < 0 or stride_h < 0 or weight_fused.data_ptr() % ALIGN_BYTES:
+        return None
+    vec = _access_vec(hidden_states, kv, None)
+    return (hidden_states.shape[1:], hidden_states.get_device(), save_for_backward, image_token_mask is None, vec)
 
 
 def _conforms(x, kv, weight_fused, eps, clamp_value, save_for_backward, image_token_mask) -> bool:
@@ -174,6 +204,19 @@ def _eager(
     hidden_states, kv, weight_fused, eps, clamp_value, save_for_backward, image_token_mask, inplace, out
 ) -> EngramGateFwdResult:
     """The call on real tensors: every check, then the launch (also the torch.library ops' kernel)."""
+    fast_key = (
+        _fast_key(hidden_states, kv, weight_fused, eps, clamp_value, save_for_backward, image_token_mask)
+        if inplace is False and out is None
+        else None
+    )
+    launcher = _CHECKED.get(fast_key) if fast_key is not None else None
+    if launcher is not None and hidden_states.shape[0]:
+        args = (hidden_states, kv, weight_fused, eps, clamp_value, save_for_backward, image_token_mask, False, None)
+        output, saved, launch_args = _outputs_and_args(
+            hidden_states, kv, weight_fused, eps, clamp_value, save_for_backward, image_token_mask, None
+        )
+        launch_or_explain(launcher, launch_args, lambda: _check(*args, memory=True))
+        return EngramGateFwdResult(output, *saved)
     backend = _check(
         hidden_states,
         kv,
@@ -187,12 +230,30 @@ def _eager(
         memory=True,
     )
     launcher = _launcher(backend, hidden_states, kv, save_for_backward, image_token_mask, out)
+    if weight_fused.data_ptr() % ALIGN_BYTES:  # the kernels read it in 16-byte vectors: an aligned copy
+        weight_fused = weight_fused.clone()
+    output, saved, launch_args = _outputs_and_args(
+        hidden_states,
+        kv,
+        weight_fused,
+        eps,
+        clamp_value,
+        save_for_backward,
+        image_token_mask,
+        hidden_states if inplace else out,
+    )
+    if hidden_states.shape[0] == 0:
+        return EngramGateFwdResult(output, *saved)
+    launcher.launch(*launch_args)
+    if fast_key is not None and launcher.checks_arguments:
+        _CHECKED[fast_key] = launcher
+    return EngramGateFwdResult(output, *saved)
+
+
+def _outputs_and_args(hidden_states, kv, weight_fused, eps, clamp_value, save_for_backward, image_token_mask, output):
+    """(output, the four saved tensors or Nones, the kernel's arguments): `output` None allocates it."""
     num_tokens, hc, hidden = hidden_states.shape
-    if inplace:
-        output = hidden_states
-    elif out is not None:
-        output = out
-    else:
+    if output is None:
         output = hidden_states.new_empty((num_tokens, hc, hidden))  # cheaper than torch.empty(..., device=)
     if save_for_backward:
         new_empty, shape, f32 = hidden_states.new_empty, (num_tokens, hc), torch.float32
@@ -205,15 +266,11 @@ def _eager(
         )
     else:
         saved = (None, None, None, None)
-    if num_tokens == 0:
-        return EngramGateFwdResult(output, *saved)
     # kv whole: the kernel reads keys and value through its strides (no views to build per call).
     outputs = (output, *saved) if save_for_backward else (output,)  # no slots for unsaved outputs
     if image_token_mask is None:
-        launcher.launch(hidden_states, kv, weight_fused, *outputs, float(eps), float(clamp_value))
-    else:
-        launcher.launch(hidden_states, kv, weight_fused, image_token_mask, *outputs, float(eps), float(clamp_value))
-    return EngramGateFwdResult(output, *saved)
+        return output, saved, (hidden_states, kv, weight_fused, *outputs, float(eps), float(clamp_value))
+    return output, saved, (hidden_states, kv, weight_fused, image_token_mask, *outputs, float(eps), float(clamp_value))
 
 
 def _fake(hidden_states, kv, weight_fused, eps, clamp_value, save_for_backward, image_token_mask, inplace, out):
@@ -259,7 +316,8 @@ def engram_gate_fwd(
         hidden_states: (T, hc, H) bf16, contiguous. hc in 1..8, H a multiple of 64 up to 16384, T >= 0.
         kv: (T, hc + 1, H) bf16: kv[:, :hc] the key of each branch, kv[:, hc] the value shared by all
             branches. Last dimension contiguous, other strides free.
-        weight_fused: (hc, H) fp32, contiguous (engram_fused_weight).
+        weight_fused: (hc, H) fp32, contiguous (engram_fused_weight); at an address that is not a 16-byte
+            multiple it is first copied to an aligned buffer.
         eps, clamp_value: finite floats > 0 (RMSNorm epsilon; clamp of the signed square root).
         save_for_backward: also return dot, gate_score, rstd_x, rstd_k for engram_gate_bwd.
         image_token_mask: optional (T,) bool, contiguous; True marks an image token, for which the gate

@@ -9,8 +9,15 @@ import torch
 from cann_ops_tilelang._torch_library import op, traced
 from cann_ops_tilelang.config import get_num_cores, require_accelerator
 from cann_ops_tilelang.engram._contract import check_hc_hidden
-from cann_ops_tilelang.kernel_target import Launcher
-from cann_ops_tilelang.validation import ALIGN_BYTES, check_aligned, check_contiguous, check_shape, check_tensor
+from cann_ops_tilelang.kernel_target import Launcher, launch_or_explain
+from cann_ops_tilelang.validation import (
+    ALIGN_BYTES,
+    PLAIN_TENSOR_TYPES,
+    check_aligned,
+    check_contiguous,
+    check_shape,
+    check_tensor,
+)
 
 from .engram_grad_w_reduce_kernel import (
     EngramGradWReduceConfig,
@@ -29,6 +36,10 @@ class EngramGradWReduceResult(NamedTuple):
 # One launcher per (device, backend, hc, H): chosen and looked up once.
 # (The core count is the device's, fixed for a process.)
 _LAUNCHERS: dict[tuple, Launcher] = {}
+# The fast path's launchers (their entries check every tensor's layout, Launcher.checks_arguments), by
+# (grad_w_partial.shape[1:], CUDA device index): found there, a call checks in Python only what the entry
+# cannot (argument types, alignment, overlaps) and leaves the explanation of a rejection to _check.
+_CHECKED: dict[tuple, Launcher] = {}
 
 
 # (name, dtype, ndim) of the five tensor arguments, in order.
@@ -94,14 +105,60 @@ def _launcher(backend, grad_w_partial) -> Launcher:
     return launcher
 
 
+def _fast_launcher(grad_w_partial, weight_hidden, weight_embed, grad_weight_hidden, grad_weight_embed):
+    """The _CHECKED launcher of a call whose remaining checks the entry makes: plain tensors on a GPU,
+    aligned, the gradients overlapping nothing (their spans taken as contiguous: where one is not, the
+    entry rejects it); None sends the call the full way."""
+    plain = PLAIN_TENSOR_TYPES
+    if not (
+        type(grad_w_partial) in plain
+        and type(weight_hidden) in plain
+        and type(weight_embed) in plain
+        and type(grad_weight_hidden) in plain
+        and type(grad_weight_embed) in plain
+        and grad_w_partial.is_cuda
+    ):
+        return None
+    launcher = _CHECKED.get((grad_w_partial.shape[1:], grad_w_partial.get_device()))
+    if launcher is None or not grad_w_partial.shape[0]:
+        return None
+    starts = (
+        grad_w_partial.data_ptr(),
+        weight_hidden.data_ptr(),
+        weight_embed.data_ptr(),
+        grad_weight_hidden.data_ptr(),
+        grad_weight_embed.data_ptr(),
+    )
+    if (starts[0] | starts[1] | starts[2] | starts[3] | starts[4]) % ALIGN_BYTES:
+        return None
+    ends = (
+        starts[0] + grad_w_partial.nbytes,
+        starts[1] + weight_hidden.nbytes,
+        starts[2] + weight_embed.nbytes,
+        starts[3] + grad_weight_hidden.nbytes,
+        starts[4] + grad_weight_embed.nbytes,
+    )
+    for grad in _GRADS:
+        for other in range(grad):
+            if starts[grad] < ends[other] and starts[other] < ends[grad]:
+                return None  # (on one device or not: the full way tells)
+    return launcher
+
+
 def _eager(grad_w_partial, weight_hidden, weight_embed, grad_weight_hidden, grad_weight_embed) -> None:
     """The call on real tensors: every check, then the launch (also the torch.library op's kernel)."""
     args = (grad_w_partial, weight_hidden, weight_embed, grad_weight_hidden, grad_weight_embed)
+    launcher = _fast_launcher(*args)
+    if launcher is not None:
+        launch_or_explain(launcher, args, lambda: _check(*args, memory=True))
+        return
     backend = _check(*args, memory=True)
     launcher = _launcher(backend, grad_w_partial)
     if grad_w_partial.shape[0] == 0:  # empty sum: nothing to add
         return
     launcher.launch(*args)
+    if launcher.checks_arguments:
+        _CHECKED[(grad_w_partial.shape[1:], grad_w_partial.get_device())] = launcher
 
 
 def _fake(grad_w_partial, weight_hidden, weight_embed, grad_weight_hidden, grad_weight_embed) -> None:

@@ -6,8 +6,15 @@ import torch
 
 from cann_ops_tilelang._torch_library import op, traced
 from cann_ops_tilelang.config import get_num_cores, require_accelerator
-from cann_ops_tilelang.kernel_target import Launcher
-from cann_ops_tilelang.validation import check_contiguous, check_image_token_mask, check_out, check_shape, check_tensor
+from cann_ops_tilelang.kernel_target import Launcher, launch_or_explain
+from cann_ops_tilelang.validation import (
+    PLAIN_TENSOR_TYPES,
+    check_contiguous,
+    check_image_token_mask,
+    check_out,
+    check_shape,
+    check_tensor,
+)
 
 from .engram_hash_kernel import EngramHashConfig, choose_engram_hash_config, get_engram_hash_kernel
 
@@ -20,6 +27,10 @@ MAX_COLS = 256  # (N - 1) * E: rows per token and layer
 # One launcher per (device, backend, L, N, E, mask): chosen and looked up once.
 # (The core count is the device's, fixed for a process.)
 _LAUNCHERS: dict[tuple, Launcher] = {}
+# The fast path's launchers (their entries check every tensor's layout, Launcher.checks_arguments), by
+# (vocab_sizes.shape, CUDA device index, mask given): found there, a call without out= checks in Python only
+# the argument types and leaves the explanation of a rejection to _check.
+_CHECKED: dict[tuple, Launcher] = {}
 
 
 def _check(ngram_token_ids, multipliers, vocab_sizes, offsets, image_token_mask, out, *, memory):
@@ -99,6 +110,32 @@ def _launcher(backend, ngram_token_ids, vocab_sizes, image_token_mask) -> Launch
 
 def _eager(ngram_token_ids, multipliers, vocab_sizes, offsets, image_token_mask, out) -> torch.Tensor:
     """The call on real tensors: every check, then the launch (also the torch.library ops' kernel)."""
+    plain = PLAIN_TENSOR_TYPES
+    fast_key = None
+    if (
+        out is None
+        and type(ngram_token_ids) in plain
+        and type(multipliers) in plain
+        and type(vocab_sizes) in plain
+        and type(offsets) in plain
+        and (image_token_mask is None or type(image_token_mask) in plain)
+        and ngram_token_ids.is_cuda
+        and ngram_token_ids.dim() == 2
+    ):
+        layers_orders_tables = vocab_sizes.shape
+        fast_key = (layers_orders_tables, ngram_token_ids.get_device(), image_token_mask is None)
+        launcher = _CHECKED.get(fast_key)
+        num_tokens = ngram_token_ids.shape[0]
+        if launcher is not None and num_tokens:
+            num_layers, ngram_orders, num_tables = layers_orders_tables
+            result = ngram_token_ids.new_empty((num_layers, num_tokens, ngram_orders * num_tables))
+            mask = () if image_token_mask is None else (image_token_mask,)
+            launch_or_explain(
+                launcher,
+                (ngram_token_ids, multipliers, vocab_sizes, offsets, *mask, result),
+                lambda: _check(ngram_token_ids, multipliers, vocab_sizes, offsets, image_token_mask, None, memory=True),
+            )
+            return result
     backend, shape = _check(ngram_token_ids, multipliers, vocab_sizes, offsets, image_token_mask, out, memory=True)
     launcher = _launcher(backend, ngram_token_ids, vocab_sizes, image_token_mask)
     result = ngram_token_ids.new_empty(shape) if out is None else out  # int32, its device
@@ -108,6 +145,8 @@ def _eager(ngram_token_ids, multipliers, vocab_sizes, offsets, image_token_mask,
         launcher.launch(ngram_token_ids, multipliers, vocab_sizes, offsets, result)
     else:
         launcher.launch(ngram_token_ids, multipliers, vocab_sizes, offsets, image_token_mask, result)
+    if fast_key is not None and launcher.checks_arguments:
+        _CHECKED[fast_key] = launcher
     return result
 
 

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from cann_ops_tilelang._torch_library import op, traced
 from cann_ops_tilelang.config import get_num_cores, require_accelerator
-from cann_ops_tilelang.kernel_target import Launcher
+from cann_ops_tilelang.kernel_target import Launcher, launch_or_explain
 from cann_ops_tilelang.validation import check_aligned, check_finite_float, check_out
 
 from .engram_sinkhorn_finalize_kernel import (
@@ -14,7 +16,7 @@ from .engram_sinkhorn_finalize_kernel import (
     choose_engram_sinkhorn_finalize_config,
     get_engram_sinkhorn_finalize_kernel,
 )
-from .engram_sinkhorn_step import check_sinkhorn_matrix
+from .engram_sinkhorn_step import check_sinkhorn_matrix, sinkhorn_operands_fast
 
 _NAME = 'engram_sinkhorn_finalize'
 
@@ -22,6 +24,11 @@ _NAME = 'engram_sinkhorn_finalize'
 # One launcher per (device, backend, head_dim): chosen and looked up once.
 # (The core count is the device's, fixed for a process.)
 _LAUNCHERS: dict[tuple, Launcher] = {}
+# The fast path's launchers (their entries check every tensor's layout, Launcher.checks_arguments), by
+# (head_dim, CUDA device index): found there, a call without out= whose operands pass
+# sinkhorn_operands_fast and whose alpha is a finite float leaves the rest of the checks to the entry and
+# the explanation of a rejection to _check.
+_CHECKED: dict[tuple, Launcher] = {}
 
 
 def _check(matrix, row_scale, col_scale, eps, alpha, out, *, memory) -> tuple[str, int, int, float, float]:
@@ -57,12 +64,30 @@ def _launcher(backend, device, head_dim) -> Launcher:
 
 def _eager(matrix, row_scale, col_scale, eps, alpha, out) -> torch.Tensor:
     """The call on real tensors: every check, then the launch (also the torch.library ops' kernel)."""
+    if (
+        out is None
+        and type(alpha) is float
+        and -math.inf < alpha < math.inf
+        and sinkhorn_operands_fast(matrix, row_scale, col_scale, eps)
+    ):
+        shape = matrix.shape
+        launcher = _CHECKED.get((shape[1], matrix.get_device()))
+        if launcher is not None:
+            result = matrix.new_empty(shape)
+            launch_or_explain(
+                launcher,
+                (matrix, row_scale, col_scale, result, eps, alpha),
+                lambda: _check(matrix, row_scale, col_scale, eps, alpha, None, memory=True),
+            )
+            return result
     backend, rows, head_dim, eps, alpha = _check(matrix, row_scale, col_scale, eps, alpha, out, memory=True)
     launcher = _launcher(backend, matrix.device, head_dim)
     result = matrix.new_empty((rows, head_dim)) if out is None else out  # fp32, its device
     if rows == 0:
         return result
     launcher.launch(matrix, row_scale, col_scale, result, eps, alpha)
+    if out is None and launcher.checks_arguments:
+        _CHECKED[(head_dim, matrix.get_device())] = launcher
     return result
 
 

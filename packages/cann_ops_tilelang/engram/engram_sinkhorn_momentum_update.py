@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from cann_ops_tilelang._torch_library import op, traced
 from cann_ops_tilelang.config import get_num_cores, require_accelerator
-from cann_ops_tilelang.kernel_target import Launcher
+from cann_ops_tilelang.kernel_target import Launcher, launch_or_explain
 from cann_ops_tilelang.validation import (
+    ALIGN_BYTES,
+    PLAIN_TENSOR_TYPES,
     check_aligned,
     check_bool,
     check_contiguous,
@@ -32,6 +36,11 @@ _DTYPE_NAMES = {torch.bfloat16: 'bfloat16', torch.float32: 'float32'}
 # One launcher per (device, backend, dtypes, nesterov): chosen and looked up once.
 # (The core count is the device's, fixed for a process.)
 _LAUNCHERS: dict[tuple, Launcher] = {}
+# The fast path's launchers (their entries check every tensor's layout, Launcher.checks_arguments), by
+# (grad dtype, momentum_buffer dtype, nesterov, CUDA device index): found there, a call with 1-D tensors
+# checks in Python only what the entry cannot (argument types, beta1, numel, alignment, the overlap) and
+# leaves the explanation of a rejection to _check.
+_CHECKED: dict[tuple, Launcher] = {}
 
 
 def _check(grad, momentum_buffer, beta1, nesterov, *, memory) -> tuple[str, float]:
@@ -70,6 +79,31 @@ def _launcher(backend, grad, momentum_buffer, nesterov) -> Launcher:
 
 def _eager(grad, momentum_buffer, beta1, nesterov) -> torch.Tensor:
     """The call on real tensors: every check, then the launch (also the torch.library op's kernel)."""
+    fast_key = None
+    if (
+        type(grad) in PLAIN_TENSOR_TYPES
+        and type(momentum_buffer) in PLAIN_TENSOR_TYPES
+        and grad.is_cuda
+        and grad.dim() == 1
+        and type(beta1) is float
+        and -math.inf < beta1 < math.inf
+        and type(nesterov) is bool
+    ):
+        fast_key = (grad.dtype, momentum_buffer.dtype, nesterov, grad.get_device())
+        launcher = _CHECKED.get(fast_key)
+        numel = grad.shape[0]
+        if launcher is not None and 0 < numel <= MAX_NUMEL:
+            grad_start, buffer_start = grad.data_ptr(), momentum_buffer.data_ptr()
+            if not (grad_start | buffer_start) % ALIGN_BYTES and not (
+                grad_start < buffer_start + momentum_buffer.nbytes and buffer_start < grad_start + grad.nbytes
+            ):
+                result = momentum_buffer.new_empty((numel,), dtype=torch.float32)
+                launch_or_explain(
+                    launcher,
+                    (grad, momentum_buffer, result, beta1, 1.0 - beta1),
+                    lambda: _check(grad, momentum_buffer, beta1, nesterov, memory=True),
+                )
+                return result
     backend, beta1 = _check(grad, momentum_buffer, beta1, nesterov, memory=True)
     launcher = _launcher(backend, grad, momentum_buffer, nesterov)
     result = momentum_buffer.new_empty(momentum_buffer.shape, dtype=torch.float32)
@@ -81,6 +115,8 @@ def _eager(grad, momentum_buffer, beta1, nesterov) -> torch.Tensor:
         flat_result = result
     # 1 - beta1 is rounded once to fp32 at the launch, as torch rounds the scalar of `grad * (1 - beta1)`
     launcher.launch(grad, momentum_buffer, flat_result, beta1, 1.0 - beta1)
+    if fast_key is not None and launcher.checks_arguments:
+        _CHECKED[fast_key] = launcher
     return result
 
 

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import torch
 
 from cann_ops_tilelang._torch_library import op, traced
 from cann_ops_tilelang.config import get_num_cores, require_accelerator
-from cann_ops_tilelang.kernel_target import Launcher
+from cann_ops_tilelang.kernel_target import Launcher, launch_or_explain
 from cann_ops_tilelang.validation import (
+    ALIGN_BYTES,
+    PLAIN_TENSOR_TYPES,
     check_aligned,
     check_contiguous,
     check_finite_float,
@@ -61,6 +64,27 @@ def check_sinkhorn_matrix(name: str, matrix, row_scale, col_scale, eps, *, memor
 # One launcher per (device, backend, head_dim): chosen and looked up once.
 # (The core count is the device's, fixed for a process.)
 _LAUNCHERS: dict[tuple, Launcher] = {}
+# The fast path's launchers (their entries check every tensor's layout, Launcher.checks_arguments), by
+# (head_dim, CUDA device index): found there, a call whose operands pass sinkhorn_operands_fast leaves the
+# rest of the checks to the entry and the explanation of a rejection to _check.
+_CHECKED: dict[tuple, Launcher] = {}
+
+
+def sinkhorn_operands_fast(matrix, row_scale, col_scale, eps) -> bool:
+    """What check_sinkhorn_matrix checks that a launcher's entry cannot (Launcher.checks_arguments), shared
+    with engram_sinkhorn_finalize's fast path: plain tensors on a GPU, a 2-D matrix with 1 to MAX_NUMEL
+    elements, the matrix and col_scale aligned, eps a finite float. False: the full way decides."""
+    return (
+        type(matrix) in PLAIN_TENSOR_TYPES
+        and type(row_scale) in PLAIN_TENSOR_TYPES
+        and type(col_scale) in PLAIN_TENSOR_TYPES
+        and matrix.is_cuda
+        and matrix.dim() == 2
+        and type(eps) is float
+        and -math.inf < eps < math.inf
+        and 0 < matrix.numel() <= MAX_NUMEL
+        and not (matrix.data_ptr() | col_scale.data_ptr()) % ALIGN_BYTES
+    )
 
 
 def _check(matrix, row_scale, col_scale, eps, *, memory) -> tuple[str, int, int, float]:
@@ -84,6 +108,18 @@ def _launcher(backend, device, head_dim) -> Launcher:
 
 def _eager(matrix, row_scale, col_scale, eps) -> EngramSinkhornStepResult:
     """The call on real tensors: every check, then the launch (also the torch.library op's kernel)."""
+    if sinkhorn_operands_fast(matrix, row_scale, col_scale, eps):
+        rows, head_dim = matrix.shape
+        launcher = _CHECKED.get((head_dim, matrix.get_device()))
+        if launcher is not None:
+            row_norm = matrix.new_empty((rows,))
+            col_sumsq_partial = matrix.new_empty((launcher.cfg.num_partials, head_dim))
+            launch_or_explain(
+                launcher,
+                (matrix, row_scale, col_scale, row_norm, col_sumsq_partial, eps),
+                lambda: _check(matrix, row_scale, col_scale, eps, memory=True),
+            )
+            return EngramSinkhornStepResult(row_norm, col_sumsq_partial)
     backend, rows, head_dim, eps = _check(matrix, row_scale, col_scale, eps, memory=True)
     launcher = _launcher(backend, matrix.device, head_dim)
     cfg, device = launcher.cfg, launcher.device
@@ -94,6 +130,8 @@ def _eager(matrix, row_scale, col_scale, eps) -> EngramSinkhornStepResult:
         )
     col_sumsq_partial = matrix.new_empty((cfg.num_partials, head_dim))
     launcher.launch(matrix, row_scale, col_scale, row_norm, col_sumsq_partial, eps)
+    if launcher.checks_arguments:
+        _CHECKED[(head_dim, matrix.get_device())] = launcher
     return EngramSinkhornStepResult(row_norm, col_sumsq_partial)
 
 

@@ -6,8 +6,16 @@ import torch
 
 from cann_ops_tilelang._torch_library import op, traced
 from cann_ops_tilelang.config import get_num_cores, require_accelerator
-from cann_ops_tilelang.kernel_target import Launcher
-from cann_ops_tilelang.validation import check_aligned, check_contiguous, check_shape, check_tensor, may_overlap
+from cann_ops_tilelang.kernel_target import Launcher, launch_or_explain
+from cann_ops_tilelang.validation import (
+    ALIGN_BYTES,
+    PLAIN_TENSOR_TYPES,
+    check_aligned,
+    check_contiguous,
+    check_shape,
+    check_tensor,
+    may_overlap,
+)
 
 from .engram_sinkhorn_step_kernel import HEAD_DIM_ALIGN, MAX_HEAD_DIM
 from .engram_sinkhorn_step_reduce_kernel import (
@@ -23,6 +31,11 @@ MAX_PARTIALS = 2**31 // MAX_HEAD_DIM  # int32 element indices of the partials
 # One launcher per (device, backend, head_dim): chosen and looked up once.
 # (The core count is the device's, fixed for a process.)
 _LAUNCHERS: dict[tuple, Launcher] = {}
+# The fast path's launchers (their entries check every tensor's layout, Launcher.checks_arguments), by
+# (col_sumsq_partial.shape[1:], CUDA device index): found there, a call checks in Python only what the entry
+# cannot (argument types, the number of partials, alignment, the overlap) and leaves the explanation of a
+# rejection to _check.
+_CHECKED: dict[tuple, Launcher] = {}
 
 
 def _check(col_sumsq_partial, col_sumsq, *, memory) -> str:
@@ -60,11 +73,34 @@ def _launcher(backend, col_sumsq) -> Launcher:
 
 def _eager(col_sumsq_partial, col_sumsq) -> None:
     """The call on real tensors: every check, then the launch (also the torch.library op's kernel)."""
+    if (
+        type(col_sumsq_partial) in PLAIN_TENSOR_TYPES
+        and type(col_sumsq) in PLAIN_TENSOR_TYPES
+        and col_sumsq_partial.is_cuda
+        and col_sumsq_partial.dim() == 2
+    ):
+        shape = col_sumsq_partial.shape
+        launcher = _CHECKED.get((shape[1:], col_sumsq_partial.get_device()))
+        partial_start, sum_start = col_sumsq_partial.data_ptr(), col_sumsq.data_ptr()
+        if (
+            launcher is not None
+            and 0 < shape[0] <= MAX_PARTIALS
+            and not (partial_start | sum_start) % ALIGN_BYTES
+            and not (
+                partial_start < sum_start + col_sumsq.nbytes and sum_start < partial_start + col_sumsq_partial.nbytes
+            )
+        ):
+            launch_or_explain(
+                launcher, (col_sumsq_partial, col_sumsq), lambda: _check(col_sumsq_partial, col_sumsq, memory=True)
+            )
+            return
     launcher = _launcher(_check(col_sumsq_partial, col_sumsq, memory=True), col_sumsq)
     if col_sumsq_partial.shape[0] == 0:  # the empty sum
         col_sumsq.zero_()
         return
     launcher.launch(col_sumsq_partial, col_sumsq)
+    if launcher.checks_arguments:
+        _CHECKED[(col_sumsq_partial.shape[1:], col_sumsq_partial.get_device())] = launcher
 
 
 def _fake(col_sumsq_partial, col_sumsq) -> None:
