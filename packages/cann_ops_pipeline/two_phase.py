@@ -25,6 +25,10 @@ not fail a phase; a failing phase 1 still runs phase 2 unless --fail-fast (an in
 one that ended in a usage error, stops the run). The exit code is 0 when no phase failed (5 when
 neither phase ran a test), else the first failing phase's exit code; usage errors exit 4, as in pytest.
 
+Phase 2 is started while phase 1 runs (`-p cann_ops_pipeline.phase_gate`): its interpreter start, imports
+and collection overlap phase 1, and its tests wait at the gate until phase 1 has ended; its output is
+shown then, after phase 1's, and its time counts from there. A stopped run ends it unheard.
+
 Pure standard library. Devices are counted and their memory read by cann_ops_pipeline.device_count
 (never by torch), and the count is exported as OPS_TILELANG_DEVICE_COUNT so that both pytest runs
 bind workers alike.
@@ -41,8 +45,10 @@ import shlex
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 
 from cann_ops_pipeline.conventions import (
     DEFAULT_NPU_MEM_THRESHOLD_MB,
@@ -54,6 +60,7 @@ from cann_ops_pipeline.conventions import (
 )
 from cann_ops_pipeline.conventions import NPU_MEM_THRESHOLD_OPTION as THRESHOLD_OPTION
 from cann_ops_pipeline.device_count import DEVICE_COUNT_ENV, Tool, count_devices, device_memory_mb, run_tool
+from cann_ops_pipeline.phase_gate import GATE_ENV, open_gate
 
 DEFAULT_DIST = 'worksteal'  # see phase_argv
 THREAD_ENV_VARS = ('OMP_NUM_THREADS', 'MKL_NUM_THREADS', 'OPENBLAS_NUM_THREADS', 'TVM_NUM_THREADS')
@@ -90,6 +97,7 @@ class PhaseResult:
 
 
 Runner = Callable[[Sequence[str], Mapping[str, str]], PhaseResult]
+PHASE_GATE_PLUGIN = 'cann_ops_pipeline.phase_gate'
 
 
 @dataclasses.dataclass(frozen=True)
@@ -353,6 +361,59 @@ def run_subprocess(argv: Sequence[str], env: Mapping[str, str]) -> PhaseResult:
     return PhaseResult(returncode, time.monotonic() - start, summary)
 
 
+class StartedPhase:
+    """A phase's pytest started ahead of its turn: it starts up and collects, then holds its tests at the
+    gate (phase_gate) and its output in the pipe until `release`; `cancel` ends it unheard."""
+
+    def __init__(self, proc: subprocess.Popen, gate: Path) -> None:
+        self._proc = proc
+        self._gate = gate
+
+    def release(self) -> PhaseResult:
+        """Open the gate, echo the phase's output (held until now) live, wait; its time counts from here."""
+        start = time.monotonic()
+        open_gate(self._gate)
+        try:
+            summary = _echo(self._proc)
+        except KeyboardInterrupt:  # as run_subprocess
+            summary = _echo(self._proc)
+        returncode = self._proc.wait()
+        self._close()
+        return PhaseResult(returncode, time.monotonic() - start, summary)
+
+    def cancel(self) -> None:
+        if self._proc.poll() is None:
+            self._proc.terminate()
+            try:
+                self._proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+        self._close()
+
+    def _close(self) -> None:
+        self._proc.stdout.close()
+        shutil.rmtree(self._gate.parent, ignore_errors=True)
+
+
+Starter = Callable[[Sequence[str], Mapping[str, str]], StartedPhase]
+
+
+def start_subprocess(argv: Sequence[str], env: Mapping[str, str]) -> StartedPhase:
+    """Start one pytest command (phase_argv's `python -m pytest ...`) with its tests held at a gate."""
+    gate = Path(tempfile.mkdtemp(prefix='two_phase_gate_')) / 'open'
+    held = [*argv[:3], '-p', PHASE_GATE_PLUGIN, *argv[3:]]
+    proc = subprocess.Popen(
+        held,
+        env={**env, GATE_ENV: str(gate)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        errors='replace',
+    )
+    return StartedPhase(proc, gate)
+
+
 def format_summary(
     phases: Sequence[Phase],
     markexprs: Sequence[str],
@@ -461,12 +522,15 @@ def run(
     argv: Sequence[str],
     *,
     runner: Runner = run_subprocess,
+    starter: Starter | None = start_subprocess,
     environ: Mapping[str, str] | None = None,
     cpu_count: Callable[[], int] = _cpu_count,
     tool: Tool = run_tool,
     out: Callable[[str], None] = print,
 ) -> int:
-    """The whole run; returns the exit code. `runner` executes one pytest command, `tool` a vendor tool."""
+    """The whole run; returns the exit code. `runner` executes phase 1's pytest command; `starter` starts
+    phase 2's while phase 1 runs, its tests held until phase 1 has ended (None: `runner` runs it then);
+    `tool` runs a vendor tool."""
     environ = dict(os.environ if environ is None else environ)
     options, pytest_args = parse_command_line(argv)
     try:
@@ -493,12 +557,22 @@ def run(
         return 0
     out(f'==> threshold: {threshold.describe()}')
     results: list[PhaseResult | None] = [None] * len(phases)
-    for i, (phase, phase_args) in enumerate(zip(phases, argvs, strict=True)):
-        out(f'==> {phase.name}: {shlex.join(phase_args)}')
-        results[i] = runner(phase_args, {**environ, **threads[i]})
-        code = results[i].returncode
-        if code in STOPS_THE_RUN or (options.fail_fast and failed(code)):
-            break
+    # Later phases start up and collect while phase 1 runs; their tests wait for their turn.
+    started = [None] + [
+        starter(argvs[i], {**environ, **threads[i]}) if starter else None for i in range(1, len(phases))
+    ]
+    try:
+        for i, (phase, phase_args) in enumerate(zip(phases, argvs, strict=True)):
+            out(f'==> {phase.name}: {shlex.join(phase_args)}')
+            ahead, started[i] = started[i], None
+            results[i] = ahead.release() if ahead is not None else runner(phase_args, {**environ, **threads[i]})
+            code = results[i].returncode
+            if code in STOPS_THE_RUN or (options.fail_fast and failed(code)):
+                break
+    finally:
+        for ahead in started:
+            if ahead is not None:
+                ahead.cancel()
     out(format_summary(phases, markexprs, results, threshold))
     return combined_exit_code([result.returncode for result in results if result is not None])
 

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import re
 import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 
-from cann_ops_pipeline import two_phase
+from cann_ops_pipeline import phase_gate, two_phase
 from cann_ops_pipeline.two_phase import Phase, PhaseResult
 
 pytest_plugins = ['pytester']
@@ -212,7 +214,9 @@ def run(argv, runner, devices='2', memory='143771', cpus=16, tool=no_tools, env=
     environ = {'OPS_TILELANG_DEVICE_COUNT': devices, **(env or {})}
     if memory is not None:
         environ['OPS_TILELANG_DEVICE_MEMORY_MB'] = memory
-    code = two_phase.run(argv, runner=runner, environ=environ, cpu_count=lambda: cpus, tool=tool, out=lines.append)
+    code = two_phase.run(
+        argv, runner=runner, starter=None, environ=environ, cpu_count=lambda: cpus, tool=tool, out=lines.append
+    )
     return code, '\n'.join(lines)
 
 
@@ -469,3 +473,77 @@ def test_a_real_two_phase_run(pytester, monkeypatch):
             "  phase 2: -m '(npu or not npu) and (large_npu_mem)' -n 0: exit 0 (passed), selected 2, *",
         ]
     )
+
+
+GATED_CONFTEST = (
+    CONFTEST
+    + """
+import os, time
+
+def pytest_sessionstart(session):
+    if os.environ.get('CANN_OPS_PHASE_GATE'):  # the phase started ahead
+        with open('phase2_started_up', 'w') as f:
+            f.write(repr(time.time()))
+"""
+)
+
+GATED_TESTS = """
+import time
+import pytest
+
+def test_cpu_slow():
+    time.sleep(1.5)
+    with open('phase1_end', 'w') as f:
+        f.write(repr(time.time()))
+    assert not FAIL
+
+@pytest.mark.npu
+def test_not_profiled():
+    with open('phase2_test_start', 'w') as f:
+        f.write(repr(time.time()))
+"""
+
+
+def _gated_run(pytester, monkeypatch, *args, fail: bool):
+    monkeypatch.setenv('PYTEST_DISABLE_PLUGIN_AUTOLOAD', '1')
+    monkeypatch.setenv('OPS_TILELANG_DEVICE_COUNT', '0')
+    pytester.makeconftest(GATED_CONFTEST)
+    pytester.makepyfile(test_gated=f'FAIL = {fail}\n' + GATED_TESTS)
+    return pytester.run(
+        PY, '-m', 'cann_ops_pipeline.two_phase', '--phase1-workers', '0', '--phase2-workers', '0', *args,
+        '-p', 'xdist', '-p', 'no:cacheprovider', '-m', 'npu or not npu', '-v',
+    )  # fmt: skip
+
+
+def test_phase_2_starts_up_during_phase_1_and_tests_after_it(pytester, monkeypatch):
+    result = _gated_run(pytester, monkeypatch, fail=False)
+    assert result.ret == 0, result.stdout.str()
+    started_up, phase1_end, phase2_test = (
+        float(pytester.path.joinpath(name).read_text())
+        for name in ('phase2_started_up', 'phase1_end', 'phase2_test_start')
+    )
+    assert started_up < phase1_end <= phase2_test
+    out = result.stdout.str()
+    assert out.index('test_cpu_slow') < out.index('==> phase 2') < out.index('test_not_profiled'), 'phase 2 shown after'
+
+
+def test_a_stopped_run_ends_the_phase_started_ahead(pytester, monkeypatch):
+    result = _gated_run(pytester, monkeypatch, '--fail-fast', fail=True)
+    assert result.ret == 1
+    result.stdout.fnmatch_lines(["  phase 2: -m '(npu or not npu) and (large_npu_mem)' -n 0: not run"])
+    assert not pytester.path.joinpath('phase2_test_start').exists()
+    assert not list(Path(tempfile.gettempdir()).glob('two_phase_gate_*/open')), 'no gate left behind'
+
+
+def test_the_gate_holds_until_its_file_exists(tmp_path):
+    gate = tmp_path / 'open'
+    polls = []
+
+    def sleep(seconds):
+        polls.append(seconds)
+        if len(polls) == 3:
+            phase_gate.open_gate(gate)
+
+    phase_gate.wait_for_gate(gate, poll=0.01, sleep=sleep)
+    assert polls == [0.01] * 3
+    phase_gate.wait_for_gate(gate, sleep=lambda s: pytest.fail('an open gate is not waited for'))

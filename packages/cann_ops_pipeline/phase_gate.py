@@ -1,0 +1,39 @@
+"""A pytest plugin that holds a run's tests until a gate opens: the two-phase runner starts phase 2 while
+phase 1 runs, so that phase 2's interpreter start, imports and collection overlap phase 1, and opens the
+gate when phase 1 has ended. Its tests (those needing a device's memory) never overlap phase 1's.
+
+    python -m pytest -p cann_ops_pipeline.phase_gate ...   # with CANN_OPS_PHASE_GATE=<a path that does not exist yet>
+
+The tests start once the path exists (the runner creates it); without the variable the plugin does
+nothing. The wait is in `pytest_runtestloop`, after collection: under xdist the controller and every
+worker wait alike. Nothing here touches a device. Pure standard library besides pytest's hook marker.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+GATE_ENV = 'CANN_OPS_PHASE_GATE'
+POLL_SECONDS = 0.05
+
+
+def wait_for_gate(path: Path, *, poll: float = POLL_SECONDS, sleep=time.sleep) -> None:
+    """Return once `path` exists."""
+    while not path.exists():
+        sleep(poll)
+
+
+def open_gate(path: Path) -> None:
+    """Let the tests held by `path` start (an empty file; created at once, so never seen half-written)."""
+    path.touch()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtestloop(session: pytest.Session) -> None:
+    gate = os.environ.get(GATE_ENV)
+    if gate:
+        wait_for_gate(Path(gate))
