@@ -45,9 +45,10 @@ def gen_sinkhorn_rows(level: int) -> list[int]:
 
 def gen_sinkhorn_head_dim(level: int) -> list[int]:
     """head_dim (multiples of 64 up to 8192): minimum, the benchmark sizes, widths whose chunks do not fill
-    the CUDA row groups (192, 1088), the maximum."""
+    the CUDA row groups (192, 1088), one of each CUDA row layout (512: two rows in flight per warp; 1024:
+    several multi-warp row groups per block), the maximum."""
     core = [64, 256]
-    default = [192, 1088, 5120]
+    default = [192, 512, 1024, 1088, 5120]
     full = [128, 4096, 8192]
     return list(dict.fromkeys(core + (default if level >= 1 else []) + (full if level >= 2 else [])))
 
@@ -179,8 +180,12 @@ def test_engram_sinkhorn_step_config_is_pure():
     assert (a.group_threads, a.chunks, a.rows_per_task) == (320, 4, 1)  # 1280 chunks over 320 threads
     assert (a.rows_in_flight, a.num_stages) == (1, 2)  # one row at a time, the next one prefetched
     b = choose_engram_sinkhorn_step_config(backend='cuda', head_dim=256, num_cores=132)
-    assert (b.group_threads, b.chunks, b.rows_per_task) == (32, 2, 12)  # one warp per row, 12 warps per block
-    assert (b.rows_in_flight, b.num_stages) == (4, 1)  # four rows per warp loaded before they are reduced
+    assert (b.group_threads, b.chunks, b.rows_per_task) == (32, 2, 8)  # one warp per row, 8 warps per block
+    assert (b.rows_in_flight, b.num_stages) == (8, 1)  # eight rows per warp loaded before they are reduced
+    c = choose_engram_sinkhorn_step_config(backend='cuda', head_dim=512, num_cores=132)
+    assert (c.group_threads, c.chunks, c.rows_per_task, c.rows_in_flight, c.num_stages) == (32, 4, 8, 2, 2)
+    d = choose_engram_sinkhorn_step_config(backend='cuda', head_dim=1024, num_cores=132)
+    assert (d.group_threads, d.chunks, d.rows_per_task, d.rows_in_flight, d.num_stages) == (64, 4, 5, 1, 2)
     with pytest.raises(ValueError, match='backend'):
         choose_engram_sinkhorn_step_config(backend='cpu', head_dim=256, num_cores=64)
     with pytest.raises(ValueError, match='head_dim'):

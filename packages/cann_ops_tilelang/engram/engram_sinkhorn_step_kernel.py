@@ -108,17 +108,19 @@ class EngramSinkhornStepConfig:
 
 
 def cuda_rows_in_flight(head_dim: int) -> tuple[int, int]:
-    """CUDA: (rows_in_flight, num_stages) of a row group.
+    """CUDA: (rows_in_flight, num_stages) of a row group, from the H200 sweep of the variants at 10001 and
+    100001 rows (docs/engram.md, "Sinkhorn step: rows in flight").
 
-    One-warp rows of at most 2 chunks per thread (head_dim <= 256): one row of 1 KB per warp, even with
-    the next row prefetched, leaves too few bytes in flight per SM to cover the memory latency, and the
-    warp waits on each load before its reduction. Four rows per iteration, loaded together and then
-    reduced as four independent chains, put 4 KB per warp in flight; without the prefetch buffers that
-    is 2 * 8 * 4 = 32 floats of row data per thread (W shrinks to 12 warps per block to keep both blocks
-    of an SM resident). Wider rows: one row at a time, the next one prefetched (enough bytes per warp)."""
+    One-warp rows (G = 32) move too few bytes per warp to cover the memory latency when a warp waits on
+    each row's load before its reduction: rows of at most 2 chunks per thread (head_dim <= 256) are loaded
+    eight at a time and reduced as eight independent chains; rows of 3 or 4 chunks two at a time, the next
+    two prefetched. Wider rows (several warps per row): one row at a time, the next one prefetched, and
+    enough row groups per block (cuda_row_groups) to keep the SM's warps busy."""
     g, chunks = row_layout(head_dim)
     if g == 32 and chunks <= 2:
-        return 4, 1
+        return 8, 1
+    if g == 32:
+        return 2, 2
     return 1, 2
 
 
@@ -138,9 +140,9 @@ def choose_engram_sinkhorn_step_config(*, backend: Backend, head_dim: int, num_c
         )
     g, chunks = row_layout(head_dim)
     r, stages = cuda_rows_in_flight(head_dim)
-    # Narrow rows (G = 32, one warp): several warps per block, each on its own rows, no barrier per row;
-    # wider rows: one row group per block. Two blocks per SM: P = 2 * SMs partials.
-    w = cuda_row_groups(g, chunks, r, stages) if g == 32 else 1
+    # As many row groups per block as leave both blocks of an SM resident (each group on its own rows;
+    # groups wider than a warp meet at a barrier per row). Two blocks per SM: P = 2 * SMs partials.
+    w = cuda_row_groups(g, chunks, r, stages)
     return EngramSinkhornStepConfig(
         backend,
         head_dim,
