@@ -225,8 +225,9 @@ def _eager(grad_out, hidden_states, kv, weight_fused, saved, clamp_value, image_
         num_tokens, hc, hidden = hidden_states.shape
         if num_tokens:
             x = hidden_states
-            grad_x = x.new_empty((num_tokens, hc, hidden))
-            grad_kv = x.new_empty((num_tokens, hc + 1, hidden))
+            # empty_like: no size list to parse (the layout is the entry's to check, so always contiguous)
+            grad_x = torch.empty_like(x, memory_format=torch.contiguous_format)
+            grad_kv = torch.empty_like(kv, memory_format=torch.contiguous_format)
             grad_w_partial = x.new_empty((launcher.cfg.num_blocks, hc, hidden), dtype=torch.float32)
             grads = (grad_x, grad_kv, grad_w_partial)
             counter = _token_counter(x) if launcher.cfg.dynamic_tokens else _unused_counter(x)

@@ -73,7 +73,7 @@ def _eager(matrix, row_scale, col_scale, eps, alpha, out) -> torch.Tensor:
         shape = matrix.shape
         launcher = _CHECKED.get((shape[1], matrix.get_device()))
         if launcher is not None:
-            result = matrix.new_empty(shape)
+            result = torch.empty_like(matrix, memory_format=torch.contiguous_format)  # no size list to parse
             launch_or_explain(
                 launcher,
                 (matrix, row_scale, col_scale, result, eps, alpha),

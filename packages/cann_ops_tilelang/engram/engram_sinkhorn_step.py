@@ -112,7 +112,7 @@ def _eager(matrix, row_scale, col_scale, eps) -> EngramSinkhornStepResult:
         rows, head_dim = matrix.shape
         launcher = _CHECKED.get((head_dim, matrix.get_device()))
         if launcher is not None:
-            row_norm = matrix.new_empty((rows,))
+            row_norm = torch.empty_like(row_scale, memory_format=torch.contiguous_format)  # no size list to parse
             col_sumsq_partial = matrix.new_empty((launcher.cfg.num_partials, head_dim))
             launch_or_explain(
                 launcher,
