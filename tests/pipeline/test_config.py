@@ -94,6 +94,21 @@ def test_print_kernel_source_switch(monkeypatch, value, expected):
     assert config.should_print_kernel_source() is expected
 
 
+@pytest.mark.parametrize(('value', 'expected'), [(None, False), ('', False), ('0', False), ('1', True)])
+def test_the_launch_path_reads_the_print_switch_as_it_is_now(monkeypatch, value, expected):
+    """kernel_source_requested (a dict lookup while unset) sees every change made through os.environ."""
+    monkeypatch.setenv(PRINT_KERNEL_SOURCE_ENV, '1')
+    assert config.kernel_source_requested() is True
+    if value is None:
+        monkeypatch.delenv(PRINT_KERNEL_SOURCE_ENV)
+    else:
+        monkeypatch.setenv(PRINT_KERNEL_SOURCE_ENV, value)
+    assert config.kernel_source_requested() is expected
+    monkeypatch.setenv(PRINT_KERNEL_SOURCE_ENV, 'maybe')
+    with pytest.raises(ValueError, match='is not a boolean'):
+        config.kernel_source_requested()
+
+
 def test_print_kernel_source_rejects_garbage(monkeypatch):
     monkeypatch.setenv(PRINT_KERNEL_SOURCE_ENV, 'maybe')
     with pytest.raises(ValueError, match=f'{PRINT_KERNEL_SOURCE_ENV}=.maybe. is not a boolean'):

@@ -1,5 +1,7 @@
-"""compile_kernel's inter-process lock: processes that need the same kernel compile it once (CPU only)."""
+"""compile_kernel's inter-process lock: processes that need the same kernel compile it once; the launch
+entry a Launcher calls and the fast path's explanation of a rejected launch (CPU only)."""
 
+import contextlib
 import fcntl
 import os
 import subprocess
@@ -157,3 +159,94 @@ def test_processes_compiling_one_kernel_compile_it_once(cache_dir, tmp_path):
         proc.kill()
     assert proc.returncode == 0 and stdout.split() == ['0', '0', '0'], stdout + stderr  # noqa: PT018
     assert sorted((out / f'result{i}').read_text() for i in range(3)) == ['compiled', 'loaded', 'loaded']
+
+
+class _Rejecting:
+    """A launcher whose entry refuses its arguments, as TileLang's generated host code does."""
+
+    def __init__(self, error: Exception):
+        self.error = error
+        self.calls = 0
+
+    def launch(self, *args):
+        self.calls += 1
+        raise self.error
+
+
+def test_a_rejected_fast_launch_gets_the_contracts_typed_error():
+    entry_error = RuntimeError('kernel k input x dtype mismatch, expected bfloat16')
+
+    def explain():
+        raise TypeError('x must have dtype torch.bfloat16, got torch.float32')
+
+    launcher = _Rejecting(entry_error)
+    with pytest.raises(TypeError, match='x must have dtype') as info:
+        kernel_target.launch_or_explain(launcher, (1, 2), explain)
+    assert info.value.__context__ is None, 'the typed error does not chain the entry error'
+    assert launcher.calls == 1
+
+
+def test_a_rejection_the_contract_does_not_explain_keeps_the_entrys_error():
+    entry_error = RuntimeError('CUDA error: out of memory')
+    with pytest.raises(RuntimeError, match='out of memory') as info:
+        kernel_target.launch_or_explain(_Rejecting(entry_error), (), lambda: None)
+    assert info.value is entry_error
+
+
+def test_an_accepted_launch_runs_no_explanation():
+    launched = []
+
+    class Accepting:
+        def launch(self, *args):
+            launched.append(args)
+
+    kernel_target.launch_or_explain(Accepting(), (1, 2), lambda: pytest.fail('explained an accepted launch'))
+    assert launched == [(1, 2)]
+
+
+class TVMFFIKernelAdapter:
+    """Stands for TileLang's TVM-FFI adapter (matched by class name, as kernel_target._entry does)."""
+
+    def __init__(self, result_idx=None):
+        self.result_idx = result_idx
+
+    def _get_executable(self):
+        return self.executable
+
+    def executable(self, *args):
+        return args
+
+
+class FakeKernel:
+    def __init__(self, adapter):
+        self.adapter = adapter
+
+    def __call__(self, *args):
+        return 'through JITKernel'
+
+
+@pytest.mark.parametrize(
+    ('device', 'adapter', 'checks'),
+    [
+        ('cuda', TVMFFIKernelAdapter(), True),  # the compiled TVM-FFI function: it checks its arguments
+        ('cuda', TVMFFIKernelAdapter(result_idx=[2]), False),  # TileLang allocates an output: its own call
+        ('cpu', TVMFFIKernelAdapter(), False),  # the emulator's kernels, called as they are
+        ('cuda', object(), False),  # another execution backend
+    ],
+)
+def test_only_the_tvm_ffi_entry_counts_as_checking_its_arguments(device, adapter, checks):
+    import torch
+
+    entry, checks_arguments = kernel_target._entry(FakeKernel(adapter), torch.device(device))
+    assert checks_arguments is checks
+    assert (entry(1) == (1,)) is checks
+
+
+def test_a_launcher_knows_whether_its_entry_checks_once_loaded(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(kernel_target, 'device_guard', lambda device: contextlib.nullcontext())
+    launcher = kernel_target.Launcher(lambda cfg: FakeKernel(TVMFFIKernelAdapter()), 'cfg', torch.device('cuda', 0))
+    assert launcher.checks_arguments is False, 'nothing is loaded before the first launch'
+    launcher.kernel()
+    assert launcher.checks_arguments is True
