@@ -5,8 +5,9 @@ gate when phase 1 has ended. Its tests (those needing a device's memory) never o
     python -m pytest -p cann_ops_pipeline.phase_gate ...   # with CANN_OPS_PHASE_GATE=<a path that does not exist yet>
 
 The tests start once the path exists (the runner creates it); without the variable the plugin does
-nothing. The wait is in `pytest_runtestloop`, after collection: under xdist the controller and every
-worker wait alike. Nothing here touches a device. Pure standard library besides pytest's hook marker.
+nothing. A phase whose runner has gone (killed before it could end the phase: the process's parent
+changes) stops instead of waiting for ever. The wait is in `pytest_runtestloop`, after collection: under
+xdist the controller and every worker wait alike. Nothing here touches a device.
 """
 
 from __future__ import annotations
@@ -21,9 +22,16 @@ GATE_ENV = 'CANN_OPS_PHASE_GATE'
 POLL_SECONDS = 0.05
 
 
-def wait_for_gate(path: Path, *, poll: float = POLL_SECONDS, sleep=time.sleep) -> None:
-    """Return once `path` exists."""
+class RunnerGone(Exception):
+    """The process that would open the gate has ended."""
+
+
+def wait_for_gate(path: Path, *, poll: float = POLL_SECONDS, sleep=time.sleep, parent=os.getppid) -> None:
+    """Return once `path` exists; RunnerGone when the waiting process's parent changes first."""
+    runner = parent()
     while not path.exists():
+        if parent() != runner:
+            raise RunnerGone(f'the two-phase runner (pid {runner}) ended before it opened {path}')
         sleep(poll)
 
 
@@ -36,4 +44,7 @@ def open_gate(path: Path) -> None:
 def pytest_runtestloop(session: pytest.Session) -> None:
     gate = os.environ.get(GATE_ENV)
     if gate:
-        wait_for_gate(Path(gate))
+        try:
+            wait_for_gate(Path(gate))
+        except RunnerGone as exc:
+            pytest.exit(str(exc), returncode=pytest.ExitCode.INTERRUPTED)

@@ -43,6 +43,7 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -577,7 +578,12 @@ def run(
     return combined_exit_code([result.returncode for result in results if result is not None])
 
 
+def _terminated(signum, frame) -> None:
+    raise SystemExit(128 + signum)  # unwinds run(): the phase started ahead is ended, not left at its gate
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    signal.signal(signal.SIGTERM, _terminated)
     if sys.stdout.isatty():  # pytest writes into a pipe here: keep its colours and width
         os.environ.setdefault('PY_COLORS', '1')
         os.environ.setdefault('COLUMNS', str(shutil.get_terminal_size().columns))

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -547,3 +550,47 @@ def test_the_gate_holds_until_its_file_exists(tmp_path):
     phase_gate.wait_for_gate(gate, poll=0.01, sleep=sleep)
     assert polls == [0.01] * 3
     phase_gate.wait_for_gate(gate, sleep=lambda s: pytest.fail('an open gate is not waited for'))
+
+
+def test_a_phase_whose_runner_has_gone_stops_waiting(tmp_path):
+    parents = iter([100, 100, 1])  # reparented to init: the runner died
+    with pytest.raises(phase_gate.RunnerGone, match='pid 100'):
+        phase_gate.wait_for_gate(tmp_path / 'open', sleep=lambda s: None, parent=lambda: next(parents))
+
+
+def test_a_terminated_runner_ends_the_phase_it_started_ahead(pytester, monkeypatch):
+    """SIGTERM to the runner while phase 1 runs: phase 2, waiting at its gate, is ended too."""
+    monkeypatch.setenv('PYTEST_DISABLE_PLUGIN_AUTOLOAD', '1')
+    monkeypatch.setenv('OPS_TILELANG_DEVICE_COUNT', '0')
+    pytester.makeconftest(GATED_CONFTEST)
+    pytester.makepyfile(test_gated='FAIL = False\nimport time\ntime.sleep(0)\n' + GATED_TESTS.replace('1.5', '30'))
+    proc = subprocess.Popen(
+        [PY, '-m', 'cann_ops_pipeline.two_phase', '--phase1-workers', '0', '--phase2-workers', '0',
+         '-p', 'xdist', '-p', 'no:cacheprovider', '-m', 'npu or not npu'],
+        cwd=pytester.path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    started_up = pytester.path / 'phase2_started_up'
+    deadline = time.monotonic() + 60
+    while not started_up.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert started_up.exists(), 'phase 2 did not start up during phase 1'
+    proc.terminate()
+    assert proc.wait(timeout=30) != 0
+    deadline = time.monotonic() + 10
+    while _waiting_at_a_gate(pytester.path) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _waiting_at_a_gate(pytester.path), 'phase 2 left waiting at its gate'
+
+
+def _waiting_at_a_gate(cwd: Path) -> list[str]:
+    """Command lines of live processes in `cwd` started with the gate plugin (Linux /proc)."""
+    found = []
+    for proc in Path('/proc').glob('[0-9]*'):
+        try:
+            argv = (proc / 'cmdline').read_bytes().split(b'\0')
+            here = Path(os.readlink(proc / 'cwd')) == cwd
+        except OSError:
+            continue
+        if here and b'cann_ops_pipeline.phase_gate' in argv:
+            found.append(b' '.join(argv).decode(errors='replace'))
+    return found
