@@ -112,7 +112,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption(
         '--refresh-mem-missing-only',
         action='store_true',
-        help='with --refresh-mem: measure only device tests without a record; existing records stay as they are',
+        help='with --refresh-mem: run and measure only the device tests without a record (those with one are '
+        'deselected); existing records stay as they are',
     )
     group.addoption(
         NPU_MEM_THRESHOLD_OPTION,
@@ -168,6 +169,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     state = config.stash[state_key]
     threshold = config.getoption('npu_mem_threshold')
     narrowed = _narrowed_paths(config)
+    missing_only = config.getoption('refresh_mem_missing_only')
+    profiled: list[pytest.Item] = []
     for item in items:
         device = item.get_closest_marker('npu') is not None
         test_file = item.nodeid.split('::', 1)[0]
@@ -185,6 +188,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         record = records.get(item.nodeid)
         if record is None or record['peak_mb'] > threshold:
             item.add_marker(LARGE_MARKER)
+        if missing_only and record is not None:
+            profiled.append(item)
+    if profiled:  # --refresh-mem-missing-only: a device test that has its record has nothing to measure
+        config.hook.pytest_deselected(items=profiled)
+        drop = set(map(id, profiled))
+        items[:] = [item for item in items if id(item) not in drop]
 
 
 def _meter(config: pytest.Config) -> Meter | None:
