@@ -358,6 +358,9 @@ def run_subprocess(argv: Sequence[str], env: Mapping[str, str]) -> PhaseResult:
             summary = _echo(proc)
         except KeyboardInterrupt:  # pytest got the same SIGINT: let it write its report, then stop
             summary = _echo(proc)
+        except BaseException:  # SIGTERM (see main) reached only this process: end the phase too
+            proc.terminate()
+            raise
         returncode = proc.wait()
     return PhaseResult(returncode, time.monotonic() - start, summary)
 

@@ -104,7 +104,7 @@ from tests.testing.bench import make_param_id
 @pytest.fixture
 def planted(monkeypatch):
     '''HOST_SLOWDOWN_US=N: every call of the operators sleeps N us where it asks for its backend (a planted
-    host regression; the device check runs once per call, unlike the tensor checks that fast paths skip).'''
+    host regression; the stubbed calls on CPU tensors take the full path, which asks once per call).'''
     delay = float(os.environ.get('HOST_SLOWDOWN_US', '0')) * 1e-6
     if delay:
         require_accelerator = config.require_accelerator
@@ -127,10 +127,11 @@ def test_host(op, planted, benchmark_host_timer, benchmark_record):
 """
 
 QUIET = ('-p', 'no:cacheprovider', '-p', 'no:unraisableexception', '-p', 'no:hypothesispytest', '--run-benchmark')
-# This CPU is shared: a host time may move by half between runs without any change. The planted slowdown
-# (200 us per call) is far beyond these thresholds, and so is a real one of
-# that size; the committed baselines use the default 10 % / 1 us on the H200.
-LOOSE = ('--benchmark-regression-threshold=1.0', '--benchmark-min-delta-us=40')
+# This CPU is shared: with other tests running on its two cores, a stubbed host time moved by +156 % (+115 us)
+# between two runs without any change. The planted slowdown (2000 us per call) is far beyond these
+# thresholds, and so is a real one of that size; the committed baselines use 10 % / 1 us on the H200.
+LOOSE = ('--benchmark-regression-threshold=3.0', '--benchmark-min-delta-us=400')
+PLANTED_US = '2000'
 
 
 def test_a_planted_host_slowdown_fails_verify(pytester, monkeypatch):
@@ -145,7 +146,7 @@ def test_a_planted_host_slowdown_fails_verify(pytester, monkeypatch):
     result = pytester.runpytest(*QUIET, *LOOSE)  # the same host path: within the thresholds
     assert result.ret == pytest.ExitCode.OK, result.stdout.str()
 
-    monkeypatch.setenv('HOST_SLOWDOWN_US', '200')
+    monkeypatch.setenv('HOST_SLOWDOWN_US', PLANTED_US)
     result = pytester.runpytest(*QUIET, *LOOSE)
     assert result.ret == pytest.ExitCode.TESTS_FAILED
     result.assert_outcomes(passed=2)
