@@ -151,8 +151,10 @@ def stubbed_launches():
     """CPU tensors posing as CUDA tensors of an H200 (132 SMs), every kernel's compile replaced by a no-op
     callable: what remains of a call is its host path (validation, configuration, allocation, launch
     plumbing). The kernels' TileLang sources are not even built. Differences from a real CUDA call: the
-    allocations are the CPU allocator's (and a zero fill is no kernel launch), and the CUDA stream / device
-    queries of the launch and of the backward's counter lookup are missing."""
+    allocations are the CPU allocator's (and a zero fill is no kernel launch), the CUDA stream / device
+    queries of the launch and of the backward's counter lookup are missing, and every call takes the full
+    path: the fast path (docs/engram.md, "Host path") needs CUDA tensors and a compiled entry that checks
+    its arguments."""
     from cann_ops_tilelang import config, kernel_target
 
     class _NoKernel:
