@@ -348,20 +348,41 @@ def _echo(proc: subprocess.Popen) -> str | None:
     return summary
 
 
+def _popen(argv: Sequence[str], env: Mapping[str, str]) -> subprocess.Popen:
+    """One pytest command with its output (stderr too) in a pipe."""
+    return subprocess.Popen(
+        list(argv), env=dict(env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors='replace'
+    )
+
+
+def _end(proc: subprocess.Popen) -> None:
+    """Terminate a phase's pytest (killed if it does not end within 10 s) and reap it."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _follow(proc: subprocess.Popen) -> tuple[int, str | None]:
+    """Echo a phase's output live until it ends: (its exit code, pytest's final summary line)."""
+    try:
+        summary = _echo(proc)
+    except KeyboardInterrupt:  # pytest got the same SIGINT: let it write its report, then stop
+        summary = _echo(proc)
+    except BaseException:  # SIGTERM (see main) reached only this process: end the phase too
+        _end(proc)
+        raise
+    return proc.wait(), summary
+
+
 def run_subprocess(argv: Sequence[str], env: Mapping[str, str]) -> PhaseResult:
     """Run one pytest command, echoing its output live."""
     start = time.monotonic()
-    with subprocess.Popen(
-        list(argv), env=dict(env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors='replace'
-    ) as proc:
-        try:
-            summary = _echo(proc)
-        except KeyboardInterrupt:  # pytest got the same SIGINT: let it write its report, then stop
-            summary = _echo(proc)
-        except BaseException:  # SIGTERM (see main) reached only this process: end the phase too
-            proc.terminate()
-            raise
-        returncode = proc.wait()
+    with _popen(argv, env) as proc:
+        returncode, summary = _follow(proc)
     return PhaseResult(returncode, time.monotonic() - start, summary)
 
 
@@ -378,21 +399,13 @@ class StartedPhase:
         start = time.monotonic()
         open_gate(self._gate)
         try:
-            summary = _echo(self._proc)
-        except KeyboardInterrupt:  # as run_subprocess
-            summary = _echo(self._proc)
-        returncode = self._proc.wait()
-        self._close()
+            returncode, summary = _follow(self._proc)
+        finally:
+            self._close()
         return PhaseResult(returncode, time.monotonic() - start, summary)
 
     def cancel(self) -> None:
-        if self._proc.poll() is None:
-            self._proc.terminate()
-            try:
-                self._proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
-                self._proc.wait()
+        _end(self._proc)
         self._close()
 
     def _close(self) -> None:
@@ -407,15 +420,7 @@ def start_subprocess(argv: Sequence[str], env: Mapping[str, str]) -> StartedPhas
     """Start one pytest command (phase_argv's `python -m pytest ...`) with its tests held at a gate."""
     gate = Path(tempfile.mkdtemp(prefix='two_phase_gate_')) / 'open'
     held = [*argv[:3], '-p', PHASE_GATE_PLUGIN, *argv[3:]]
-    proc = subprocess.Popen(
-        held,
-        env={**env, GATE_ENV: str(gate)},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        errors='replace',
-    )
-    return StartedPhase(proc, gate)
+    return StartedPhase(_popen(held, {**env, GATE_ENV: str(gate)}), gate)
 
 
 def format_summary(

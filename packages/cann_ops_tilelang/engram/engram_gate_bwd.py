@@ -40,15 +40,18 @@ class EngramGateBwdResult(NamedTuple):
     grad_w_partial: torch.Tensor  # (P, hc, H) fp32: per-block partial sums of r * x * k over tokens
 
 
-def _aligned_kv(kv: torch.Tensor) -> torch.Tensor:
-    """kv itself when its address and outer strides suit 16-byte vector accesses (and the int32 stride
-    arguments), else an aligned copy (contiguous, from the caching allocator): views with odd offsets or
-    strides stay correct at the price of one extra pass."""
+def _kv_usable_as_is(kv: torch.Tensor) -> bool:
+    """Whether kv's address and outer strides suit 16-byte vector accesses and the int32 stride arguments
+    (a single token's stride is never used)."""
     stride_t, stride_h, _ = kv.stride()
-    used_stride_t = stride_t if kv.shape[0] > 1 else 0  # a single token's stride is never used
-    if kv_alignment_bits(kv) % ALIGN_BYTES == 0 and max(used_stride_t, stride_h) <= _MAX_STRIDE:
-        return kv
-    return kv.clone(memory_format=torch.contiguous_format)
+    used_stride_t = stride_t if kv.shape[0] > 1 else 0
+    return kv_alignment_bits(kv) % ALIGN_BYTES == 0 and max(used_stride_t, stride_h) <= _MAX_STRIDE
+
+
+def _aligned_kv(kv: torch.Tensor) -> torch.Tensor:
+    """kv itself where _kv_usable_as_is, else an aligned copy (contiguous, from the caching allocator):
+    views with odd offsets or strides stay correct at the price of one extra pass."""
+    return kv if _kv_usable_as_is(kv) else kv.clone(memory_format=torch.contiguous_format)
 
 
 _SAVED = ('dot', 'gate_score', 'rstd_x', 'rstd_k')
@@ -206,11 +209,10 @@ def _fast_key(grad_out, hidden_states, kv, weight_fused, saved, clamp_value, ima
         return None
     stride_t, stride_h, _ = kv.stride()
     if not (
-        0 <= stride_t <= _MAX_STRIDE
-        and 0 <= stride_h <= _MAX_STRIDE
-        and (grad_out.data_ptr() | hidden_states.data_ptr() | weight_fused.data_ptr() | kv_alignment_bits(kv))
-        % ALIGN_BYTES
-        == 0
+        stride_t >= 0  # (the entry does not check kv's outer strides; the contract wants them >= 0)
+        and stride_h >= 0
+        and _kv_usable_as_is(kv)
+        and not (grad_out.data_ptr() | hidden_states.data_ptr() | weight_fused.data_ptr()) % ALIGN_BYTES
     ):
         return None
     deterministic = torch.are_deterministic_algorithms_enabled()

@@ -204,6 +204,7 @@ def _eager(
     hidden_states, kv, weight_fused, eps, clamp_value, save_for_backward, image_token_mask, inplace, out
 ) -> EngramGateFwdResult:
     """The call on real tensors: every check, then the launch (also the torch.library ops' kernel)."""
+    args = (hidden_states, kv, weight_fused, eps, clamp_value, save_for_backward, image_token_mask, inplace, out)
     fast_key = (
         _fast_key(hidden_states, kv, weight_fused, eps, clamp_value, save_for_backward, image_token_mask)
         if inplace is False and out is None
@@ -211,36 +212,18 @@ def _eager(
     )
     launcher = _CHECKED.get(fast_key) if fast_key is not None else None
     if launcher is not None and hidden_states.shape[0]:
-        args = (hidden_states, kv, weight_fused, eps, clamp_value, save_for_backward, image_token_mask, False, None)
         output, saved, launch_args = _outputs_and_args(
             hidden_states, kv, weight_fused, eps, clamp_value, save_for_backward, image_token_mask, None
         )
         launch_or_explain(launcher, launch_args, lambda: _check(*args, memory=True))
         return EngramGateFwdResult(output, *saved)
-    backend = _check(
-        hidden_states,
-        kv,
-        weight_fused,
-        eps,
-        clamp_value,
-        save_for_backward,
-        image_token_mask,
-        inplace,
-        out,
-        memory=True,
-    )
+    backend = _check(*args, memory=True)
     launcher = _launcher(backend, hidden_states, kv, save_for_backward, image_token_mask, out)
     if weight_fused.data_ptr() % ALIGN_BYTES:  # the kernels read it in 16-byte vectors: an aligned copy
         weight_fused = weight_fused.clone()
+    written = hidden_states if inplace else out  # None: allocated
     output, saved, launch_args = _outputs_and_args(
-        hidden_states,
-        kv,
-        weight_fused,
-        eps,
-        clamp_value,
-        save_for_backward,
-        image_token_mask,
-        hidden_states if inplace else out,
+        hidden_states, kv, weight_fused, eps, clamp_value, save_for_backward, image_token_mask, written
     )
     if hidden_states.shape[0] == 0:
         return EngramGateFwdResult(output, *saved)
