@@ -7,10 +7,6 @@ TileLang's host code checks them.
 
 from __future__ import annotations
 
-import hashlib
-import os
-import tempfile
-
 import torch
 
 from cann_ops_ascend_emu.driver import (
@@ -19,7 +15,6 @@ from cann_ops_ascend_emu.driver import (
     EmulatorError,
     LaunchReport,
     SourceKernel,
-    cache_dir,
     parse_entry,
 )
 
@@ -40,38 +35,11 @@ _TORCH_DTYPES = {
 }
 
 
-def _lower(prim_func):
-    """(Ascend C source, merged UB bytes) of `prim_func` lowered for Ascend 950.
+def _lower(prim_func) -> tuple[str, int]:
+    """(Ascend C source, merged UB bytes) of `prim_func` lowered for Ascend 950 (cached on disk)."""
+    from cann_ops_tilelang.kernel_target import lower_to_source, tilelang_target
 
-    Cached on disk by the hash of the prim_func's TVMScript, the TileLang version and the target (lowering is
-    deterministic in them; some kernels take 10 s to lower on the CPU tier's machine).
-    """
-    import json
-
-    import tilelang
-    from tilelang import tvm
-
-    from cann_ops_tilelang.kernel_target import tilelang_target
-
-    target = tilelang_target('ascend')
-    key = hashlib.sha256('\0'.join((tilelang.__version__, str(target), prim_func.script())).encode()).hexdigest()[:32]
-    cached = cache_dir() / f'lowered-{key}.json'
-    if cached.exists():
-        data = json.loads(cached.read_text())
-        return data['source'], data['ub_bytes']
-    with tvm.transform.PassContext(config={}), target:
-        artifact = tilelang.lower(prim_func, target=target)
-    ub_bytes = 0
-    for _, func in artifact.device_mod.functions.items():
-        if func.attrs is not None and 'dyn_shared_memory_buf' in func.attrs:
-            ub_bytes = max(ub_bytes, int(func.attrs['dyn_shared_memory_buf']))
-    source = artifact.kernel_source
-    cached.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=cached.parent, prefix=cached.name + '.', suffix='.tmp')
-    with os.fdopen(fd, 'w') as f:
-        json.dump({'source': source, 'ub_bytes': ub_bytes}, f)
-    os.replace(tmp, cached)  # atomic: concurrent workers write the same content
-    return source, ub_bytes
+    return lower_to_source(prim_func, tilelang_target('ascend'))
 
 
 def _grid_expr(prim_func):

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
+import tempfile
 from collections.abc import Callable
 
 import torch
@@ -34,6 +36,40 @@ def tilelang_target(backend: Backend, *, cuda_arch: str | None = None):
     if backend == 'cuda':
         return tvm.target.Target({'kind': 'cuda', 'arch': cuda_arch or get_cuda_arch()})
     raise ValueError(f'unknown backend {backend!r}: expected "ascend" or "cuda"')
+
+
+def lower_to_source(prim_func, target) -> tuple[str, int]:
+    """(kernel source, merged on-chip buffer bytes of the device functions) of `prim_func` lowered for
+    `target`: code generation only, no compiler and no device (the CPU tier's checks, the emulator's input).
+
+    Cached on disk beside TileLang's kernel cache (TILELANG_CACHE_DIR, and off where TileLang's cache is off),
+    keyed by what decides the result: the TileLang version, the target and the prim_func's TVMScript. Some
+    kernels take seconds to lower, so a warm run lowers nothing. An unreadable entry is lowered again.
+    """
+    import tilelang
+    from tilelang import env, tvm
+
+    key = hashlib.sha256('\0'.join((tilelang.__version__, str(target), prim_func.script())).encode()).hexdigest()
+    path = os.path.join(env.TILELANG_CACHE_DIR, 'cann_ops_tilelang_lowered', f'{key[:32]}.json')
+    if env.is_cache_enabled():
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+            with open(path, encoding='utf-8') as f:
+                entry = json.load(f)
+            return str(entry['source']), int(entry['on_chip_bytes'])
+    with tvm.transform.PassContext(config={}), target:
+        artifact = tilelang.lower(prim_func, target=target)
+    on_chip = 0
+    for _, func in artifact.device_mod.functions.items():
+        if func.attrs is not None and 'dyn_shared_memory_buf' in func.attrs:
+            on_chip = max(on_chip, int(func.attrs['dyn_shared_memory_buf']))
+    source = artifact.kernel_source
+    if env.is_cache_enabled():
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix='.tmp')
+        with os.fdopen(fd, 'w', encoding='utf-8') as f:
+            json.dump({'source': source, 'on_chip_bytes': on_chip}, f)
+        os.replace(tmp, path)  # atomic: processes lowering the same kernel write the same content
+    return source, on_chip
 
 
 def compile_kernel(prim_func, backend: Backend):

@@ -11,7 +11,15 @@
    where it imports) and `torch.compile` of the pure-PyTorch reference, on the same inputs, timed with
    `tilelang.profiler.bench.do_bench` (CUPTI kernel time, CUDA events where CUPTI is unavailable; median;
    L2 flushed before every call). Our result is checked against the reference once per row.
-3. The small operators' host time: wall time per eager call, back to back (T = 16, hc = 4, H = 7168), ours
+3. For the streaming operators, the same call timed again after a clean L2 flush (`--no-clean-l2` skips it),
+   against the copy ceiling and against a copy of the same byte count: do_bench's flush zeroes 256 MB, so
+   every timed call starts with the L2 full of dirty lines whose write-back the call pays; a copy-like
+   kernel (as many bytes written as read) leaves as many of its own dirty lines behind, uncounted, but a
+   read-mostly one (the Sinkhorn step) does not, and smaller calls pay a launch and ramp that the 1 GiB
+   ceiling does not.
+4. The image-token mask's cost on text-only batches (`--no-mask-cost` skips it): gate fwd / bwd with
+   `image_token_mask=None`, with an all-False mask, and TileKernels' with both.
+5. The small operators' host time: wall time per eager call, back to back (T = 16, hc = 4, H = 7168), ours
    and TileKernels'.
 
 Where `tile_kernels` cannot be imported the report says so and still prints our figures and the
@@ -37,6 +45,7 @@ from tests.testing.generator import BENCHMARK_HC, BENCHMARK_HIDDEN, BENCHMARK_NU
 from tests.testing.numeric import count_bytes
 
 COPY_BYTES = 1 << 30  # 1 GiB source: far beyond the L2 cache
+FLUSH_BYTES = 256 << 20  # do_bench's flush buffer: several times the H200's L2
 EPS = 1e-6
 CLAMP = 1e-6
 HASH_SIZES = {'num_layers': 2, 'max_ngram': 3, 'num_tables': 8}  # the Engram setting
@@ -446,6 +455,49 @@ def bench_us(fn: Callable[[], object]) -> tuple[float, str]:
     return do_bench(fn, warmup=25, rep=100, backend='event', return_mode='median') * 1e3, 'event'
 
 
+class CleanL2Flush:
+    """A flush that leaves the L2 full of clean lines: it reads FLUSH_BYTES (evicting, and so writing back,
+    whatever the previous call left dirty) instead of zeroing them. Passed where tilelang's CUPTI timer
+    expects its flush buffer, which it calls as `cache.zero_()` inside a range it excludes from the time."""
+
+    def __init__(self, device: torch.device) -> None:
+        self._buf = torch.ones(FLUSH_BYTES // 4, dtype=torch.int32, device=device)
+        self._sum = torch.empty((), dtype=torch.int64, device=device)
+
+    def zero_(self) -> None:
+        torch.sum(self._buf, dtype=torch.int64, out=self._sum)
+
+
+def clean_l2_bench_us(fn: Callable[[], object], flush: CleanL2Flush) -> float:
+    """Mean CUPTI device time of fn() in microseconds, each call after `flush` (do_bench's warm-up and
+    repeat counts: 25 ms and 100 ms worth of calls)."""
+    from tilelang.profiler.torch_bench import bench_with_cupti
+
+    fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(5):
+        flush.zero_()
+        fn()
+    end.record()
+    end.synchronize()
+    estimate_ms = start.elapsed_time(end) / 5
+    for _ in range(max(1, int(25 / estimate_ms))):
+        fn()
+    us = bench_with_cupti(fn, flush, max(1, int(100 / estimate_ms))) * 1e3
+    if not us > 0:
+        raise RuntimeError(f'CUPTI recorded {us} us of kernel time')
+    return us
+
+
+def same_size_copy_us(nbytes: int, device: torch.device, flush: CleanL2Flush) -> float:
+    """Clean-L2 time of a device-to-device copy moving `nbytes` (half read, half written)."""
+    src = torch.ones(max(1, nbytes // 2), dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    return clean_l2_bench_us(lambda: dst.copy_(src), flush)
+
+
 def host_us(fn: Callable[[], object], calls: int = 200) -> float:
     """Wall time per eager call, back to back (what a caller waits for on launch-bound operators)."""
     for _ in range(10):
@@ -497,7 +549,21 @@ def _bar_applies(entry: PerfEntry, shape: dict) -> bool:
     return entry.streaming and big
 
 
-def report_op(name: str, entry: PerfEntry, args, device, tk, ceiling_gbs: float, out: Callable[[str], None]) -> None:
+def _pct_cell(pct: float | None, bar: bool) -> str:
+    return f'{_cell(pct)}%' + (' (< 90 %)' if bar and pct is not None and pct < 90 else '')
+
+
+@dataclasses.dataclass(frozen=True)
+class Ceilings:
+    """The copy ceilings of this run (GB/s, bytes read + written): do_bench's flush, and the clean flush
+    with its flush object (None: the clean-L2 columns are skipped)."""
+
+    gbs: float
+    clean_gbs: float | None = None
+    clean_flush: CleanL2Flush | None = None
+
+
+def report_op(name: str, entry: PerfEntry, args, device, tk, ceilings: Ceilings, out: Callable[[str], None]) -> None:
     ops = _ops()
     out(f'### {name} (`{entry.op}`)')
     out('')
@@ -506,8 +572,14 @@ def report_op(name: str, entry: PerfEntry, args, device, tk, ceiling_gbs: float,
         out('')
         return
     compiled = torch.compile(entry.ref) if args.compile else None
-    out('| shape | ours (us) | GB/s | % of copy | TileKernels 2.1.0 (us) | TK / ours | torch.compile (us) |')
-    out('| --- | --- | --- | --- | --- | --- | --- |')
+    clean = entry.streaming and ceilings.clean_flush is not None
+    header = '| shape | ours (us) | GB/s | % of copy | TileKernels 2.1.0 (us) | TK / ours | torch.compile (us) |'
+    rule = '| --- | --- | --- | --- | --- | --- | --- |'
+    if clean:
+        header += ' clean L2: ours (us) | % of copy | % of a same-size copy |'
+        rule += ' --- | --- | --- |'
+    out(header)
+    out(rule)
     notes, timer = [], 'n/a'
     for shape in entry.rows(args):
         try:
@@ -532,19 +604,67 @@ def report_op(name: str, entry: PerfEntry, args, device, tk, ceiling_gbs: float,
                 notes.append(f'{_fmt_shape(shape)}: TileKernels failed ({why[:200]})')
         ref_us = _timed(lambda inp=inp: compiled(inp))[0] if compiled is not None else None
         gbs = nbytes / ours_us / 1e3 if ours_us else None
-        pct = 100 * gbs / ceiling_gbs if gbs else None
+        pct = 100 * gbs / ceilings.gbs if gbs else None
         ratio = tk_us / ours_us if tk_us and ours_us else None
-        mark = ' (< 90 %)' if _bar_applies(entry, shape) and pct is not None and pct < 90 else ''
-        out(
-            f'| {_fmt_shape(shape)} | {_cell(ours_us)} | {_cell(gbs, "{:.0f}")} | {_cell(pct)}%{mark} '
+        bar = _bar_applies(entry, shape)
+        line = (
+            f'| {_fmt_shape(shape)} | {_cell(ours_us)} | {_cell(gbs, "{:.0f}")} | {_pct_cell(pct, bar)} '
             f'| {_cell(tk_us)} | {_cell(ratio, "{:.2f}")} | {_cell(ref_us)} |'
         )
+        if clean:
+            clean_us = clean_l2_bench_us(lambda inp=inp: entry.ours(inp), ceilings.clean_flush)
+            copy_us = same_size_copy_us(nbytes, device, ceilings.clean_flush)
+            clean_pct = 100 * nbytes / clean_us / 1e3 / ceilings.clean_gbs
+            line += f' {clean_us:.1f} | {_pct_cell(clean_pct, bar)} | {_pct_cell(100 * copy_us / clean_us, bar)} |'
+        out(line)
         del inp
         torch.cuda.empty_cache()
     out('')
     out(f'(timer: {timer}, median; bytes = inputs read + outputs written once; TK / ours > 1: ours is faster)')
+    if clean:
+        out('(clean L2: CUPTI mean after a flush that reads 256 MB, so no call starts with dirty lines to write back)')
     for note in notes:
         out(f'- {note}')
+    out('')
+
+
+def report_mask_cost(args, device, tk, out: Callable[[str], None]) -> None:
+    """docs/engram.md, "Image tokens": a text-only batch through the mask variant (an all-False mask) against
+    image_token_mask=None, gate fwd and bwd, ours and TileKernels'."""
+    ops = _ops()
+    out('### image_token_mask on text-only batches (gate fwd / bwd)')
+    out('')
+    out('| op | shape | ours: None (us) | ours: all False (us) | ratio | TK: None (us) | TK: all False (us) | ratio |')
+    out('| --- | --- | --- | --- | --- | --- | --- | --- |')
+    fwd_args = ('hidden_states', 'kv', 'weight_fused')
+    for shape in _gate_rows(args):
+        inp = _bwd_inputs(shape, device)
+        text_only = torch.zeros(shape['num_tokens'], dtype=torch.bool, device=device)
+        fwd = [inp[n] for n in fwd_args]
+        bwd = [inp[n] for n in _BWD_ARGS]
+        calls = {
+            'fwd': (
+                lambda mask, fwd=fwd: ops.engram_gate_fwd(*fwd, EPS, CLAMP, image_token_mask=mask),
+                lambda mask, fwd=fwd: tk.engram.engram_gate_fwd(*fwd, EPS, CLAMP, image_token_mask=mask),
+            ),
+            'bwd': (
+                lambda mask, bwd=bwd: ops.engram_gate_bwd(*bwd, CLAMP, image_token_mask=mask),
+                lambda mask, bwd=bwd: tk.engram.engram_gate_bwd(*bwd, CLAMP, image_token_mask=mask),
+            ),
+        }
+        for op_name, (ours, theirs) in calls.items():
+            cells = []
+            for fn in (ours, theirs) if tk is not None else (ours,):
+                plain = _timed(lambda fn=fn: fn(None))[0]
+                masked = _timed(lambda fn=fn, mask=text_only: fn(mask))[0]
+                ratio = masked / plain if plain and masked else None
+                cells += [_cell(plain), _cell(masked), _cell(ratio, '{:.3f}')]
+            cells += ['-'] * (6 - len(cells))
+            out(f'| {op_name} | {_fmt_shape(shape)} | ' + ' | '.join(cells) + ' |')
+        del inp, fwd, bwd, calls
+        torch.cuda.empty_cache()
+    out('')
+    out('(timer: do_bench CUPTI, L2 flushed; ratio = all-False mask / None: above 1, the mask variant costs)')
     out('')
 
 
@@ -591,16 +711,28 @@ def report(args, device: torch.device) -> str:
 
     tk, why = (None, 'disabled (--no-tilekernels)') if not args.tilekernels else import_tile_kernels()
     ceiling_gbs, ceiling_us = copy_ceiling(device)
+    ceilings = Ceilings(ceiling_gbs)
+    if args.clean_l2:
+        flush = CleanL2Flush(device)
+        src = torch.ones(COPY_BYTES, dtype=torch.uint8, device=device)
+        dst = torch.empty_like(src)
+        clean_us = clean_l2_bench_us(lambda: dst.copy_(src), flush)
+        del src, dst
+        ceilings = Ceilings(ceiling_gbs, 2 * COPY_BYTES / clean_us / 1e3, flush)
     out(
         f'Device: {torch.cuda.get_device_name(device)}; torch {torch.__version__}; tilelang {_version("tilelang")}; '
         f'TileKernels {_version("tile_kernels") if tk is not None else "not imported"}; hc = {args.hc}'
     )
     out(f'Copy ceiling: {ceiling_gbs:.0f} GB/s ({COPY_BYTES >> 20} MiB copied in {ceiling_us:.1f} us, read + written)')
+    if ceilings.clean_gbs is not None:
+        out(f'Copy ceiling after a clean L2 flush: {ceilings.clean_gbs:.0f} GB/s')
     if tk is None:
         out(f'TileKernels 2.1.0 is not importable here ({why}): its columns stay empty.')
     out('')
     for name in args.ops:
-        report_op(name, OPS[name], args, device, tk, ceiling_gbs, out)
+        report_op(name, OPS[name], args, device, tk, ceilings, out)
+    if args.mask_cost:
+        report_mask_cost(args, device, tk, out)
     if args.host:
         report_host(args, device, tk, out)
     return '\n'.join(lines)
@@ -623,6 +755,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument('--no-compile', dest='compile', action='store_false', help='skip the torch.compile column')
     parser.add_argument('--no-tilekernels', dest='tilekernels', action='store_false', help='skip TileKernels')
     parser.add_argument('--no-host', dest='host', action='store_false', help='skip the host-time table')
+    parser.add_argument('--no-clean-l2', dest='clean_l2', action='store_false', help='skip the clean-L2 columns')
+    parser.add_argument('--no-mask-cost', dest='mask_cost', action='store_false', help='skip the mask-cost table')
     parser.add_argument('--output', help='also write the report (markdown) to this file')
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():

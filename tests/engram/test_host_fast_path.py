@@ -167,3 +167,74 @@ def test_fast_path_ends_every_spoiled_call_as_the_full_path_does(op_name, device
             label = names[position] if position < len(names) else f'scalar {position - len(names)}'
             mismatches.append(f'{label}, {kind}: fast path {_describe(fast)}; full path {_describe(full)}')
     assert not mismatches, '\n'.join(mismatches)
+
+
+def _grad_w_reduce_overlaps(partial, wh, we, gwh, gwe) -> dict:
+    """Makers of grad_w_reduce's arguments, fresh tensors with the given values each call, where a gradient
+    shares memory with another argument (and one case that shares a buffer without overlapping)."""
+    hc, hidden = gwh.shape
+    n = hc * hidden
+
+    def into(storage: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        view = storage[: t.numel()].view(t.shape)
+        view.copy_(t)
+        return view
+
+    def fresh(**given) -> list:
+        names = {'partial': partial, 'wh': wh, 'we': we, 'gwh': gwh, 'gwe': gwe}
+        return [given[name] if name in given else t.clone() for name, t in names.items()]
+
+    def one_tensor():
+        grad = gwh.clone()
+        return fresh(gwh=grad, gwe=grad)
+
+    def one_buffer(offset: int):
+        def make():
+            both = torch.zeros(n + offset, dtype=torch.float32, device=gwh.device)
+            return fresh(gwh=into(both, gwh), gwe=into(both[offset:], gwe))
+
+        return make
+
+    def grad_over_weight(grad_name: str, weight_name: str, weight: torch.Tensor):
+        def make():
+            storage = torch.zeros(n, dtype=torch.float32, device=gwh.device)
+            shared = into(storage.view(torch.bfloat16), weight)
+            return fresh(**{weight_name: shared, grad_name: storage.view(hc, hidden)})
+
+        return make
+
+    def grad_over_partial_tail():
+        storage = torch.zeros(partial.numel() + n // 2, dtype=torch.float32, device=gwh.device)
+        return fresh(partial=into(storage, partial), gwe=storage[partial.numel() - n // 2 :].view(hc, hidden))
+
+    return {
+        'the two gradients, one tensor': one_tensor,
+        'the two gradients, half overlapping': one_buffer(n // 2),
+        'the two gradients, adjacent (no overlap)': one_buffer(n),
+        'grad_weight_hidden over weight_hidden': grad_over_weight('gwh', 'wh', wh),
+        'grad_weight_embed over weight_embed': grad_over_weight('gwe', 'we', we),
+        'grad_weight_embed over the tail of grad_w_partial': grad_over_partial_tail,
+    }
+
+
+@pytest.mark.npu
+def test_grad_w_reduce_fast_path_refuses_every_overlap_the_full_path_refuses(device, monkeypatch):
+    if device.type != 'cuda':
+        pytest.skip('the fast path is for kernels whose compiled entry checks its arguments (TileLang on CUDA)')
+    module = importlib.import_module('cann_ops_tilelang.engram.engram_grad_w_reduce')
+    inputs = _inputs(device)
+    args = [inputs[name] for name in CALLS['grad_w_reduce'][1]]
+    call = cann_ops_tilelang.engram_grad_w_reduce
+    call(*[a.clone() for a in args])  # puts the launcher into the fast path's table
+    assert module._CHECKED
+    fast_table, mismatches, refused = module._CHECKED, [], 0
+    for kind, make in _grad_w_reduce_overlaps(*args).items():
+        fast = _outcome(call, make())
+        monkeypatch.setattr(module, '_CHECKED', _NoStore())
+        full = _outcome(call, make())
+        monkeypatch.setattr(module, '_CHECKED', fast_table)
+        refused += full[0] == 'raised'
+        if not _same(fast, full, 'grad_w_reduce'):
+            mismatches.append(f'{kind}: fast path {_describe(fast)}; full path {_describe(full)}')
+    assert not mismatches, '\n'.join(mismatches)
+    assert refused == 5  # every case but the adjacent gradients

@@ -89,6 +89,59 @@ def test_no_lock_when_tilelang_cache_is_disabled(cache_dir, monkeypatch):
     assert not (cache_dir / 'cann_ops_tilelang_locks').exists()
 
 
+class _Artifact:
+    """What tilelang.lower returns, as far as lower_to_source reads it."""
+
+    def __init__(self, source: str, on_chip_bytes: int):
+        self.kernel_source = source
+        attrs = {'dyn_shared_memory_buf': on_chip_bytes}
+        self.device_mod = type('DeviceMod', (), {'functions': {'main': type('Func', (), {'attrs': attrs})()}})()
+
+
+@pytest.fixture
+def lowerings(monkeypatch):
+    """Replaces tilelang.lower; the list of the scripts it lowered."""
+    lowered = []
+
+    def fake_lower(prim_func, *, target):
+        lowered.append(prim_func.script())
+        return _Artifact(f'// source of {prim_func.script()}', 1024 * len(lowered))
+
+    monkeypatch.setattr(tilelang, 'lower', fake_lower)
+    return lowered
+
+
+def test_a_kernel_is_lowered_once_then_read_from_the_disk_cache(cache_dir, lowerings):
+    target = kernel_target.tilelang_target('ascend')
+    first = kernel_target.lower_to_source(FakePrimFunc('kernel a'), target)
+    assert first == ('// source of kernel a', 1024)
+    assert kernel_target.lower_to_source(FakePrimFunc('kernel a'), target) == first
+    assert lowerings == ['kernel a']
+    assert len(list((cache_dir / 'cann_ops_tilelang_lowered').glob('*.json'))) == 1
+    kernel_target.lower_to_source(FakePrimFunc('kernel b'), target)  # another kernel, another entry
+    kernel_target.lower_to_source(FakePrimFunc('kernel a'), kernel_target.tilelang_target('cuda', cuda_arch='sm_90a'))
+    assert lowerings == ['kernel a', 'kernel b', 'kernel a']
+
+
+def test_an_unreadable_cache_entry_is_lowered_again(cache_dir, lowerings):
+    target = kernel_target.tilelang_target('ascend')
+    kernel_target.lower_to_source(FakePrimFunc('kernel a'), target)
+    (entry,) = (cache_dir / 'cann_ops_tilelang_lowered').glob('*.json')
+    entry.write_text('{"source": "trunc')
+    assert kernel_target.lower_to_source(FakePrimFunc('kernel a'), target) == ('// source of kernel a', 2048)
+    assert kernel_target.lower_to_source(FakePrimFunc('kernel a'), target) == ('// source of kernel a', 2048)
+    assert lowerings == ['kernel a', 'kernel a']
+
+
+def test_nothing_is_cached_when_tilelang_cache_is_disabled(cache_dir, lowerings, monkeypatch):
+    monkeypatch.setenv('TILELANG_DISABLE_CACHE', '1')
+    target = kernel_target.tilelang_target('ascend')
+    kernel_target.lower_to_source(FakePrimFunc('kernel a'), target)
+    kernel_target.lower_to_source(FakePrimFunc('kernel a'), target)
+    assert lowerings == ['kernel a', 'kernel a']
+    assert not (cache_dir / 'cann_ops_tilelang_lowered').exists()
+
+
 # Each process "compiles" (sleeps, then writes the cache entry) only if the entry is not there yet, as
 # TileLang's disk cache does once the lock is held. One interpreter imports tilelang and the package (the
 # seconds of a start-up), then forks the three processes, as torch's DataLoader forks after importing torch:

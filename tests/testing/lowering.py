@@ -1,7 +1,7 @@
 """Lower TileLang kernels on a CPU: the Ascend check of the CPU tier (and a CUDA compile check).
 
 No NPU, CANN or GPU is needed: lowering stops after code generation. Results are cached per
-(backend, key) within a process, so a run never lowers the same kernel twice.
+(backend, key) within a process, and on disk across runs (kernel_target.lower_to_source).
 """
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Hashable
 
-from cann_ops_tilelang.kernel_target import tilelang_target
+from cann_ops_ascend_emu.driver import SIMT_RESERVED_BYTES, UB_BYTES
 
-UB_BYTES = 248 * 1024  # Unified Buffer of one Ascend 950 vector core
-SIMT_RESERVED_BYTES = 32 * 1024  # reserved for the SIMT context when a kernel uses T.SimtVF
+from cann_ops_tilelang.kernel_target import lower_to_source, tilelang_target
+
 CPU_TIER_CUDA_ARCH = 'sm_90a'  # what an H200 compiles for (config.cuda_arch_for); lowering needs no GPU
 ASCEND_950_VECTOR_CORES = 64  # Ascend 950PR: the core count the CPU tier lowers Ascend kernels for
 H200_SMS = 132  # the lent H200: the SM count the CPU tier lowers CUDA kernels for
@@ -36,17 +36,9 @@ def lower_kernel(make_prim_func: Callable[[], object], *, backend: str, key: Has
     """Lower the prim_func that `make_prim_func()` builds for `backend`; cached under `key`."""
     cache_key = (backend, key)
     if cache_key not in _cache:
-        import tilelang
-        from tilelang import tvm
-
         target = tilelang_target(backend, cuda_arch=CPU_TIER_CUDA_ARCH)
-        with tvm.transform.PassContext(config={}), target:
-            artifact = tilelang.lower(make_prim_func(), target=target)
-        merged = 0
-        for _, func in artifact.device_mod.functions.items():
-            if func.attrs is not None and 'dyn_shared_memory_buf' in func.attrs:
-                merged = max(merged, int(func.attrs['dyn_shared_memory_buf']))
-        _cache[cache_key] = LoweredKernel(backend=backend, source=artifact.kernel_source, ub_bytes=merged)
+        source, merged = lower_to_source(make_prim_func(), target)
+        _cache[cache_key] = LoweredKernel(backend=backend, source=source, ub_bytes=merged)
     return _cache[cache_key]
 
 

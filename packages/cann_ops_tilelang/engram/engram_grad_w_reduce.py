@@ -107,8 +107,11 @@ def _launcher(backend, grad_w_partial) -> Launcher:
 
 def _fast_launcher(grad_w_partial, weight_hidden, weight_embed, grad_weight_hidden, grad_weight_embed):
     """The _CHECKED launcher of a call whose remaining checks the entry makes: plain tensors on a GPU,
-    aligned, the gradients overlapping nothing (their spans taken as contiguous: where one is not, the
-    entry rejects it); None sends the call the full way."""
+    aligned, the gradients overlapping nothing; None sends the call the full way.
+
+    The spans are those of the layout the entry accepts ((P, hc, H) and (hc, H) contiguous, fp32 partials and
+    gradients, bf16 weights, hc and H those of the key): a call with another layout is rejected by the entry
+    before any launch, whatever its spans are."""
     plain = PLAIN_TENSOR_TYPES
     if not (
         type(grad_w_partial) in plain
@@ -119,29 +122,30 @@ def _fast_launcher(grad_w_partial, weight_hidden, weight_embed, grad_weight_hidd
         and grad_w_partial.is_cuda
     ):
         return None
-    launcher = _CHECKED.get((grad_w_partial.shape[1:], grad_w_partial.get_device()))
-    if launcher is None or not grad_w_partial.shape[0]:
+    shape = grad_w_partial.shape
+    launcher = _CHECKED.get((shape[1:], grad_w_partial.get_device()))
+    if launcher is None or not shape[0]:
         return None
-    starts = (
-        grad_w_partial.data_ptr(),
-        weight_hidden.data_ptr(),
-        weight_embed.data_ptr(),
-        grad_weight_hidden.data_ptr(),
-        grad_weight_embed.data_ptr(),
-    )
-    if (starts[0] | starts[1] | starts[2] | starts[3] | starts[4]) % ALIGN_BYTES:
+    partial = grad_w_partial.data_ptr()
+    w_hidden = weight_hidden.data_ptr()
+    w_embed = weight_embed.data_ptr()
+    g_hidden = grad_weight_hidden.data_ptr()
+    g_embed = grad_weight_embed.data_ptr()
+    if (partial | w_hidden | w_embed | g_hidden | g_embed) % ALIGN_BYTES:
         return None
-    ends = (
-        starts[0] + grad_w_partial.nbytes,
-        starts[1] + weight_hidden.nbytes,
-        starts[2] + weight_embed.nbytes,
-        starts[3] + grad_weight_hidden.nbytes,
-        starts[4] + grad_weight_embed.nbytes,
-    )
-    for grad in _GRADS:
-        for other in range(grad):
-            if starts[grad] < ends[other] and starts[other] < ends[grad]:
-                return None  # (on one device or not: the full way tells)
+    weight_bytes = 2 * shape[1] * shape[2]
+    grad_bytes = 2 * weight_bytes
+    partial_end = partial + shape[0] * grad_bytes
+    for grad in (g_hidden, g_embed):  # (on one device or not: the full way tells)
+        grad_end = grad + grad_bytes
+        if (
+            (grad < partial_end and partial < grad_end)
+            or (grad < w_hidden + weight_bytes and w_hidden < grad_end)
+            or (grad < w_embed + weight_bytes and w_embed < grad_end)
+        ):
+            return None
+    if g_hidden < g_embed + grad_bytes and g_embed < g_hidden + grad_bytes:
+        return None
     return launcher
 
 
