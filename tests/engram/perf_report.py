@@ -465,7 +465,7 @@ class CleanL2Flush:
         self._sum = torch.empty((), dtype=torch.int64, device=device)
 
     def zero_(self) -> None:
-        torch.sum(self._buf, dtype=torch.int64, out=self._sum)
+        torch.sum(self._buf, dim=0, dtype=torch.int64, out=self._sum)
 
 
 def clean_l2_bench_us(fn: Callable[[], object], flush: CleanL2Flush) -> float:
