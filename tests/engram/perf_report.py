@@ -455,39 +455,64 @@ def bench_us(fn: Callable[[], object]) -> tuple[float, str]:
     return do_bench(fn, warmup=25, rep=100, backend='event', return_mode='median') * 1e3, 'event'
 
 
+def _device_activities(prof) -> list:
+    """The device-side events (kernels, copies) a torch profiler recorded, without user annotations."""
+    return [
+        e
+        for e in prof.events()
+        if getattr(getattr(e, 'device_type', None), 'name', '') == 'CUDA' and not e.is_user_annotation
+    ]
+
+
+def _profiled(calls: Callable[[], None]):
+    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=activities) as prof:
+        calls()
+        torch.cuda.synchronize()
+    return prof
+
+
 class CleanL2Flush:
     """A flush that leaves the L2 full of clean lines: it reads FLUSH_BYTES (evicting, and so writing back,
-    whatever the previous call left dirty) instead of zeroing them. Passed where tilelang's CUPTI timer
-    expects its flush buffer, which it calls as `cache.zero_()` inside a range it excludes from the time."""
+    whatever the previous call left dirty) instead of zeroing them. `kernel_names` are its kernels, which
+    clean_l2_bench_us leaves out of the time (found by profiling it alone, which also starts CUPTI)."""
 
     def __init__(self, device: torch.device) -> None:
         self._buf = torch.ones(FLUSH_BYTES // 4, dtype=torch.int32, device=device)
         self._sum = torch.empty((), dtype=torch.int64, device=device)
+        self.kernel_names = frozenset(e.name for e in _device_activities(_profiled(self.flush)))
 
-    def zero_(self) -> None:
+    def flush(self) -> None:
         torch.sum(self._buf, dim=0, dtype=torch.int64, out=self._sum)
 
 
 def clean_l2_bench_us(fn: Callable[[], object], flush: CleanL2Flush) -> float:
-    """Mean CUPTI device time of fn() in microseconds, each call after `flush` (do_bench's warm-up and
-    repeat counts: 25 ms and 100 ms worth of calls)."""
-    from tilelang.profiler.torch_bench import bench_with_cupti
-
+    """Mean device time (CUPTI, through the torch profiler) of fn() in microseconds, each call after
+    `flush`: every device event of the profiled calls but the flush's kernels, over the calls (do_bench's
+    warm-up and repeat counts: 25 ms and 100 ms worth of calls)."""
     fn()
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     for _ in range(5):
-        flush.zero_()
+        flush.flush()
         fn()
     end.record()
     end.synchronize()
     estimate_ms = start.elapsed_time(end) / 5
     for _ in range(max(1, int(25 / estimate_ms))):
         fn()
-    us = bench_with_cupti(fn, flush, max(1, int(100 / estimate_ms))) * 1e3
+    repeat = max(1, int(100 / estimate_ms))
+
+    def calls() -> None:
+        for _ in range(repeat):
+            flush.flush()
+            fn()
+
+    events = _device_activities(_profiled(calls))
+    us = sum(e.self_device_time_total for e in events if e.name not in flush.kernel_names) / repeat
     if not us > 0:
-        raise RuntimeError(f'CUPTI recorded {us} us of kernel time')
+        raise RuntimeError(f'the profiler recorded {us} us of device time for the call')
     return us
 
 
