@@ -617,16 +617,22 @@ def test_needs_device(benchmark_timer):
     )
 
 
-def test_xdist_controller_aggregates_every_workers_records(pytester, monkeypatch):
+def test_xdist_controller_writes_every_workers_records(pytester, monkeypatch):
     monkeypatch.setenv('PYTHONPATH', os.pathsep.join([str(REPO), str(REPO / 'packages')]))
     path = setup_project(pytester)
     # The controller runs in this process (where torch is imported already), the two workers in their own:
     # a controller of its own would only add a start-up, it times nothing.
-    result = pytester.runpytest(*RUN, '-n', '2', '-p', 'no:benchmark', '--refresh-baseline')
+    result = pytester.runpytest(*RUN, '-n', '2', '-p', 'no:benchmark', '--refresh-baseline', '-v')
     assert result.ret == pytest.ExitCode.OK, result.stdout.str()
+    result.stdout.fnmatch_lines(['[[]gw0[]]*PASSED*test_op_*_benchmark*'], consecutive=False)
+    result.stdout.fnmatch_lines(['[[]gw1[]]*PASSED*test_op_*_benchmark*'], consecutive=False)  # both workers timed
     result.stdout.fnmatch_lines(['benchmark/test_ops.jsonl: 4 record(s) written for fake1, 0 replaced, 0 kept'])
     assert len(read_records(path)) == 4
 
+
+def test_xdist_controller_verifies_every_workers_results(project, pytester, monkeypatch):
+    # The baseline comes from an in-process refresh (the project fixture); the verify runs on two workers.
+    monkeypatch.setenv('PYTHONPATH', os.pathsep.join([str(REPO), str(REPO / 'packages')]))
     setup_project(pytester, times=with_times(a_4096=150.0, b_fp32=40.0))
     result = pytester.runpytest(*RUN, '-n', '2', '-p', 'no:benchmark', '-v')
     assert result.ret == pytest.ExitCode.TESTS_FAILED
