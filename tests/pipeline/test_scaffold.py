@@ -545,11 +545,12 @@ EVERY_PUBLIC_OPERATOR_HAS_ITS_OPS = 'tests/engram/test_torch_ops.py::test_every_
 
 
 def copy_repository_parts(destination: Path) -> None:
-    """What the generated tests need: pyproject, the packages, tests/conftest.py and tests/testing/; and the
-    module of EVERY_PUBLIC_OPERATOR_HAS_ITS_OPS."""
+    """What the generated tests need: pyproject, the three packages, tests/conftest.py and tests/testing/; and
+    the module of EVERY_PUBLIC_OPERATOR_HAS_ITS_OPS."""
     ignore = shutil.ignore_patterns('__pycache__', '*.pyc')
     shutil.copy(ROOT / 'pyproject.toml', destination / 'pyproject.toml')
-    for package in (PACKAGE, 'packages/cann_ops_pipeline'):  # the test plugins use the pipeline package
+    # The test plugins use the pipeline package, the shared test tools the emulator's Ascend facts.
+    for package in (PACKAGE, 'packages/cann_ops_pipeline', 'packages/cann_ops_ascend_emu'):
         shutil.copytree(ROOT / package, destination / package, ignore=ignore)
     (destination / 'tests/engram').mkdir(parents=True)
     for name in ('__init__.py', 'conftest.py', 'engram/__init__.py', 'engram/test_torch_ops.py'):
