@@ -7,7 +7,7 @@ there: ruff over the generated files, and one child, once per module, whose resu
 import probe, forked off before anything imports the package, and a pytest run of the generated test file
 (CPU tier: Ascend and CUDA lowering, contract tests, the torch.library ops on fake tensors pass; device tests
 skip with the reason on a CPU, run and pass where an accelerator is) and of the check that every public
-operator has its torch.library op.
+operator has its torch.library op. The generated tests run at this run's test level, at most 1.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from cann_ops_pipeline import file_transaction, scaffold
+from cann_ops_pipeline import conventions, file_transaction, scaffold
 from cann_ops_pipeline.scaffold import ScaffoldError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -558,14 +558,20 @@ def copy_repository_parts(destination: Path) -> None:
     shutil.copytree(ROOT / 'tests/testing', destination / 'tests/testing', ignore=ignore)
 
 
+def child_level() -> int:
+    """The level the generated tests run at: this run's, at most 1 (level 2 only widens their shapes)."""
+    return min(conventions.test_level_from_env(), 1)
+
+
 def child_env(root: Path) -> dict[str, str]:
     """This environment for a child run in the copy: the copy first on PYTHONPATH, the other entries kept
-    (a pre-provisioned host may need them for torch_npu or tilelang), this checkout's own left out."""
+    (a pre-provisioned host may need them for torch_npu or tilelang), this checkout's own left out; the
+    level of child_level."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(('OPS_TILELANG_', 'PYTEST_'))}
     ours = {str(ROOT), str(ROOT / 'packages')}
     kept = [p for p in os.environ.get('PYTHONPATH', '').split(os.pathsep) if p and p not in ours]
     env['PYTHONPATH'] = os.pathsep.join([str(root), str(root / 'packages'), *kept])
-    env['OPS_TILELANG_TEST_LEVEL'] = '1'
+    env[conventions.LEVEL_ENV] = str(child_level())
     return env
 
 
@@ -597,6 +603,15 @@ def test_child_env_keeps_the_other_pythonpath_entries(tmp_path, monkeypatch):
     env = child_env(tmp_path)
     assert env['PYTHONPATH'].split(os.pathsep) == [str(tmp_path), str(tmp_path / 'packages'), '/opt/vendor/python']
     assert env['OPS_TILELANG_TEST_LEVEL'] == '1'
+
+
+@pytest.mark.parametrize(('level', 'expected'), [('0', '0'), ('1', '1'), ('2', '1'), (None, '1')])
+def test_child_runs_at_this_runs_level_at_most_1(tmp_path, monkeypatch, level, expected):
+    if level is None:
+        monkeypatch.delenv('OPS_TILELANG_TEST_LEVEL', raising=False)
+    else:
+        monkeypatch.setenv('OPS_TILELANG_TEST_LEVEL', level)
+    assert child_env(tmp_path)['OPS_TILELANG_TEST_LEVEL'] == expected
 
 
 @dataclasses.dataclass(frozen=True)
@@ -770,8 +785,10 @@ def test_generated_operator_passes_its_cpu_tests(generated, child_runs):
     assert sorted(outcomes) == sorted([*cpu_tier, *device_tier, 'test_foo_bar_benchmark']), child_runs.failure_text()
     for name in cpu_tier:
         assert set(outcomes[name]) == {'passed'}, (name, outcomes[name], child_runs.failure_text())
-    assert len(outcomes['test_foo_bar_ascend_kernel_lowers']) == 14  # level 1: 2 dtypes x 7 shapes
-    assert len(outcomes['test_foo_bar_fake_output']) == 14
+    # 2 dtypes x the template's shapes: 3 at level 0, 7 from level 1 on.
+    params = 2 * (3 if child_level() == 0 else 7)
+    assert len(outcomes['test_foo_bar_ascend_kernel_lowers']) == params
+    assert len(outcomes['test_foo_bar_fake_output']) == params
     device = has_accelerator()
     for name in device_tier:
         if device:
