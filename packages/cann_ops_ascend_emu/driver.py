@@ -31,6 +31,13 @@ ENV_TIMEOUT = 'OPS_TILELANG_EMU_TIMEOUT_S'  # seconds one emulated run may take 
 UB_BYTES = 248 * 1024  # Unified Buffer of one Ascend 950 vector core
 SIMT_RESERVED_BYTES = 32 * 1024  # reserved for the SIMT context when a kernel contains a __simt_vf__ function
 
+
+def ub_limit_of(source: str) -> int:
+    """The UB bytes a kernel of this Ascend C source may allocate: less the SIMT reservation where it has a
+    __simt_vf__ function."""
+    return UB_BYTES - (SIMT_RESERVED_BYTES if '__simt_vf__' in source else 0)
+
+
 # Two poison patterns for never-written UB, as 32-bit words (little endian). 0xFFFFFFFF is NaN as fp32, bf16
 # and fp16 halves; 0x7FC17FC1 is a different NaN in all three (and different integers).
 POISON_WORDS = (0xFFFFFFFF, 0x7FC17FC1)
@@ -402,7 +409,7 @@ class SourceKernel:
         self.source = source
         self.entry = parse_entry(source)
         self.grid = grid
-        self.ub_limit = ub_limit or (UB_BYTES - (SIMT_RESERVED_BYTES if '__simt_vf__' in source else 0))
+        self.ub_limit = ub_limit or ub_limit_of(source)
         self.seed = seed
         self.last_report: LaunchReport | None = None
         self._lib = _Lib(build_shared_object(source), self.entry)

@@ -10,12 +10,11 @@ from __future__ import annotations
 import torch
 
 from cann_ops_ascend_emu.driver import (
-    SIMT_RESERVED_BYTES,
-    UB_BYTES,
     EmulatorError,
     LaunchReport,
     SourceKernel,
     parse_entry,
+    ub_limit_of,
 )
 
 _TORCH_DTYPES = {
@@ -91,7 +90,7 @@ class EmulatedKernel:
             source, self.ub_bytes = _lower(prim_func)
         self._source = source
         self.entry = parse_entry(source)
-        self.ub_limit = UB_BYTES - (SIMT_RESERVED_BYTES if '__simt_vf__' in source else 0)
+        self.ub_limit = ub_limit_of(source)
         if self.ub_bytes is not None and self.ub_bytes > self.ub_limit:
             raise EmulatorError(
                 f'kernel {self.entry.name}: merged UB allocation {self.ub_bytes} B exceeds the {self.ub_limit} B UB'

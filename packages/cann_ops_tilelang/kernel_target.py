@@ -50,7 +50,8 @@ def lower_to_source(prim_func, target) -> tuple[str, int]:
     from tilelang import env, tvm
 
     key = hashlib.sha256('\0'.join((tilelang.__version__, str(target), prim_func.script())).encode()).hexdigest()
-    path = os.path.join(env.TILELANG_CACHE_DIR, 'cann_ops_tilelang_lowered', f'{key[:32]}.json')
+    directory = os.path.join(env.TILELANG_CACHE_DIR, 'cann_ops_tilelang_lowered')
+    path = os.path.join(directory, f'{key[:32]}.json')
     if env.is_cache_enabled():
         with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
             with open(path, encoding='utf-8') as f:
@@ -64,8 +65,8 @@ def lower_to_source(prim_func, target) -> tuple[str, int]:
             on_chip = max(on_chip, int(func.attrs['dyn_shared_memory_buf']))
     source = artifact.kernel_source
     if env.is_cache_enabled():
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix='.tmp')
+        os.makedirs(directory, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=directory, suffix='.tmp')
         with os.fdopen(fd, 'w', encoding='utf-8') as f:
             json.dump({'source': source, 'on_chip_bytes': on_chip}, f)
         os.replace(tmp, path)  # atomic: processes lowering the same kernel write the same content

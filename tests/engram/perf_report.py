@@ -739,10 +739,7 @@ def report(args, device: torch.device) -> str:
     ceilings = Ceilings(ceiling_gbs)
     if args.clean_l2:
         flush = CleanL2Flush(device)
-        src = torch.ones(COPY_BYTES, dtype=torch.uint8, device=device)
-        dst = torch.empty_like(src)
-        clean_us = clean_l2_bench_us(lambda: dst.copy_(src), flush)
-        del src, dst
+        clean_us = same_size_copy_us(2 * COPY_BYTES, device, flush)  # COPY_BYTES read and written
         ceilings = Ceilings(ceiling_gbs, 2 * COPY_BYTES / clean_us / 1e3, flush)
     out(
         f'Device: {torch.cuda.get_device_name(device)}; torch {torch.__version__}; tilelang {_version("tilelang")}; '

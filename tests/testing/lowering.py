@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Hashable
 
-from cann_ops_ascend_emu.driver import SIMT_RESERVED_BYTES, UB_BYTES
+from cann_ops_ascend_emu.driver import ub_limit_of
 
 from cann_ops_tilelang.kernel_target import lower_to_source, tilelang_target
 
@@ -26,7 +26,7 @@ class LoweredKernel:
 
     @property
     def ub_limit(self) -> int:
-        return UB_BYTES - (SIMT_RESERVED_BYTES if '__simt_vf__' in self.source else 0)
+        return ub_limit_of(self.source)
 
 
 _cache: dict[tuple[str, Hashable], LoweredKernel] = {}

@@ -28,6 +28,7 @@ from .engram_sinkhorn_step_kernel import (
     MAX_HEAD_DIM,
     ascend_accumulators,
     ascend_rows_per_task,
+    cuda_row_macros,
     row_layout,
 )
 
@@ -167,6 +168,7 @@ def _cuda_kernel(cfg: EngramSinkhornFinalizeConfig):
     guard = (D // ve) % G != 0  # some threads' last chunk lies past the row
     f32 = T.float32
     rows = T.dynamic('rows')
+    load_col_scale, row_sumsq = cuda_row_macros(cfg)
 
     @T.prim_func
     def engram_sinkhorn_finalize_kernel(
@@ -190,15 +192,8 @@ def _cuda_kernel(cfg: EngramSinkhornFinalizeConfig):
             ss = T.alloc_local((R,), f32)
             tot = T.alloc_local((R,), f32)
             s = T.alloc_var(f32)
-            red = T.alloc_shared((R, W, nw), f32)
-            for k in T.unroll(nc):
-                col = (lane + k * G) * ve
-                if not guard or col < D:
-                    for j in T.vectorized(ve):
-                        c_l[k * ve + j] = col_scale[col + j]
-                else:
-                    for j in T.unroll(ve):
-                        c_l[k * ve + j] = 0.0
+            red = T.alloc_shared((1, R, W, nw), f32)
+            load_col_scale(c_l, col_scale, lane)
             # Rows past the last are zeros and are not stored; the barrier of a group wider than a warp
             # is outside every row condition, so all threads of the block reach it.
             for r in T.unroll(R):
@@ -216,23 +211,8 @@ def _cuda_kernel(cfg: EngramSinkhornFinalizeConfig):
                     for e in T.unroll(L):
                         m_l[r * L + e] = 0.0
                     rs_l[r] = 0.0
-            # The step's accumulation of each row's norm (engram_sinkhorn_step_kernel: same order, same bits).
-            for r in T.unroll(R):
-                ss[r] = 0.0
-                for e in T.unroll(L):
-                    x = (rs_l[r] * m_l[r * L + e]) * c_l[e]
-                    ss[r] += x * x
-            for r in T.unroll(R):
-                tot[r] = T.warp_reduce_sum(ss[r])
-            if nw > 1:
-                if lane % 32 == 0:
-                    for r in T.unroll(R):
-                        red[r, w, lane // 32] = tot[r]
-                T.sync_threads()
-                for r in T.unroll(R):
-                    tot[r] = red[r, w, 0]
-                    for q2 in T.unroll(1, nw):
-                        tot[r] += red[r, w, q2]
+            # The step's accumulation of each row's norm (its macro: same order, same bits).
+            row_sumsq(tot, ss, rs_l, m_l, c_l, red, 0, w, lane)
             for r in T.unroll(R):
                 if (b * R + r) * W + w < rows:
                     s = alpha * (rs_l[r] / (T.sqrt(tot[r]) + eps))

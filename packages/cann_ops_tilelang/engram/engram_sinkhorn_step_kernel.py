@@ -156,6 +156,57 @@ def choose_engram_sinkhorn_step_config(*, backend: Backend, head_dim: int, num_c
     )
 
 
+def cuda_row_macros(cfg):
+    """CUDA: the two macros the step and finalize kernels build a row's norm with, for a configuration with
+    head_dim, group_threads (G), chunks and rows_in_flight (R); one home, so that both operators give the
+    same bits for the same row.
+
+    load_col_scale(c_l, col_scale, lane): the column scale of the thread's chunks, zeros past the row.
+    row_sumsq(tot, ss, rs_l, m_l, c_l, red, parity, w, lane): per row r of the R rows in m_l (scales in rs_l),
+    tot[r] = the row's sum of ((rs * m) * c) ** 2: each thread's elements in order, then its warp, then the
+    warps of a group wider than one, through red[parity, r, w, warp] (a barrier: reach it from every thread).
+    """
+    import tilelang.language as T
+
+    D, G, nc, R = cfg.head_dim, cfg.group_threads, cfg.chunks, cfg.rows_in_flight
+    nw = G // 32
+    ve = CUDA_VEC
+    L = nc * ve
+    guard = (D // ve) % G != 0
+
+    @T.macro
+    def load_col_scale(c_l, col_scale, lane):
+        for k in T.unroll(nc):
+            col = (lane + k * G) * ve
+            if not guard or col < D:
+                for j in T.vectorized(ve):
+                    c_l[k * ve + j] = col_scale[col + j]
+            else:
+                for j in T.unroll(ve):
+                    c_l[k * ve + j] = 0.0
+
+    @T.macro
+    def row_sumsq(tot, ss, rs_l, m_l, c_l, red, parity, w, lane):
+        for r in T.unroll(R):
+            ss[r] = 0.0
+            for e in T.unroll(L):
+                x = (rs_l[r] * m_l[r * L + e]) * c_l[e]
+                ss[r] += x * x
+        for r in T.unroll(R):
+            tot[r] = T.warp_reduce_sum(ss[r])
+        if nw > 1:
+            if lane % 32 == 0:
+                for r in T.unroll(R):
+                    red[parity, r, w, lane // 32] = tot[r]
+            T.sync_threads()
+            for r in T.unroll(R):
+                tot[r] = red[parity, r, w, 0]
+                for q2 in T.unroll(1, nw):
+                    tot[r] += red[parity, r, w, q2]
+
+    return load_col_scale, row_sumsq
+
+
 def _ascend_kernel(cfg: EngramSinkhornStepConfig):
     import tilelang.ascend.language as T
 
@@ -245,6 +296,7 @@ def _cuda_kernel(cfg: EngramSinkhornStepConfig):
     guard = (D // ve) % G != 0  # some threads' last chunk lies past the row
     f32 = T.float32
     rows = T.dynamic('rows')
+    load_col_scale, row_sumsq = cuda_row_macros(cfg)
 
     @T.macro
     def load_rows(dst, dst_rs, matrix, row_scale, it, lo, w, lane, cnt):
@@ -298,16 +350,9 @@ def _cuda_kernel(cfg: EngramSinkhornStepConfig):
             acc = T.alloc_var(f32)
             red = T.alloc_shared((2, R, W, nw), f32)
             comb = T.alloc_shared((W if W > 1 else 1, D), f32)
-            for k in T.unroll(nc):
-                col = (lane + k * G) * ve
-                if not guard or col < D:
-                    for j in T.vectorized(ve):
-                        c_l[k * ve + j] = col_scale[col + j]
-                else:
-                    for j in T.unroll(ve):
-                        c_l[k * ve + j] = 0.0
-                for j in T.unroll(ve):
-                    a_l[k * ve + j] = 0.0
+            load_col_scale(c_l, col_scale, lane)
+            for e in T.unroll(L):
+                a_l[e] = 0.0
             # Block b owns rows [lo, lo + n): rows // P or rows // P + 1 of them; group w takes every W-th
             # (cnt rows), R of them per iteration, in row order: the order of each column sum is the same
             # for every R and S (and as with one row at a time).
@@ -334,22 +379,7 @@ def _cuda_kernel(cfg: EngramSinkhornStepConfig):
                 else:
                     load_rows(m_l, rs_l, matrix, row_scale, it, lo, w, lane, cnt)
                 # R independent sums and warp reductions (each row's in the one fixed order).
-                for r in T.unroll(R):
-                    ss[r] = 0.0
-                    for e in T.unroll(L):
-                        x = (rs_l[r] * m_l[r * L + e]) * c_l[e]
-                        ss[r] += x * x
-                for r in T.unroll(R):
-                    tot[r] = T.warp_reduce_sum(ss[r])
-                if nw > 1:
-                    if lane % 32 == 0:
-                        for r in T.unroll(R):
-                            red[it % 2, r, w, lane // 32] = tot[r]
-                    T.sync_threads()
-                    for r in T.unroll(R):
-                        tot[r] = red[it % 2, r, w, 0]
-                        for q2 in T.unroll(1, nw):
-                            tot[r] += red[it % 2, r, w, q2]
+                row_sumsq(tot, ss, rs_l, m_l, c_l, red, it % 2, w, lane)
                 for r in T.unroll(R):
                     if it * R + r < cnt:
                         row = lo + w + (it * R + r) * W
