@@ -14,6 +14,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from cann_ops_pipeline.bytecode_cache import bytecode_env
 from cann_ops_pipeline.conventions import (
     ASCEND_EMULATOR_OPTION,
     DEFAULT_MIN_DELTA_US,
@@ -52,7 +53,7 @@ class Step:
 def _pytest(
     *args: str, env: dict[str, str] | None = None, description: str = '', success_codes: tuple[int, ...] = (0,)
 ) -> Step:
-    return Step(('python', '-m', 'pytest', *args), env or {}, description, success_codes)
+    return Step(('python', '-m', 'pytest', *args), {**bytecode_env(), **(env or {})}, description, success_codes)
 
 
 def _pipeline_env() -> dict[str, str]:
@@ -121,7 +122,8 @@ def require_device(session: str) -> Step:
 
 
 def _two_phase(args: Sequence[str], env: dict[str, str] | None = None, description: str = 'two-phase xdist run'):
-    return Step(('python', '-m', 'cann_ops_pipeline.two_phase', *args), {**_pipeline_env(), **(env or {})}, description)
+    env = {**_pipeline_env(), **bytecode_env(), **(env or {})}
+    return Step(('python', '-m', 'cann_ops_pipeline.two_phase', *args), env, description)
 
 
 def verify(level: int, args: Sequence[str] = (), device_count: int | None = None) -> list[Step]:

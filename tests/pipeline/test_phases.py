@@ -7,6 +7,14 @@ from pathlib import Path
 import pytest
 
 from cann_ops_pipeline import phases
+from cann_ops_pipeline.bytecode_cache import BYTECODE_CACHE_ENV
+
+
+@pytest.fixture(autouse=True)
+def _bytecode_written_by_python(monkeypatch):
+    """The steps' environments without the bytecode cache's variables (test_bytecode_cache_reaches_...)."""
+    monkeypatch.delenv('PYTHONDONTWRITEBYTECODE', raising=False)
+
 
 SESSIONS = [
     'lint', 'tests-cpu', 'verify-0', 'verify-1', 'verify-2', 'run-tests',
@@ -100,6 +108,21 @@ def test_pipeline_modules_run_from_the_source_tree():
     for step in [*phases.run_tests(['-x']), phases.build_wheel('dist')[1], phases.verify(1, device_count=1)[0]]:
         assert step.argv[:3] == ('python', '-m', step.argv[2])
         assert str(phases.ROOT / 'packages') in step.env['PYTHONPATH']
+
+
+def test_bytecode_cache_reaches_every_pytest_step(monkeypatch, tmp_path):
+    monkeypatch.setenv('PYTHONDONTWRITEBYTECODE', '1')
+    monkeypatch.setenv(BYTECODE_CACHE_ENV, str(tmp_path))
+    monkeypatch.delenv('PYTHONPYCACHEPREFIX', raising=False)
+    steps = [
+        *phases.tests_cpu(), *phases.verify(0, device_count=0), *phases.verify(0, device_count=1),
+        *phases.run_tests(), *phases.refresh_mem(), *phases.refresh_baseline(), *phases.verify_baseline(),
+    ]  # fmt: skip
+    runs = [step for step in steps if step.argv[2] in ('pytest', 'cann_ops_pipeline.two_phase')]
+    assert len(runs) == 9
+    for step in runs:
+        assert step.env['PYTHONDONTWRITEBYTECODE'] == ''
+        assert step.env['PYTHONPYCACHEPREFIX'] == str(tmp_path)
 
 
 def test_the_wheel_check_gets_the_pins():

@@ -1,13 +1,13 @@
 """`invoke new-op`: name rules, no overwrite, rollback, edits of __init__.py and _torch_ops.py, generated code
 that works.
 
-The end-to-end tests scaffold foo/foo_bar (foo2/foo2_bar, ... when the working package has a `foo` domain
-already) into a temporary copy of the repository's needed parts, once per module, and run child processes
-there: ruff over the generated files, and one child, once per module, whose results both tests read: an
-import probe, forked off before anything imports the package, and a pytest run of the generated test file
-(CPU tier: Ascend and CUDA lowering, contract tests, the torch.library ops on fake tensors pass; device tests
-skip with the reason on a CPU, run and pass where an accelerator is) and of the check that every public
-operator has its torch.library op. The generated tests run at this run's test level, at most 1.
+The end-to-end test scaffolds foo/foo_bar (foo2/foo2_bar, ... when the working package has a `foo` domain
+already) into a temporary copy of the repository's needed parts and runs child processes there: ruff over
+the generated files, and one child whose results it reads: an import probe, forked off before anything
+imports the package, and a pytest run of the generated test file (CPU tier: Ascend and CUDA lowering,
+contract tests, the torch.library ops on fake tensors pass; device tests skip with the reason on a CPU, run
+and pass where an accelerator is) and of the check that every public operator has its torch.library op.
+The generated tests run at this run's test level, at most 1.
 """
 
 from __future__ import annotations
@@ -719,7 +719,7 @@ class ChildRuns:
 
 @pytest.fixture(scope='module')
 def child_runs(generated) -> ChildRuns:
-    """The probe and the pytest run, shared by the two tests that read them (see LAUNCHER)."""
+    """The probe and the pytest run (see LAUNCHER)."""
     root = generated.root
     probe, probe_output, report = root / 'probe.py', root / 'probe.txt', root / 'report.xml'
     probe.write_text(import_probe(generated), encoding='utf-8')
@@ -745,8 +745,13 @@ def child_runs(generated) -> ChildRuns:
     return ChildRuns(probe_text, run, outcomes)
 
 
-def test_generated_operator_passes_its_cpu_tests(generated, child_runs):
-    """On a CPU the device tests skip with the reason; on a machine with an accelerator they run and pass."""
+def test_generated_operators_pass_their_tests_and_have_their_ops(generated, child_runs):
+    """On a CPU the device tests skip with the reason; on a machine with an accelerator they run and pass.
+    Importing the root package registers the public operator's ops (the experimental domain's once it is
+    imported), and the repository's check that every public operator has its op passes with it.
+
+    One test for everything the child run says: the run is a module-scoped fixture, and xdist's worksteal
+    would hand two tests that share it to two workers, each then scaffolding and running the child."""
     tmp_path, domain, op = generated.root, generated.domain, generated.op
 
     if RUFF is not None:
@@ -757,7 +762,7 @@ def test_generated_operator_passes_its_cpu_tests(generated, child_runs):
     # Public through the root package; experimental through its domain, which the root imports on first use.
     assert 'PROBE root package ok' in child_runs.probe, child_runs.probe
 
-    # The run holds EVERY_PUBLIC_OPERATOR_HAS_ITS_OPS too (its own test judges it): exit 1 may be that test's.
+    # The run holds EVERY_PUBLIC_OPERATOR_HAS_ITS_OPS too (judged below): exit 1 may be that test's.
     assert child_runs.pytest.returncode in (0, 1), child_runs.failure_text()
     module = f'tests.{domain}.test_{op}'
     outcomes = {name: found for (classname, name), found in child_runs.outcomes.items() if classname == module}
@@ -797,14 +802,10 @@ def test_generated_operator_passes_its_cpu_tests(generated, child_runs):
             assert all(o.startswith('skipped: needs an accelerator') for o in outcomes[name]), (name, outcomes[name])
     assert all(o.startswith('skipped') for o in outcomes['test_foo_bar_benchmark'])  # needs --run-benchmark
 
-
-def test_generated_public_operator_has_its_op(child_runs):
-    """Importing the root package registers the public operator's ops (the experimental domain's once it is
-    imported), and the repository's check that every public operator has its op passes with it."""
     assert 'PROBE ops ok' in child_runs.probe and 'PROBE exit status 0' in child_runs.probe, child_runs.probe  # noqa: PT018
     path, name = EVERY_PUBLIC_OPERATOR_HAS_ITS_OPS.split('::')
-    module = path.removesuffix('.py').replace('/', '.')  # junit's classname
-    assert child_runs.outcomes.get((module, name)) == ['passed'], child_runs.failure_text()
+    junit_classname = path.removesuffix('.py').replace('/', '.')
+    assert child_runs.outcomes.get((junit_classname, name)) == ['passed'], child_runs.failure_text()
 
 
 def test_invoke_task(tmp_path, capsys):
