@@ -33,6 +33,8 @@ DEV_EXTRA = nox.project.load_toml(ROOT / 'pyproject.toml')['project']['optional-
 
 
 def install_project(session: nox.Session) -> None:
+    if session.venv_backend == 'none':  # --no-venv: the interpreter's own packages, nothing is installed
+        return
     session.log(f'installing {TORCH} (first run: a large download; pip shows its progress)')
     session.install(TORCH, silent=False)  # first, so resolving the project cannot pull another torch build
     session.log('installing the project with its dev extra (-e .[dev])')

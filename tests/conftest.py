@@ -15,6 +15,7 @@ pytest_plugins = [
     'tests.testing.plugins.compile_warnings',
     'tests.testing.plugins.longest_first',
     'tests.testing.plugins.run_timeline',
+    'tests.testing.plugins.worker_exit',
 ]
 
 
