@@ -6,35 +6,65 @@ import sys
 
 import pytest
 
-from cann_ops_pipeline.bytecode_cache import BYTECODE_CACHE_ENV, bytecode_env, default_directory
+from cann_ops_pipeline.bytecode_cache import BYTECODE_CACHE_ENV, bytecode_env, default_directory, torch_lacks_bytecode
 
 pytest_plugins = ['pytester']
 
 
-def test_nothing_changes_where_python_writes_bytecode_itself():
-    assert bytecode_env({}) == {}
-    assert bytecode_env({'PYTHONDONTWRITEBYTECODE': '', BYTECODE_CACHE_ENV: '/x'}) == {}
+def lacking() -> bool:
+    return True
+
+
+def having() -> bool:
+    return False
+
+
+@pytest.mark.parametrize('lacks', [lacking, having])
+def test_nothing_changes_where_python_writes_bytecode_itself(lacks):
+    assert bytecode_env({}, lacks_bytecode=lacks) == {}
+    assert bytecode_env({'PYTHONDONTWRITEBYTECODE': '', BYTECODE_CACHE_ENV: '/x'}, lacks_bytecode=lacks) == {}
+
+
+def cache(prefix: str) -> dict[str, str]:
+    return {'PYTHONDONTWRITEBYTECODE': '', 'PYTHONPYCACHEPREFIX': prefix}
 
 
 @pytest.mark.parametrize(
-    ('extra', 'prefix'),
+    ('extra', 'lacks', 'expected'),
     [
-        ({}, str(default_directory())),
-        ({BYTECODE_CACHE_ENV: '/cache/here'}, '/cache/here'),
-        ({BYTECODE_CACHE_ENV: ' '}, str(default_directory())),
-        ({BYTECODE_CACHE_ENV: '/cache/here', 'PYTHONPYCACHEPREFIX': '/theirs'}, '/theirs'),
+        ({}, lacking, cache(str(default_directory()))),
+        ({}, having, {}),  # torch has its bytecode: a prefix would only compile it again
+        ({BYTECODE_CACHE_ENV: ' '}, lacking, cache(str(default_directory()))),
+        ({BYTECODE_CACHE_ENV: ' '}, having, {}),
+        ({BYTECODE_CACHE_ENV: '/cache/here'}, lacking, cache('/cache/here')),
+        ({BYTECODE_CACHE_ENV: '/cache/here'}, having, cache('/cache/here')),  # asked for
+        ({'PYTHONPYCACHEPREFIX': '/theirs'}, lacking, cache('/theirs')),
+        ({BYTECODE_CACHE_ENV: '/cache/here', 'PYTHONPYCACHEPREFIX': '/theirs'}, having, cache('/theirs')),
     ],
 )
-def test_bytecode_goes_to_a_directory_of_its_own(extra, prefix):
-    assert bytecode_env({'PYTHONDONTWRITEBYTECODE': '1', **extra}) == {
-        'PYTHONDONTWRITEBYTECODE': '',
-        'PYTHONPYCACHEPREFIX': prefix,
-    }
+def test_where_the_bytecode_goes(extra, lacks, expected):
+    assert bytecode_env({'PYTHONDONTWRITEBYTECODE': '1', **extra}, lacks_bytecode=lacks) == expected
 
 
 @pytest.mark.parametrize('off', ['off', 'OFF', ' off '])
 def test_off_keeps_the_environment(off):
-    assert bytecode_env({'PYTHONDONTWRITEBYTECODE': '1', BYTECODE_CACHE_ENV: off}) == {}
+    assert bytecode_env({'PYTHONDONTWRITEBYTECODE': '1', BYTECODE_CACHE_ENV: off}, lacks_bytecode=lacking) == {}
+
+
+def test_torch_without_bytecode_beside_its_sources_is_found_without_importing_it(tmp_path, monkeypatch):
+    package = tmp_path / 'torch'
+    package.mkdir()
+    (package / '__init__.py').write_text('raise ImportError("imported")\n')
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, 'torch')
+    try:
+        assert torch_lacks_bytecode()
+        cached = package / '__pycache__' / f'__init__.{sys.implementation.cache_tag}.pyc'
+        cached.parent.mkdir()
+        cached.write_bytes(b'')
+        assert not torch_lacks_bytecode()
+    finally:
+        monkeypatch.undo()  # this process's own torch back in sys.modules before anything else runs
 
 
 def test_a_process_with_that_environment_caches_under_the_prefix_only(tmp_path):
