@@ -18,23 +18,16 @@ from cann_ops_pipeline.scaffold import ScaffoldError
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def ruff_missing() -> str | None:
-    try:
-        scaffold._ruff()
-    except ScaffoldError as exc:
-        return str(exc)
-    return None
-
-
-# new-op formats what it writes with the pinned ruff of the dev extra; a machine's own Python without it (a
-# pre-provisioned accelerator host under --no-venv --no-install) cannot scaffold, and says so.
-pytestmark = pytest.mark.skipif(ruff_missing() is not None, reason=f'{ruff_missing()}')
 PACKAGE = 'packages/cann_ops_tilelang'
 try:
     RUFF = scaffold._ruff()  # the scaffold's own: this interpreter's ruff, else the one on PATH
-except ScaffoldError:
-    RUFF = None
-needs_ruff = pytest.mark.skipif(RUFF is None, reason='ruff is not installed')
+    RUFF_MISSING = ''
+except ScaffoldError as exc:
+    RUFF, RUFF_MISSING = None, str(exc)
+# new-op formats what it writes with the pinned ruff of the dev extra; a machine's own Python without it (a
+# pre-provisioned accelerator host under --no-venv --no-install) cannot scaffold, and says so.
+requires_ruff = pytest.mark.skipif(RUFF is None, reason=RUFF_MISSING)
+pytestmark = requires_ruff
 
 
 def snapshot(root: Path) -> dict[str, str]:
@@ -422,7 +415,6 @@ def imports_of(text: str) -> set[tuple[str, int, str]]:
     }
 
 
-@needs_ruff
 def test_edited_init_files_are_ruff_clean(tmp_path):
     shutil.copy(ROOT / 'pyproject.toml', tmp_path / 'pyproject.toml')
     for case, text in DOMAIN_INITS.items():
@@ -477,7 +469,6 @@ TORCH_OPS_MODULES = {
 FOO_B = scaffold.parse_operator_name('foo/foo_b')
 
 
-@needs_ruff
 def test_edited_torch_ops_are_ruff_clean(tmp_path):
     shutil.copy(ROOT / 'pyproject.toml', tmp_path / 'pyproject.toml')
     section = scaffold.render_template('operator_torch_ops.py.tmpl', FOO_B)

@@ -25,9 +25,9 @@ from pathlib import Path
 import pytest
 
 from cann_ops_pipeline import conventions, scaffold
-from tests.pipeline.test_scaffold import PACKAGE, ROOT, RUFF, ruff_missing
+from tests.pipeline.test_scaffold import PACKAGE, ROOT, RUFF, requires_ruff
 
-pytestmark = pytest.mark.skipif(ruff_missing() is not None, reason=f'{ruff_missing()}')
+pytestmark = requires_ruff
 
 
 # The check that every public operator has its torch.library op (run in the copy, with the new operator).
@@ -244,10 +244,9 @@ def test_generated_operators_pass_their_tests_and_have_their_ops(generated, chil
     would hand two tests that share it to two workers, each then scaffolding and running the child."""
     tmp_path, domain, op = generated.root, generated.domain, generated.op
 
-    if RUFF is not None:
-        for command in (['check', '--no-cache'], ['format', '--no-cache', '--check', '--diff']):
-            result = subprocess.run([*RUFF, *command, *generated.files], cwd=tmp_path, capture_output=True, text=True)
-            assert result.returncode == 0, result.stdout + result.stderr
+    for command in (['check', '--no-cache'], ['format', '--no-cache', '--check', '--diff']):
+        result = subprocess.run([*RUFF, *command, *generated.files], cwd=tmp_path, capture_output=True, text=True)
+        assert result.returncode == 0, result.stdout + result.stderr
 
     # Public through the root package; experimental through its domain, which the root imports on first use.
     assert 'PROBE root package ok' in child_runs.probe, child_runs.probe
