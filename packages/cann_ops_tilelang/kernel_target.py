@@ -7,7 +7,9 @@ import hashlib
 import json
 import os
 import tempfile
+import time
 from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 
@@ -73,24 +75,71 @@ def lower_to_source(prim_func, target) -> tuple[str, int]:
     return source, on_chip
 
 
+class CompileRecord(NamedTuple):
+    """One kernel that `compile_kernel` compiled or loaded from TileLang's disk cache."""
+
+    name: str
+    """The prim_func's `global_symbol`, or 'kernel' where it has none."""
+    backend: Backend
+    """The backend it was compiled for."""
+    emulated: bool
+    """Whether it was built for the CPU emulator (`cann_ops_ascend_emu`) instead of `backend`'s device."""
+    lock_wait_s: float
+    """Seconds spent waiting for `compile_lock`: another process was compiling the same kernel."""
+    compile_s: float
+    """Seconds inside the compile: TileLang's own compile, or its load from its disk cache on a hit."""
+
+
+# Appended to by compile_kernel only, which the generators call once per kernel configuration (they cache
+# what it returns): this grows with the set of kernels a process uses, not with its launches.
+_compile_records: list[CompileRecord] = []
+
+
+def compile_records() -> list[CompileRecord]:
+    """Every compile (or load from TileLang's disk cache) of this process so far, oldest first, as a copy."""
+    return list(_compile_records)
+
+
+def _kernel_name(prim_func) -> str:
+    attrs = getattr(prim_func, 'attrs', None)
+    if attrs is not None and 'global_symbol' in attrs:
+        return str(attrs['global_symbol'])
+    return 'kernel'
+
+
 def compile_kernel(prim_func, backend: Backend):
     """Compile a TileLang prim_func for `backend` on the current device (call inside `device_guard`).
 
     Generators cache the result per compile-time configuration; runtime sizes are T.dynamic. Ascend
     kernels on a machine without an NPU but with the emulator opt-in (config.ASCEND_EMULATOR_ENV) are
     lowered to Ascend C and built for the CPU emulator instead; `config.require_emulator` has made sure
-    that no real NPU shares this process, so the per-configuration cache holds one kind only.
+    that no real NPU shares this process, so the per-configuration cache holds one kind only. Each compile
+    is recorded (`compile_records`).
     """
     if backend == 'ascend' and ascend_emulator_enabled() and not is_ascend_available():
         import cann_ops_ascend_emu
 
-        return cann_ops_ascend_emu.compile_prim_func(prim_func)
+        started = time.perf_counter()
+        kernel = cann_ops_ascend_emu.compile_prim_func(prim_func)
+        _compile_records.append(
+            CompileRecord(_kernel_name(prim_func), backend, True, 0.0, time.perf_counter() - started)
+        )
+        return kernel
 
     import tilelang
 
     target = tilelang_target(backend)
-    with target, compile_lock(prim_func, target):
-        return tilelang.compile(prim_func, target=target)
+    with target:
+        lock = compile_lock(prim_func, target)
+        requested = time.perf_counter()
+        with lock:
+            acquired = time.perf_counter()
+            kernel = tilelang.compile(prim_func, target=target)
+            compiled = time.perf_counter()
+    _compile_records.append(
+        CompileRecord(_kernel_name(prim_func), backend, False, acquired - requested, compiled - acquired)
+    )
+    return kernel
 
 
 def launch_kernel(get_kernel, cfg, device, *args) -> None:

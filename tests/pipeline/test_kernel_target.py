@@ -1,5 +1,6 @@
-"""compile_kernel's inter-process lock: processes that need the same kernel compile it once; the launch
-entry a Launcher calls and the fast path's explanation of a rejected launch (CPU only)."""
+"""compile_kernel's inter-process lock: processes that need the same kernel compile it once; its record of
+each compile; the launch entry a Launcher calls and the fast path's explanation of a rejected launch (CPU
+only)."""
 
 import contextlib
 import fcntl
@@ -7,6 +8,7 @@ import os
 import subprocess
 import sys
 import time
+import types
 from pathlib import Path
 
 import pytest
@@ -17,10 +19,11 @@ from cann_ops_tilelang.kernel_target import compile_kernel, compile_lock
 
 
 class FakePrimFunc:
-    """Stands for a prim_func: the lock keys on its TVMScript text."""
+    """Stands for a prim_func: the lock keys on its TVMScript text, a compile record names its global_symbol."""
 
-    def __init__(self, script: str):
+    def __init__(self, script: str, attrs: dict | None = None):
         self._script = script
+        self.attrs = attrs
 
     def script(self) -> str:
         return self._script
@@ -87,6 +90,60 @@ def test_no_lock_when_tilelang_cache_is_disabled(cache_dir, monkeypatch):
     with lock:
         pass
     assert not (cache_dir / 'cann_ops_tilelang_locks').exists()
+
+
+@contextlib.contextmanager
+def _lock_held_by_another_process(seconds: float):
+    time.sleep(seconds)  # until the other process has compiled the kernel and released the lock
+    yield
+
+
+def test_each_compile_is_recorded_with_its_lock_wait_and_compile_seconds(cache_dir, monkeypatch):
+    def slow_compile(prim_func, *, target):
+        time.sleep(0.2)
+        return 'compiled'
+
+    monkeypatch.setattr(tilelang, 'compile', slow_compile)
+    monkeypatch.setattr(kernel_target, 'compile_lock', lambda prim_func, target: _lock_held_by_another_process(0.02))
+    before = kernel_target.compile_records()
+    assert compile_kernel(FakePrimFunc('kernel a', {'global_symbol': 'gate_bwd_kernel'}), 'ascend') == 'compiled'
+    assert compile_kernel(FakePrimFunc('kernel b'), 'ascend') == 'compiled'
+    records = kernel_target.compile_records()
+    assert records[: len(before)] == before
+    named, unnamed = records[len(before) :]
+    assert (named.name, named.backend, named.emulated) == ('gate_bwd_kernel', 'ascend', False)
+    assert unnamed.name == 'kernel', 'a prim_func without a global_symbol'
+    for record in (named, unnamed):
+        # The wait ends when the lock is held; the compile runs after it.
+        assert 0.02 <= record.lock_wait_s < 0.2 <= record.compile_s
+    records.clear()
+    assert len(kernel_target.compile_records()) == len(before) + 2, 'a copy'
+
+
+def test_a_failed_compile_is_not_recorded(cache_dir, monkeypatch):
+    def failing_compile(prim_func, *, target):
+        raise RuntimeError('lowering failed')
+
+    monkeypatch.setattr(tilelang, 'compile', failing_compile)
+    before = kernel_target.compile_records()
+    with pytest.raises(RuntimeError, match='lowering failed'):
+        compile_kernel(FakePrimFunc('kernel a'), 'ascend')
+    assert kernel_target.compile_records() == before
+
+
+def test_an_emulator_build_is_recorded_without_a_lock_wait(monkeypatch):
+    def compile_prim_func(prim_func):
+        time.sleep(0.05)
+        return 'built for the emulator'
+
+    monkeypatch.setitem(sys.modules, 'cann_ops_ascend_emu', types.SimpleNamespace(compile_prim_func=compile_prim_func))
+    monkeypatch.setattr(kernel_target, 'ascend_emulator_enabled', lambda: True)
+    monkeypatch.setattr(kernel_target, 'is_ascend_available', lambda: False)
+    func = FakePrimFunc('kernel a', {'global_symbol': 'emu_kernel'})
+    assert compile_kernel(func, 'ascend') == 'built for the emulator'
+    record = kernel_target.compile_records()[-1]
+    assert record[:4] == ('emu_kernel', 'ascend', True, 0.0)
+    assert record.compile_s >= 0.05
 
 
 class _Artifact:

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import re
+import types
 
 import pytest
 
-from tests.testing.plugins.run_timeline import spread, start_from_proc, summary_lines
+from tests.testing.plugins.run_timeline import compile_totals, spread, start_from_proc, summary_lines
 
 pytest_plugins = ['pytester']
 
@@ -108,6 +109,70 @@ def test_summary_lines_of_a_single_process():
     ]
 
 
+def compiles(kernels, compile_s, lock_wait_s=0.0, slowest=(None, 0.0)):
+    """The compile keys of a record (compile_totals' form)."""
+    return {
+        'kernels': kernels,
+        'compile_s': compile_s,
+        'lock_wait_s': lock_wait_s,
+        'slowest_kernel': slowest[0],
+        'slowest_compile_s': slowest[1],
+    }
+
+
+def test_compile_totals():
+    def compiled(name, lock_wait_s, compile_s):
+        return types.SimpleNamespace(name=name, lock_wait_s=lock_wait_s, compile_s=compile_s)
+
+    found = compile_totals([compiled('a', 0.5, 2.0), compiled('b', 3.0, 0.25), compiled('c', 0.0, 7.5)])
+    assert found == compiles(3, 9.75, 3.5, ('c', 7.5))
+    assert compile_totals([]) == compiles(0, 0, 0, (None, 0.0))
+
+
+def test_summary_lines_of_workers_that_compiled_kernels():
+    workers = {
+        'gw0': record(100.1, 102.1, 103.0, 103.5, 115.0, busy=10.0, tests=5, first_seconds=6.0, nodeid='t.py::a')
+        | compiles(3, 30.25, 1.0, ('gate_fwd_kernel', 20.0)),
+        'gw1': record(100.2, 103.2, 104.0, 104.5, 118.0, busy=12.0, tests=7, first_seconds=1.0, nodeid='t.py::b')
+        | compiles(2, 41.0, 12.5, ('gate_bwd_kernel', 38.2)),
+        'gw2': record(100.3, 104.3, 104.5) | compiles(0, 0.0),  # got no test
+    }
+    controller = {'process_start': 98.0, 'session_start': 100.0, 'all_collected': 104.6}
+    lines = summary_lines(workers, controller, 120.0)
+    assert len(lines) == 7
+    assert lines[-1] == (
+        '  kernels: 5 compiled or loaded, 71.2 s compiling (per worker: 0.0 / 30.2 / 41.0), 13.5 s waiting on '
+        "other processes' compiles; slowest gate_bwd_kernel 38.2 s on gw1"
+    )
+    # The lines before it are those of records without compiles.
+    old_format = {name: {k: v for k, v in rec.items() if k not in compiles(0, 0)} for name, rec in workers.items()}
+    assert summary_lines(old_format, controller, 120.0) == lines[:-1]
+
+
+def test_summary_lines_of_a_single_process_that_compiled_a_kernel():
+    workers = {
+        'main': record(8.0, 10.0, 11.0, 11.0, 14.0, busy=3.0, tests=3, first_seconds=2.0, nodeid='t.py::a')
+        | compiles(1, 1.96, 0.0, ('kernel', 1.96))
+    }
+    lines = summary_lines(workers, {'process_start': 8.0, 'session_start': 10.0}, 15.0, single=True)
+    assert lines[-1] == (
+        "  kernels: 1 compiled or loaded, 2.0 s compiling, 0.0 s waiting on other processes' compiles; "
+        'slowest kernel 2.0 s'
+    )
+
+
+def test_no_kernel_line_without_a_compile():
+    # Records of the current format that compiled nothing, and of the old format (no compile keys) among them.
+    workers = {
+        'gw0': record(100.1, 102.1, 103.0, 103.5, 115.0, busy=10.0, tests=5, first_seconds=6.0, nodeid='t.py::a')
+        | compiles(0, 0.0),
+        'gw1': record(100.2, 103.2, 104.0, 104.5, 118.0, busy=12.0, tests=7, first_seconds=1.0, nodeid='t.py::b'),
+    }
+    lines = summary_lines(workers, {'process_start': 98.0, 'session_start': 100.0}, 120.0)
+    assert len(lines) == 6
+    assert not any('kernels' in line for line in lines)
+
+
 # --- real runs ------------------------------------------------------------------------------------------
 
 
@@ -158,6 +223,93 @@ def test_each_xdist_worker_reports_to_the_controller(pytester):
         rf'  first test per worker: {SPREAD} s, slowest .*test_sleep\[0\] ({NUMBER}) s on gw[01]; .*', first
     )
     assert float(slowest[1]) >= 0.3
+
+
+# The single process's test compiles through kernel_target itself, with TileLang's compile and the lock
+# replaced; its process is this one, whose earlier compiles the block leaves out.
+COMPILING_TESTS = """
+import contextlib
+import time
+
+import tilelang
+
+from cann_ops_tilelang import kernel_target
+
+
+class Func:
+    attrs = {'global_symbol': 'gate_bwd_kernel'}
+
+    def script(self):
+        return 'the kernel'
+
+
+@contextlib.contextmanager
+def held_elsewhere(prim_func, target):
+    time.sleep(0.2)
+    yield
+
+
+def test_compile(monkeypatch):
+    monkeypatch.setattr(tilelang, 'compile', lambda prim_func, target: time.sleep(0.3))
+    monkeypatch.setattr(kernel_target, 'compile_lock', held_elsewhere)
+    kernel_target.compile_kernel(Func(), 'ascend')
+
+
+def test_nothing():
+    pass
+"""
+KERNELS = (
+    rf"  kernels: 1 compiled or loaded, ({NUMBER}) s compiling, ({NUMBER}) s waiting on other processes' "
+    rf'compiles; slowest gate_bwd_kernel ({NUMBER}) s'
+)
+
+
+def test_a_single_process_reports_its_compiles(pytester, monkeypatch):
+    # Imported here first: an in-process run drops the modules it imported, and TVM cannot be imported twice.
+    import tilelang  # noqa: F401
+
+    import cann_ops_tilelang.kernel_target  # noqa: F401
+
+    monkeypatch.delenv('OPS_TILELANG_ASCEND_EMULATOR', raising=False)
+    pytester.makeconftest(CONFTEST)
+    pytester.makepyfile(test_compile=COMPILING_TESTS)
+    for _ in range(2):  # the second run's block leaves the first run's compile out
+        result = pytester.runpytest_inprocess(*QUIET)
+        result.assert_outcomes(passed=2)
+        (kernels,) = (line for line in result.stdout.lines if line.startswith('  kernels:'))
+        compile_s, waited, slowest = (float(n) for n in re.fullmatch(KERNELS, kernels).groups())
+        assert compile_s == slowest >= 0.3
+        assert 0.2 <= waited < 0.3
+
+
+# A worker's compiles reach the controller: its test stands in for kernel_target with its compile records.
+# Workers are processes of their own, so the stand-in leaves this process's modules alone.
+WORKER_COMPILES = """
+import sys
+import types
+
+
+def compile_records():
+    compiled = types.SimpleNamespace(name='gate_fwd_kernel', lock_wait_s=1.5, compile_s=4.0)
+    return [compiled, types.SimpleNamespace(name='other', lock_wait_s=0.0, compile_s=0.5)]
+
+
+def test_compile():
+    sys.modules['cann_ops_tilelang.kernel_target'] = types.SimpleNamespace(compile_records=compile_records)
+"""
+
+
+def test_a_workers_compiles_reach_the_controller(pytester):
+    pytester.makeconftest(CONFTEST)
+    pytester.makepyfile(test_compile=WORKER_COMPILES)
+    result = pytester.runpytest_inprocess(*QUIET, '-n', '2')
+    result.assert_outcomes(passed=1)
+    (kernels,) = (line for line in result.stdout.lines if line.startswith('  kernels:'))
+    assert re.fullmatch(
+        r'  kernels: 2 compiled or loaded, 4\.5 s compiling \(per worker: 0\.0 / 2\.2 / 4\.5\), 1\.5 s waiting on '
+        r"other processes' compiles; slowest gate_fwd_kernel 4\.0 s on gw[01]",
+        kernels,
+    )
 
 
 def test_opt_out_and_nothing_without_tests(pytester):

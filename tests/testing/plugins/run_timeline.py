@@ -12,7 +12,10 @@ worker, or the single process) records, in wall-clock time (`time.time()`, compa
   collection was done, when its first test started and its last one finished, and (a worker) when its
   session finished (after the other plugins' `pytest_sessionfinish`), just before it reports;
 - its busy time (the setup + call + teardown durations of its reports), its number of tests, and its first
-  test with that test's duration (where per-worker first-use costs show).
+  test with that test's duration (where per-worker first-use costs show);
+- the kernels it compiled or loaded from TileLang's disk cache during the session
+  (`cann_ops_tilelang.kernel_target.compile_records`, where that module was imported): their number, their
+  compile and lock-wait seconds, and the slowest compile, printed as one more line when any process compiled.
 
 A worker hands its record to the controller (`workeroutput`); the controller (or the single process) prints
 `summary_lines` of them in `pytest_terminal_summary`, all times in seconds from the controller's session
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 import os
 import statistics
+import sys
 import time
 from collections.abc import Mapping, Sequence
 
@@ -35,6 +39,7 @@ _IMPORTED = time.time()
 _WORKEROUTPUT_KEY = 'ops_tilelang_timeline'
 _recorder_key = pytest.StashKey['Recorder']()
 _controller_key = pytest.StashKey['Controller']()
+_KERNEL_TARGET = 'cann_ops_tilelang.kernel_target'
 
 Record = Mapping[str, float | int | str | None]
 
@@ -80,10 +85,34 @@ def process_start(fallback: float) -> float:
     return start if start is not None and start <= fallback + 1.0 else fallback
 
 
+def process_compiles() -> list:
+    """This process's kernel compiles so far (`compile_records` of cann_ops_tilelang.kernel_target); none where
+    that module was never imported, since then nothing compiled through it."""
+    # Looked up, not imported: a project without the package has none, and one that has it but never compiled
+    # would pay for the import (torch) in its report.
+    compile_records = getattr(sys.modules.get(_KERNEL_TARGET), 'compile_records', None)
+    return [] if compile_records is None else compile_records()
+
+
+def compile_totals(compiles: Sequence) -> dict[str, float | int | str | None]:
+    """The record's compile keys from compile records (name, lock_wait_s, compile_s): their number, their
+    compile and lock-wait seconds summed, and the slowest compile's kernel name and seconds."""
+    slowest = max(compiles, key=lambda compile_: compile_.compile_s, default=None)
+    return {
+        'kernels': len(compiles),
+        'compile_s': sum(compile_.compile_s for compile_ in compiles),
+        'lock_wait_s': sum(compile_.lock_wait_s for compile_ in compiles),
+        'slowest_kernel': None if slowest is None else slowest.name,
+        'slowest_compile_s': 0.0 if slowest is None else slowest.compile_s,
+    }
+
+
 class Recorder:
     """A process that runs tests (a worker, or the single process): its timeline as one flat record."""
 
     def __init__(self) -> None:
+        # Compiles before this session are not its own (a pytester run in the process of another session).
+        self.compiles_before = len(process_compiles())
         self.record: dict[str, float | int | str | None] = {
             'process_start': process_start(_IMPORTED),
             'configured': time.time(),
@@ -139,9 +168,11 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 @pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session: pytest.Session) -> None:
+    recorder = session.config.stash[_recorder_key]
+    record = recorder.record  # the single process's too: its terminal summary comes after this hook
+    record.update(compile_totals(process_compiles()[recorder.compiles_before :]))
     workeroutput = getattr(session.config, 'workeroutput', None)
     if workeroutput is not None:  # a worker: xdist sends this once every sessionfinish has run
-        record = session.config.stash[_recorder_key].record
         record['finished'] = time.time()  # after the other plugins' sessionfinish
         workeroutput[_WORKEROUTPUT_KEY] = dict(record)
 
@@ -241,5 +272,18 @@ def summary_lines(
         lines.append(
             f'  first test per worker: {firsts} s, slowest {first["first_nodeid"]} {first["first_seconds"]:.1f} s '
             f'on {name}; {mean}'
+        )
+    # Records from before the compile keys have no 'kernels': they print no compile line.
+    compiled = {name: record for name, record in workers.items() if record.get('kernels')}
+    if compiled:
+        kernels = sum(record['kernels'] for record in compiled.values())
+        compile_s = [record['compile_s'] for record in records if 'kernels' in record]
+        per_worker = '' if single else f' (per worker: {spread(compile_s)})'
+        waited = sum(record['lock_wait_s'] for record in compiled.values())
+        name, slowest = max(compiled.items(), key=lambda item: item[1]['slowest_compile_s'])
+        lines.append(
+            f'  kernels: {kernels} compiled or loaded, {sum(compile_s):.1f} s compiling{per_worker}, '
+            f"{waited:.1f} s waiting on other processes' compiles; slowest {slowest['slowest_kernel']} "
+            f'{slowest["slowest_compile_s"]:.1f} s' + ('' if single else f' on {name}')
         )
     return lines
