@@ -321,11 +321,13 @@ def test_engram_hash_image_tokens(params, num_tokens, device):
 @pytest.mark.npu
 def test_engram_hash_edge_values(device):
     """Extreme multipliers (every product wraps), id extremes, negative ids and negative vocab sizes."""
-    ids, mult, vocab, offsets = _inputs(300, 3, 4, 3, 'cpu')
+    ids, mult, vocab, offsets = _inputs(4001, 3, 4, 3, 'cpu')
     mult[0] = torch.tensor([INT64_MAX, INT64_MIN, -1, INT64_MIN + 1], dtype=torch.int64)
     ids[:4] = torch.tensor([INT32_MAX, 0, 1, INT32_MAX - 1], dtype=torch.int32)
     ids[4:8] = -ids[4:8]  # not token ids, but the arithmetic is defined
     vocab[2] = -vocab[2].clamp(min=2)  # negative sizes: the result takes the sign of the divisor
+    vocab[1, 0] = torch.tensor([-1, INT32_MIN, 2], dtype=torch.int32)  # the divisors' extremes of both signs
+    vocab[1, 1] = torch.tensor([INT32_MIN + 1, 3, -(2**30)], dtype=torch.int32)
     args = tuple(t.to(device) for t in (ids, mult, vocab, offsets))
     assert_equal(cann_ops_tilelang.engram_hash(*args), engram_hash_ref(*args))
 

@@ -9,6 +9,12 @@ For layer l, token t, order n = 2..N and table e (k = (n - 2) * E + e):
 floormod takes the sign of the divisor (torch `%`, Python semantics), for either sign of the vocab
 size; a zero vocab size gives an unspecified row. The final sum is formed in int64 and wrapped to
 int32, as the int64 reference does before its cast. Exact integer math: bit-exact on every backend.
+
+The CUDA kernel forms the floormod without a 64-bit division per element (a long software routine on a
+GPU): with d = |size| <= 2**31 and m = 2 * floor((2**63 - 1) / d), computed once per block and column,
+q = mulhi64(a, m) is floor(a / d) or at most 2 below it for any a < 2**64, so a - q * d needs at most two
+subtractions of d. A negative h is taken as a = -h - 1 (then the result is d - 1 - (a mod d)), and a
+negative size gives that remainder minus d unless it is 0.
 """
 
 # No `from __future__ import annotations`: TileLang evaluates the prim_func annotations, which
@@ -18,6 +24,8 @@ import functools
 
 from cann_ops_tilelang.config import Backend
 from cann_ops_tilelang.kernel_target import compile_kernel
+
+_INT64_MAX = 2**63 - 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,13 +63,15 @@ def choose_engram_hash_config(
         while block > 8 and block * cols > 8192:
             block //= 2
         return EngramHashConfig(backend, num_layers, max_ngram, num_tables, num_cores, block, 256, 2, has_mask)
-    # CUDA: about one (token, column) element per thread and layer (the smallest power-of-two token
-    # block with block * K >= 256 threads): many small blocks keep many int64 divisions in flight
-    # (measured against larger blocks: README, Performance).
+    # CUDA: a block of one layer per grid row computes the reciprocals of its K divisors once, so each of its
+    # 256 threads takes about two (token, column) elements (the smallest power-of-two token block with
+    # block * K >= 512): one element per thread left the reciprocals' 64-bit divisions a large share, four
+    # or more left too few blocks at small T (measured side by side: README, Performance).
+    threads = 256
     block = 1
-    while block < 256 and block * cols < 256:
+    while block < 256 and block * cols < 2 * threads:
         block *= 2
-    return EngramHashConfig(backend, num_layers, max_ngram, num_tables, num_cores, block, 256, 1, has_mask)
+    return EngramHashConfig(backend, num_layers, max_ngram, num_tables, num_cores, block, threads, 1, has_mask)
 
 
 def _engram_hash_prim_func(T, body, *, cfg: EngramHashConfig, num_tokens):
@@ -153,36 +163,62 @@ def _cuda_engram_hash_kernel(cfg: EngramHashConfig):
 
     L, N, E, K = cfg.num_layers, cfg.max_ngram, cfg.num_tables, cfg.num_cols
     has_mask = cfg.has_mask
-    B = cfg.block_tokens
+    B, nt = cfg.block_tokens, cfg.threads
+    per_thread = T.ceildiv(B * K, nt)
     num_tokens = T.dynamic('num_tokens')
+    u64, i64 = T.uint64, T.int64
 
     @T.macro
     def body(ngram_token_ids, multipliers, vocab_sizes, offsets, image_token_mask, out):
-        with T.Kernel(T.ceildiv(num_tokens, B), threads=cfg.threads) as bx:
-            for layer in T.unroll(L):
-                for i, k in T.Parallel(B, K):
-                    t = bx * B + i
-                    if t < num_tokens:
-                        n = k // E  # order n + 2
-                        h = T.alloc_var(T.uint64)
-                        h = T.cast(T.cast(ngram_token_ids[t, 0], T.int64), T.uint64) * T.cast(
-                            multipliers[layer, 0], T.uint64
-                        )
-                        for j in T.unroll(1, N):
-                            if j <= n + 1:
-                                h = h ^ (
-                                    T.cast(T.cast(ngram_token_ids[t, j], T.int64), T.uint64)
-                                    * T.cast(multipliers[layer, j], T.uint64)
-                                )
-                        row = T.floormod(T.cast(h, T.int64), T.cast(vocab_sizes[layer, n, k % E], T.int64))
-                        if has_mask:
-                            out[layer, t, k] = T.if_then_else(
-                                image_token_mask[t],
-                                T.int32(-1),
-                                T.cast(row + T.cast(offsets[layer, k], T.int64), T.int32),
+        # One layer per grid row, so that a block needs the reciprocals of K divisors only.
+        with T.Kernel(T.ceildiv(num_tokens, B), L, threads=nt) as (bx, layer):
+            tid = T.get_thread_binding()
+            divisor = T.alloc_shared((K,), u64)  # |vocab size|
+            # 2 * floor((2**63 - 1) / divisor), within 2 * divisor of 2**64 / divisor; 0 for a zero size
+            reciprocal = T.alloc_shared((K,), u64)
+            for c in T.serial(T.ceildiv(K, nt)):
+                col = c * nt + tid
+                if col < K:
+                    size = T.cast(vocab_sizes[layer, col // E, col % E], i64)
+                    magnitude = T.cast(T.if_then_else(size < 0, -size, size), u64)
+                    divisor[col] = magnitude
+                    reciprocal[col] = T.if_then_else(
+                        magnitude == T.uint64(0), T.uint64(0), T.uint64(_INT64_MAX) // magnitude * T.uint64(2)
+                    )
+            T.sync_threads()
+            for q in T.serial(per_thread):
+                idx = q * nt + tid
+                i = idx // K
+                k = idx % K
+                t = bx * B + i
+                if i < B and t < num_tokens:
+                    n = k // E  # order n + 2
+                    h = T.alloc_var(u64)
+                    h = T.cast(T.cast(ngram_token_ids[t, 0], i64), u64) * T.cast(multipliers[layer, 0], u64)
+                    for j in T.unroll(1, N):
+                        if j <= n + 1:
+                            h = h ^ (
+                                T.cast(T.cast(ngram_token_ids[t, j], i64), u64) * T.cast(multipliers[layer, j], u64)
                             )
-                        else:
-                            out[layer, t, k] = T.cast(row + T.cast(offsets[layer, k], T.int64), T.int32)
+                    # floormod(int64(h), size) without a 64-bit division (the module docstring).
+                    d = divisor[k]
+                    # The sign bit by a shift: TVM's simplifier takes a cast from uint64 to be >= 0.
+                    negative_h = (h >> T.uint64(63)) != T.uint64(0)
+                    a = T.if_then_else(negative_h, ~h, h)  # -h - 1 >= 0 for a negative h
+                    r = T.alloc_var(u64)
+                    r = a - T.call_pure_extern(u64, '__umul64hi', a, reciprocal[k]) * d
+                    r = T.if_then_else(r >= d, r - d, r)
+                    r = T.if_then_else(r >= d, r - d, r)
+                    r = T.if_then_else(negative_h, d - T.uint64(1) - r, r)
+                    row = T.cast(r, i64)
+                    row = T.if_then_else(
+                        T.cast(vocab_sizes[layer, n, k % E], i64) < 0 and row != 0, row - T.cast(d, i64), row
+                    )
+                    value = T.cast(row + T.cast(offsets[layer, k], i64), T.int32)
+                    if has_mask:
+                        out[layer, t, k] = T.if_then_else(image_token_mask[t], T.int32(-1), value)
+                    else:
+                        out[layer, t, k] = value
 
     return _engram_hash_prim_func(T, body, cfg=cfg, num_tokens=num_tokens)
 
