@@ -202,21 +202,27 @@ class Launcher:
             entry(*args)
 
 
-def _cuda_current_device() -> int:
-    return torch._C._cuda_getDevice()
+def _no_cuda_device() -> int:
+    raise RuntimeError('this torch build has no CUDA')
 
 
-def launch_or_explain(launcher: Launcher, args: tuple, explain: Callable[[], object]) -> None:
+# The C function itself where torch has CUDA (a Python wrapper would be one more frame per launch).
+_cuda_current_device = getattr(torch._C, '_cuda_getDevice', _no_cuda_device)
+
+
+def launch_or_explain(launcher: Launcher, args: tuple, explain: Callable[..., object], *explain_args) -> None:
     """The launch of an operator's fast path, which left the layout checks to a launcher whose entry
-    `checks_arguments`: when the entry rejects the arguments, `explain()` (the operator's full check) raises
-    the contract's typed error naming the argument; if it finds nothing wrong, the entry's own error stands.
-    The entry checks before it launches anything, so a rejected call has no effect."""
+    `checks_arguments`: when the entry rejects the arguments, `explain(*explain_args)` (the operator's full
+    check) raises the contract's typed error naming the argument; if it finds nothing wrong, the entry's own
+    error stands. The entry checks before it launches anything, so a rejected call has no effect. (The
+    check and its arguments come separately so that a call builds no closure, which would also turn the
+    caller's locals into cells.)"""
     try:
         launcher.launch(*args)
         return
     except Exception as exc:  # re-raised below unless the contract names the fault
         error = exc
-    explain()
+    explain(*explain_args)
     raise error
 
 

@@ -19,6 +19,7 @@ from cann_ops_tilelang.engram._contract import HIDDEN_ALIGN, MAX_HC, MAX_HIDDEN
 from cann_ops_tilelang.engram.engram_gate_bwd import engram_gate_bwd_config
 from cann_ops_tilelang.engram.engram_gate_bwd_kernel import (
     COUNTER_WORDS,
+    FIXED_RANGE_MAX_TOKENS,
     choose_engram_gate_bwd_config,
     make_engram_gate_bwd_kernel,
 )
@@ -51,6 +52,7 @@ EPS = 1e-6
 CLAMP = 1e-6
 U32 = 2.0**-24  # fp32 unit roundoff
 U16 = 2.0**-8  # bf16 unit roundoff (round to nearest)
+_CHECK_CHUNK_TOKENS = 512  # tokens per chunk of _check_result's references
 
 LEVEL = get_test_level()
 SHAPES = generate_samples(LEVEL, hc=gen_hc, hidden=gen_hidden)
@@ -84,7 +86,9 @@ def _split(inputs):
     return (grad_out, x, kv[:, :hc], kv[:, hc], *rest)
 
 
-def _error_bounds(grad_out, x, k, v, w, dot, g, rx, rk, *, clamp_value, num_partials, rounded, image_token_mask=None):
+def _error_bounds(
+    grad_out, x, k, v, w, dot, g, rx, rk, *, clamp_value, num_partials, rounded, image_token_mask=None, num_tokens=None
+):
     """Element-wise bounds on |actual - autograd| for the four grads (fp64, justified term by term).
 
     Both sides evaluate the same exact expressions in fp32 in different orders. rfac = g(1-g) / 2 *
@@ -116,7 +120,7 @@ def _error_bounds(grad_out, x, k, v, w, dot, g, rx, rk, *, clamp_value, num_part
     err_x = 8 * U32 * (go.abs() + r3 * (kw + xcx)) + dr * (kw + xcx)
     err_k = 8 * U32 * r3 * (xw + kck) + dr * (xw + kck)
     err_v = (go.shape[1] + 4) * U32 * (go * g.unsqueeze(-1)).abs().sum(-2)
-    num_tokens = xf.shape[0]
+    num_tokens = xf.shape[0] if num_tokens is None else num_tokens  # all the call's: these may be a chunk of them
     err_w = (num_tokens + num_partials + 8) * U32 * (r3 * (xf * kf).abs()).sum(0) + (dr * (xf * kf).abs()).sum(0)
     bounds = [2 * e for e in (err_x, err_k, err_v, err_w)]
     if rounded:
@@ -501,13 +505,16 @@ def test_engram_gate_bwd_config_follows_arguments(monkeypatch):
     interface = sys.modules['cann_ops_tilelang.engram.engram_gate_bwd']
     monkeypatch.setattr(interface, 'require_accelerator', lambda *tensors: 'cuda')
     monkeypatch.setattr(interface, 'get_num_cores', lambda device: H200_SMS)
-    args = _cpu_args()
+    num_tokens = FIXED_RANGE_MAX_TOKENS + 1
+    args = _cpu_args(num_tokens)
     cfg = engram_gate_bwd_config(*args)
     assert cfg == choose_engram_gate_bwd_config(backend='cuda', hc=4, hidden=128, num_cores=H200_SMS)
     assert (cfg.has_mask, cfg.dynamic_tokens) == (False, True)
-    assert engram_gate_bwd_config(*args, torch.zeros(3, dtype=torch.bool)).has_mask
+    assert engram_gate_bwd_config(*args, torch.zeros(num_tokens, dtype=torch.bool)).has_mask
     with _deterministic_algorithms():
         assert not engram_gate_bwd_config(*args).dynamic_tokens
+    small = engram_gate_bwd_config(*_cpu_args(FIXED_RANGE_MAX_TOKENS))  # a small call: fixed ranges
+    assert small == dataclasses.replace(cfg, dynamic_tokens=False)
 
 
 def test_engram_gate_bwd_checks_the_common_call_at_once(monkeypatch):
@@ -571,10 +578,12 @@ def _recorded_launches(monkeypatch, streams: list):
 def test_engram_gate_bwd_token_counter_per_stream(monkeypatch):
     """The claiming kernel gets one kept, zero-filled counter per stream (it leaves it at zero itself), and a
     fresh zero-filled one per call while the stream captures a CUDA graph; the kernels that claim nothing
-    (deterministic mode) get one kept placeholder, and no stream is looked up for them."""
+    (deterministic mode, or a call of at most FIXED_RANGE_MAX_TOKENS tokens) get one kept placeholder, and no
+    stream is looked up for them."""
     streams = [11]
     launches, lookups = _recorded_launches(monkeypatch, streams)
-    args = _cpu_args()
+    num_tokens = FIXED_RANGE_MAX_TOKENS + 1  # (smaller calls take fixed ranges: below)
+    args = _cpu_args(num_tokens)
 
     def counter(*extra):
         _call(*args, *extra)
@@ -587,7 +596,7 @@ def test_engram_gate_bwd_token_counter_per_stream(monkeypatch):
 
     first = counter()
     assert counter() is first  # the same stream: the same buffer, no new fill
-    assert counter(torch.zeros(3, dtype=torch.bool)) is first  # the mask variant shares it
+    assert counter(torch.zeros(num_tokens, dtype=torch.bool)) is first  # the mask variant shares it
     streams.append(12)
     second = counter()
     assert second is not first
@@ -600,15 +609,15 @@ def test_engram_gate_bwd_token_counter_per_stream(monkeypatch):
 
     with _deterministic_algorithms():
         _call(*args)
-        _call(*args, torch.zeros(3, dtype=torch.bool))
-    (cfg_a, args_a), (cfg_b, args_b) = launches[-2:]
-    assert not cfg_a.dynamic_tokens
-    assert not cfg_b.dynamic_tokens
-    assert args_a[-1] is args_b[-1]
+        _call(*args, torch.zeros(num_tokens, dtype=torch.bool))
+    _call(*_cpu_args(FIXED_RANGE_MAX_TOKENS))
+    (cfg_a, args_a), (cfg_b, args_b), (cfg_c, args_c) = launches[-3:]
+    assert [cfg.dynamic_tokens for cfg in (cfg_a, cfg_b, cfg_c)] == [False] * 3
+    assert args_a[-1] is args_b[-1] is args_c[-1]
     assert all(args_a[-1] is not c for c in (first, second, *captured))
     assert len(lookups) == 7  # no stream lookup where nothing is claimed
     _call(*(t[:0] for t in args[:3]), args[3], *(t[:0] for t in args[4:8]), CLAMP)
-    assert len(launches) == 9  # T = 0: no launch, no counter
+    assert len(launches) == 10  # T = 0: no launch, no counter
 
 
 def test_engram_gate_bwd_launch_stream_asks_the_tensors_device(monkeypatch):
@@ -711,37 +720,49 @@ def _check_result(result, inputs, *, clamp_value, num_cores, image_token_mask=No
         img = image_token_mask
         assert torch.equal(result.grad_hidden_states[img].view(torch.int16), grad_out[img].view(torch.int16))
         assert not bool(result.grad_kv[img].view(torch.int16).any()), 'image tokens: grad_kv is not +0'
-    expected = engram_gate_bwd_autograd_ref(
-        grad_out, x, k, v, w, eps=EPS, clamp_value=clamp_value, image_token_mask=image_token_mask
-    )
-    bounds = _error_bounds(
-        grad_out,
-        x,
-        k,
-        v,
-        w,
-        dot,
-        g,
-        rx,
-        rk,
-        clamp_value=clamp_value,
-        num_partials=num_cores,
-        rounded=True,
-        image_token_mask=image_token_mask,
-    )
+    # Tokens are independent except for the weight gradient's sum over them: the fp64 references and bounds
+    # of a chunk of tokens at a time, the weight gradient's parts added up, so that the largest tests need
+    # a few GB of device memory (and run in the two-phase run's parallel phase).
+    grad_w_expected = grad_w_bound = 0.0
+    for start in range(0, max(num_tokens, 1), _CHECK_CHUNK_TOKENS):
+        chunk = slice(start, start + _CHECK_CHUNK_TOKENS)
+        mask = None if image_token_mask is None else image_token_mask[chunk]
+        expected = engram_gate_bwd_autograd_ref(
+            grad_out[chunk], x[chunk], k[chunk], v[chunk], w, eps=EPS, clamp_value=clamp_value, image_token_mask=mask
+        )
+        bounds = _error_bounds(
+            grad_out[chunk],
+            x[chunk],
+            k[chunk],
+            v[chunk],
+            w,
+            dot[chunk],
+            g[chunk],
+            rx[chunk],
+            rk[chunk],
+            clamp_value=clamp_value,
+            num_partials=num_cores,
+            rounded=True,
+            image_token_mask=mask,
+            num_tokens=num_tokens,
+        )
+        where = f' (tokens {start}..)' if num_tokens > _CHECK_CHUNK_TOKENS else ''
+        for name, actual, exp, bound in zip(
+            ('grad_hidden_states', 'grad_kv[:, :hc]', 'grad_kv[:, hc]'),
+            (result.grad_hidden_states[chunk], result.grad_kv[chunk, :hc], result.grad_kv[chunk, hc]),
+            expected[:3],
+            bounds[:3],
+            strict=True,
+        ):
+            _assert_within(name + where, actual, exp, bound, rounded=True)
+            if exp.numel() and float(exp.abs().max()) > 0:
+                assert calc_diff(actual, exp) < 1e-5, name + where  # bf16 rounding alone gives ~1e-6
+        grad_w_expected = grad_w_expected + expected[3].double()
+        grad_w_bound = grad_w_bound + bounds[3]
     grad_w = result.grad_w_partial.double().sum(0)
-    for name, actual, exp, bound, rounded in zip(
-        ('grad_hidden_states', 'grad_kv[:, :hc]', 'grad_kv[:, hc]', 'grad_w_partial.sum(0)'),
-        (result.grad_hidden_states, result.grad_kv[:, :hc], result.grad_kv[:, hc], grad_w),
-        expected,
-        bounds,
-        (True, True, True, False),
-        strict=True,
-    ):
-        _assert_within(name, actual, exp, bound, rounded=rounded)
-        if exp.numel() and float(exp.abs().max()) > 0:
-            assert calc_diff(actual, exp) < 1e-5, name  # bf16 rounding alone gives ~1e-6
-    return expected
+    _assert_within('grad_w_partial.sum(0)', grad_w, grad_w_expected, grad_w_bound, rounded=False)
+    if float(grad_w_expected.abs().max()) > 0:
+        assert calc_diff(grad_w, grad_w_expected) < 1e-5, 'grad_w_partial.sum(0)'
 
 
 @pytest.mark.npu

@@ -286,12 +286,12 @@ class _Rejecting:
 def test_a_rejected_fast_launch_gets_the_contracts_typed_error():
     entry_error = RuntimeError('kernel k input x dtype mismatch, expected bfloat16')
 
-    def explain():
-        raise TypeError('x must have dtype torch.bfloat16, got torch.float32')
+    def explain(name, dtype):
+        raise TypeError(f'{name} must have dtype torch.bfloat16, got {dtype}')
 
     launcher = _Rejecting(entry_error)
-    with pytest.raises(TypeError, match='x must have dtype') as info:
-        kernel_target.launch_or_explain(launcher, (1, 2), explain)
+    with pytest.raises(TypeError, match='x must have dtype torch.bfloat16, got torch.float32') as info:
+        kernel_target.launch_or_explain(launcher, (1, 2), explain, 'x', 'torch.float32')
     assert info.value.__context__ is None, 'the typed error does not chain the entry error'
     assert launcher.calls == 1
 

@@ -25,6 +25,7 @@ from cann_ops_tilelang.validation import (
 
 from .engram_gate_bwd_kernel import (
     COUNTER_WORDS,
+    FIXED_RANGE_MAX_TOKENS,
     EngramGateBwdConfig,
     choose_engram_gate_bwd_config,
     get_engram_gate_bwd_kernel,
@@ -32,6 +33,7 @@ from .engram_gate_bwd_kernel import (
 
 _NAME = 'engram_gate_bwd'
 _MAX_STRIDE = 2**31 - 1  # strides are int32 kernel arguments
+_KV_ELEMENT_BYTES = 2  # bf16
 
 
 class EngramGateBwdResult(NamedTuple):
@@ -54,15 +56,18 @@ def _aligned_kv(kv: torch.Tensor) -> torch.Tensor:
     return kv if _kv_usable_as_is(kv) else kv.clone(memory_format=torch.contiguous_format)
 
 
+# EngramGateBwdResult(*grads) without the NamedTuple's Python-level __new__, on the fast path.
+_new_tuple = tuple.__new__
 _SAVED = ('dot', 'gate_score', 'rstd_x', 'rstd_k')
-# One launcher per (device, backend, hc, H, deterministic, mask): chosen and looked up once.
+# One launcher per (device, backend, hc, H, fixed token ranges, mask): chosen and looked up once.
 # (The core count is the device's, fixed for a process.)
 _LAUNCHERS: dict[tuple, Launcher] = {}
 # The fast path's launchers (their entries check every tensor's layout, Launcher.checks_arguments), by
-# (hidden_states.shape[1:], CUDA device index, deterministic, mask given): found there, a call checks in
-# Python only what the entry cannot (argument types, clamp_value, kv's outer strides, alignment: a call
-# that would need an aligned copy goes the full way) and leaves the explanation of a rejection to _check.
-_CHECKED: dict[tuple, Launcher] = {}
+# _fast_key (hc, H, CUDA device index, fixed token ranges, mask given): found there, a call checks in Python
+# only what the entry cannot (argument types, clamp_value, kv's outer strides, alignment: a call that would
+# need an aligned copy goes the full way) and leaves the explanation of a rejection to _check. Each with
+# grad_w_partial's shape and the kept token_counter of a kernel that claims nothing (None: one per stream).
+_CHECKED: dict[tuple, tuple[Launcher, tuple[int, int, int], torch.Tensor | None]] = {}
 # The claiming kernels' token counters, one per (device index, raw CUDA stream): see _token_counter.
 _COUNTERS: dict[tuple, torch.Tensor] = {}
 # What the kernels that claim nothing get as token_counter (never read or written), one per device.
@@ -79,7 +84,7 @@ def _launch_stream(index: int) -> int | None:
     return torch._C._cuda_getCurrentRawStream(index)
 
 
-def _token_counter(x: torch.Tensor) -> torch.Tensor:
+def _token_counter(x: torch.Tensor, index: int | None) -> torch.Tensor:
     """The token_counter of a kernel that claims tokens: all words zero when the kernel starts.
 
     Eagerly one buffer per (device, stream), zero-filled when first used: the kernel leaves it at zero
@@ -91,7 +96,6 @@ def _token_counter(x: torch.Tensor) -> torch.Tensor:
     share no buffer with them (nor with another graph). Keyed by the raw stream handle, which a stream
     destroyed and another created could share; PyTorch's pooled streams are never destroyed.
     """
-    index = x.device.index
     stream = _launch_stream(index)
     if stream is None:
         return x.new_zeros((COUNTER_WORDS,), dtype=torch.int32)
@@ -169,10 +173,14 @@ def _check_each(grad_out, hidden_states, kv, weight_fused, saved, clamp_value, i
         check_image_token_mask(image_token_mask, num_tokens)
 
 
-def _launcher(backend, device, hc: int, hidden: int, image_token_mask) -> Launcher:
-    deterministic = torch.are_deterministic_algorithms_enabled()
+def _fixed_ranges(num_tokens: int) -> bool:
+    """Whether a call of `num_tokens` tokens takes the kernel's fixed token ranges (no claims, no counter)."""
+    return torch.are_deterministic_algorithms_enabled() or num_tokens <= FIXED_RANGE_MAX_TOKENS
+
+
+def _launcher(backend, device, hc: int, hidden: int, image_token_mask, fixed_ranges: bool) -> Launcher:
     has_mask = image_token_mask is not None
-    key = (device, backend, hc, hidden, deterministic, has_mask)
+    key = (device, backend, hc, hidden, fixed_ranges, has_mask)
     launcher = _LAUNCHERS.get(key)
     if launcher is None:
         cfg = choose_engram_gate_bwd_config(
@@ -180,7 +188,7 @@ def _launcher(backend, device, hc: int, hidden: int, image_token_mask) -> Launch
             hc=hc,
             hidden=hidden,
             num_cores=get_num_cores(device),
-            deterministic=deterministic,
+            deterministic=fixed_ranges,
             has_mask=has_mask,
         )
         launcher = _LAUNCHERS[key] = Launcher(get_engram_gate_bwd_kernel, cfg, device)
@@ -188,8 +196,8 @@ def _launcher(backend, device, hc: int, hidden: int, image_token_mask) -> Launch
 
 
 def _fast_key(grad_out, hidden_states, kv, weight_fused, saved, clamp_value, image_token_mask) -> tuple | None:
-    """The _CHECKED key of a call whose remaining checks the entry makes and that needs no aligned copy;
-    None sends it the full way."""
+    """(_CHECKED key, T) of a call whose remaining checks the entry makes and that needs no aligned copy;
+    None sends it the full way. The key is (hc, H, CUDA device index, fixed token ranges, mask given)."""
     plain = PLAIN_TENSOR_TYPES
     if not (
         type(hidden_states) in plain
@@ -207,42 +215,57 @@ def _fast_key(grad_out, hidden_states, kv, weight_fused, saved, clamp_value, ima
         and 0.0 < clamp_value < math.inf
     ):
         return None
+    num_tokens, hc, hidden = hidden_states.shape
     stride_t, stride_h, _ = kv.stride()
+    # As _kv_usable_as_is, with the T of hidden_states: a kv of another T is the entry's to reject.
+    used_stride_t = stride_t if num_tokens > 1 else 0
     if not (
         stride_t >= 0  # (the entry does not check kv's outer strides; the contract wants them >= 0)
         and stride_h >= 0
-        and _kv_usable_as_is(kv)
-        and not (grad_out.data_ptr() | hidden_states.data_ptr() | weight_fused.data_ptr()) % ALIGN_BYTES
+        and used_stride_t <= _MAX_STRIDE
+        and stride_h <= _MAX_STRIDE
+        and not (
+            grad_out.data_ptr()
+            | hidden_states.data_ptr()
+            | weight_fused.data_ptr()
+            | kv.data_ptr()
+            | (used_stride_t | stride_h) * _KV_ELEMENT_BYTES
+        )
+        % ALIGN_BYTES
     ):
         return None
-    deterministic = torch.are_deterministic_algorithms_enabled()
-    return (hidden_states.shape[1:], hidden_states.get_device(), deterministic, image_token_mask is None)
+    # _fixed_ranges without its call; _get_deterministic_algorithms is torch.are_deterministic_algorithms_enabled
+    fixed_ranges = num_tokens <= FIXED_RANGE_MAX_TOKENS or torch._C._get_deterministic_algorithms()
+    return (hc, hidden, hidden_states.get_device(), fixed_ranges, image_token_mask is None), num_tokens
 
 
 def _eager(grad_out, hidden_states, kv, weight_fused, saved, clamp_value, image_token_mask) -> EngramGateBwdResult:
     """The call on real tensors: every check, then the launch (also the torch.library op's kernel)."""
-    fast_key = _fast_key(grad_out, hidden_states, kv, weight_fused, saved, clamp_value, image_token_mask)
-    launcher = _CHECKED.get(fast_key) if fast_key is not None else None
-    if launcher is not None:
-        num_tokens, hc, hidden = hidden_states.shape
-        if num_tokens:
+    fast = _fast_key(grad_out, hidden_states, kv, weight_fused, saved, clamp_value, image_token_mask)
+    if fast is not None:
+        key, num_tokens = fast
+        checked = _CHECKED.get(key)
+        if checked is not None and num_tokens:
+            launcher, partial_shape, counter = checked
             x = hidden_states
-            # empty_like: no size list to parse (the layout is the entry's to check, so always contiguous)
-            grad_x = torch.empty_like(x, memory_format=torch.contiguous_format)
-            grad_kv = torch.empty_like(kv, memory_format=torch.contiguous_format)
-            grad_w_partial = x.new_empty((launcher.cfg.num_blocks, hc, hidden), dtype=torch.float32)
-            grads = (grad_x, grad_kv, grad_w_partial)
-            counter = _token_counter(x) if launcher.cfg.dynamic_tokens else _unused_counter(x)
-            mask = () if image_token_mask is None else (image_token_mask,)
+            # empty_like: no size list to parse (x's layout is the entry's to check: contiguous once it launches)
+            grad_x = torch.empty_like(x)
+            grad_kv = x.new_empty((num_tokens, key[0] + 1, key[1]))
+            grad_w_partial = x.new_empty(partial_shape, dtype=torch.float32)
+            if counter is None:  # the blocks claim tokens
+                counter = _token_counter(x, key[2])
+            if image_token_mask is None:
+                args = (grad_out, x, kv, weight_fused, *saved, grad_x, grad_kv, grad_w_partial, clamp_value, counter)
+            else:
+                args = (grad_out, x, kv, weight_fused, *saved, image_token_mask, grad_x, grad_kv, grad_w_partial)
+                args += (clamp_value, counter)
             launch_or_explain(
-                launcher,
-                (grad_out, x, kv, weight_fused, *saved, *mask, *grads, clamp_value, counter),
-                lambda: _check(grad_out, x, kv, weight_fused, saved, clamp_value, image_token_mask),
+                launcher, args, _check, grad_out, x, kv, weight_fused, saved, clamp_value, image_token_mask
             )
-            return EngramGateBwdResult(*grads)
+            return _new_tuple(EngramGateBwdResult, (grad_x, grad_kv, grad_w_partial))
     backend = _check(grad_out, hidden_states, kv, weight_fused, saved, clamp_value, image_token_mask)
     num_tokens, hc, hidden = hidden_states.shape
-    launcher = _launcher(backend, hidden_states.device, hc, hidden, image_token_mask)
+    launcher = _launcher(backend, hidden_states.device, hc, hidden, image_token_mask, _fixed_ranges(num_tokens))
     cfg, device = launcher.cfg, launcher.device
     x = hidden_states  # its dtype (bf16) and device; new_empty is cheaper than torch.empty(..., device=)
     grad_x = x.new_empty((num_tokens, hc, hidden))
@@ -252,7 +275,7 @@ def _eager(grad_out, hidden_states, kv, weight_fused, saved, clamp_value, image_
         return EngramGateBwdResult(grad_x, grad_kv, grad_w_partial)
     alloc = x.new_zeros if cfg.accumulates_into_partials else x.new_empty
     grad_w_partial = alloc((cfg.num_blocks, hc, hidden), dtype=torch.float32)
-    token_counter = _token_counter(x) if cfg.dynamic_tokens else _unused_counter(x)
+    token_counter = _token_counter(x, x.device.index) if cfg.dynamic_tokens else _unused_counter(x)
 
     # grad_out, hidden_states and weight_fused are contiguous with rows of H (a multiple of 64) elements, so
     # only their addresses can be misaligned (one test for the three); a copy from the caching allocator is
@@ -280,8 +303,9 @@ def _eager(grad_out, hidden_states, kv, weight_fused, saved, clamp_value, image_
             float(clamp_value),
             token_counter,
         )
-    if fast_key is not None and launcher.checks_arguments and not cfg.accumulates_into_partials:
-        _CHECKED[fast_key] = launcher
+    if fast is not None and launcher.checks_arguments and not cfg.accumulates_into_partials:
+        kept_counter = None if cfg.dynamic_tokens else token_counter
+        _CHECKED[fast[0]] = (launcher, (cfg.num_blocks, hc, hidden), kept_counter)
     return EngramGateBwdResult(grad_x, grad_kv, grad_w_partial)
 
 
@@ -292,7 +316,9 @@ def _fake(grad_out, hidden_states, kv, weight_fused, saved, clamp_value, image_t
     num_tokens, hc, hidden = hidden_states.shape
     device = hidden_states.device
     # int(): sizes may be symbolic while torch traces with dynamic shapes; P depends on none of them.
-    num_blocks = _launcher(backend, device, int(hc), int(hidden), image_token_mask).cfg.num_blocks
+    # (P is the same with fixed token ranges or claimed ones, so a symbolic T is not compared.)
+    fixed_ranges = torch.are_deterministic_algorithms_enabled()
+    num_blocks = _launcher(backend, device, int(hc), int(hidden), image_token_mask, fixed_ranges).cfg.num_blocks
     return EngramGateBwdResult(
         torch.empty((num_tokens, hc, hidden), dtype=torch.bfloat16, device=device),
         torch.empty((num_tokens, hc + 1, hidden), dtype=torch.bfloat16, device=device),
@@ -343,10 +369,11 @@ def engram_gate_bwd(
         gradients straight into it); grad_w_partial (P, hc, H) fp32, one slice per persistent block of
         the kernel (P = the device's SMs / vector cores). The weight gradient d/d(weight_fused) is
         grad_w_partial.sum(0); engram_grad_w_reduce finishes the RMSNorm weight gradients from it.
-        On CUDA (hc * H up to about 32K) the blocks claim tokens at run time, so which tokens a slice
-        sums, and the last bits of the weight gradient, can differ between runs; the other grads
-        never do. Under torch.use_deterministic_algorithms(True) every block takes a fixed token range
-        instead and all results are the same bits on every run.
+        On CUDA (hc * H up to about 32K) the blocks of a call of more than 64 tokens
+        (FIXED_RANGE_MAX_TOKENS) claim tokens at run time, so which tokens a slice sums, and the last
+        bits of the weight gradient, can differ between runs; the other grads never do. Smaller calls,
+        and every call under torch.use_deterministic_algorithms(True), give each block a fixed token
+        range instead, and all their results are the same bits on every run.
         For T == 0 nothing is launched: the grads are empty and grad_w_partial is zeros with the same P
         a launch on this device would use.
     """
@@ -373,5 +400,5 @@ def engram_gate_bwd_config(
     """The kernel configuration engram_gate_bwd launches for these arguments (validated alike; no launch)."""
     saved = (dot, gate_score, rstd_x, rstd_k)
     backend = _check(grad_out, hidden_states, kv, weight_fused, saved, clamp_value, image_token_mask)
-    _, hc, hidden = hidden_states.shape
-    return _launcher(backend, hidden_states.device, hc, hidden, image_token_mask).cfg
+    num_tokens, hc, hidden = hidden_states.shape
+    return _launcher(backend, hidden_states.device, hc, hidden, image_token_mask, _fixed_ranges(num_tokens)).cfg

@@ -35,6 +35,10 @@ VEC = 8  # bf16 elements per 16-byte vector access (CUDA)
 # resident CUDA kernel resets both to 0 when the last block is done: _engram_gate_bwd_cuda_kernel.py).
 COUNTER_WORDS = 2
 _LANES = 64  # fp32 lanes of one 256-byte Ascend vector register
+# Calls of at most this many tokens take the fixed token ranges even where blocks could claim tokens: at
+# most two tokens per block on a GPU of 32 SMs or more leave nothing to balance, and the claiming kernel's
+# counter (one per stream, engram_gate_bwd._token_counter) is host time that a launch-bound call pays.
+FIXED_RANGE_MAX_TOKENS = 64
 _CUDA_SMEM_BUDGET = 200 * 1024  # bytes of shared memory a resident block may use (227 KB max, keep L1)
 # Resident blocks wider than this were slower: at H = 5120 one group per thread takes 640 threads and
 # reached 83-86 % of copy, two groups per thread on 320 threads 95-99 % (README, Performance).

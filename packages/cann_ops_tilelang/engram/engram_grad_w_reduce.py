@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import torch
@@ -37,7 +38,7 @@ class EngramGradWReduceResult(NamedTuple):
 # (The core count is the device's, fixed for a process.)
 _LAUNCHERS: dict[tuple, Launcher] = {}
 # The fast path's launchers (their entries check every tensor's layout, Launcher.checks_arguments), by
-# (grad_w_partial.shape[1:], CUDA device index): found there, a call checks in Python only what the entry
+# (hc, H, CUDA device index): found there, a call checks in Python only what the entry
 # cannot (argument types, alignment, overlaps) and leaves the explanation of a rejection to _check.
 _CHECKED: dict[tuple, Launcher] = {}
 
@@ -86,6 +87,9 @@ def _check(grad_w_partial, weight_hidden, weight_embed, grad_weight_hidden, grad
     return require_accelerator(*values)
 
 
+_check_real = functools.partial(_check, memory=True)  # what explains a rejected fast-path launch
+
+
 def _overlap(values, spans, i: int, j: int) -> bool:
     """Whether values[i] and values[j] share memory (spans None: fake tensors, only the same tensor twice)."""
     if spans is None:
@@ -120,11 +124,12 @@ def _fast_launcher(grad_w_partial, weight_hidden, weight_embed, grad_weight_hidd
         and type(grad_weight_hidden) in plain
         and type(grad_weight_embed) in plain
         and grad_w_partial.is_cuda
+        and grad_w_partial.dim() == 3
     ):
         return None
-    shape = grad_w_partial.shape
-    launcher = _CHECKED.get((shape[1:], grad_w_partial.get_device()))
-    if launcher is None or not shape[0]:
+    num_partials, hc, hidden = grad_w_partial.shape
+    launcher = _CHECKED.get((hc, hidden, grad_w_partial.get_device()))
+    if launcher is None or not num_partials:
         return None
     partial = grad_w_partial.data_ptr()
     w_hidden = weight_hidden.data_ptr()
@@ -133,18 +138,24 @@ def _fast_launcher(grad_w_partial, weight_hidden, weight_embed, grad_weight_hidd
     g_embed = grad_weight_embed.data_ptr()
     if (partial | w_hidden | w_embed | g_hidden | g_embed) % ALIGN_BYTES:
         return None
-    weight_bytes = 2 * shape[1] * shape[2]
+    weight_bytes = 2 * hc * hidden
     grad_bytes = 2 * weight_bytes
-    partial_end = partial + shape[0] * grad_bytes
-    for grad in (g_hidden, g_embed):  # (on one device or not: the full way tells)
-        grad_end = grad + grad_bytes
-        if (
-            (grad < partial_end and partial < grad_end)
-            or (grad < w_hidden + weight_bytes and w_hidden < grad_end)
-            or (grad < w_embed + weight_bytes and w_embed < grad_end)
-        ):
-            return None
-    if g_hidden < g_embed + grad_bytes and g_embed < g_hidden + grad_bytes:
+    partial_end = partial + num_partials * grad_bytes
+    w_hidden_end = w_hidden + weight_bytes
+    w_embed_end = w_embed + weight_bytes
+    g_hidden_end = g_hidden + grad_bytes
+    g_embed_end = g_embed + grad_bytes
+    # Each gradient against the partials, the weights and the other gradient (on one device or not: the
+    # full way tells).
+    if (
+        (g_hidden < partial_end and partial < g_hidden_end)
+        or (g_hidden < w_hidden_end and w_hidden < g_hidden_end)
+        or (g_hidden < w_embed_end and w_embed < g_hidden_end)
+        or (g_embed < partial_end and partial < g_embed_end)
+        or (g_embed < w_hidden_end and w_hidden < g_embed_end)
+        or (g_embed < w_embed_end and w_embed < g_embed_end)
+        or (g_hidden < g_embed_end and g_embed < g_hidden_end)
+    ):
         return None
     return launcher
 
@@ -154,7 +165,7 @@ def _eager(grad_w_partial, weight_hidden, weight_embed, grad_weight_hidden, grad
     args = (grad_w_partial, weight_hidden, weight_embed, grad_weight_hidden, grad_weight_embed)
     launcher = _fast_launcher(*args)
     if launcher is not None:
-        launch_or_explain(launcher, args, lambda: _check(*args, memory=True))
+        launch_or_explain(launcher, args, _check_real, *args)
         return
     backend = _check(*args, memory=True)
     launcher = _launcher(backend, grad_w_partial)
@@ -162,7 +173,8 @@ def _eager(grad_w_partial, weight_hidden, weight_embed, grad_weight_hidden, grad
         return
     launcher.launch(*args)
     if launcher.checks_arguments:
-        _CHECKED[(grad_w_partial.shape[1:], grad_w_partial.get_device())] = launcher
+        _, hc, hidden = grad_w_partial.shape
+        _CHECKED[(hc, hidden, grad_w_partial.get_device())] = launcher
 
 
 def _fake(grad_w_partial, weight_hidden, weight_embed, grad_weight_hidden, grad_weight_embed) -> None:
@@ -197,13 +209,14 @@ def engram_grad_w_reduce(
     The fp32 sum over P runs in another order than torch's, so results differ from an fp32
     reference by rounding only (a few ulps of sum_p |partial[p]| * |w|).
     """
-    args = (grad_w_partial, weight_hidden, weight_embed, grad_weight_hidden, grad_weight_embed)
     if traced(grad_w_partial):  # torch.compile, fake tensors, make_fx: the torch.library op (_torch_ops.py)
+        args = (grad_w_partial, weight_hidden, weight_embed, grad_weight_hidden, grad_weight_embed)
         _check(*args, memory=False)
         op('engram_grad_w_reduce')(*args)
     else:
-        _eager(*args)
-    return EngramGradWReduceResult(grad_weight_hidden, grad_weight_embed)
+        _eager(grad_w_partial, weight_hidden, weight_embed, grad_weight_hidden, grad_weight_embed)
+    # EngramGradWReduceResult(...) without the NamedTuple's Python-level __new__ (the host path of every call).
+    return tuple.__new__(EngramGradWReduceResult, (grad_weight_hidden, grad_weight_embed))
 
 
 def engram_grad_w_reduce_config(
