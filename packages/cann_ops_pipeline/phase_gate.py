@@ -5,9 +5,10 @@ gate when phase 1 has ended. Its tests (those needing a device's memory) never o
     python -m pytest -p cann_ops_pipeline.phase_gate ...   # with CANN_OPS_PHASE_GATE=<a path that does not exist yet>
 
 The tests start once the path exists (the runner creates it); without the variable the plugin does
-nothing. A phase whose runner has gone (killed before it could end the phase: the process's parent
-changes) stops instead of waiting for ever. The wait is in `pytest_runtestloop`, after collection: under
-xdist the controller and every worker wait alike. Nothing here touches a device.
+nothing, and a phase that selected no test does not wait. A phase whose runner has gone (killed before it
+could end the phase: the process's parent changes) stops instead of waiting for ever. The wait is in
+`pytest_runtestloop`, after collection: under xdist the controller and every worker wait alike. Nothing
+here touches a device.
 """
 
 from __future__ import annotations
@@ -43,7 +44,9 @@ def open_gate(path: Path) -> None:
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtestloop(session: pytest.Session) -> None:
     gate = os.environ.get(GATE_ENV)
-    if gate:
+    # A phase that selected no test has nothing to hold: it ends now, while the phase before it runs, and
+    # the runner finds it done. (An xdist controller collects nothing itself; its workers hold the tests.)
+    if gate and (session.items or session.config.pluginmanager.has_plugin('dsession')):
         try:
             wait_for_gate(Path(gate))
         except RunnerGone as exc:

@@ -530,6 +530,31 @@ def test_phase_2_starts_up_during_phase_1_and_tests_after_it(pytester, monkeypat
     assert out.index('test_cpu_slow') < out.index('==> phase 2') < out.index('test_not_profiled'), 'phase 2 shown after'
 
 
+def test_a_phase_started_ahead_with_nothing_selected_ends_during_phase_1(pytester, monkeypatch):
+    """Nothing for phase 2 (no device test): its process ends without waiting for the gate, before phase 1's
+    test is done, and the run passes."""
+    monkeypatch.setenv('PYTEST_DISABLE_PLUGIN_AUTOLOAD', '1')
+    monkeypatch.setenv('OPS_TILELANG_DEVICE_COUNT', '0')
+    pytester.makeconftest(
+        GATED_CONFTEST
+        + """
+def pytest_unconfigure(config):
+    if os.environ.get('CANN_OPS_PHASE_GATE'):
+        with open('phase2_ended', 'w') as f:
+            f.write(repr(time.time()))
+"""
+    )
+    pytester.makepyfile(test_gated='FAIL = False\n' + GATED_TESTS.split('@pytest.mark.npu')[0])
+    result = pytester.run(
+        PY, '-m', 'cann_ops_pipeline.two_phase', '--phase1-workers', '0', '--phase2-workers', '0',
+        '-p', 'xdist', '-p', 'no:cacheprovider', '-m', 'npu or not npu',
+    )  # fmt: skip
+    assert result.ret == 0, result.stdout.str()
+    phase2_ended, phase1_end = (float(pytester.path.joinpath(n).read_text()) for n in ('phase2_ended', 'phase1_end'))
+    assert phase2_ended < phase1_end
+    result.stdout.fnmatch_lines(["  phase 2: -m '(npu or not npu) and (large_npu_mem)' -n 0: exit 5 (no tests*"])
+
+
 def test_a_stopped_run_ends_the_phase_started_ahead(pytester, monkeypatch):
     result = _gated_run(pytester, monkeypatch, '--fail-fast', fail=True)
     assert result.ret == 1
