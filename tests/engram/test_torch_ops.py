@@ -15,6 +15,7 @@ import cann_ops_tilelang
 from cann_ops_tilelang import config
 from cann_ops_tilelang._torch_library import NAMESPACE, traced
 from cann_ops_tilelang.engram._torch_ops import OPS
+from cann_ops_tilelang.engram.engram_gate_bwd_kernel import FIXED_RANGE_MAX_TOKENS
 from tests.testing.lowering import H200_SMS
 
 T, HC, H = 5, 4, 128  # small: the fake tests allocate nothing, the device tests stay quick on the emulator
@@ -308,8 +309,8 @@ class _GraphRecorder:
         }
 
 
-def _step_inputs(device):
-    x, kv, wh, we = _gate_inputs(device)
+def _step_inputs(device, num_tokens: int = T):
+    x, kv, wh, we = _gate_inputs(device, num_tokens)
     return x, kv, wh, we, torch.zeros(HC, H, device=device), torch.zeros(HC, H, device=device), torch.randn_like(x)
 
 
@@ -565,9 +566,10 @@ def test_compile_matches_eager(device, backend):
 def test_cuda_graph_replays_forward_backward_and_reduce(device):
     """fused_weight, the forward, the backward (its token counter zero-filled inside the graph) and
     grad_w_reduce captured in one CUDA graph: each replay gives the eager results for the inputs then in the
-    captured buffers. The backward's blocks claim tokens at run time, so grad_w_partial's split over slices,
-    and the last bits of the reduced weight gradients, may differ from the eager run; its sum may not."""
-    static = _step_inputs(device)
+    captured buffers. The backward's blocks claim tokens at run time (more tokens than FIXED_RANGE_MAX_TOKENS),
+    so grad_w_partial's split over slices, and the last bits of the reduced weight gradients, may differ from
+    the eager run; its sum may not."""
+    static = _step_inputs(device, FIXED_RANGE_MAX_TOKENS + 1)
     x, kv, wh, we, gwh, gwe, grad_out = static
     eager = _step_results(tuple(t.clone() for t in static))  # also compiles every kernel before the capture
 
