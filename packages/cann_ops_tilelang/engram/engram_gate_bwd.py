@@ -56,8 +56,6 @@ def _aligned_kv(kv: torch.Tensor) -> torch.Tensor:
     return kv if _kv_usable_as_is(kv) else kv.clone(memory_format=torch.contiguous_format)
 
 
-# EngramGateBwdResult(*grads) without the NamedTuple's Python-level __new__, on the fast path.
-_new_tuple = tuple.__new__
 _SAVED = ('dot', 'gate_score', 'rstd_x', 'rstd_k')
 # One launcher per (device, backend, hc, H, fixed token ranges, mask): chosen and looked up once.
 # (The core count is the device's, fixed for a process.)
@@ -175,7 +173,8 @@ def _check_each(grad_out, hidden_states, kv, weight_fused, saved, clamp_value, i
 
 def _fixed_ranges(num_tokens: int) -> bool:
     """Whether a call of `num_tokens` tokens takes the kernel's fixed token ranges (no claims, no counter)."""
-    return torch.are_deterministic_algorithms_enabled() or num_tokens <= FIXED_RANGE_MAX_TOKENS
+    # _get_deterministic_algorithms: torch.are_deterministic_algorithms_enabled without its Python frame
+    return num_tokens <= FIXED_RANGE_MAX_TOKENS or torch._C._get_deterministic_algorithms()
 
 
 def _launcher(backend, device, hc: int, hidden: int, image_token_mask, fixed_ranges: bool) -> Launcher:
@@ -234,9 +233,8 @@ def _fast_key(grad_out, hidden_states, kv, weight_fused, saved, clamp_value, ima
         % ALIGN_BYTES
     ):
         return None
-    # _fixed_ranges without its call; _get_deterministic_algorithms is torch.are_deterministic_algorithms_enabled
-    fixed_ranges = num_tokens <= FIXED_RANGE_MAX_TOKENS or torch._C._get_deterministic_algorithms()
-    return (hc, hidden, hidden_states.get_device(), fixed_ranges, image_token_mask is None), num_tokens
+    key = (hc, hidden, hidden_states.get_device(), _fixed_ranges(num_tokens), image_token_mask is None)
+    return key, num_tokens
 
 
 def _eager(grad_out, hidden_states, kv, weight_fused, saved, clamp_value, image_token_mask) -> EngramGateBwdResult:
@@ -262,7 +260,8 @@ def _eager(grad_out, hidden_states, kv, weight_fused, saved, clamp_value, image_
             launch_or_explain(
                 launcher, args, _check, grad_out, x, kv, weight_fused, saved, clamp_value, image_token_mask
             )
-            return _new_tuple(EngramGateBwdResult, (grad_x, grad_kv, grad_w_partial))
+            # EngramGateBwdResult(...) without the NamedTuple's Python-level __new__
+            return tuple.__new__(EngramGateBwdResult, (grad_x, grad_kv, grad_w_partial))
     backend = _check(grad_out, hidden_states, kv, weight_fused, saved, clamp_value, image_token_mask)
     num_tokens, hc, hidden = hidden_states.shape
     launcher = _launcher(backend, hidden_states.device, hc, hidden, image_token_mask, _fixed_ranges(num_tokens))
