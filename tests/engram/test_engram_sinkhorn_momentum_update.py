@@ -8,9 +8,11 @@ import pytest
 import torch
 
 import cann_ops_tilelang
+from cann_ops_tilelang.config import get_num_cores
 from cann_ops_tilelang.engram.engram_sinkhorn_momentum_update import engram_sinkhorn_momentum_update_config
 from cann_ops_tilelang.engram.engram_sinkhorn_momentum_update_kernel import (
     choose_engram_sinkhorn_momentum_update_config,
+    cuda_wide_block_max_numel,
     make_engram_sinkhorn_momentum_update_kernel,
 )
 from tests.engram._extras import config_extras
@@ -52,17 +54,18 @@ def gen_pairings(level: int) -> list[tuple[torch.dtype, torch.dtype]]:
 
 LEVEL = get_test_level()
 VALUE_PARAMS = generate_samples(LEVEL, numel=gen_numel, dtypes=gen_pairings, nesterov=[True, False])
-# The kernels depend on the dtypes and nesterov only (numel is a runtime size): level 0 lowers the two
-# extreme pairings, level 1 and up all eight variants.
+# The kernels depend on the dtypes and nesterov (and on CUDA on the block shape that numel picks; numel itself
+# is a runtime size): level 0 lowers the two extreme pairings, level 1 and up all eight variants.
 LOWER_PARAMS = generate_samples(
     dtypes=PAIRINGS if LEVEL >= 1 else [PAIRINGS[0], PAIRINGS[3]],
     nesterov=[True, False] if LEVEL >= 1 else [True],
 )
-# The reference library's tests span numel 256K .. 512M; 2**20, 2**24 and 2**27 cover it at sane memory.
-BENCHMARK_PARAMS = generate_samples(numel=[2**20, 2**24, 2**27], dtypes=PAIRINGS, nesterov=[True])
+# The reference library's tests span numel 256K .. 512M; 2**18 (wide CUDA blocks), 2**20, 2**24 and 2**27
+# cover it at sane memory.
+BENCHMARK_PARAMS = generate_samples(numel=[2**18, 2**20, 2**24, 2**27], dtypes=PAIRINGS, nesterov=[True])
 
 
-def _cfg(backend: str, params: dict, num_cores: int):
+def _cfg(backend: str, params: dict, num_cores: int, numel: int = 1):
     g, m = params['dtypes']
     return choose_engram_sinkhorn_momentum_update_config(
         backend=backend,
@@ -70,6 +73,7 @@ def _cfg(backend: str, params: dict, num_cores: int):
         momentum_dtype=DTYPE_NAMES[m],
         nesterov=params['nesterov'],
         num_cores=num_cores,
+        numel=numel,
     )
 
 
@@ -134,8 +138,10 @@ def test_engram_sinkhorn_momentum_update_ascend_lowers(params):
 
 
 @pytest.mark.parametrize('params', LOWER_PARAMS, ids=make_param_id)
-def test_engram_sinkhorn_momentum_update_cuda_lowers(params):
-    cfg = _cfg('cuda', params, H200_SMS)
+@pytest.mark.parametrize('blocks', ['wide', 'streaming'])
+def test_engram_sinkhorn_momentum_update_cuda_lowers(params, blocks):
+    wide_max = cuda_wide_block_max_numel(H200_SMS)
+    cfg = _cfg('cuda', params, H200_SMS, numel=wide_max if blocks == 'wide' else wide_max + 1)
     assert (cfg.backend, cfg.nesterov) == ('cuda', params['nesterov'])
     lowered = assert_cuda_kernel_lowers(
         lambda: make_engram_sinkhorn_momentum_update_kernel(cfg), key=cfg, kernel_name=KERNEL_NAME
@@ -160,8 +166,23 @@ def test_engram_sinkhorn_momentum_update_config_is_pure_and_hashable():
         _cfg('cpu', params, 64)
     with pytest.raises(ValueError, match='dtypes'):
         choose_engram_sinkhorn_momentum_update_config(
-            backend='cuda', grad_dtype='float16', momentum_dtype='float32', nesterov=True, num_cores=132
+            backend='cuda', grad_dtype='float16', momentum_dtype='float32', nesterov=True, num_cores=132, numel=1
         )
+
+
+def test_engram_sinkhorn_momentum_update_block_shape_follows_numel():
+    """CUDA: wide blocks up to two of them per SM, streaming blocks beyond; Ascend: one kernel for any numel."""
+    params = {'dtypes': (torch.bfloat16, torch.float32), 'nesterov': True}
+    for sms in (H200_SMS, 16):
+        wide_max = cuda_wide_block_max_numel(sms)
+        assert wide_max == 2 * sms * _cfg('cuda', params, sms, numel=1).block
+        wide, streaming = _cfg('cuda', params, sms, numel=wide_max), _cfg('cuda', params, sms, numel=wide_max + 1)
+        assert wide.block > streaming.block
+        assert wide.threads > streaming.threads
+        assert _cfg('cuda', params, sms, numel=0) == wide
+        assert _cfg('cuda', params, sms, numel=2**31 - 2**20) == streaming
+    ascend = _cfg('ascend', params, ASCEND_950_VECTOR_CORES, numel=1)
+    assert _cfg('ascend', params, ASCEND_950_VECTOR_CORES, numel=2**30) == ascend
 
 
 def test_engram_sinkhorn_momentum_update_signature_matches_tile_kernels():
@@ -321,10 +342,13 @@ def test_engram_sinkhorn_momentum_update_exact_cases(dtypes, device):
 
 
 @pytest.mark.npu
-@pytest.mark.parametrize('numel', [1, 255, 4173, 8192 + 64 + 3], ids=lambda n: f'numel={n}')
+@pytest.mark.parametrize('numel', [1, 255, 4173, 8192 + 64 + 3, 'past_wide_blocks'], ids=lambda n: f'numel={n}')
 def test_engram_sinkhorn_momentum_update_writes_only_its_elements(numel, device):
     """Views into larger buffers (tails of every size): the guard regions around them stay untouched, and
-    repeated calls on the same inputs are bit-identical."""
+    repeated calls on the same inputs are bit-identical. 'past_wide_blocks': the smallest numel with a tail
+    that takes the CUDA kernel's streaming blocks on this device (the others take its wide blocks)."""
+    if numel == 'past_wide_blocks':
+        numel = cuda_wide_block_max_numel(get_num_cores(device)) + 5
     pad = 4096
     g_big = torch.randn(numel + 2 * pad, device=device).to(torch.bfloat16)
     m_big = torch.randn(numel + 2 * pad, device=device)

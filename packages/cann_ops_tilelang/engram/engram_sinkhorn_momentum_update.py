@@ -24,6 +24,7 @@ from cann_ops_tilelang.validation import (
 from .engram_sinkhorn_momentum_update_kernel import (
     EngramSinkhornMomentumUpdateConfig,
     choose_engram_sinkhorn_momentum_update_config,
+    cuda_wide_block_max_numel,
     get_engram_sinkhorn_momentum_update_kernel,
 )
 
@@ -33,14 +34,17 @@ _DTYPES = (torch.bfloat16, torch.float32)
 _DTYPE_NAMES = {torch.bfloat16: 'bfloat16', torch.float32: 'float32'}
 
 
-# One launcher per (device, backend, dtypes, nesterov): chosen and looked up once.
+# One launcher per (device, backend, dtypes, nesterov, CUDA wide blocks): chosen and looked up once.
 # (The core count is the device's, fixed for a process.)
 _LAUNCHERS: dict[tuple, Launcher] = {}
 # The fast path's launchers (their entries check every tensor's layout, Launcher.checks_arguments), by
-# (grad dtype, momentum_buffer dtype, nesterov, CUDA device index): found there, a call with 1-D tensors
-# checks in Python only what the entry cannot (argument types, beta1, numel, alignment, the overlap) and
-# leaves the explanation of a rejection to _check.
+# (grad dtype, momentum_buffer dtype, nesterov, CUDA device index, wide blocks): found there, a call with
+# 1-D tensors checks in Python only what the entry cannot (argument types, beta1, numel, alignment, the
+# overlap) and leaves the explanation of a rejection to _check.
 _CHECKED: dict[tuple, Launcher] = {}
+# CUDA device index -> the largest numel that takes the wide blocks there (cuda_wide_block_max_numel of its
+# SM count), known once a call has chosen its launcher on that device.
+_WIDE_MAX_NUMEL: dict[int, int] = {}
 
 
 def _check(grad, momentum_buffer, beta1, nesterov, *, memory) -> tuple[str, float]:
@@ -61,9 +65,19 @@ def _check(grad, momentum_buffer, beta1, nesterov, *, memory) -> tuple[str, floa
     return require_accelerator(grad, momentum_buffer), beta1
 
 
-def _launcher(backend, grad, momentum_buffer, nesterov) -> Launcher:
+def _wide_blocks(backend, device, numel) -> bool:
+    """Whether a CUDA call of `numel` elements takes the kernel's wide blocks (False on other backends)."""
+    if backend != 'cuda':
+        return False
+    limit = _WIDE_MAX_NUMEL.get(device.index)
+    if limit is None:
+        limit = _WIDE_MAX_NUMEL[device.index] = cuda_wide_block_max_numel(get_num_cores(device))
+    return numel <= limit
+
+
+def _launcher(backend, grad, momentum_buffer, nesterov, wide) -> Launcher:
     device = grad.device
-    key = (device, backend, grad.dtype, momentum_buffer.dtype, nesterov)
+    key = (device, backend, grad.dtype, momentum_buffer.dtype, nesterov, wide)
     launcher = _LAUNCHERS.get(key)
     if launcher is None:
         cfg = choose_engram_sinkhorn_momentum_update_config(
@@ -72,6 +86,7 @@ def _launcher(backend, grad, momentum_buffer, nesterov) -> Launcher:
             momentum_dtype=_DTYPE_NAMES[momentum_buffer.dtype],
             nesterov=nesterov,
             num_cores=get_num_cores(device),
+            numel=grad.numel(),
         )
         launcher = _LAUNCHERS[key] = Launcher(get_engram_sinkhorn_momentum_update_kernel, cfg, device)
     return launcher
@@ -89,9 +104,9 @@ def _eager(grad, momentum_buffer, beta1, nesterov) -> torch.Tensor:
         and -math.inf < beta1 < math.inf
         and type(nesterov) is bool
     ):
-        fast_key = (grad.dtype, momentum_buffer.dtype, nesterov, grad.get_device())
+        index, numel = grad.get_device(), grad.shape[0]
+        fast_key = (grad.dtype, momentum_buffer.dtype, nesterov, index, numel <= _WIDE_MAX_NUMEL.get(index, -1))
         launcher = _CHECKED.get(fast_key)
-        numel = grad.shape[0]
         if launcher is not None and 0 < numel <= MAX_NUMEL:
             grad_start, buffer_start = grad.data_ptr(), momentum_buffer.data_ptr()
             if not (grad_start | buffer_start) % ALIGN_BYTES and not (
@@ -105,7 +120,8 @@ def _eager(grad, momentum_buffer, beta1, nesterov) -> torch.Tensor:
                 )
                 return result
     backend, beta1 = _check(grad, momentum_buffer, beta1, nesterov, memory=True)
-    launcher = _launcher(backend, grad, momentum_buffer, nesterov)
+    wide = _wide_blocks(backend, grad.device, grad.numel())
+    launcher = _launcher(backend, grad, momentum_buffer, nesterov, wide)
     result = momentum_buffer.new_empty(momentum_buffer.shape, dtype=torch.float32)
     if grad.numel() == 0:
         return result
@@ -116,7 +132,7 @@ def _eager(grad, momentum_buffer, beta1, nesterov) -> torch.Tensor:
     # 1 - beta1 is rounded once to fp32 at the launch, as torch rounds the scalar of `grad * (1 - beta1)`
     launcher.launch(grad, momentum_buffer, flat_result, beta1, 1.0 - beta1)
     if fast_key is not None and launcher.checks_arguments:
-        _CHECKED[fast_key] = launcher
+        _CHECKED[(*fast_key[:4], wide)] = launcher
     return result
 
 
@@ -167,4 +183,4 @@ def engram_sinkhorn_momentum_update_config(
     """The kernel configuration engram_sinkhorn_momentum_update launches for these arguments (validated
     alike; no launch)."""
     backend, _ = _check(grad, momentum_buffer, beta1, nesterov, memory=True)
-    return _launcher(backend, grad, momentum_buffer, nesterov).cfg
+    return _launcher(backend, grad, momentum_buffer, nesterov, _wide_blocks(backend, grad.device, grad.numel())).cfg

@@ -25,6 +25,18 @@ _DTYPES = ('bfloat16', 'float32')
 # Elements of one CUDA vector access (16 bytes of fp32, 8 of bf16): a warp's access covers 32 consecutive
 # chunks, so every tensor's accesses are coalesced whatever its dtype.
 _CUDA_CHUNK = 4
+# CUDA block shapes, (threads, elements per block). Streaming: one warp of 8 elements per thread, the grid
+# the tile count (up to 32 blocks per SM). Calls of at most _CUDA_WIDE_BLOCKS_PER_SM wide blocks per SM take
+# the wide shape instead: in one or two waves of blocks, fewer and fuller blocks finish sooner (README,
+# Performance: both were the fastest of the block shapes measured side by side on the H200 in their range).
+_CUDA_STREAMING_BLOCK = (32, 256)
+_CUDA_WIDE_BLOCK = (128, 2048)
+_CUDA_WIDE_BLOCKS_PER_SM = 2
+
+
+def cuda_wide_block_max_numel(num_sms: int) -> int:
+    """The largest element count that takes the CUDA kernel's wide blocks on a GPU of `num_sms` SMs."""
+    return _CUDA_WIDE_BLOCKS_PER_SM * num_sms * _CUDA_WIDE_BLOCK[1]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,20 +62,20 @@ class EngramSinkhornMomentumUpdateConfig:
 
 
 def choose_engram_sinkhorn_momentum_update_config(
-    *, backend: Backend, grad_dtype: str, momentum_dtype: str, nesterov: bool, num_cores: int
+    *, backend: Backend, grad_dtype: str, momentum_dtype: str, nesterov: bool, num_cores: int, numel: int
 ) -> EngramSinkhornMomentumUpdateConfig:
-    """Pure choice of the compile-time parameters (no device query). The element count is a runtime size."""
+    """Pure choice of the compile-time parameters (no device query). The element count is a runtime size;
+    on CUDA it also picks one of two block shapes (cuda_wide_block_max_numel), so two calls of different
+    sizes may launch two kernels."""
     if backend == 'ascend':
         # 8192 elements per task: at most 3 x 32 KB of UB per buffer version (fp32 in and out), two versions
         # so the DMA of the next tile overlaps the vector work of this one.
         return EngramSinkhornMomentumUpdateConfig(
             backend, grad_dtype, momentum_dtype, nesterov, num_cores, block=8192, threads=0, num_stages=2
         )
-    # CUDA: one warp of 8 elements per thread per block, the grid the tile count (up to 32 blocks per SM).
-    # Of the block shapes measured side by side on the H200 (32 to 256 threads, 1 to 4 steps), the smallest
-    # block came closest to the copy ceiling for all four dtype pairings (README, Performance).
+    threads, block = _CUDA_WIDE_BLOCK if numel <= cuda_wide_block_max_numel(num_cores) else _CUDA_STREAMING_BLOCK
     return EngramSinkhornMomentumUpdateConfig(
-        backend, grad_dtype, momentum_dtype, nesterov, num_cores, block=256, threads=32, num_stages=1
+        backend, grad_dtype, momentum_dtype, nesterov, num_cores, block=block, threads=threads, num_stages=1
     )
 
 
