@@ -29,6 +29,7 @@ from tests.testing.generator import (
     gen_num_tokens,
     generate_samples,
     get_test_level,
+    skip_off_ascend_below,
 )
 from tests.testing.lowering import (
     ASCEND_950_VECTOR_CORES,
@@ -589,7 +590,9 @@ def _ascend_config_classes() -> list[dict]:
 @pytest.mark.parametrize('params', _ascend_config_classes(), ids=make_param_id)
 def test_engram_gate_fwd_every_ascend_config(params, device):
     """Each kind of Ascend configuration once (on the emulator in the CPU tier), with one token more than the
-    vector cores, so that the persistent loop has a tail; on CUDA the same shapes through its own configs."""
+    vector cores, so that the persistent loop has a tail; on CUDA (from level 1) the same shapes through its own
+    configs."""
+    skip_off_ascend_below(LEVEL, 1, device)
     x, kv, w = _inputs(ASCEND_950_VECTOR_CORES + 1, params['hc'], params['hidden'], device)
     _assert_matches_reference(cann_ops_tilelang.engram_gate_fwd(x, kv, w, EPS, CLAMP), x, *_k_v(kv), w)
 
@@ -681,24 +684,31 @@ def test_engram_gate_fwd_empty(device, save_for_backward):
                 assert t is None
 
 
-def _layouts(num_tokens: int, hc: int, hidden: int, device):
-    """kv views of bigger tensors, as engram produces them: padded rows, branch-major, offsets."""
+def _layouts(num_tokens: int, hc: int, hidden: int, device, *, misaligned: bool = True):
+    """kv views of bigger tensors, as engram produces them: padded rows, branch-major, offsets (`misaligned`)."""
     kb = torch.randn(num_tokens, hc + 1, hidden + 64, device=device).to(torch.bfloat16)
     yield 'kv_padded_rows', kb[..., :hidden]
     kt = torch.randn(hc + 1, num_tokens, hidden, device=device).to(torch.bfloat16)
     yield 'kv_branch_major', kt.transpose(0, 1)
     wide = torch.randn(num_tokens, 2 * (hc + 1) * hidden, device=device).to(torch.bfloat16)
     yield 'kv_token_stride_2x', wide.view(num_tokens, 2 * (hc + 1), hidden)[:, hc + 1 :]
+    if not misaligned:
+        return
     # 8 and 2 bytes off a 16-byte boundary: the CUDA kernel takes 8- and 2-byte accesses.
     yield 'kv_offset_4', kb[..., 4 : 4 + hidden]
     yield 'kv_offset_1', kb[..., 1 : 1 + hidden]
 
 
+_NONCONTIGUOUS_SHAPES = [(130, 4, 4096), (257, 3, 1088), (7, 8, 192)]
+
+
 @pytest.mark.npu
-@pytest.mark.parametrize(('num_tokens', 'hc', 'hidden'), [(130, 4, 4096), (257, 3, 1088), (7, 8, 192)])
+@pytest.mark.parametrize(('num_tokens', 'hc', 'hidden'), _NONCONTIGUOUS_SHAPES)
 def test_engram_gate_fwd_noncontiguous_kv(device, num_tokens, hc, hidden):
     x, _, w = _inputs(num_tokens, hc, hidden, device)
-    for name, kv in _layouts(num_tokens, hc, hidden, device):
+    # Each misalignment is a CUDA kernel of its own access width: level 0 compiles them for one shape.
+    misaligned = LEVEL >= 1 or (num_tokens, hc, hidden) == _NONCONTIGUOUS_SHAPES[0]
+    for name, kv in _layouts(num_tokens, hc, hidden, device, misaligned=misaligned):
         assert not kv.is_contiguous()
         res = cann_ops_tilelang.engram_gate_fwd(x, kv, w, EPS, CLAMP)
         try:
@@ -715,7 +725,7 @@ def test_engram_gate_fwd_noncontiguous_kv(device, num_tokens, hc, hidden):
 def test_engram_gate_fwd_misaligned_weight(device):
     """A weight_fused 4 bytes past a 16-byte boundary (the kernels read it in 16-byte vectors) is copied first:
     the same bits as the aligned weight, on the full and on the fast path (second call)."""
-    x, kv, w = _inputs(33, 4, 1088, device)
+    x, kv, w = _inputs(33, 4, 4096, device)  # hc and H of a level-0 values test: no kernel of its own
     storage = torch.empty(w.numel() + 1, device=device)
     shifted = storage[1:].view(w.shape)
     shifted.copy_(w)

@@ -30,7 +30,7 @@ from tests.engram.test_engram_sinkhorn_step import (
 )
 from tests.testing.bench import make_param_id
 from tests.testing.contract import assert_rejects_extra_dimension, assert_rejects_non_tensor_and_dtype
-from tests.testing.generator import generate_samples, get_test_level
+from tests.testing.generator import by_level, generate_samples, get_test_level
 from tests.testing.lowering import (
     ASCEND_950_VECTOR_CORES,
     H200_SMS,
@@ -244,13 +244,15 @@ def test_engram_sinkhorn_finalize_values(params, device):
 
 @pytest.mark.npu
 @pytest.mark.parametrize('alpha', [1.0, -2.5, 0.0], ids=lambda a: f'alpha={a}')
-def test_engram_sinkhorn_finalize_alpha_and_views(alpha, device):
+# Level 0: a head_dim of its values tests (the finalize and step kernels are compiled per head_dim).
+@pytest.mark.parametrize('head_dim', by_level(LEVEL, core=[256], default=[1088]), ids=lambda d: f'head_dim={d}')
+def test_engram_sinkhorn_finalize_alpha_and_views(alpha, head_dim, device):
     """Any finite alpha; a row-range view of a larger matrix and an `out` view inside a larger buffer
     (nothing written outside it); zero rows give zeros."""
-    big, r_big, col_scale = sinkhorn_inputs(400, 1088, device)
+    big, r_big, col_scale = sinkhorn_inputs(400, head_dim, device)
     big[10:12] = 0.0
     matrix, row_scale = big[3:303], r_big[3:303]
-    out_big = torch.full((302, 1088), float('nan'), device=device)
+    out_big = torch.full((302, head_dim), float('nan'), device=device)
     out = out_big[1:301]
     cann_ops_tilelang.engram_sinkhorn_finalize(matrix, row_scale, col_scale, EPS, alpha, out=out)
     assert bool(out_big[0].isnan().all())

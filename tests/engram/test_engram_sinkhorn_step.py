@@ -19,7 +19,7 @@ from tests.engram._extras import config_extras
 from tests.engram.engram_sinkhorn_step_ref import col_sumsq_for_scale, engram_sinkhorn_step_ref
 from tests.testing.bench import make_param_id
 from tests.testing.contract import assert_rejects_extra_dimension, assert_rejects_non_tensor_and_dtype
-from tests.testing.generator import generate_samples, get_test_level
+from tests.testing.generator import by_level, generate_samples, get_test_level
 from tests.testing.lowering import (
     ASCEND_950_VECTOR_CORES,
     H200_SMS,
@@ -330,11 +330,13 @@ def test_engram_sinkhorn_step_is_reproducible(params, device):
         assert_equal(row_scale, r1)
 
 
+# Level 0 runs the next tests at a head_dim of its values tests (one kernel per head_dim: compiled once).
 @pytest.mark.npu
-def test_engram_sinkhorn_step_iterates(device):
+@pytest.mark.parametrize('head_dim', by_level(LEVEL, core=[256], default=[320]), ids=lambda d: f'head_dim={d}')
+def test_engram_sinkhorn_step_iterates(head_dim, device):
     """Three steps in a row (the Sinkhorn loop without the column update): each against the oracle of its
     own input scale; after a step the row norms of the new iterate are 1 up to eps and rounding."""
-    matrix, row_scale, col_scale = sinkhorn_inputs(777, 320, device)
+    matrix, row_scale, col_scale = sinkhorn_inputs(777, head_dim, device)
     for _ in range(3):
         r_before = row_scale.clone()
         cfg = engram_sinkhorn_step_config(matrix, row_scale, col_scale, EPS)
@@ -344,9 +346,10 @@ def test_engram_sinkhorn_step_iterates(device):
 
 
 @pytest.mark.npu
-def test_engram_sinkhorn_step_views_and_special_rows(device):
+@pytest.mark.parametrize('head_dim', by_level(LEVEL, core=[64], default=[192]), ids=lambda d: f'head_dim={d}')
+def test_engram_sinkhorn_step_views_and_special_rows(head_dim, device):
     """A row-range view of a larger matrix (rows outside untouched); zero rows give norm 0 and scale r / eps."""
-    big, r_big, col_scale = sinkhorn_inputs(300, 192, device)
+    big, r_big, col_scale = sinkhorn_inputs(300, head_dim, device)
     big[105:110] = 0.0
     matrix, row_scale = big[100:250], r_big[100:250]
     r_big_before = r_big.clone()

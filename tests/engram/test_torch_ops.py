@@ -18,7 +18,9 @@ from cann_ops_tilelang.engram._torch_ops import OPS
 from cann_ops_tilelang.engram.engram_gate_bwd_kernel import FIXED_RANGE_MAX_TOKENS
 from tests.testing.lowering import H200_SMS
 
-T, HC, H = 5, 4, 128  # small: the fake tests allocate nothing, the device tests stay quick on the emulator
+# Small: the fake tests allocate nothing, the device tests stay quick on the emulator; hc and H (and the hash
+# shape below) are those of the operator tests' level-0 values, so the kernels compiled there serve here too.
+T, HC, H = 5, 4, 64
 EPS = CLAMP = 1e-6
 ROWS, HEAD_DIM = 7, 64
 H200_PARTIALS = 2 * H200_SMS  # engram_sinkhorn_step on CUDA: two blocks per SM
@@ -60,7 +62,7 @@ def _gate_inputs(device, num_tokens: int = T):
     return x, kv, wh, we
 
 
-def _hash_inputs(device, num_tokens: int = T, layers: int = 2, ngram: int = 3, tables: int = 4):
+def _hash_inputs(device, num_tokens: int = T, layers: int = 2, ngram: int = 3, tables: int = 8):
     ids = torch.randint(0, 50000, (num_tokens, ngram), dtype=torch.int32, device=device)
     multipliers = torch.randint(1, 2**40, (layers, ngram), dtype=torch.int64, device=device)
     vocab_sizes = torch.randint(1000, 100000, (layers, ngram - 1, tables), dtype=torch.int32, device=device)
@@ -184,10 +186,10 @@ def test_fake_hash_and_sinkhorn(monkeypatch):
     with _fake_cuda(monkeypatch) as cuda:
         ids, multipliers, vocab_sizes, offsets = _hash_inputs(cuda)
         rows = ops.engram_hash(ids, multipliers, vocab_sizes, offsets)
-        _assert_meta(rows, (2, T, 8), torch.int32)
+        _assert_meta(rows, (2, T, 16), torch.int32)
         mask = torch.zeros(T, dtype=torch.bool, device=cuda)
-        _assert_meta(ops.engram_hash(ids, multipliers, vocab_sizes, offsets, mask), (2, T, 8), torch.int32)
-        out = torch.empty(2, T, 8, dtype=torch.int32, device=cuda)
+        _assert_meta(ops.engram_hash(ids, multipliers, vocab_sizes, offsets, mask), (2, T, 16), torch.int32)
+        out = torch.empty(2, T, 16, dtype=torch.int32, device=cuda)
         assert ops.engram_hash(ids, multipliers, vocab_sizes, offsets, out=out) is out
 
         for grad_dtype in (torch.bfloat16, torch.float32):
@@ -215,8 +217,8 @@ def test_fake_calls_raise_the_typed_errors(monkeypatch):
         w = torch.empty(HC, H, device=cuda)
         with pytest.raises(TypeError, match='weight_hidden must have dtype torch.bfloat16'):
             ops.engram_fused_weight(wh.float(), we)
-        with pytest.raises(ValueError, match=r'weight_embed must have shape \(4, 128\)'):
-            _op('engram_fused_weight')(wh, torch.empty(HC, 64, dtype=torch.bfloat16, device=cuda))
+        with pytest.raises(ValueError, match=rf'weight_embed must have shape \({HC}, {H}\)'):
+            _op('engram_fused_weight')(wh, torch.empty(HC, 2 * H, dtype=torch.bfloat16, device=cuda))
         with pytest.raises(ValueError, match='hidden size must be a positive multiple of 64'):
             ops.engram_fused_weight(*[torch.empty(HC, 100, dtype=torch.bfloat16, device=cuda)] * 2)
         with pytest.raises(ValueError, match='inplace=True overwrites hidden_states'):
@@ -380,7 +382,7 @@ def test_compile_errors_under_tracing(monkeypatch):
     torch._dynamo.reset()
     with _fake_cuda(monkeypatch) as cuda:
         wh = torch.empty(HC, H, dtype=torch.bfloat16, device=cuda)
-        we = torch.empty(HC, 64, dtype=torch.bfloat16, device=cuda)
+        we = torch.empty(HC, 2 * H, dtype=torch.bfloat16, device=cuda)
         with pytest.raises(ValueError, match='weight_embed must have shape'):
             torch.compile(ops.engram_fused_weight, backend='eager')(wh, we)
         torch._dynamo.reset()
@@ -485,7 +487,7 @@ def _opcheck_args(name: str, device) -> tuple:
             torch.randn(HC, H, device=device),
         ),
         'engram_hash': (*hash_args, mask),
-        'engram_hash_out': (*hash_args, None, torch.empty(2, T, 8, dtype=torch.int32, device=device)),
+        'engram_hash_out': (*hash_args, None, torch.empty(2, T, 16, dtype=torch.int32, device=device)),
         'engram_sinkhorn_momentum_update': (
             torch.randn(1000, device=device),
             torch.randn(1000, dtype=torch.bfloat16, device=device),

@@ -26,6 +26,18 @@ def by_level(level: int, core: Sequence, default: Sequence = (), full: Sequence 
     return [value for i, value in enumerate(chosen) if value not in chosen[:i]]
 
 
+def skip_off_ascend_below(level: int, needed: int, device) -> None:
+    """Skip a test of the Ascend kernel's configuration classes on other backends below level `needed`.
+
+    Such a test exists for the Ascend tilings (run on the NPU or the emulator at every level); on CUDA it only
+    adds shapes, each one more kernel to compile, which a cold level-0 run pays for.
+    """
+    if device.type == 'cuda' and level < needed:
+        import pytest
+
+        pytest.skip(f'the Ascend configuration classes run on CUDA from test level {needed} (level {level} here)')
+
+
 def gen_num_tokens(level: int) -> list[int]:
     """Token counts: empty, minimum, a core size, tails that divide no block, the benchmark sizes."""
     return by_level(level, core=(0, 1, 130), default=(7, 257, 1000), full=(4001, 8001, 32768))
