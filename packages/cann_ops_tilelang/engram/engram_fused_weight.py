@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from cann_ops_tilelang._torch_library import op, traced
@@ -60,6 +62,9 @@ def _check(weight_hidden, weight_embed, out, *, memory: bool) -> tuple[int, int,
     return hc, hidden, require_accelerator(*tensors)
 
 
+_check_real = functools.partial(_check, memory=True)  # what explains a rejected fast-path launch
+
+
 def _launcher(backend: str, device: torch.device, hc: int, hidden: int) -> Launcher:
     key = (device, backend, hc, hidden)
     launcher = _LAUNCHERS.get(key)
@@ -82,9 +87,7 @@ def _eager(weight_hidden, weight_embed, out):
         if launcher is not None and not (weight_hidden.data_ptr() | weight_embed.data_ptr()) % ALIGN_BYTES:
             result = weight_hidden.new_empty(shape, dtype=torch.float32)
             launch_or_explain(
-                launcher,
-                (weight_hidden, weight_embed, result),
-                lambda: _check(weight_hidden, weight_embed, None, memory=True),
+                launcher, (weight_hidden, weight_embed, result), _check_real, weight_hidden, weight_embed, None
             )
             return result
     hc, hidden, backend = _check(weight_hidden, weight_embed, out, memory=True)

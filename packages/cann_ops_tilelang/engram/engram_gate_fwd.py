@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import NamedTuple
 
@@ -135,6 +136,9 @@ def _check(
     return require_accelerator(*tensors) if out is None else require_accelerator(*tensors, out)
 
 
+_check_real = functools.partial(_check, memory=True)  # what explains a rejected fast-path launch
+
+
 def _check_each(
     hidden_states, kv, weight_fused, eps, clamp_value, save_for_backward, image_token_mask, inplace, out, *, memory
 ) -> None:
@@ -215,7 +219,7 @@ def _eager(
         output, saved, launch_args = _outputs_and_args(
             hidden_states, kv, weight_fused, eps, clamp_value, save_for_backward, image_token_mask, None
         )
-        launch_or_explain(launcher, launch_args, lambda: _check(*args, memory=True))
+        launch_or_explain(launcher, launch_args, _check_real, *args)
         return EngramGateFwdResult(output, *saved)
     backend = _check(*args, memory=True)
     launcher = _launcher(backend, hidden_states, kv, save_for_backward, image_token_mask, out)

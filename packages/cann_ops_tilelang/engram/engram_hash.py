@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from cann_ops_tilelang._torch_library import op, traced
@@ -89,6 +91,9 @@ def _check(ngram_token_ids, multipliers, vocab_sizes, offsets, image_token_mask,
     return require_accelerator(*tensors), shape
 
 
+_check_real = functools.partial(_check, memory=True)  # what explains a rejected fast-path launch
+
+
 def _launcher(backend, ngram_token_ids, vocab_sizes, image_token_mask) -> Launcher:
     device = ngram_token_ids.device
     num_layers, ngram_orders, num_tables = vocab_sizes.shape
@@ -133,7 +138,13 @@ def _eager(ngram_token_ids, multipliers, vocab_sizes, offsets, image_token_mask,
             launch_or_explain(
                 launcher,
                 (ngram_token_ids, multipliers, vocab_sizes, offsets, *mask, result),
-                lambda: _check(ngram_token_ids, multipliers, vocab_sizes, offsets, image_token_mask, None, memory=True),
+                _check_real,
+                ngram_token_ids,
+                multipliers,
+                vocab_sizes,
+                offsets,
+                image_token_mask,
+                None,
             )
             return result
     backend, shape = _check(ngram_token_ids, multipliers, vocab_sizes, offsets, image_token_mask, out, memory=True)

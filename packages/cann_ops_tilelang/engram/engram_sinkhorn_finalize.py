@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -51,6 +52,9 @@ def _check(matrix, row_scale, col_scale, eps, alpha, out, *, memory) -> tuple[st
     return require_accelerator(*tensors), rows, head_dim, eps, alpha
 
 
+_check_real = functools.partial(_check, memory=True)  # what explains a rejected fast-path launch
+
+
 def _launcher(backend, device, head_dim) -> Launcher:
     key = (device, backend, head_dim)
     launcher = _LAUNCHERS.get(key)
@@ -77,7 +81,13 @@ def _eager(matrix, row_scale, col_scale, eps, alpha, out) -> torch.Tensor:
             launch_or_explain(
                 launcher,
                 (matrix, row_scale, col_scale, result, eps, alpha),
-                lambda: _check(matrix, row_scale, col_scale, eps, alpha, None, memory=True),
+                _check_real,
+                matrix,
+                row_scale,
+                col_scale,
+                eps,
+                alpha,
+                None,
             )
             return result
     backend, rows, head_dim, eps, alpha = _check(matrix, row_scale, col_scale, eps, alpha, out, memory=True)

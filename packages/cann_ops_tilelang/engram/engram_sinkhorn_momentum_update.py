@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -65,6 +66,9 @@ def _check(grad, momentum_buffer, beta1, nesterov, *, memory) -> tuple[str, floa
     return require_accelerator(grad, momentum_buffer), beta1
 
 
+_check_real = functools.partial(_check, memory=True)  # what explains a rejected fast-path launch
+
+
 def _wide_blocks(backend, device, numel) -> bool:
     """Whether a CUDA call of `numel` elements takes the kernel's wide blocks (False on other backends)."""
     if backend != 'cuda':
@@ -116,7 +120,11 @@ def _eager(grad, momentum_buffer, beta1, nesterov) -> torch.Tensor:
                 launch_or_explain(
                     launcher,
                     (grad, momentum_buffer, result, beta1, 1.0 - beta1),
-                    lambda: _check(grad, momentum_buffer, beta1, nesterov, memory=True),
+                    _check_real,
+                    grad,
+                    momentum_buffer,
+                    beta1,
+                    nesterov,
                 )
                 return result
     backend, beta1 = _check(grad, momentum_buffer, beta1, nesterov, memory=True)
