@@ -40,6 +40,11 @@ def tilelang_target(backend: Backend, *, cuda_arch: str | None = None):
     raise ValueError(f'unknown backend {backend!r}: expected "ascend" or "cuda"')
 
 
+# Part of every lowered-source cache key: bump it when lower_to_source's own lowering changes (2: the
+# prim_func's pass configs apply), so that no entry lowered the old way is served.
+_LOWERED_FORMAT = '2'
+
+
 def lower_to_source(prim_func, target) -> tuple[str, int]:
     """(kernel source, merged on-chip buffer bytes of the device functions) of `prim_func` lowered for
     `target`: code generation only, no compiler and no device (the CPU tier's checks, the emulator's input).
@@ -51,7 +56,9 @@ def lower_to_source(prim_func, target) -> tuple[str, int]:
     import tilelang
     from tilelang import env, tvm
 
-    key = hashlib.sha256('\0'.join((tilelang.__version__, str(target), prim_func.script())).encode()).hexdigest()
+    key = hashlib.sha256(
+        '\0'.join((_LOWERED_FORMAT, tilelang.__version__, str(target), prim_func.script())).encode()
+    ).hexdigest()
     directory = os.path.join(env.TILELANG_CACHE_DIR, 'cann_ops_tilelang_lowered')
     path = os.path.join(directory, f'{key[:32]}.json')
     if env.is_cache_enabled():
@@ -59,7 +66,11 @@ def lower_to_source(prim_func, target) -> tuple[str, int]:
             with open(path, encoding='utf-8') as f:
                 entry = json.load(f)
             return str(entry['source']), int(entry['on_chip_bytes'])
-    with tvm.transform.PassContext(config={}), target:
+    # The prim_func's own pass configs (T.annotate_pass_configs, `tilelang_pass_configs`), as tilelang.compile
+    # applies them: without them the source would not be the one the device compiles.
+    attrs = prim_func.attrs
+    config = dict(attrs['tilelang_pass_configs']) if attrs is not None and 'tilelang_pass_configs' in attrs else {}
+    with tvm.transform.PassContext(config=config), target:
         artifact = tilelang.lower(prim_func, target=target)
     on_chip = 0
     for _, func in artifact.device_mod.functions.items():

@@ -101,7 +101,8 @@ def test_engram_sinkhorn_finalize_cuda_lowers(params):
 # Variants the chooser does not pick by default (the H200 sweep tries them): one or several rows per
 # group, several groups wider than a warp per block (the barrier outside the row conditions, `guard`).
 CUDA_VARIANTS = [
-    {'head_dim': 256, 'rows_per_task': 16, 'rows_in_flight': 1},
+    {'head_dim': 256, 'group_threads': 32, 'chunks': 2, 'rows_per_task': 8, 'rows_in_flight': 2},
+    {'head_dim': 256, 'rows_per_task': 8, 'rows_in_flight': 2},
     {'head_dim': 256, 'rows_per_task': 4, 'rows_in_flight': 4},
     {'head_dim': 1088, 'rows_per_task': 4, 'rows_in_flight': 2},
     {'head_dim': 5120, 'rows_per_task': 2, 'rows_in_flight': 2},
@@ -123,7 +124,7 @@ def test_engram_sinkhorn_finalize_cuda_variants_lower(variant):
 def test_engram_sinkhorn_finalize_config_is_pure():
     a = choose_engram_sinkhorn_finalize_config(backend='cuda', head_dim=256, num_cores=132)
     assert a == choose_engram_sinkhorn_finalize_config(backend='cuda', head_dim=256, num_cores=132)
-    assert (a.rows_per_task, a.rows_in_flight, a.threads) == (8, 2, 256)  # 16 rows per block, 2 per warp
+    assert (a.group_threads, a.rows_per_task, a.rows_in_flight, a.threads) == (16, 16, 1, 256)  # 16 rows per block
     with pytest.raises(ValueError, match='backend'):
         choose_engram_sinkhorn_finalize_config(backend='cpu', head_dim=256, num_cores=64)
 

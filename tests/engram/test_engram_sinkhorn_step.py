@@ -12,6 +12,7 @@ import cann_ops_tilelang
 from cann_ops_tilelang.engram import EngramSinkhornStepResult
 from cann_ops_tilelang.engram.engram_sinkhorn_step import engram_sinkhorn_step_config
 from cann_ops_tilelang.engram.engram_sinkhorn_step_kernel import (
+    CUDA_NARROW_MAX_HEAD_DIM,
     choose_engram_sinkhorn_step_config,
     make_engram_sinkhorn_step_kernel,
 )
@@ -142,17 +143,25 @@ def test_engram_sinkhorn_step_ascend_lowers(params):
 def test_engram_sinkhorn_step_cuda_lowers(params):
     cfg = choose_engram_sinkhorn_step_config(backend='cuda', **params, num_cores=H200_SMS)
     assert (cfg.backend, cfg.head_dim, cfg.num_partials) == ('cuda', params['head_dim'], 2 * H200_SMS)
-    assert cfg.group_threads % 32 == 0
+    if params['head_dim'] <= CUDA_NARROW_MAX_HEAD_DIM:
+        assert cfg.group_threads == 16  # half a warp per row
+        assert cfg.chunks <= 8
+        assert cfg.threads % 32 == 0  # whole warps of row groups
+    else:
+        assert cfg.group_threads % 32 == 0
+        assert cfg.chunks <= 4  # four (chunks * 4)-float register arrays per thread
     assert cfg.threads <= 1024
-    assert cfg.chunks <= 4  # four (chunks * 4)-float register arrays per thread
     lowered = assert_cuda_kernel_lowers(lambda: make_engram_sinkhorn_step_kernel(cfg), key=cfg, kernel_name=KERNEL_NAME)
     assert 'float4' in lowered.source  # 16-byte row loads
     assert 'atomic' not in lowered.source  # one partial per block
 
 
 # Variants the chooser does not pick by default (the H200 sweep tries them): several rows in flight with
-# and without prefetch, row groups wider than a warp with several groups per block (barriers, `guard`).
+# and without prefetch, groups of a whole warp or of 8 threads per row, row groups wider than a warp with
+# several groups per block (barriers, `guard`).
 CUDA_VARIANTS = [
+    {'head_dim': 256, 'group_threads': 32, 'chunks': 2, 'rows_per_task': 8, 'rows_in_flight': 8, 'num_stages': 1},
+    {'head_dim': 256, 'group_threads': 8, 'chunks': 8, 'rows_per_task': 16, 'rows_in_flight': 3, 'num_stages': 1},
     {'head_dim': 256, 'rows_per_task': 16, 'rows_in_flight': 1, 'num_stages': 2},
     {'head_dim': 256, 'rows_per_task': 16, 'rows_in_flight': 2, 'num_stages': 1},
     {'head_dim': 256, 'rows_per_task': 8, 'rows_in_flight': 8, 'num_stages': 1},
@@ -180,10 +189,12 @@ def test_engram_sinkhorn_step_config_is_pure():
     assert (a.group_threads, a.chunks, a.rows_per_task) == (320, 4, 1)  # 1280 chunks over 320 threads
     assert (a.rows_in_flight, a.num_stages) == (1, 2)  # one row at a time, the next one prefetched
     b = choose_engram_sinkhorn_step_config(backend='cuda', head_dim=256, num_cores=132)
-    assert (b.group_threads, b.chunks, b.rows_per_task) == (32, 2, 8)  # one warp per row, 8 warps per block
-    assert (b.rows_in_flight, b.num_stages) == (8, 1)  # eight rows per warp loaded before they are reduced
+    assert (b.group_threads, b.chunks, b.rows_per_task) == (16, 4, 16)  # half a warp per row, 8 warps per block
+    assert (b.rows_in_flight, b.num_stages) == (4, 1)  # four rows per group loaded before they are reduced
     c = choose_engram_sinkhorn_step_config(backend='cuda', head_dim=512, num_cores=132)
-    assert (c.group_threads, c.chunks, c.rows_per_task, c.rows_in_flight, c.num_stages) == (32, 4, 8, 2, 2)
+    assert (c.group_threads, c.chunks, c.rows_per_task, c.rows_in_flight, c.num_stages) == (16, 8, 8, 4, 1)
+    e = choose_engram_sinkhorn_step_config(backend='cuda', head_dim=128, num_cores=132)
+    assert (e.group_threads, e.chunks, e.rows_per_task, e.threads) == (16, 2, 24, 384)  # whole warps
     d = choose_engram_sinkhorn_step_config(backend='cuda', head_dim=1024, num_cores=132)
     assert (d.group_threads, d.chunks, d.rows_per_task, d.rows_in_flight, d.num_stages) == (64, 4, 5, 1, 2)
     with pytest.raises(ValueError, match='backend'):

@@ -190,6 +190,31 @@ def test_an_unreadable_cache_entry_is_lowered_again(cache_dir, lowerings):
     assert lowerings == ['kernel a', 'kernel a']
 
 
+def _reversal(*, disable_sync: bool):
+    """A kernel whose threads read what other threads wrote to shared memory (TileLang syncs them), with
+    or without its own pass config turning that off."""
+    import tilelang.language as T
+
+    @T.prim_func
+    def reversal(a: T.Tensor((128,), 'float32'), b: T.Tensor((128,), 'float32')):
+        with T.Kernel(1, threads=128):
+            if disable_sync:
+                T.annotate_pass_configs({'tl.disable_thread_storage_sync': True})
+            staged = T.alloc_shared((128,), 'float32')
+            tid = T.get_thread_binding()
+            staged[tid] = a[tid]
+            b[tid] = staged[127 - tid]
+
+    return reversal
+
+
+def test_a_kernels_own_pass_configs_apply_to_its_lowering(cache_dir):
+    # As tilelang.compile applies them: the CPU tier checks the source the device compiles.
+    target = kernel_target.tilelang_target('cuda', cuda_arch='sm_90a')
+    assert '__syncthreads' in kernel_target.lower_to_source(_reversal(disable_sync=False), target)[0]
+    assert '__syncthreads' not in kernel_target.lower_to_source(_reversal(disable_sync=True), target)[0]
+
+
 def test_nothing_is_cached_when_tilelang_cache_is_disabled(cache_dir, lowerings, monkeypatch):
     monkeypatch.setenv('TILELANG_DISABLE_CACHE', '1')
     target = kernel_target.tilelang_target('ascend')

@@ -21,7 +21,6 @@ from cann_ops_tilelang.config import Backend
 from cann_ops_tilelang.kernel_target import compile_kernel
 
 from .engram_sinkhorn_step_kernel import (
-    CUDA_BLOCK_THREADS,
     CUDA_VEC,
     HEAD_DIM_ALIGN,
     LANES,
@@ -31,6 +30,10 @@ from .engram_sinkhorn_step_kernel import (
     cuda_row_macros,
     row_layout,
 )
+
+# Rows per block of row groups at most a warp wide: at head_dim 256 on the H200, 32 rows per block were
+# slower at 1001 and 10001 rows (fewer blocks than SMs, then fewer waves) and no faster at 100001.
+CUDA_FINALIZE_ROWS_PER_BLOCK = 16
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,16 +63,9 @@ class EngramSinkhornFinalizeConfig:
 
 
 def finalize_rows_in_flight(head_dim: int) -> int:
-    """CUDA: rows per row group (R).
-
-    One-warp rows of at most 2 chunks per thread (head_dim <= 256): with one row per warp a warp has one
-    1 KB load in flight and then waits for it, and each row reloads the column scale; two rows per warp
-    double the bytes in flight per warp and halve the column-scale loads. The registers stay below 64 per
-    thread (two 8-float rows, the 8-float column scale), so the SM still holds 32 warps or more. Half as
-    many warps per block keep the grid at one block per 16 rows (the same wave count as one row per warp
-    at 16 warps). Wider rows: one row per group (each thread already has 4 chunks of a row in flight)."""
-    g, chunks = row_layout(head_dim)
-    return 2 if g == 32 and chunks <= 2 else 1
+    """CUDA: rows per row group (R). One: each thread already has its chunks of a row in flight, and with
+    half-warp rows (head_dim <= 512) a warp has two; R = 2 and 4 were no faster in the H200 sweep."""
+    return 1
 
 
 def choose_engram_sinkhorn_finalize_config(
@@ -90,8 +86,9 @@ def choose_engram_sinkhorn_finalize_config(
     # The step's row layout (same norms: G and chunks; W and R do not change a row's sum).
     g, chunks = row_layout(head_dim)
     r = finalize_rows_in_flight(head_dim)
-    # G = 32: W warps per block, each on its own R rows, no barrier; wider rows: one row group per block.
-    w = max(1, CUDA_BLOCK_THREADS // (g * r)) if g == 32 else 1
+    # Groups of at most a warp: CUDA_FINALIZE_ROWS_PER_BLOCK rows per block, each group on its own R rows, no
+    # barrier; wider rows: one row group per block.
+    w = max(1, CUDA_FINALIZE_ROWS_PER_BLOCK // r) if g <= 32 else 1
     return EngramSinkhornFinalizeConfig(
         backend, head_dim, num_cores, rows_per_task=w, group_threads=g, chunks=chunks, num_stages=1, rows_in_flight=r
     )
@@ -162,7 +159,7 @@ def _cuda_kernel(cfg: EngramSinkhornFinalizeConfig):
 
     D, W, G, nc, R = cfg.head_dim, cfg.rows_per_task, cfg.group_threads, cfg.chunks, cfg.rows_in_flight
     nt = cfg.threads
-    nw = G // 32  # warps per row group
+    nw = max(1, G // 32)  # warps per row group
     ve = CUDA_VEC
     L = nc * ve  # floats of one row per thread
     guard = (D // ve) % G != 0  # some threads' last chunk lies past the row

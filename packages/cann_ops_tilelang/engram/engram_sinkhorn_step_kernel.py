@@ -29,8 +29,14 @@ LANES = 64  # fp32 lanes of one 256-byte Ascend vector register
 HEAD_DIM_ALIGN = 64
 MAX_HEAD_DIM = 8192  # Ascend: col_scale, the column accumulator and two row tiles must fit the UB
 CUDA_VEC = 4  # fp32 elements of one 16-byte access: the unit ("chunk") a CUDA thread owns
-CUDA_MAX_CHUNKS = 4  # chunks per thread: the four (chunks * 4)-float register arrays stay small
-CUDA_BLOCK_THREADS = 512  # CUDA threads per block when a row group is narrower (G = 32)
+CUDA_MAX_CHUNKS = 4  # chunks per thread of rows wider than CUDA_NARROW_MAX_HEAD_DIM (G >= 32 threads)
+# Rows of at most this many columns: a group of CUDA_NARROW_GROUP threads (half a warp) per row, up to 8 chunks
+# per thread, so that a warp reduces two rows at once and its per-row work (the butterfly, the square root,
+# the division, the stores of row_norm and row_scale) is shared by two rows (docs/engram.md, "Sinkhorn step:
+# rows in flight").
+CUDA_NARROW_MAX_HEAD_DIM = 512
+CUDA_NARROW_GROUP = 16
+CUDA_BLOCK_THREADS = 512  # CUDA threads per block when row groups are at most a warp wide
 CUDA_BLOCKS_PER_SM = 2
 CUDA_REGS_PER_SM = 65536
 ASCEND_TILE_ELEMS = 8192  # fp32 elements of matrix per Ascend task (32 KB), whole rows
@@ -40,9 +46,13 @@ def row_layout(head_dim: int) -> tuple[int, int]:
     """CUDA: (G, chunks): G threads share a row, each owning `chunks` 16-byte column chunks
     (chunk k of thread l starts at column (l + k * G) * 4).
 
-    G is the smallest multiple of 32 giving at most CUDA_MAX_CHUNKS chunks per thread, preferring a G
-    that divides the row's chunk count (no predicated thread)."""
+    Rows of at most CUDA_NARROW_MAX_HEAD_DIM columns: G = CUDA_NARROW_GROUP (head_dim is a multiple of 64, so
+    G divides the row's chunk count). Wider rows: G is the smallest multiple of 32 giving at most
+    CUDA_MAX_CHUNKS chunks per thread, preferring a G that divides the row's chunk count (no predicated
+    thread)."""
     n4 = head_dim // CUDA_VEC
+    if head_dim <= CUDA_NARROW_MAX_HEAD_DIM:
+        return CUDA_NARROW_GROUP, n4 // CUDA_NARROW_GROUP
     for g in range(32, 1025, 32):
         c = -(-n4 // g)
         if c <= CUDA_MAX_CHUNKS and n4 % g == 0:
@@ -54,18 +64,22 @@ def row_layout(head_dim: int) -> tuple[int, int]:
 def _cuda_regs_estimate(chunks: int, rows_in_flight: int = 1, stages: int = 2) -> int:
     """Registers per thread: the column scale and the column sums ((chunks * 4) floats each), the
     rows in flight (rows_in_flight row buffers, twice that when the next ones are prefetched, with their
-    row scales and sums), plus addressing; rounded up to the allocation unit of 8 (ptxas -v on sm_90a
-    gives 56 to 80 registers for the head_dim 256 variants, within this estimate)."""
+    row scales and sums), plus addressing; rounded up to the allocation unit of 8 (ptxas -v on sm_90a:
+    128 registers for the chosen head_dim 256 layout, 228 for head_dim 512, within the estimate's 8)."""
     buffers = rows_in_flight * stages
     return -(-(4 * chunks * (2 + buffers) + 2 * buffers + 24) // 8) * 8
 
 
 def cuda_row_groups(group_threads: int, chunks: int, rows_in_flight: int, stages: int) -> int:
     """CUDA: row groups per block (W): at most CUDA_BLOCK_THREADS threads, and as many as leave both blocks
-    of an SM resident within the register file by _cuda_regs_estimate."""
+    of an SM resident within the register file by _cuda_regs_estimate; groups narrower than a warp fill
+    whole warps."""
     regs = _cuda_regs_estimate(chunks, rows_in_flight, stages)
     fit = CUDA_REGS_PER_SM // (CUDA_BLOCKS_PER_SM * group_threads * regs)
-    return max(1, min(CUDA_BLOCK_THREADS // group_threads, fit))
+    w = min(CUDA_BLOCK_THREADS // group_threads, fit)
+    if group_threads < 32:
+        w -= w % (32 // group_threads)
+    return max(1, w)
 
 
 def ascend_accumulators(head_dim: int) -> int:
@@ -108,19 +122,16 @@ class EngramSinkhornStepConfig:
 
 
 def cuda_rows_in_flight(head_dim: int) -> tuple[int, int]:
-    """CUDA: (rows_in_flight, num_stages) of a row group, from the H200 sweep of the variants at 10001 and
-    100001 rows (docs/engram.md, "Sinkhorn step: rows in flight").
+    """CUDA: (rows_in_flight, num_stages) of a row group, from the H200 sweeps of the variants at 1001, 10001
+    and 100001 rows (docs/engram.md, "Sinkhorn step: rows in flight").
 
-    One-warp rows (G = 32) move too few bytes per warp to cover the memory latency when a warp waits on
-    each row's load before its reduction: rows of at most 2 chunks per thread (head_dim <= 256) are loaded
-    eight at a time and reduced as eight independent chains; rows of 3 or 4 chunks two at a time, the next
-    two prefetched. Wider rows (several warps per row): one row at a time, the next one prefetched, and
-    enough row groups per block (cuda_row_groups) to keep the SM's warps busy."""
-    g, chunks = row_layout(head_dim)
-    if g == 32 and chunks <= 2:
-        return 8, 1
-    if g == 32:
-        return 2, 2
+    Half-warp rows (head_dim <= CUDA_NARROW_MAX_HEAD_DIM) are loaded four at a time and reduced as four
+    independent chains, so that a warp has eight rows in flight. Wider rows (one or more warps per row): one
+    row at a time, the next one prefetched, and enough row groups per block (cuda_row_groups) to keep the
+    SM's warps busy."""
+    g, _ = row_layout(head_dim)
+    if g < 32:
+        return 4, 1
     return 1, 2
 
 
@@ -169,7 +180,8 @@ def cuda_row_macros(cfg):
     import tilelang.language as T
 
     D, G, nc, R = cfg.head_dim, cfg.group_threads, cfg.chunks, cfg.rows_in_flight
-    nw = G // 32
+    nw = max(1, G // 32)
+    levels = max(0, G.bit_length() - 1)  # butterfly steps of a group of G < 32 lanes
     ve = CUDA_VEC
     L = nc * ve
     guard = (D // ve) % G != 0
@@ -192,8 +204,17 @@ def cuda_row_macros(cfg):
             for e in T.unroll(L):
                 x = (rs_l[r] * m_l[r * L + e]) * c_l[e]
                 ss[r] += x * x
-        for r in T.unroll(R):
-            tot[r] = T.warp_reduce_sum(ss[r])
+        if G >= 32:
+            for r in T.unroll(R):
+                tot[r] = T.warp_reduce_sum(ss[r])
+        else:
+            # A group of G < 32 lanes (aligned within its warp): the butterfly of warp_reduce_sum over
+            # its own lanes (offsets G / 2, ..., 1 stay inside the group).
+            for r in T.unroll(R):
+                tot[r] = ss[r]
+            for k in T.unroll(levels):
+                for r in T.unroll(R):
+                    tot[r] = tot[r] + T.shfl_xor(tot[r], (G // 2) >> k)
         if nw > 1:
             if lane % 32 == 0:
                 for r in T.unroll(R):
@@ -290,7 +311,7 @@ def _cuda_kernel(cfg: EngramSinkhornStepConfig):
     D, P, W, G, nc = cfg.head_dim, cfg.num_partials, cfg.rows_per_task, cfg.group_threads, cfg.chunks
     R, S = cfg.rows_in_flight, cfg.num_stages
     nt = cfg.threads
-    nw = G // 32  # warps per row group
+    nw = max(1, G // 32)  # warps per row group
     ve = CUDA_VEC
     L = nc * ve  # floats of one row per thread
     guard = (D // ve) % G != 0  # some threads' last chunk lies past the row
