@@ -34,6 +34,9 @@ from .engram_sinkhorn_step_kernel import (
 # Rows per block of row groups at most a warp wide: at head_dim 256 on the H200, 32 rows per block were
 # slower at 1001 and 10001 rows (fewer blocks than SMs, then fewer waves) and no faster at 100001.
 CUDA_FINALIZE_ROWS_PER_BLOCK = 16
+# Rows per row group (R): each thread already has its chunks of a row in flight, and with half-warp rows
+# (head_dim <= 512) a warp has two rows; R = 2 and 4 were no faster in the same sweep.
+CUDA_FINALIZE_ROWS_IN_FLIGHT = 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,12 +65,6 @@ class EngramSinkhornFinalizeConfig:
         return self.group_threads * self.rows_per_task
 
 
-def finalize_rows_in_flight(head_dim: int) -> int:
-    """CUDA: rows per row group (R). One: each thread already has its chunks of a row in flight, and with
-    half-warp rows (head_dim <= 512) a warp has two; R = 2 and 4 were no faster in the H200 sweep."""
-    return 1
-
-
 def choose_engram_sinkhorn_finalize_config(
     *, backend: Backend, head_dim: int, num_cores: int
 ) -> EngramSinkhornFinalizeConfig:
@@ -85,7 +82,7 @@ def choose_engram_sinkhorn_finalize_config(
         )
     # The step's row layout (same norms: G and chunks; W and R do not change a row's sum).
     g, chunks = row_layout(head_dim)
-    r = finalize_rows_in_flight(head_dim)
+    r = CUDA_FINALIZE_ROWS_IN_FLIGHT
     # Groups of at most a warp: CUDA_FINALIZE_ROWS_PER_BLOCK rows per block, each group on its own R rows, no
     # barrier; wider rows: one row group per block.
     w = max(1, CUDA_FINALIZE_ROWS_PER_BLOCK // r) if g <= 32 else 1

@@ -64,8 +64,9 @@ def row_layout(head_dim: int) -> tuple[int, int]:
 def _cuda_regs_estimate(chunks: int, rows_in_flight: int = 1, stages: int = 2) -> int:
     """Registers per thread: the column scale and the column sums ((chunks * 4) floats each), the
     rows in flight (rows_in_flight row buffers, twice that when the next ones are prefetched, with their
-    row scales and sums), plus addressing; rounded up to the allocation unit of 8 (ptxas -v on sm_90a:
-    128 registers for the chosen head_dim 256 layout, 228 for head_dim 512, within the estimate's 8)."""
+    row scales and sums), plus addressing; rounded up to the allocation unit of 8 (ptxas -v on sm_90a, the
+    chosen layouts: 128 registers at head_dim 256, estimate 128; 230 at head_dim 512, estimate 224; both
+    leave two blocks per SM resident)."""
     buffers = rows_in_flight * stages
     return -(-(4 * chunks * (2 + buffers) + 2 * buffers + 24) // 8) * 8
 
