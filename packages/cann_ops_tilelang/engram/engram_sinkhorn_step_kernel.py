@@ -175,8 +175,9 @@ def cuda_row_macros(cfg):
 
     load_col_scale(c_l, col_scale, lane): the column scale of the thread's chunks, zeros past the row.
     row_sumsq(tot, ss, rs_l, m_l, c_l, red, parity, w, lane): per row r of the R rows in m_l (scales in rs_l),
-    tot[r] = the row's sum of ((rs * m) * c) ** 2: each thread's elements in order, then its warp, then the
-    warps of a group wider than one, through red[parity, r, w, warp] (a barrier: reach it from every thread).
+    tot[r] = the row's sum of ((rs * m) * c) ** 2: each thread's elements in order, then the lanes of its
+    warp (of its group, where G < 32: the same butterfly over G lanes), then the warps of a group wider than
+    one, through red[parity, r, w, warp] (a barrier: reach it from every thread).
     """
     import tilelang.language as T
 
