@@ -19,7 +19,7 @@ from cann_ops_tilelang.engram._contract import HIDDEN_ALIGN, MAX_HC, MAX_HIDDEN
 from cann_ops_tilelang.engram.engram_gate_bwd import engram_gate_bwd_config
 from cann_ops_tilelang.engram.engram_gate_bwd_kernel import (
     COUNTER_WORDS,
-    FIXED_RANGE_MAX_TOKENS,
+    FIXED_RANGE_MAX_TOKENS_PER_BLOCK,
     choose_engram_gate_bwd_config,
     make_engram_gate_bwd_kernel,
 )
@@ -54,6 +54,8 @@ CLAMP = 1e-6
 U32 = 2.0**-24  # fp32 unit roundoff
 U16 = 2.0**-8  # bf16 unit roundoff (round to nearest)
 _CHECK_CHUNK_TOKENS = 512  # tokens per chunk of _check_result's references
+# The most tokens a call on the faked H200 takes fixed token ranges with (more: its blocks claim tokens).
+_FIXED_LIMIT = FIXED_RANGE_MAX_TOKENS_PER_BLOCK * H200_SMS
 
 LEVEL = get_test_level()
 SHAPES = generate_samples(LEVEL, hc=gen_hc, hidden=gen_hidden)
@@ -212,16 +214,15 @@ def test_engram_gate_bwd_cuda_lowers(params):
     if cfg.variant == 'resident':
         assert cfg.dynamic_tokens
         assert 'AtomicAddRet((&(token_counter[0])), 1)' in lowered.source  # the blocks claim tokens
-        # ... and the last block to finish resets the counter for the next launch on the stream: the blocks
-        # count themselves done with an acq_rel atomic (memory order 4), the one that sees P - 1 stores zeros.
-        done = re.search(
-            r'(\w+) = AtomicAddRet\(\(&\(token_counter\[1\]\)\), 1, 4\);(.*?)\n\}\n', lowered.source, re.DOTALL
-        )
-        assert done, 'no acq_rel count of the blocks done in token_counter[1]'
-        var, tail = done.groups()
-        for word in range(COUNTER_WORDS):
-            assert re.search(rf'if \({var} == {H200_SMS - 1}\) \{{\s*token_counter\[{word}\] = 0;', tail), word
-        assert lowered.source.count('token_counter[') == 2 + COUNTER_WORDS  # nothing else touches it
+        # ... and the last of the T claims (the one that gets T - 1 back) resets the counter for the next
+        # launch on the stream, where the claim's value is published; nothing else touches the counter.
+        assert re.search(
+            r'if \(claim == \(num_tokens - 1\)\) \{\s*token_counter\[0\] = 0;\s*\}\s*'
+            r'\(\(int\*\)tok_s\)\[\(sl & 1\)\] = \(claim \+ ' + str(3 * H200_SMS) + r'\);',
+            lowered.source,
+        ), 'no reset of the counter by the last claim'
+        assert lowered.source.count('token_counter[') == 2  # the claim and the reset
+        assert lowered.source.count('Atomic') == 1  # no count of the blocks done
         fixed = choose_engram_gate_bwd_config(backend='cuda', **params, num_cores=H200_SMS, deterministic=True)
         assert not fixed.dynamic_tokens
         lowered = assert_cuda_kernel_lowers(
@@ -506,7 +507,7 @@ def test_engram_gate_bwd_config_follows_arguments(monkeypatch):
     interface = sys.modules['cann_ops_tilelang.engram.engram_gate_bwd']
     monkeypatch.setattr(interface, 'require_accelerator', lambda *tensors: 'cuda')
     monkeypatch.setattr(interface, 'get_num_cores', lambda device: H200_SMS)
-    num_tokens = FIXED_RANGE_MAX_TOKENS + 1
+    num_tokens = _FIXED_LIMIT + 1
     args = _cpu_args(num_tokens)
     cfg = engram_gate_bwd_config(*args)
     assert cfg == choose_engram_gate_bwd_config(backend='cuda', hc=4, hidden=128, num_cores=H200_SMS)
@@ -514,7 +515,7 @@ def test_engram_gate_bwd_config_follows_arguments(monkeypatch):
     assert engram_gate_bwd_config(*args, torch.zeros(num_tokens, dtype=torch.bool)).has_mask
     with _deterministic_algorithms():
         assert not engram_gate_bwd_config(*args).dynamic_tokens
-    small = engram_gate_bwd_config(*_cpu_args(FIXED_RANGE_MAX_TOKENS))  # a small call: fixed ranges
+    small = engram_gate_bwd_config(*_cpu_args(_FIXED_LIMIT))  # a small call: fixed ranges
     assert small == dataclasses.replace(cfg, dynamic_tokens=False)
 
 
@@ -579,11 +580,11 @@ def _recorded_launches(monkeypatch, streams: list):
 def test_engram_gate_bwd_token_counter_per_stream(monkeypatch):
     """The claiming kernel gets one kept, zero-filled counter per stream (it leaves it at zero itself), and a
     fresh zero-filled one per call while the stream captures a CUDA graph; the kernels that claim nothing
-    (deterministic mode, or a call of at most FIXED_RANGE_MAX_TOKENS tokens) get one kept placeholder, and no
-    stream is looked up for them."""
+    (deterministic mode, or a call of at most FIXED_RANGE_MAX_TOKENS_PER_BLOCK tokens per block) get one kept
+    placeholder, and no stream is looked up for them."""
     streams = [11]
     launches, lookups = _recorded_launches(monkeypatch, streams)
-    num_tokens = FIXED_RANGE_MAX_TOKENS + 1  # (smaller calls take fixed ranges: below)
+    num_tokens = _FIXED_LIMIT + 1  # (smaller calls take fixed ranges: below)
     args = _cpu_args(num_tokens)
 
     def counter(*extra):
@@ -611,7 +612,7 @@ def test_engram_gate_bwd_token_counter_per_stream(monkeypatch):
     with _deterministic_algorithms():
         _call(*args)
         _call(*args, torch.zeros(num_tokens, dtype=torch.bool))
-    _call(*_cpu_args(FIXED_RANGE_MAX_TOKENS))
+    _call(*_cpu_args(_FIXED_LIMIT))
     (cfg_a, args_a), (cfg_b, args_b), (cfg_c, args_c) = launches[-3:]
     assert [cfg.dynamic_tokens for cfg in (cfg_a, cfg_b, cfg_c)] == [False] * 3
     assert args_a[-1] is args_b[-1] is args_c[-1]

@@ -5,9 +5,11 @@ CUDA, variant 'resident' (the fast path, one pass over memory): block p starts w
 one it computes, so the claim's round trip hides behind the work). Claiming is what makes this kernel
 fast: with a fixed range per block, globaltimer traces showed the blocks drifting apart by a few tokens by
 the end, at random from run to run, and the slowest block set the kernel's time (figures: README,
-Performance). The launch must find both counter words at zero, and the kernel leaves them so: after its
-last claim every block adds 1 to token_counter[1] (acq_rel), and the block that gets P - 1 back, the last
-to finish claiming, stores 0 to both (no block claims any more by then). So the caller can keep one counter
+Performance). The launch must find the counter at zero, and the kernel leaves it so: a block claims once
+per token it computes, so a launch makes exactly T claims, and the claim that gets T - 1 back is the last of
+them; its thread stores 0 (a store after its own atomic, so later in the word's coherence order, and no claim
+follows). No block counts itself done at the end, where an acq_rel atomic delayed each block's exit (figures:
+docs/engram.md, "Gate backward: claims and fixed ranges"). So the caller can keep one counter
 per CUDA stream (launches on a stream run one after another) instead of zero-filling a fresh one per call,
 a fill launch that cost about as much host time as the kernel's own launch (engram_gate_bwd._token_counter).
 Under cfg.dynamic_tokens = False (deterministic mode) block p keeps its contiguous range of T // P or
@@ -212,7 +214,6 @@ def cuda_resident_kernel(cfg: EngramGateBwdConfig):
             nx1 = T.alloc_var(T.int32)
             nx2 = T.alloc_var(T.int32)
             claim = T.alloc_var(T.int32)
-            done = T.alloc_var(T.int32)
             it = T.alloc_var(T.int32)
             if dynamic:
                 cur = pid
@@ -265,7 +266,7 @@ def cuda_resident_kernel(cfg: EngramGateBwdConfig):
                     img = T.Cast('int32', image_token_mask[tok])  # first used after phase A: latency hidden
                 if dynamic and tid == 0:
                     # Issued first, used at the barrier: the atomic's round trip overlaps phase A.
-                    claim = T.atomic_add(token_counter[0], 1, return_prev=True) + 3 * P
+                    claim = T.atomic_add(token_counter[0], 1, return_prev=True)
                 # ---- phase A: dL/dg partials and grad_v from grad_out and v of token c_i
                 T.ptx_wait_group(1)
                 if first:
@@ -308,7 +309,10 @@ def cuda_resident_kernel(cfg: EngramGateBwdConfig):
                     for h in T.unroll(hc):
                         red_s[sl % 2, wid, h] = part[h]
                 if dynamic and tid == 0:
-                    tok_s[sl % 2] = claim
+                    # The atomic's value, first needed here. The last of the T claims resets the counter.
+                    if claim == num_tokens - 1:
+                        token_counter[0] = 0
+                    tok_s[sl % 2] = claim + 3 * P
                 T.sync_threads()
                 if dynamic:
                     claim = tok_s[sl % 2]  # read before barrier i + 1; rewritten after it
@@ -410,18 +414,6 @@ def cuda_resident_kernel(cfg: EngramGateBwdConfig):
                     for h in T.unroll(hc):
                         for e in T.vectorized(VEC):
                             grad_w_partial[pid, h, (j * threads + tid) * VEC + e] = gw[j, h, e]
-
-            if dynamic and tid == 0:
-                # Leave the counter at zero for the next launch on this stream (module docstring). Thread 0
-                # made every claim of this block, and each returned before the loop went on, so its claims
-                # are all done here. acq_rel: the release orders them before this increment, the acquire of
-                # the block that counts last sees every block's claims before its reset below; the other
-                # blocks touch the counter no more. After the grad_w_partial stores, so that the atomic's
-                # round trip delays no data.
-                done = T.atomic_add(token_counter[1], 1, memory_order='acq_rel', return_prev=True)
-                if done == P - 1:
-                    token_counter[0] = 0
-                    token_counter[1] = 0
 
     return _engram_gate_bwd_prim_func(
         T,

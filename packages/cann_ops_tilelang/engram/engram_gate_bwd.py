@@ -25,7 +25,7 @@ from cann_ops_tilelang.validation import (
 
 from .engram_gate_bwd_kernel import (
     COUNTER_WORDS,
-    FIXED_RANGE_MAX_TOKENS,
+    FIXED_RANGE_MAX_TOKENS_PER_BLOCK,
     EngramGateBwdConfig,
     choose_engram_gate_bwd_config,
     get_engram_gate_bwd_kernel,
@@ -70,6 +70,9 @@ _CHECKED: dict[tuple, tuple[Launcher, tuple[int, int, int], torch.Tensor | None]
 _COUNTERS: dict[tuple, torch.Tensor] = {}
 # What the kernels that claim nothing get as token_counter (never read or written), one per device.
 _UNUSED_COUNTERS: dict[torch.device, torch.Tensor] = {}
+# The most tokens a call takes fixed token ranges with, by CUDA device index: the fast path's share of
+# _fixed_ranges, known once a call went the full way on that device.
+_FIXED_RANGE_LIMITS: dict[int, int] = {}
 
 
 def _launch_stream(index: int) -> int | None:
@@ -83,7 +86,7 @@ def _launch_stream(index: int) -> int | None:
 
 
 def _token_counter(x: torch.Tensor, index: int | None) -> torch.Tensor:
-    """The token_counter of a kernel that claims tokens: all words zero when the kernel starts.
+    """The token_counter of a kernel that claims tokens: zero when the kernel starts.
 
     Eagerly one buffer per (device, stream), zero-filled when first used: the kernel leaves it at zero
     (_engram_gate_bwd_cuda_kernel.py) and launches on one stream run one after another, so the next launch
@@ -171,10 +174,15 @@ def _check_each(grad_out, hidden_states, kv, weight_fused, saved, clamp_value, i
         check_image_token_mask(image_token_mask, num_tokens)
 
 
-def _fixed_ranges(num_tokens: int) -> bool:
+def _fixed_range_limit(num_cores: int) -> int:
+    """The most tokens a call on `num_cores` persistent blocks takes fixed token ranges with."""
+    return FIXED_RANGE_MAX_TOKENS_PER_BLOCK * num_cores
+
+
+def _fixed_ranges(num_tokens: int, limit: int) -> bool:
     """Whether a call of `num_tokens` tokens takes the kernel's fixed token ranges (no claims, no counter)."""
     # _get_deterministic_algorithms: torch.are_deterministic_algorithms_enabled without its Python frame
-    return num_tokens <= FIXED_RANGE_MAX_TOKENS or torch._C._get_deterministic_algorithms()
+    return num_tokens <= limit or torch._C._get_deterministic_algorithms()
 
 
 def _launcher(backend, device, hc: int, hidden: int, image_token_mask, fixed_ranges: bool) -> Launcher:
@@ -233,8 +241,11 @@ def _fast_key(grad_out, hidden_states, kv, weight_fused, saved, clamp_value, ima
         % ALIGN_BYTES
     ):
         return None
-    key = (hc, hidden, hidden_states.get_device(), _fixed_ranges(num_tokens), image_token_mask is None)
-    return key, num_tokens
+    index = hidden_states.get_device()
+    limit = _FIXED_RANGE_LIMITS.get(index)
+    if limit is None:  # no call on this device went the full way yet
+        return None
+    return (hc, hidden, index, _fixed_ranges(num_tokens, limit), image_token_mask is None), num_tokens
 
 
 def _eager(grad_out, hidden_states, kv, weight_fused, saved, clamp_value, image_token_mask) -> EngramGateBwdResult:
@@ -264,8 +275,12 @@ def _eager(grad_out, hidden_states, kv, weight_fused, saved, clamp_value, image_
             return tuple.__new__(EngramGateBwdResult, (grad_x, grad_kv, grad_w_partial))
     backend = _check(grad_out, hidden_states, kv, weight_fused, saved, clamp_value, image_token_mask)
     num_tokens, hc, hidden = hidden_states.shape
-    launcher = _launcher(backend, hidden_states.device, hc, hidden, image_token_mask, _fixed_ranges(num_tokens))
+    limit = _fixed_range_limit(get_num_cores(hidden_states.device))
+    launcher = _launcher(backend, hidden_states.device, hc, hidden, image_token_mask, _fixed_ranges(num_tokens, limit))
     cfg, device = launcher.cfg, launcher.device
+    if fast is None and hidden_states.is_cuda and hidden_states.get_device() not in _FIXED_RANGE_LIMITS:
+        _FIXED_RANGE_LIMITS[hidden_states.get_device()] = limit  # the fast path's from now on: this call's too
+        fast = _fast_key(grad_out, hidden_states, kv, weight_fused, saved, clamp_value, image_token_mask)
     x = hidden_states  # its dtype (bf16) and device; new_empty is cheaper than torch.empty(..., device=)
     grad_x = x.new_empty((num_tokens, hc, hidden))
     grad_kv = x.new_empty((num_tokens, hc + 1, hidden))
@@ -368,8 +383,8 @@ def engram_gate_bwd(
         gradients straight into it); grad_w_partial (P, hc, H) fp32, one slice per persistent block of
         the kernel (P = the device's SMs / vector cores). The weight gradient d/d(weight_fused) is
         grad_w_partial.sum(0); engram_grad_w_reduce finishes the RMSNorm weight gradients from it.
-        On CUDA (hc * H up to about 32K) the blocks of a call of more than 64 tokens
-        (FIXED_RANGE_MAX_TOKENS) claim tokens at run time, so which tokens a slice sums, and the last
+        On CUDA (hc * H up to about 32K) the blocks of a call of more than 8 tokens per block
+        (FIXED_RANGE_MAX_TOKENS_PER_BLOCK x P) claim tokens at run time, so which tokens a slice sums, and the last
         bits of the weight gradient, can differ between runs; the other grads never do. Smaller calls,
         and every call under torch.use_deterministic_algorithms(True), give each block a fixed token
         range instead, and all their results are the same bits on every run.
@@ -400,4 +415,5 @@ def engram_gate_bwd_config(
     saved = (dot, gate_score, rstd_x, rstd_k)
     backend = _check(grad_out, hidden_states, kv, weight_fused, saved, clamp_value, image_token_mask)
     num_tokens, hc, hidden = hidden_states.shape
-    return _launcher(backend, hidden_states.device, hc, hidden, image_token_mask, _fixed_ranges(num_tokens)).cfg
+    fixed_ranges = _fixed_ranges(num_tokens, _fixed_range_limit(get_num_cores(hidden_states.device)))
+    return _launcher(backend, hidden_states.device, hc, hidden, image_token_mask, fixed_ranges).cfg

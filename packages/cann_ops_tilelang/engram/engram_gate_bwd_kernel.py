@@ -31,14 +31,15 @@ from cann_ops_tilelang.config import Backend
 from cann_ops_tilelang.kernel_target import compile_kernel
 
 VEC = 8  # bf16 elements per 16-byte vector access (CUDA)
-# int32 words of the token_counter argument: [0] the claims made so far, [1] the blocks done claiming (the
-# resident CUDA kernel resets both to 0 when the last block is done: _engram_gate_bwd_cuda_kernel.py).
-COUNTER_WORDS = 2
+# int32 words of the token_counter argument: [0] the claims made so far (the resident CUDA kernel's last
+# claim resets it to 0: _engram_gate_bwd_cuda_kernel.py).
+COUNTER_WORDS = 1
 _LANES = 64  # fp32 lanes of one 256-byte Ascend vector register
-# Calls of at most this many tokens take the fixed token ranges even where blocks could claim tokens: at
-# most two tokens per block on a GPU of 32 SMs or more leave nothing to balance, and the claiming kernel's
-# counter (one per stream, engram_gate_bwd._token_counter) is host time that a launch-bound call pays.
-FIXED_RANGE_MAX_TOKENS = 64
+# Calls of at most this many tokens per persistent block take the fixed token ranges even where blocks could
+# claim tokens: with a few tokens per block the fixed ranges drift apart by less than the claims' round trips
+# and the counter's reset cost (H200 sweep: docs/engram.md, "Gate backward: claims and fixed ranges"), and
+# they need no counter (one per stream, engram_gate_bwd._token_counter: host time a launch-bound call pays).
+FIXED_RANGE_MAX_TOKENS_PER_BLOCK = 8
 _CUDA_SMEM_BUDGET = 200 * 1024  # bytes of shared memory a resident block may use (227 KB max, keep L1)
 # Resident blocks wider than this were slower: at H = 5120 one group per thread takes 640 threads and
 # reached 83-86 % of copy, two groups per thread on 320 threads 95-99 % (README, Performance).
