@@ -19,8 +19,8 @@ from cann_ops_tilelang.engram._contract import HIDDEN_ALIGN, MAX_HC, MAX_HIDDEN
 from cann_ops_tilelang.engram.engram_gate_bwd import engram_gate_bwd_config
 from cann_ops_tilelang.engram.engram_gate_bwd_kernel import (
     COUNTER_WORDS,
-    FIXED_RANGE_MAX_TOKENS_PER_BLOCK,
     choose_engram_gate_bwd_config,
+    fixed_range_max_tokens,
     make_engram_gate_bwd_kernel,
 )
 from tests.engram._extras import config_extras
@@ -55,7 +55,7 @@ U32 = 2.0**-24  # fp32 unit roundoff
 U16 = 2.0**-8  # bf16 unit roundoff (round to nearest)
 _CHECK_CHUNK_TOKENS = 512  # tokens per chunk of _check_result's references
 # The most tokens a call on the faked H200 takes fixed token ranges with (more: its blocks claim tokens).
-_FIXED_LIMIT = FIXED_RANGE_MAX_TOKENS_PER_BLOCK * H200_SMS
+_FIXED_LIMIT = fixed_range_max_tokens(H200_SMS)
 
 LEVEL = get_test_level()
 SHAPES = generate_samples(LEVEL, hc=gen_hc, hidden=gen_hidden)

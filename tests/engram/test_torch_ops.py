@@ -15,7 +15,7 @@ import cann_ops_tilelang
 from cann_ops_tilelang import config
 from cann_ops_tilelang._torch_library import NAMESPACE, traced
 from cann_ops_tilelang.engram._torch_ops import OPS
-from cann_ops_tilelang.engram.engram_gate_bwd_kernel import FIXED_RANGE_MAX_TOKENS_PER_BLOCK
+from cann_ops_tilelang.engram.engram_gate_bwd_kernel import fixed_range_max_tokens
 from tests.testing.lowering import H200_SMS
 
 # Small: the fake tests allocate nothing, the device tests stay quick on the emulator; hc and H (and the hash
@@ -571,7 +571,7 @@ def test_cuda_graph_replays_forward_backward_and_reduce(device):
     captured buffers. The backward's blocks claim tokens at run time (more than FIXED_RANGE_MAX_TOKENS_PER_BLOCK
     tokens per block), so grad_w_partial's split over slices, and the last bits of the reduced weight
     gradients, may differ from the eager run; its sum may not."""
-    static = _step_inputs(device, FIXED_RANGE_MAX_TOKENS_PER_BLOCK * config.get_num_cores(device) + 1)
+    static = _step_inputs(device, fixed_range_max_tokens(config.get_num_cores(device)) + 1)
     x, kv, wh, we, gwh, gwe, grad_out = static
     eager = _step_results(tuple(t.clone() for t in static))  # also compiles every kernel before the capture
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import NamedTuple
 
@@ -25,9 +26,9 @@ from cann_ops_tilelang.validation import (
 
 from .engram_gate_bwd_kernel import (
     COUNTER_WORDS,
-    FIXED_RANGE_MAX_TOKENS_PER_BLOCK,
     EngramGateBwdConfig,
     choose_engram_gate_bwd_config,
+    fixed_range_max_tokens,
     get_engram_gate_bwd_kernel,
 )
 
@@ -70,9 +71,6 @@ _CHECKED: dict[tuple, tuple[Launcher, tuple[int, int, int], torch.Tensor | None]
 _COUNTERS: dict[tuple, torch.Tensor] = {}
 # What the kernels that claim nothing get as token_counter (never read or written), one per device.
 _UNUSED_COUNTERS: dict[torch.device, torch.Tensor] = {}
-# The most tokens a call takes fixed token ranges with, by CUDA device index: the fast path's share of
-# _fixed_ranges, known once a call went the full way on that device.
-_FIXED_RANGE_LIMITS: dict[int, int] = {}
 
 
 def _launch_stream(index: int) -> int | None:
@@ -174,9 +172,10 @@ def _check_each(grad_out, hidden_states, kv, weight_fused, saved, clamp_value, i
         check_image_token_mask(image_token_mask, num_tokens)
 
 
-def _fixed_range_limit(num_cores: int) -> int:
-    """The most tokens a call on `num_cores` persistent blocks takes fixed token ranges with."""
-    return FIXED_RANGE_MAX_TOKENS_PER_BLOCK * num_cores
+@functools.cache
+def _cuda_fixed_range_max_tokens(index: int) -> int:
+    """fixed_range_max_tokens of CUDA device `index` (the fast path's: one cache lookup, no device query)."""
+    return fixed_range_max_tokens(get_num_cores(torch.device('cuda', index)))
 
 
 def _fixed_ranges(num_tokens: int, limit: int) -> bool:
@@ -242,10 +241,8 @@ def _fast_key(grad_out, hidden_states, kv, weight_fused, saved, clamp_value, ima
     ):
         return None
     index = hidden_states.get_device()
-    limit = _FIXED_RANGE_LIMITS.get(index)
-    if limit is None:  # no call on this device went the full way yet
-        return None
-    return (hc, hidden, index, _fixed_ranges(num_tokens, limit), image_token_mask is None), num_tokens
+    fixed_ranges = _fixed_ranges(num_tokens, _cuda_fixed_range_max_tokens(index))
+    return (hc, hidden, index, fixed_ranges, image_token_mask is None), num_tokens
 
 
 def _eager(grad_out, hidden_states, kv, weight_fused, saved, clamp_value, image_token_mask) -> EngramGateBwdResult:
@@ -275,12 +272,9 @@ def _eager(grad_out, hidden_states, kv, weight_fused, saved, clamp_value, image_
             return tuple.__new__(EngramGateBwdResult, (grad_x, grad_kv, grad_w_partial))
     backend = _check(grad_out, hidden_states, kv, weight_fused, saved, clamp_value, image_token_mask)
     num_tokens, hc, hidden = hidden_states.shape
-    limit = _fixed_range_limit(get_num_cores(hidden_states.device))
-    launcher = _launcher(backend, hidden_states.device, hc, hidden, image_token_mask, _fixed_ranges(num_tokens, limit))
+    fixed_ranges = _fixed_ranges(num_tokens, fixed_range_max_tokens(get_num_cores(hidden_states.device)))
+    launcher = _launcher(backend, hidden_states.device, hc, hidden, image_token_mask, fixed_ranges)
     cfg, device = launcher.cfg, launcher.device
-    if fast is None and hidden_states.is_cuda and hidden_states.get_device() not in _FIXED_RANGE_LIMITS:
-        _FIXED_RANGE_LIMITS[hidden_states.get_device()] = limit  # the fast path's from now on: this call's too
-        fast = _fast_key(grad_out, hidden_states, kv, weight_fused, saved, clamp_value, image_token_mask)
     x = hidden_states  # its dtype (bf16) and device; new_empty is cheaper than torch.empty(..., device=)
     grad_x = x.new_empty((num_tokens, hc, hidden))
     grad_kv = x.new_empty((num_tokens, hc + 1, hidden))
@@ -415,5 +409,5 @@ def engram_gate_bwd_config(
     saved = (dot, gate_score, rstd_x, rstd_k)
     backend = _check(grad_out, hidden_states, kv, weight_fused, saved, clamp_value, image_token_mask)
     num_tokens, hc, hidden = hidden_states.shape
-    fixed_ranges = _fixed_ranges(num_tokens, _fixed_range_limit(get_num_cores(hidden_states.device)))
+    fixed_ranges = _fixed_ranges(num_tokens, fixed_range_max_tokens(get_num_cores(hidden_states.device)))
     return _launcher(backend, hidden_states.device, hc, hidden, image_token_mask, fixed_ranges).cfg

@@ -110,6 +110,11 @@ def _round_up(value: int, multiple: int) -> int:
     return -(-value // multiple) * multiple
 
 
+def fixed_range_max_tokens(num_cores: int) -> int:
+    """The most tokens a call on `num_cores` persistent blocks takes fixed token ranges with (more: claims)."""
+    return FIXED_RANGE_MAX_TOKENS_PER_BLOCK * num_cores
+
+
 def _cuda_reg_cap(threads: int) -> int:
     """Registers per thread ptxas may use with __launch_bounds__(threads, 1) (allocation granularity 8)."""
     return min(255, _CUDA_REGS // _round_up(threads, 128) // 8 * 8)
