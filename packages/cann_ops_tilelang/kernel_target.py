@@ -40,9 +40,10 @@ def tilelang_target(backend: Backend, *, cuda_arch: str | None = None):
     raise ValueError(f'unknown backend {backend!r}: expected "ascend" or "cuda"')
 
 
-# Part of every lowered-source cache key: bump it when lower_to_source's own lowering changes (2: the
-# prim_func's pass configs apply), so that no entry lowered the old way is served.
-_LOWERED_FORMAT = '2'
+# Part of every lowered-source cache key: bump it when lower_to_source's own lowering or key changes (2: the
+# prim_func's pass configs apply; 3: the key's TVMScript shows its metadata), so that no entry lowered the old
+# way is served.
+_LOWERED_FORMAT = '3'
 
 
 def lower_to_source(prim_func, target) -> tuple[str, int]:
@@ -50,15 +51,17 @@ def lower_to_source(prim_func, target) -> tuple[str, int]:
     `target`: code generation only, no compiler and no device (the CPU tier's checks, the emulator's input).
 
     Cached on disk beside TileLang's kernel cache (TILELANG_CACHE_DIR, and off where TileLang's cache is off),
-    keyed by what decides the result: the TileLang version, the target and the prim_func's TVMScript. Some
+    keyed by what decides the result: the TileLang version, the target and the prim_func's TVMScript (with its
+    metadata). Some
     kernels take seconds to lower, so a warm run lowers nothing. An unreadable entry is lowered again.
     """
     import tilelang
     from tilelang import env, tvm
 
-    key = hashlib.sha256(
-        '\0'.join((_LOWERED_FORMAT, tilelang.__version__, str(target), prim_func.script())).encode()
-    ).hexdigest()
+    # show_meta, as TileLang's own kernel cache keys: without it a string attribute (a T.Kernel prelude) is
+    # printed as a reference into the metadata, and a changed prelude would be served its old source.
+    script = prim_func.script(show_meta=True)
+    key = hashlib.sha256('\0'.join((_LOWERED_FORMAT, tilelang.__version__, str(target), script)).encode()).hexdigest()
     directory = os.path.join(env.TILELANG_CACHE_DIR, 'cann_ops_tilelang_lowered')
     path = os.path.join(directory, f'{key[:32]}.json')
     if env.is_cache_enabled():
@@ -272,7 +275,7 @@ def compile_lock(prim_func, target):
 
     if not env.is_cache_enabled():
         return contextlib.nullcontext()
-    key = hashlib.sha256(f'{target}\n{prim_func.script()}'.encode()).hexdigest()
+    key = hashlib.sha256(f'{target}\n{prim_func.script(show_meta=True)}'.encode()).hexdigest()
     lock_dir = os.path.join(env.TILELANG_CACHE_DIR, 'cann_ops_tilelang_locks')
     os.makedirs(lock_dir, exist_ok=True)
     return filelock.FileLock(os.path.join(lock_dir, f'{key}.lock'))

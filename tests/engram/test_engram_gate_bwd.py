@@ -212,6 +212,9 @@ def test_engram_gate_bwd_cuda_lowers(params):
     assert 'num_tokens' in lowered.source
     assert 'cp_async' in lowered.source  # 16-byte asynchronous staging
     if cfg.variant == 'resident':
+        # The prologue stages x / k of the first token only once its grad_out / v have arrived.
+        first_x_k = lowered.source.index('((bfloat16_t*)x_s)[')
+        assert 0 <= lowered.source.find('tl::cp_async_wait<0>();') < first_x_k, 'x / k staged with grad_out / v'
         assert cfg.dynamic_tokens
         assert 'AtomicAddRet((&(token_counter[0])), 1)' in lowered.source  # the blocks claim tokens
         # ... and the last of the T claims (the one that gets T - 1 back) resets the counter for the next
@@ -922,18 +925,19 @@ def test_engram_gate_bwd_token_schedule(params, device):
 @pytest.mark.cuda_only  # the resident CUDA kernel is the one that claims tokens
 def test_engram_gate_bwd_counter_left_at_zero(device):
     """The claiming kernel leaves its stream's counter at zero, so that the next launch on the stream needs no
-    fill: calls back to back (fewer tokens than blocks, about one per block, several per block) on the
+    fill: calls back to back (the fewest tokens that claim, one block's worth more, a remainder of one) on the
     current stream and on a side stream, which has a counter of its own, all give the right grads, and both
-    counters read zero afterwards."""
+    counters read zero afterwards. Fewer tokens take fixed ranges and touch no counter."""
     interface = sys.modules['cann_ops_tilelang.engram.engram_gate_bwd']
     num_cores = get_num_cores(device)
+    claims_from = fixed_range_max_tokens(num_cores) + 1
     main = torch.cuda.current_stream(device)
     side = torch.cuda.Stream(device)
     counters = []
     for stream in (main, side):
         stream.wait_stream(main)
         with torch.cuda.stream(stream):
-            for num_tokens in (1, num_cores - 1, num_cores, 3 * num_cores + 1, 1000):
+            for num_tokens in (claims_from, claims_from + num_cores - 1, claims_from + 3 * num_cores):
                 inputs = _inputs(num_tokens, 4, 4096, device)
                 _poison_allocator(device, 4 * 3 * (2 * num_tokens * 5 * 4096 + num_cores * 4 * 4096))
                 results = [cann_ops_tilelang.engram_gate_bwd(*inputs, CLAMP) for _ in range(3)]

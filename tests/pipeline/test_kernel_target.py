@@ -25,7 +25,7 @@ class FakePrimFunc:
         self._script = script
         self.attrs = attrs
 
-    def script(self) -> str:
+    def script(self, show_meta: bool = False) -> str:
         return self._script
 
 
@@ -215,6 +215,28 @@ def test_a_kernels_own_pass_configs_apply_to_its_lowering(cache_dir):
     assert '__syncthreads' not in kernel_target.lower_to_source(_reversal(disable_sync=True), target)[0]
 
 
+def _copy_with_prelude(prelude: str):
+    import tilelang.language as T
+
+    @T.prim_func
+    def copy(a: T.Tensor((128,), 'float32'), b: T.Tensor((128,), 'float32')):
+        with T.Kernel(1, threads=128, prelude=prelude):
+            tid = T.get_thread_binding()
+            b[tid] = a[tid]
+
+    return copy
+
+
+def test_a_kernel_whose_prelude_changed_is_lowered_again(cache_dir):
+    # The prelude is a string attribute, which plain TVMScript prints as a reference into its metadata.
+    target = kernel_target.tilelang_target('cuda', cuda_arch='sm_90a')
+    first = kernel_target.lower_to_source(_copy_with_prelude('// prelude one'), target)[0]
+    second = kernel_target.lower_to_source(_copy_with_prelude('// prelude two'), target)[0]
+    assert '// prelude one' in first
+    assert '// prelude two' in second
+    assert '// prelude one' not in second
+
+
 def test_nothing_is_cached_when_tilelang_cache_is_disabled(cache_dir, lowerings, monkeypatch):
     monkeypatch.setenv('TILELANG_DISABLE_CACHE', '1')
     target = kernel_target.tilelang_target('ascend')
@@ -245,7 +267,7 @@ def fake_compile(prim_func, *, target):
     return 'compiled'
 
 class Func:
-    def script(self):
+    def script(self, show_meta=False):
         return 'the same kernel'
 
 tilelang.compile = fake_compile

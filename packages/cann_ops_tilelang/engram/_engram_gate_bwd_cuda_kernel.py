@@ -229,8 +229,11 @@ def cuda_resident_kernel(cfg: EngramGateBwdConfig):
                         gw[j, h, e] = 0.0
 
             # Prologue. Group 1: grad_out/v of c_0, the scalars of c_0 and c_1, this thread's slice of
-            # weight_fused; group 2: x/k of c_0. Loop invariant at the top of iteration i: the pending groups
-            # are [grad_out/v(c_i) (+ scalars(c_(i + 1)))], [x/k(c_i)], in that order.
+            # weight_fused; group 2: x/k of c_0, issued once group 1 has arrived: issued with it, they delayed
+            # it by their own transfer, since every block starts at once (globaltimer traces: docs/engram.md,
+            # "Gate backward: the first token"). Loop invariant at the top of iteration i: the pending groups
+            # are [grad_out/v(c_i) (+ scalars(c_(i + 1)))], [x/k(c_i)], in that order (at i = 0 the first has
+            # arrived).
             if has_c0:
                 issue_go_v(c0, tid, go_s, v_s, grad_out, kv)
                 issue_scalars(c0, 0 if dynamic else c0 % 4, tid, sc_s, dot, gate_score, rstd_x, rstd_k)
@@ -248,6 +251,7 @@ def cuda_resident_kernel(cfg: EngramGateBwdConfig):
                 issue_scalars(c1, 1 if dynamic else c1 % 4, tid, sc_s, dot, gate_score, rstd_x, rstd_k)
             T.ptx_commit_group()
             if has_c0:
+                T.ptx_wait_group(0)
                 issue_x_k(c0, tid, x_s, k_s, hidden_states, kv)
             T.ptx_commit_group()
 
