@@ -52,8 +52,8 @@ def lower_to_source(prim_func, target) -> tuple[str, int]:
 
     Cached on disk beside TileLang's kernel cache (TILELANG_CACHE_DIR, and off where TileLang's cache is off),
     keyed by what decides the result: the TileLang version, the target and the prim_func's TVMScript (with its
-    metadata). Some
-    kernels take seconds to lower, so a warm run lowers nothing. An unreadable entry is lowered again.
+    metadata). Some kernels take seconds to lower, so a warm run lowers nothing. An unreadable entry is lowered
+    again.
     """
     import tilelang
     from tilelang import env, tvm

@@ -925,9 +925,10 @@ def test_engram_gate_bwd_token_schedule(params, device):
 @pytest.mark.cuda_only  # the resident CUDA kernel is the one that claims tokens
 def test_engram_gate_bwd_counter_left_at_zero(device):
     """The claiming kernel leaves its stream's counter at zero, so that the next launch on the stream needs no
-    fill: calls back to back (the fewest tokens that claim, one block's worth more, a remainder of one) on the
-    current stream and on a side stream, which has a counter of its own, all give the right grads, and both
-    counters read zero afterwards. Fewer tokens take fixed ranges and touch no counter."""
+    fill: calls back to back (the fewest tokens that claim, one past the fixed ranges; a whole number of tokens
+    per block; three tokens per block more) on the current stream and on a side stream, which has a counter of
+    its own, all give the right grads, and both counters read zero afterwards. Fewer tokens take fixed ranges
+    and touch no counter."""
     interface = sys.modules['cann_ops_tilelang.engram.engram_gate_bwd']
     num_cores = get_num_cores(device)
     claims_from = fixed_range_max_tokens(num_cores) + 1
