@@ -46,6 +46,13 @@ def tilelang_target(backend: Backend, *, cuda_arch: str | None = None):
 _LOWERED_FORMAT = '3'
 
 
+def _identity_script(prim_func) -> str:
+    """The prim_func's TVMScript as this module's cache and lock keys use it: with its metadata, as TileLang's own
+    kernel cache keys, since without it a string attribute (a T.Kernel prelude) prints as a reference into the
+    metadata and two kernels differing only there would share a key."""
+    return prim_func.script(show_meta=True)
+
+
 def lower_to_source(prim_func, target) -> tuple[str, int]:
     """(kernel source, merged on-chip buffer bytes of the device functions) of `prim_func` lowered for
     `target`: code generation only, no compiler and no device (the CPU tier's checks, the emulator's input).
@@ -58,9 +65,7 @@ def lower_to_source(prim_func, target) -> tuple[str, int]:
     import tilelang
     from tilelang import env, tvm
 
-    # show_meta, as TileLang's own kernel cache keys: without it a string attribute (a T.Kernel prelude) is
-    # printed as a reference into the metadata, and a changed prelude would be served its old source.
-    script = prim_func.script(show_meta=True)
+    script = _identity_script(prim_func)
     key = hashlib.sha256('\0'.join((_LOWERED_FORMAT, tilelang.__version__, str(target), script)).encode()).hexdigest()
     directory = os.path.join(env.TILELANG_CACHE_DIR, 'cann_ops_tilelang_lowered')
     path = os.path.join(directory, f'{key[:32]}.json')
@@ -275,7 +280,7 @@ def compile_lock(prim_func, target):
 
     if not env.is_cache_enabled():
         return contextlib.nullcontext()
-    key = hashlib.sha256(f'{target}\n{prim_func.script(show_meta=True)}'.encode()).hexdigest()
+    key = hashlib.sha256(f'{target}\n{_identity_script(prim_func)}'.encode()).hexdigest()
     lock_dir = os.path.join(env.TILELANG_CACHE_DIR, 'cann_ops_tilelang_locks')
     os.makedirs(lock_dir, exist_ok=True)
     return filelock.FileLock(os.path.join(lock_dir, f'{key}.lock'))
