@@ -36,6 +36,8 @@ EPS, CLAMP = 1e-6, 1e-6
 HASH_LAYERS, HASH_NGRAM, HASH_TABLES = 2, 3, 8  # L, N, E of the README's hash benchmark
 SINKHORN_ROWS, SINKHORN_HEAD_DIM = 1001, 256
 NUM_PARTIALS = 132  # grad_w_reduce's P: an H200's SMs (what the backward produces there)
+SINKHORN_SHAPE = f'{SINKHORN_ROWS} x {SINKHORN_HEAD_DIM}'
+CALLS, ROUNDS = 200, 7  # calls per round, rounds (the median is reported)
 OPS = (
     'fused_weight',
     'gate_fwd',
@@ -214,8 +216,8 @@ def _cell(value) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     parser.add_argument('--ops', nargs='+', choices=OPS, default=list(OPS))
-    parser.add_argument('--calls', type=int, default=200, help='calls per round (default 200)')
-    parser.add_argument('--rounds', type=int, default=7, help='rounds; the median is reported (default 7)')
+    parser.add_argument('--calls', type=int, default=CALLS, help=f'calls per round (default {CALLS})')
+    parser.add_argument('--rounds', type=int, default=ROUNDS, help=f'rounds; the median is reported (default {ROUNDS})')
     parser.add_argument(
         '--min', action='store_true', help='report the fastest round, not the median (a host shared with other work)'
     )

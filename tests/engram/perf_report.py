@@ -19,8 +19,8 @@
    ceiling does not.
 4. The image-token mask's cost on text-only batches (`--no-mask-cost` skips it): gate fwd / bwd with
    `image_token_mask=None`, with an all-False mask, and TileKernels' with both.
-5. The small operators' host time: wall time per eager call, back to back (T = 16, hc = 4, H = 7168), ours
-   and TileKernels'.
+5. Every operator's host time: wall time per eager call, back to back, ours and TileKernels', as
+   `tests.engram.host_overhead` measures it (`--no-host` skips it).
 
 Where `tile_kernels` cannot be imported the report says so and still prints our figures and the
 torch.compile reference. Operators are entries of `OPS` (PerfEntry); an entry whose operator is not
@@ -31,8 +31,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import statistics
 import sys
-import time
 from collections.abc import Callable
 
 import torch
@@ -52,7 +52,8 @@ HASH_SIZES = {'num_layers': 2, 'max_ngram': 3, 'num_tables': 8}  # the Engram se
 SINKHORN_NUMEL = (1 << 18, 1 << 24, 1 << 29)  # 256K .. 512M, the reference library's range
 SINKHORN_ROWS = (1001, 10001, 100001)
 SINKHORN_HEAD_DIM = (256, 5120)
-HOST_SHAPE = {'num_tokens': 16, 'hc': 4, 'hidden': 7168}
+ROUNDS = 3  # alternating do_bench rounds of ours and TileKernels' per row: drift between them cancels
+BAR_PCT = 90  # docs/engram.md, "The bar": streaming operators at 90 % of the copy ceiling or more
 
 
 @dataclasses.dataclass(frozen=True)
@@ -523,18 +524,6 @@ def same_size_copy_us(nbytes: int, device: torch.device, flush: CleanL2Flush) ->
     return clean_l2_bench_us(lambda: dst.copy_(src), flush)
 
 
-def host_us(fn: Callable[[], object], calls: int = 200) -> float:
-    """Wall time per eager call, back to back (what a caller waits for on launch-bound operators)."""
-    for _ in range(10):
-        fn()
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - start) / calls * 1e6
-
-
 def copy_ceiling(device: torch.device) -> tuple[float, float]:
     """(GB/s, us) of a device-to-device copy of COPY_BYTES, counting bytes read + written."""
     src = torch.empty(COPY_BYTES // 2, dtype=torch.bfloat16, device=device).normal_()
@@ -564,6 +553,37 @@ def _timed(fn: Callable[[], object]) -> tuple[float | None, str]:
         return None, f'{type(exc).__name__}: {exc}'
 
 
+def alternating_medians(fns: list[Callable[[], object] | None], rounds: int) -> list[tuple[float | None, str]]:
+    """(median us, timer) of each fn over `rounds` rounds that time every fn in turn, so that a drift of the
+    device's speed during the row falls on all of them alike; (None, why) for a fn that is None or fails
+    (a failed fn is not timed again)."""
+    times: list[list[float]] = [[] for _ in fns]
+    failed: dict[int, str] = {i: 'not timed' for i, fn in enumerate(fns) if fn is None}
+    timer = 'n/a'
+    for _ in range(rounds):
+        for i, fn in enumerate(fns):
+            if i in failed:
+                continue
+            us, timer = _timed(fn)
+            if us is None:
+                failed[i] = timer
+            else:
+                times[i].append(us)
+    return [(None, failed[i]) if i in failed else (statistics.median(times[i]), timer) for i in range(len(fns))]
+
+
+def same_traffic_floors(nbytes: int, device: torch.device) -> tuple[float, float]:
+    """(us of a copy moving `nbytes`, half read and half written; us of a read of `nbytes` by torch.sum),
+    both under do_bench's flush: what plain kernels that move the same bytes take under the same timer."""
+    src = torch.ones(max(1, nbytes // 2), dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    copy_us, _ = bench_us(lambda: dst.copy_(src))
+    data = torch.ones(max(1, nbytes // 4), dtype=torch.float32, device=device)
+    total = torch.empty((), dtype=torch.float32, device=device)
+    read_us, _ = bench_us(lambda: torch.sum(data, dim=0, out=total))
+    return copy_us, read_us
+
+
 def _cell(value: float | None, fmt: str = '{:.1f}') -> str:
     return '-' if value is None else fmt.format(value)
 
@@ -575,7 +595,7 @@ def _bar_applies(entry: PerfEntry, shape: dict) -> bool:
 
 
 def _pct_cell(pct: float | None, bar: bool) -> str:
-    return f'{_cell(pct)}%' + (' (< 90 %)' if bar and pct is not None and pct < 90 else '')
+    return f'{_cell(pct)}%' + (f' (< {BAR_PCT} %)' if bar and pct is not None and pct < BAR_PCT else '')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -619,19 +639,24 @@ def report_op(name: str, entry: PerfEntry, args, device, tk, ceilings: Ceilings,
             out(f'| {_fmt_shape(shape)} | error: {type(exc).__name__}: {str(exc)[:200]} | | | | | |')
             torch.cuda.empty_cache()
             continue
-        ours_us, timer = _timed(lambda inp=inp: entry.ours(inp))
+        theirs = (lambda inp=inp: entry.tk(tk, inp)) if tk is not None else None
+        (ours_us, timer), (tk_us, why) = alternating_medians([lambda inp=inp: entry.ours(inp), theirs], args.rounds)
         if ours_us is None:
             notes.append(f'{_fmt_shape(shape)}: timing ours failed ({timer[:200]})')
-        tk_us = None
-        if tk is not None:
-            tk_us, why = _timed(lambda inp=inp: entry.tk(tk, inp))
-            if tk_us is None:
-                notes.append(f'{_fmt_shape(shape)}: TileKernels failed ({why[:200]})')
+        if tk is not None and tk_us is None:
+            notes.append(f'{_fmt_shape(shape)}: TileKernels failed ({why[:200]})')
         ref_us = _timed(lambda inp=inp: compiled(inp))[0] if compiled is not None else None
         gbs = nbytes / ours_us / 1e3 if ours_us else None
         pct = 100 * gbs / ceilings.gbs if gbs else None
         ratio = tk_us / ours_us if tk_us and ours_us else None
         bar = _bar_applies(entry, shape)
+        if bar and pct is not None and pct < BAR_PCT:
+            copy_us, read_us = same_traffic_floors(nbytes, device)
+            notes.append(
+                f'{_fmt_shape(shape)}: below {BAR_PCT} %; under the same flush a copy of its {nbytes / 1e6:.1f} MB '
+                f'took {copy_us:.1f} us ({100 * nbytes / copy_us / 1e3 / ceilings.gbs:.1f} % of copy) and a read '
+                f'of them (torch.sum) {read_us:.1f} us ({100 * nbytes / read_us / 1e3 / ceilings.gbs:.1f} %)'
+            )
         line = (
             f'| {_fmt_shape(shape)} | {_cell(ours_us)} | {_cell(gbs, "{:.0f}")} | {_pct_cell(pct, bar)} '
             f'| {_cell(tk_us)} | {_cell(ratio, "{:.2f}")} | {_cell(ref_us)} |'
@@ -645,7 +670,10 @@ def report_op(name: str, entry: PerfEntry, args, device, tk, ceilings: Ceilings,
         del inp
         torch.cuda.empty_cache()
     out('')
-    out(f'(timer: {timer}, median; bytes = inputs read + outputs written once; TK / ours > 1: ours is faster)')
+    out(
+        f'(timer: {timer}, median of {args.rounds} alternating rounds of ours and TileKernels; bytes = inputs read + '
+        'outputs written once; TK / ours > 1: ours is faster)'
+    )
     if clean:
         out('(clean L2: CUPTI mean after a flush that reads 256 MB, so no call starts with dirty lines to write back)')
     for note in notes:
@@ -678,52 +706,52 @@ def report_mask_cost(args, device, tk, out: Callable[[str], None]) -> None:
             ),
         }
         for op_name, (ours, theirs) in calls.items():
+            fns = []
+            for fn in (ours, theirs if tk is not None else None):
+                fns += [None, None] if fn is None else [lambda fn=fn: fn(None), lambda fn=fn, m=text_only: fn(m)]
+            medians = [us for us, _ in alternating_medians(fns, args.rounds)]
             cells = []
-            for fn in (ours, theirs) if tk is not None else (ours,):
-                plain = _timed(lambda fn=fn: fn(None))[0]
-                masked = _timed(lambda fn=fn, mask=text_only: fn(mask))[0]
+            for plain, masked in (medians[:2], medians[2:]):
                 ratio = masked / plain if plain and masked else None
                 cells += [_cell(plain), _cell(masked), _cell(ratio, '{:.3f}')]
-            cells += ['-'] * (6 - len(cells))
             out(f'| {op_name} | {_fmt_shape(shape)} | ' + ' | '.join(cells) + ' |')
         del inp, fwd, bwd, calls
         torch.cuda.empty_cache()
     out('')
-    out('(timer: do_bench CUPTI, L2 flushed; ratio = all-False mask / None: above 1, the mask variant costs)')
+    out(
+        f'(timer: do_bench CUPTI, L2 flushed, median of {args.rounds} alternating rounds; ratio = all-False mask / '
+        'None: above 1, the mask variant costs)'
+    )
     out('')
 
 
-def report_host(args, device, tk, out: Callable[[str], None]) -> None:
-    """docs/engram.md's second table: wall time per eager call of the small operators."""
-    ops = _ops()
-    shape = HOST_SHAPE
-    fwd = _fwd_inputs(shape, device)
-    bwd = _bwd_inputs(shape, device)
-    weights = _weights(shape, device)
-    reduce = _reduce_inputs({**shape, 'num_partials': args.num_partials}, device)
-    hashed = _hash_inputs({'num_tokens': shape['num_tokens'], **HASH_SIZES}, device)
-    calls = {
-        'fused_weight': (OPS['fused_weight'], weights),
-        'gate fwd': (OPS['gate_fwd'], fwd),
-        'gate bwd': (OPS['gate_bwd'], bwd),
-        'hash': (OPS['hash'], hashed),
-        'grad_w_reduce': (OPS['grad_w_reduce'], reduce),
-    }
-    out(f'### host time per eager call ({_fmt_shape(shape)}, back to back)')
+def report_host(device, tk, out: Callable[[str], None]) -> None:
+    """docs/engram.md's second table: wall time per eager call of every operator, measured as
+    `python -m tests.engram.host_overhead` does (its shapes, calls and alternating rounds)."""
+    from tests.engram import host_overhead
+
+    sync = torch.cuda.synchronize if device.type == 'cuda' else (lambda: None)  # CPU: host_overhead's stub
+    inp = host_overhead.make_inputs(device)
+    libraries = {'ours': host_overhead.calls(_ops(), inp, tile_kernels=False)}
+    if tk is not None:
+        libraries['tk'] = host_overhead.calls(tk.engram, inp, tile_kernels=True)
+    sizes = {'calls': host_overhead.CALLS, 'rounds': host_overhead.ROUNDS}
+    results = host_overhead.measure(libraries, host_overhead.OPS, sync, **sizes)
+    shape = {'num_tokens': host_overhead.T, 'hc': host_overhead.HC, 'hidden': host_overhead.H}
+    out(f'### host time per eager call ({_fmt_shape(shape)}; Sinkhorn at {host_overhead.SINKHORN_SHAPE}, back to back)')
     out('')
-    out('| op | ours (us) | TileKernels 2.1.0 (us) |')
-    out('| --- | --- | --- |')
-    for name, (entry, inp) in calls.items():
-        if not hasattr(ops, entry.op):
-            continue
-        ours = host_us(lambda entry=entry, inp=inp: entry.ours(inp))
-        theirs = None
-        if tk is not None:
-            try:
-                theirs = host_us(lambda entry=entry, inp=inp: entry.tk(tk, inp))
-            except Exception as exc:
-                out(f'- {name}: TileKernels failed ({type(exc).__name__}: {str(exc)[:200]})')
-        out(f'| {name} | {ours:.1f} | {_cell(theirs)} |')
+    out('| op | ours (us) | TileKernels 2.1.0 (us) | ours / TK |')
+    out('| --- | --- | --- | --- |')
+    for name in host_overhead.OPS:
+        ours, theirs = results['ours'][name], results.get('tk', {}).get(name)
+        ratio = ours / theirs if isinstance(ours, float) and isinstance(theirs, float) else None
+        cells = [value if isinstance(value, str) else _cell(value) for value in (ours, theirs)]
+        out(f'| {name} | {cells[0]} | {cells[1]} | {_cell(ratio, "{:.2f}")} |')
+    out('')
+    out(
+        f"(median of {host_overhead.ROUNDS} rounds of {host_overhead.CALLS} calls, the libraries' rounds "
+        'alternating; ours / TK < 1: ours is faster)'
+    )
     out('')
 
 
@@ -756,7 +784,7 @@ def report(args, device: torch.device) -> str:
     if args.mask_cost:
         report_mask_cost(args, device, tk, out)
     if args.host:
-        report_host(args, device, tk, out)
+        report_host(device, tk, out)
     return '\n'.join(lines)
 
 
@@ -767,6 +795,13 @@ def _version(module: str) -> str:
         return 'unknown'
 
 
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f'must be at least 1, got {value}')
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument('--ops', nargs='+', default=list(OPS), choices=list(OPS), help='entries to report')
@@ -774,6 +809,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument('--hidden', nargs='+', type=int, default=sorted(BENCHMARK_HIDDEN), help='H of the gate ops')
     parser.add_argument('--hc', type=int, default=BENCHMARK_HC)
     parser.add_argument('--num-partials', type=int, default=132, help='P of grad_w_reduce (the H200 SM count)')
+    parser.add_argument('--rounds', type=_positive_int, default=ROUNDS, help='alternating timing rounds per row')
     parser.add_argument('--no-compile', dest='compile', action='store_false', help='skip the torch.compile column')
     parser.add_argument('--no-tilekernels', dest='tilekernels', action='store_false', help='skip TileKernels')
     parser.add_argument('--no-host', dest='host', action='store_false', help='skip the host-time table')
