@@ -122,9 +122,12 @@ def cuda_resident_kernel(cfg: EngramGateBwdConfig):
 
     @T.macro
     def phase_b(
-        tok, tid, x_s, k_s, w_s, go_r, gw, rr, cx, ck, xb, kb, wf, xf, kf, ox, ok, weight_fused, grad_x, grad_kv
+        tok, tid, x_s, k_s, w_s, go_r, gw, rr, cx, ck, xb, kb, wf, xf, kf, ox, ok, weight_fused, grad_x, grad_kv, img
     ):
-        # Phase B of one text token: grad_x, grad_k and this thread's weight-gradient slice.
+        # Phase B of one token: grad_x, grad_k and this thread's weight-gradient slice. The mask variant
+        # (img: the token's mask, None without one) selects an image token's results instead of branching
+        # around the text path: a second copy of the phase spilled registers at H = 7168 (docs/engram.md,
+        # "Image tokens").
         for j in T.unroll(g):
             if j * threads + tid < groups:
                 col = (j * threads + tid) * VEC
@@ -142,13 +145,33 @@ def cuda_resident_kernel(cfg: EngramGateBwdConfig):
                     for e in T.unroll(VEC):
                         xf[e] = T.cast(xb[e], T.float32)
                         kf[e] = T.cast(kb[e], T.float32)
-                        gw[j, h, e] += rr[h] * xf[e] * kf[e]
+                        if img is None:
+                            gw[j, h, e] += rr[h] * xf[e] * kf[e]
+                        else:  # an image token adds nothing, not even the NaN of an inf x or k
+                            gw[j, h, e] = T.if_then_else(img != 0, gw[j, h, e], gw[j, h, e] + rr[h] * xf[e] * kf[e])
                         ox[e] = unpack(go_r[j, h, e // 2], e, alt=True) + rr[h] * (kf[e] * wf[e] - xf[e] * cx[h])
                         ok[e] = rr[h] * (xf[e] * wf[e] - kf[e] * ck[h])
-                    for e in T.vectorized(VEC):
-                        grad_x[tok, h, col + e] = T.cast(ox[e], T.bfloat16)
-                    for e in T.vectorized(VEC):
-                        grad_kv[tok, h, col + e] = T.cast(ok[e], T.bfloat16)
+                    if img is None:
+                        for e in T.vectorized(VEC):
+                            grad_x[tok, h, col + e] = T.cast(ox[e], T.bfloat16)
+                        for e in T.vectorized(VEC):
+                            grad_kv[tok, h, col + e] = T.cast(ok[e], T.bfloat16)
+                    else:
+                        # An image token: grad_x = grad_out bit for bit (the packed words held since phase A),
+                        # grad_k = +0.
+                        for e in T.unroll(VEC):
+                            xb[e] = T.if_then_else(
+                                img != 0,
+                                T.reinterpret(
+                                    T.Cast('uint16', go_r[j, h, e // 2] >> T.uint32((e % 2) * 16)), T.bfloat16
+                                ),
+                                T.cast(ox[e], T.bfloat16),
+                            )
+                            kb[e] = T.if_then_else(img != 0, T.cast(0, T.bfloat16), T.cast(ok[e], T.bfloat16))
+                        for e in T.vectorized(VEC):
+                            grad_x[tok, h, col + e] = xb[e]
+                        for e in T.vectorized(VEC):
+                            grad_kv[tok, h, col + e] = kb[e]
 
     @T.macro
     def body(
@@ -339,69 +362,29 @@ def cuda_resident_kernel(cfg: EngramGateBwdConfig):
                     ck[h] = dv * rk * rk * inv_h
                 # ---- phase B: grads of token cur from x, k (staged one token ahead) and grad_out (registers)
                 T.ptx_wait_group(1)
-                if has_mask:
-                    if img != 0:
-                        # An image token: grad_x = grad_out bit for bit (the packed words held since phase A),
-                        # grad_k = 0, no share of the weight gradient.
-                        for j in T.unroll(g):
-                            if j * threads + tid < groups:
-                                col = (j * threads + tid) * VEC
-                                for h in T.unroll(hc):
-                                    for e in T.unroll(VEC):
-                                        xb[e] = T.reinterpret(
-                                            T.Cast('uint16', (go_r[j, h, e // 2] >> T.uint32((e % 2) * 16))),
-                                            T.bfloat16,
-                                        )
-                                    for e in T.vectorized(VEC):
-                                        grad_x[tok, h, col + e] = xb[e]
-                                    for e in T.vectorized(VEC):
-                                        grad_kv[tok, h, col + e] = T.cast(0, T.bfloat16)
-                    else:
-                        phase_b(
-                            tok,
-                            tid,
-                            x_s,
-                            k_s,
-                            w_s,
-                            go_r,
-                            gw,
-                            rr,
-                            cx,
-                            ck,
-                            xb,
-                            kb,
-                            wf,
-                            xf,
-                            kf,
-                            ox,
-                            ok,
-                            weight_fused,
-                            grad_x,
-                            grad_kv,
-                        )
-                else:
-                    phase_b(
-                        tok,
-                        tid,
-                        x_s,
-                        k_s,
-                        w_s,
-                        go_r,
-                        gw,
-                        rr,
-                        cx,
-                        ck,
-                        xb,
-                        kb,
-                        wf,
-                        xf,
-                        kf,
-                        ox,
-                        ok,
-                        weight_fused,
-                        grad_x,
-                        grad_kv,
-                    )
+                phase_b(
+                    tok,
+                    tid,
+                    x_s,
+                    k_s,
+                    w_s,
+                    go_r,
+                    gw,
+                    rr,
+                    cx,
+                    ck,
+                    xb,
+                    kb,
+                    wf,
+                    xf,
+                    kf,
+                    ox,
+                    ok,
+                    weight_fused,
+                    grad_x,
+                    grad_kv,
+                    img if has_mask else None,
+                )
                 # ---- prefetch x, k of c_(i + 1) (slots consumed above)
                 if has1:
                     issue_x_k(tok1, tid, x_s, k_s, hidden_states, kv)
