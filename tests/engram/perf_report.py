@@ -1,7 +1,7 @@
 """Engram performance report on a CUDA GPU: this package against TileKernels 2.1.0, side by side, one process.
 
     python -m tests.engram.perf_report [--ops gate_fwd gate_bwd ...] [--tokens T ...] [--hidden H ...]
-        [--no-compile] [--no-host] [--output report.md]
+        [--rounds N] [--no-compile] [--no-host] [--output report.md]
 
 1. The device-to-device copy ceiling of this GPU, measured first in the same run (one 1 GiB copy, bytes
    read + written per second): the bar of the streaming operators.
@@ -10,7 +10,10 @@
    Sinkhorn operators once cann_ops_tilelang exports them): this package, TileKernels 2.1.0 (`tile_kernels`,
    where it imports) and `torch.compile` of the pure-PyTorch reference, on the same inputs, timed with
    `tilelang.profiler.bench.do_bench` (CUPTI kernel time, CUDA events where CUPTI is unavailable; median;
-   L2 flushed before every call). Our result is checked against the reference once per row.
+   L2 flushed before every call), ours and TileKernels' in `--rounds` alternating rounds (the median of
+   each). Our result is checked against the reference once per row. A streaming row of the bar below 90 %
+   of the ceiling is followed by what a copy and a read (torch.sum) of the same bytes take under the same
+   flush: how far plain kernels get on that row.
 3. For the streaming operators, the same call timed again after a clean L2 flush (`--no-clean-l2` skips it),
    against the copy ceiling and against a copy of the same byte count: do_bench's flush zeroes 256 MB, so
    every timed call starts with the L2 full of dirty lines whose write-back the call pays; a copy-like
