@@ -36,7 +36,6 @@ EPS, CLAMP = 1e-6, 1e-6
 HASH_LAYERS, HASH_NGRAM, HASH_TABLES = 2, 3, 8  # L, N, E of the README's hash benchmark
 SINKHORN_ROWS, SINKHORN_HEAD_DIM = 1001, 256
 NUM_PARTIALS = 132  # grad_w_reduce's P: an H200's SMs (what the backward produces there)
-SINKHORN_SHAPE = f'{SINKHORN_ROWS} x {SINKHORN_HEAD_DIM}'
 CALLS, ROUNDS = 200, 7  # calls per round, rounds (the median is reported)
 OPS = (
     'fused_weight',

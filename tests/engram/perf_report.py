@@ -520,11 +520,16 @@ def clean_l2_bench_us(fn: Callable[[], object], flush: CleanL2Flush) -> float:
     return us
 
 
-def same_size_copy_us(nbytes: int, device: torch.device, flush: CleanL2Flush) -> float:
-    """Clean-L2 time of a device-to-device copy moving `nbytes` (half read, half written)."""
+def _copy_moving(nbytes: int, device: torch.device) -> Callable[[], object]:
+    """A device-to-device copy that moves `nbytes` (half read, half written)."""
     src = torch.ones(max(1, nbytes // 2), dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)
-    return clean_l2_bench_us(lambda: dst.copy_(src), flush)
+    return lambda: dst.copy_(src)
+
+
+def same_size_copy_us(nbytes: int, device: torch.device, flush: CleanL2Flush) -> float:
+    """Clean-L2 time of a device-to-device copy moving `nbytes` (half read, half written)."""
+    return clean_l2_bench_us(_copy_moving(nbytes, device), flush)
 
 
 def copy_ceiling(device: torch.device) -> tuple[float, float]:
@@ -578,9 +583,7 @@ def alternating_medians(fns: list[Callable[[], object] | None], rounds: int) -> 
 def same_traffic_floors(nbytes: int, device: torch.device) -> tuple[float, float]:
     """(us of a copy moving `nbytes`, half read and half written; us of a read of `nbytes` by torch.sum),
     both under do_bench's flush: what plain kernels that move the same bytes take under the same timer."""
-    src = torch.ones(max(1, nbytes // 2), dtype=torch.uint8, device=device)
-    dst = torch.empty_like(src)
-    copy_us, _ = bench_us(lambda: dst.copy_(src))
+    copy_us, _ = bench_us(_copy_moving(nbytes, device))
     data = torch.ones(max(1, nbytes // 4), dtype=torch.float32, device=device)
     total = torch.empty((), dtype=torch.float32, device=device)
     read_us, _ = bench_us(lambda: torch.sum(data, dim=0, out=total))
@@ -597,8 +600,12 @@ def _bar_applies(entry: PerfEntry, shape: dict) -> bool:
     return entry.streaming and big
 
 
+def _misses_bar(pct: float | None, bar: bool) -> bool:
+    return bar and pct is not None and pct < BAR_PCT
+
+
 def _pct_cell(pct: float | None, bar: bool) -> str:
-    return f'{_cell(pct)}%' + (f' (< {BAR_PCT} %)' if bar and pct is not None and pct < BAR_PCT else '')
+    return f'{_cell(pct)}%' + (f' (< {BAR_PCT} %)' if _misses_bar(pct, bar) else '')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -653,7 +660,7 @@ def report_op(name: str, entry: PerfEntry, args, device, tk, ceilings: Ceilings,
         pct = 100 * gbs / ceilings.gbs if gbs else None
         ratio = tk_us / ours_us if tk_us and ours_us else None
         bar = _bar_applies(entry, shape)
-        if bar and pct is not None and pct < BAR_PCT:
+        if _misses_bar(pct, bar):
             copy_us, read_us = same_traffic_floors(nbytes, device)
             notes.append(
                 f'{_fmt_shape(shape)}: below {BAR_PCT} %; under the same flush a copy of its {nbytes / 1e6:.1f} MB '
@@ -741,7 +748,8 @@ def report_host(device, tk, out: Callable[[str], None]) -> None:
     sizes = {'calls': host_overhead.CALLS, 'rounds': host_overhead.ROUNDS}
     results = host_overhead.measure(libraries, host_overhead.OPS, sync, **sizes)
     shape = {'num_tokens': host_overhead.T, 'hc': host_overhead.HC, 'hidden': host_overhead.H}
-    out(f'### host time per eager call ({_fmt_shape(shape)}; Sinkhorn at {host_overhead.SINKHORN_SHAPE}, back to back)')
+    sinkhorn = f'{host_overhead.SINKHORN_ROWS} x {host_overhead.SINKHORN_HEAD_DIM}'
+    out(f'### host time per eager call ({_fmt_shape(shape)}; Sinkhorn at {sinkhorn}, back to back)')
     out('')
     out('| op | ours (us) | TileKernels 2.1.0 (us) | ours / TK |')
     out('| --- | --- | --- | --- |')
