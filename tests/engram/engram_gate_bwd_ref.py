@@ -1,4 +1,4 @@
-"""Pure-PyTorch oracles of engram_gate_bwd (shared/docs/engram.md, "Backward"). Tests only.
+"""Pure-PyTorch oracles of engram_gate_bwd (docs/engram.md, "Backward"). Tests only.
 
 Two independent references:
 

@@ -1,4 +1,4 @@
-"""Pure-PyTorch oracle of engram_gate_fwd (shared/docs/engram.md). Tests only; never imported at run time.
+"""Pure-PyTorch oracle of engram_gate_fwd (docs/engram.md). Tests only; never imported at run time.
 
 Differentiable: autograd of `engram_gate_fwd_ref` is the oracle of engram_gate_bwd.
 """

@@ -1,4 +1,4 @@
-"""Pure-PyTorch oracle of engram_grad_w_reduce (shared/docs/engram.md). Tests only; never imported at run time."""
+"""Pure-PyTorch oracle of engram_grad_w_reduce (docs/engram.md). Tests only; never imported at run time."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Pure-PyTorch oracle of engram_hash (shared/docs/engram.md). Tests only; never imported at run time."""
+"""Pure-PyTorch oracle of engram_hash (docs/engram.md). Tests only; never imported at run time."""
 
 from __future__ import annotations
 

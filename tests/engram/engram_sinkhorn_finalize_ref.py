@@ -1,4 +1,4 @@
-"""Pure-PyTorch oracle of engram_sinkhorn_finalize (shared/docs/engram.md). Tests only; never imported at
+"""Pure-PyTorch oracle of engram_sinkhorn_finalize (docs/engram.md). Tests only; never imported at
 run time."""
 
 from __future__ import annotations

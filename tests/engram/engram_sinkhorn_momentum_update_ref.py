@@ -1,4 +1,4 @@
-"""Pure-PyTorch oracles of engram_sinkhorn_momentum_update (shared/docs/engram.md). Tests only; never imported
+"""Pure-PyTorch oracles of engram_sinkhorn_momentum_update (docs/engram.md). Tests only; never imported
 at run time."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Pure-PyTorch reference of engram_sinkhorn_step_reduce (shared/docs/engram.md). Tests only; never imported
+"""Pure-PyTorch reference of engram_sinkhorn_step_reduce (docs/engram.md). Tests only; never imported
 at run time."""
 
 from __future__ import annotations

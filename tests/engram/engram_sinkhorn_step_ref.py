@@ -1,4 +1,4 @@
-"""Pure-PyTorch oracles of engram_sinkhorn_step (shared/docs/engram.md). Tests only; never imported at run time."""
+"""Pure-PyTorch oracles of engram_sinkhorn_step (docs/engram.md). Tests only; never imported at run time."""
 
 from __future__ import annotations
 

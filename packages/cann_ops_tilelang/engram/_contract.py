@@ -1,4 +1,4 @@
-"""Shape limits shared by the Engram operators (shared/docs/engram.md, "Shapes to support")."""
+"""Shape limits shared by the Engram operators (docs/engram.md, "Shapes to support")."""
 
 from __future__ import annotations
 

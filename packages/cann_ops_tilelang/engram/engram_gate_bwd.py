@@ -1,4 +1,4 @@
-"""engram_gate_bwd: the Engram gate backward (shared/docs/engram.md, "Backward")."""
+"""engram_gate_bwd: the Engram gate backward (docs/engram.md, "Backward")."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Kernels of engram_gate_bwd: the Engram gate backward (shared/docs/engram.md, "Backward").
+"""Kernels of engram_gate_bwd: the Engram gate backward (docs/engram.md, "Backward").
 
 Per token t and branch h (vectors over H, fp32 math, s = H ** -0.5):
 

@@ -1,4 +1,4 @@
-"""engram_gate_fwd: the Engram gate forward (shared/docs/engram.md, "Forward")."""
+"""engram_gate_fwd: the Engram gate forward (docs/engram.md, "Forward")."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Kernels of engram_gate_fwd (shared/docs/engram.md, "Forward"): Ascend 950 and CUDA.
+"""Kernels of engram_gate_fwd (docs/engram.md, "Forward"): Ascend 950 and CUDA.
 
 Per token t and branch h (vectors over the hidden size H, fp32 math, bf16 in/out):
     rstd_x = rsqrt(mean(x^2) + eps), rstd_k = rsqrt(mean(k^2) + eps), dot = sum(x * w * k)

@@ -1,4 +1,4 @@
-"""Kernels of engram_sinkhorn_momentum_update (shared/docs/engram.md, "Sinkhorn normalisation").
+"""Kernels of engram_sinkhorn_momentum_update (docs/engram.md, "Sinkhorn normalisation").
 
 Per element, in fp32 (b = beta1 and a = 1 - beta1 as fp32 runtime scalars, a computed on the host in
 double precision and rounded once):

@@ -1,4 +1,4 @@
-"""Kernels of engram_sinkhorn_step (shared/docs/engram.md, "Sinkhorn normalisation").
+"""Kernels of engram_sinkhorn_step (docs/engram.md, "Sinkhorn normalisation").
 
 Per row i of the (rows, D) fp32 matrix M, with r = row_scale, c = col_scale (fp32 math):
     x_j = (r_i * M_ij) * c_j,  row_norm_i = sqrt(sum_j x_j^2)

@@ -1,4 +1,4 @@
-"""Kernels of engram_sinkhorn_step_reduce (shared/docs/engram.md, "Sinkhorn normalisation").
+"""Kernels of engram_sinkhorn_step_reduce (docs/engram.md, "Sinkhorn normalisation").
 
     col_sumsq[j] = sum over p of col_sumsq_partial[p, j]      (fp32, P a runtime size)
 
