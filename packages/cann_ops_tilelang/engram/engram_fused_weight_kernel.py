@@ -1,8 +1,9 @@
 """Kernels of engram_fused_weight: out[h, d] = float(wh[h, d]) * float(we[h, d]), bf16 x2 -> fp32.
 
-One generator builds the Ascend 950 kernel (vector cores, SIMD) or the CUDA kernel, chosen by
-`cfg.backend`. The product of two bf16 values is exact in fp32 (8 + 8 significant bits fit in 24),
-so both kernels are bit-exact against the fp32 reference; the CUDA build does not use fast math.
+One generator builds the Ascend 950 kernel (vector cores, SIMD: _engram_fused_weight_ascend.py) or the
+CUDA kernel (_engram_fused_weight_cuda.py), chosen by `cfg.backend`. The product of two bf16 values is
+exact in fp32 (8 + 8 significant bits fit in 24), so both kernels are bit-exact against the fp32
+reference; the CUDA build does not use fast math.
 """
 
 # No `from __future__ import annotations`: TileLang evaluates the prim_func annotations, which
@@ -13,7 +14,12 @@ import functools
 from cann_ops_tilelang.config import Backend
 from cann_ops_tilelang.kernel_target import compile_kernel
 
-_LANES = 64  # fp32 lanes of one 256-byte Ascend vector register
+# The backend kernels (they do not import this module: no import circle; the lane width the config checks
+# lives with the Ascend kernel).
+from ._engram_fused_weight_ascend import LANES as _LANES
+from ._engram_fused_weight_ascend import ascend_engram_fused_weight_kernel
+from ._engram_fused_weight_cuda import cuda_engram_fused_weight_kernel
+
 _BLOCK_CANDIDATES = (2048, 1024, 512, 256, 128, 64)
 
 
@@ -55,69 +61,11 @@ def choose_engram_fused_weight_config(
     return EngramFusedWeightConfig(backend, hc, hidden, num_cores, block, threads=threads, num_stages=1)
 
 
-def _ascend_engram_fused_weight_kernel(cfg: EngramFusedWeightConfig):
-    import tilelang.ascend.language as T
-
-    hc, hidden, blk, stages = cfg.hc, cfg.hidden, cfg.block, cfg.num_stages
-    n_d = hidden // blk
-    num_tasks = cfg.num_tasks
-    grid = min(cfg.num_cores, num_tasks)
-    lanes = _LANES
-
-    @T.prim_func
-    def engram_fused_weight_kernel(
-        weight_hidden: T.Tensor((hc, hidden), T.bfloat16),
-        weight_embed: T.Tensor((hc, hidden), T.bfloat16),
-        out: T.Tensor((hc, hidden), T.float32),
-    ):
-        with T.Kernel(grid) as cid:
-            a_ub = T.alloc_shared((blk,), T.bfloat16)
-            b_ub = T.alloc_shared((blk,), T.bfloat16)
-            o_ub = T.alloc_shared((blk,), T.float32)
-            T.annotate_buffer_versions({a_ub: stages, b_ub: stages, o_ub: stages})
-            for t in T.Persistent([num_tasks], grid, cid, group_size=1, num_stages=stages):
-                h = t // n_d
-                d0 = (t % n_d) * blk
-                T.copy(weight_hidden[h, d0 : d0 + blk], a_ub)
-                T.copy(weight_embed[h, d0 : d0 + blk], b_ub)
-                with T.SimdVF():
-                    for c in T.serial(blk // lanes):
-                        av = T.simd.vcvt(T.simd.vld(a_ub[c * lanes], dist='UNPK_B16'), T.float32)
-                        bv = T.simd.vcvt(T.simd.vld(b_ub[c * lanes], dist='UNPK_B16'), T.float32)
-                        T.simd.vsts(o_ub[c * lanes], T.simd.vmul(av, bv))
-                T.copy(o_ub, out[h, d0 : d0 + blk])
-
-    return engram_fused_weight_kernel
-
-
-def _cuda_engram_fused_weight_kernel(cfg: EngramFusedWeightConfig):
-    import tilelang.language as T
-
-    hc, hidden, blk = cfg.hc, cfg.hidden, cfg.block
-    n_d = hidden // blk
-
-    @T.prim_func
-    def engram_fused_weight_kernel(
-        weight_hidden: T.Tensor((hc, hidden), T.bfloat16),
-        weight_embed: T.Tensor((hc, hidden), T.bfloat16),
-        out: T.Tensor((hc, hidden), T.float32),
-    ):
-        with T.Kernel(cfg.num_tasks, threads=cfg.threads) as bx:
-            h = bx // n_d
-            d0 = (bx % n_d) * blk
-            for i in T.Parallel(blk):
-                out[h, d0 + i] = T.cast(weight_hidden[h, d0 + i], T.float32) * T.cast(
-                    weight_embed[h, d0 + i], T.float32
-                )
-
-    return engram_fused_weight_kernel
-
-
 def make_engram_fused_weight_kernel(cfg: EngramFusedWeightConfig):
     """The TileLang prim_func `engram_fused_weight_kernel` for `cfg.backend` (no compile)."""
     if cfg.backend == 'ascend':
-        return _ascend_engram_fused_weight_kernel(cfg)
-    return _cuda_engram_fused_weight_kernel(cfg)
+        return ascend_engram_fused_weight_kernel(cfg)
+    return cuda_engram_fused_weight_kernel(cfg)
 
 
 @functools.cache

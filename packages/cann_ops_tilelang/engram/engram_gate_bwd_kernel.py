@@ -15,9 +15,9 @@ CUDA kernels write each block's whole slice of grad_w_partial (zeros when the bl
 Ascend kernel adds into it, so the caller passes it zero-filled (cfg.accumulates_into_partials).
 
 Kernels (one prim_func signature, `_engram_gate_bwd_prim_func`, around each backend's body):
-- CUDA (_engram_gate_bwd_cuda_kernel.py): variant 'resident', one pass over memory, where the per-thread
+- CUDA (_engram_gate_bwd_cuda.py): variant 'resident', one pass over memory, where the per-thread
   slice of the weight gradient fits in registers (hc * H up to ~32K), else variant 'chunked'.
-- Ascend 950 (_engram_gate_bwd_ascend_kernel.py): the chunked scheme on the vector cores.
+- Ascend 950 (_engram_gate_bwd_ascend.py): the chunked scheme on the vector cores.
 
 Summation orders (fp32) differ from torch's, so grads agree with an fp32 reference to rounding.
 """
@@ -30,11 +30,16 @@ import functools
 from cann_ops_tilelang.config import Backend
 from cann_ops_tilelang.kernel_target import compile_kernel
 
-VEC = 8  # bf16 elements per 16-byte vector access (CUDA)
+# The backend bodies. They do not import this module (no import circle): the constants both sides use live
+# there (VEC: bf16 elements per 16-byte CUDA access; LANES: fp32 lanes of an Ascend vector register), and
+# they get the prim_func signature (_engram_gate_bwd_prim_func) as an argument.
+from ._engram_gate_bwd_ascend import LANES as _LANES
+from ._engram_gate_bwd_ascend import ascend_chunked_kernel
+from ._engram_gate_bwd_cuda import VEC, cuda_chunked_kernel, cuda_resident_kernel
+
 # int32 words of the token_counter argument: [0] the claims made so far (the resident CUDA kernel's last
-# claim resets it to 0: _engram_gate_bwd_cuda_kernel.py).
+# claim resets it to 0: _engram_gate_bwd_cuda.py).
 COUNTER_WORDS = 1
-_LANES = 64  # fp32 lanes of one 256-byte Ascend vector register
 # Calls of at most this many tokens per persistent block take the fixed token ranges even where blocks could
 # claim tokens: with a few tokens per block the fixed ranges drift apart by less than the claims' round trips
 # and the counter's reset cost (H200 sweep: docs/engram.md, "Gate backward: claims and fixed ranges"), and
@@ -284,16 +289,12 @@ def _engram_gate_bwd_prim_func(T, body, *, hc, hidden, num_blocks, has_mask, num
 
 def make_engram_gate_bwd_kernel(cfg: EngramGateBwdConfig):
     """The TileLang prim_func `engram_gate_bwd_kernel` for `cfg.backend` (no compile)."""
-    # The backend modules import this one (config, constants, the prim_func wrapper): imported here.
     if cfg.backend == 'ascend':
-        from ._engram_gate_bwd_ascend_kernel import ascend_chunked_kernel
-
-        return ascend_chunked_kernel(cfg)
-    from ._engram_gate_bwd_cuda_kernel import cuda_chunked_kernel, cuda_resident_kernel
-
+        return ascend_chunked_kernel(cfg, _engram_gate_bwd_prim_func)
     if cfg.variant == 'resident':
-        return cuda_resident_kernel(cfg).with_attr('tilelang_pass_configs', dict(_RESIDENT_PASS_CONFIGS))
-    return cuda_chunked_kernel(cfg).with_attr('tilelang_pass_configs', dict(_PASS_CONFIGS))
+        prim_func = cuda_resident_kernel(cfg, _engram_gate_bwd_prim_func)
+        return prim_func.with_attr('tilelang_pass_configs', dict(_RESIDENT_PASS_CONFIGS))
+    return cuda_chunked_kernel(cfg, _engram_gate_bwd_prim_func).with_attr('tilelang_pass_configs', dict(_PASS_CONFIGS))
 
 
 @functools.cache

@@ -6,7 +6,7 @@ Per token t and branch h (vectors over the hidden size H, fp32 math, bf16 in/out
     out = x + g * v[t]
 
 Kernels (one prim_func signature per variant, `_engram_gate_fwd_prim_func`, around each backend's body):
-CUDA in _engram_gate_fwd_cuda_kernel.py, Ascend 950 in _engram_gate_fwd_ascend_kernel.py.
+CUDA in _engram_gate_fwd_cuda.py, Ascend 950 in _engram_gate_fwd_ascend.py.
 
 Design: one pass over memory. Every (t, h) row of x and k is read once and kept on chip between
 the reductions and the epilogue; the fused weight stays on chip for the whole kernel where it fits.
@@ -20,13 +20,16 @@ from cann_ops_tilelang.config import Backend
 from cann_ops_tilelang.engram._contract import HIDDEN_ALIGN, MAX_HC, MAX_HIDDEN
 from cann_ops_tilelang.kernel_target import compile_kernel
 
+# The backend bodies. They do not import this module (no import circle): the constant both sides use lives
+# there, and they get the prim_func signature (_engram_gate_fwd_prim_func) as an argument.
+from ._engram_gate_fwd_ascend import ascend_engram_gate_fwd_kernel
+from ._engram_gate_fwd_cuda import CUDA_VEC, cuda_engram_gate_fwd_kernel
+
 # --- CUDA tuning model -----------------------------------------------------------------------
-CUDA_VEC = 8  # bf16 elements per 16-byte access: the unit ("chunk") a thread owns
 CUDA_REGS_PER_SM = 65536
 CUDA_MAX_BLOCKS_PER_SM = 8
 
 # --- Ascend 950 model --------------------------------------------------------------------------
-ASCEND_LANES = 64  # fp32 lanes of one 256-byte vector register
 ASCEND_UB_BUDGET = 232 * 1024  # keep a margin for the small buffers and alignment padding
 
 
@@ -157,14 +160,9 @@ def choose_engram_gate_fwd_config(
 
 def make_engram_gate_fwd_kernel(cfg: EngramGateFwdConfig):
     """The TileLang prim_func `engram_gate_fwd_kernel` for `cfg.backend` (no device query, no compile)."""
-    # The backend modules import this one (config, constants, the prim_func wrapper): imported here.
     if cfg.backend == 'cuda':
-        from ._engram_gate_fwd_cuda_kernel import cuda_engram_gate_fwd_kernel
-
-        return cuda_engram_gate_fwd_kernel(cfg)
-    from ._engram_gate_fwd_ascend_kernel import ascend_engram_gate_fwd_kernel
-
-    return ascend_engram_gate_fwd_kernel(cfg)
+        return cuda_engram_gate_fwd_kernel(cfg, _engram_gate_fwd_prim_func)
+    return ascend_engram_gate_fwd_kernel(cfg, _engram_gate_fwd_prim_func)
 
 
 @functools.cache

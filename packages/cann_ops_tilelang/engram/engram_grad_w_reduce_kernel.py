@@ -22,8 +22,12 @@ import functools
 from cann_ops_tilelang.config import Backend
 from cann_ops_tilelang.kernel_target import compile_kernel
 
-_LANES = 64  # fp32 lanes of one 256-byte Ascend vector register
-_CUDA_VEC = 4  # fp32 elements of one 16-byte CUDA access
+# The backend kernels (they do not import this module: no import circle; the widths the config checks live
+# with them).
+from ._engram_grad_w_reduce_ascend import LANES as _LANES
+from ._engram_grad_w_reduce_ascend import ascend_engram_grad_w_reduce_kernel
+from ._engram_grad_w_reduce_cuda import CUDA_VEC as _CUDA_VEC
+from ._engram_grad_w_reduce_cuda import cuda_engram_grad_w_reduce_kernel
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,148 +88,11 @@ def choose_engram_grad_w_reduce_config(
     )
 
 
-def _ascend_engram_grad_w_reduce_kernel(cfg: EngramGradWReduceConfig):
-    import tilelang.ascend.language as T
-
-    hc, hidden, W, R, stages = cfg.hc, cfg.hidden, cfg.block_cols, cfg.block_rows, cfg.num_stages
-    n_d = hidden // W
-    num_tiles = cfg.num_tiles
-    lanes = _LANES
-    C = W // lanes
-    num_partials = T.dynamic('num_partials')
-
-    @T.prim_func
-    def engram_grad_w_reduce_kernel(
-        grad_w_partial: T.Tensor((num_partials, hc, hidden), T.float32),
-        weight_hidden: T.Tensor((hc, hidden), T.bfloat16),
-        weight_embed: T.Tensor((hc, hidden), T.bfloat16),
-        grad_weight_hidden: T.Tensor((hc, hidden), T.float32),
-        grad_weight_embed: T.Tensor((hc, hidden), T.float32),
-    ):
-        with T.Kernel(num_tiles) as t:
-            p_ub = T.alloc_shared((R, W), T.float32)
-            acc_ub = T.alloc_shared((W,), T.float32)
-            wh_ub = T.alloc_shared((W,), T.bfloat16)
-            we_ub = T.alloc_shared((W,), T.bfloat16)
-            gh_ub = T.alloc_shared((W,), T.float32)
-            ge_ub = T.alloc_shared((W,), T.float32)
-            h = t // n_d
-            d0 = (t % n_d) * W
-            T.copy(weight_hidden[h, d0 : d0 + W], wh_ub)
-            T.copy(weight_embed[h, d0 : d0 + W], we_ub)
-            T.copy(grad_weight_hidden[h, d0 : d0 + W], gh_ub)
-            T.copy(grad_weight_embed[h, d0 : d0 + W], ge_ub)
-            with T.SimdVF():
-                for c in T.serial(C):
-                    T.simd.vsts(acc_ub[c * lanes], T.simd.vdup(0.0, T.float32))
-            for k in T.Pipelined(T.ceildiv(num_partials, R), num_stages=stages):
-                rows = T.min(R, num_partials - k * R)
-                T.copy(grad_w_partial[k * R : k * R + rows, h, d0 : d0 + W], p_ub[0:rows, :])
-                with T.SimdVF():
-                    for c in T.serial(C):
-                        s = T.simd.alloc_var(T.float32)
-                        s = T.simd.vld(acc_ub[c * lanes])
-                        for r in T.serial(rows):
-                            s = T.simd.vadd(s, T.simd.vld(p_ub[r, c * lanes]))
-                        T.simd.vsts(acc_ub[c * lanes], s)
-            with T.SimdVF():
-                for c in T.serial(C):
-                    s = T.simd.vld(acc_ub[c * lanes])
-                    whv = T.simd.vcvt(T.simd.vld(wh_ub[c * lanes], dist='UNPK_B16'), T.float32)
-                    wev = T.simd.vcvt(T.simd.vld(we_ub[c * lanes], dist='UNPK_B16'), T.float32)
-                    gh = T.simd.vadd(T.simd.vld(gh_ub[c * lanes]), T.simd.vmul(s, wev))
-                    ge = T.simd.vadd(T.simd.vld(ge_ub[c * lanes]), T.simd.vmul(s, whv))
-                    T.simd.vsts(gh_ub[c * lanes], gh)
-                    T.simd.vsts(ge_ub[c * lanes], ge)
-            T.copy(gh_ub, grad_weight_hidden[h, d0 : d0 + W])
-            T.copy(ge_ub, grad_weight_embed[h, d0 : d0 + W])
-
-    return engram_grad_w_reduce_kernel
-
-
-def _cuda_engram_grad_w_reduce_kernel(cfg: EngramGradWReduceConfig):
-    import tilelang.language as T
-
-    hc, hidden, W, R, nt = cfg.hc, cfg.hidden, cfg.block_cols, cfg.block_rows, cfg.threads
-    n_d = hidden // W
-    G = W // _CUDA_VEC  # column groups (16-byte fp32 vectors) of a tile
-    L = nt // G  # row lanes: thread (lane, group) sums rows lane, lane + L, ... of its group
-    U = R // L  # independent row loads per lane and step
-    f32 = T.float32
-    num_partials = T.dynamic('num_partials')
-
-    @T.prim_func
-    def engram_grad_w_reduce_kernel(
-        grad_w_partial: T.Tensor((num_partials, hc, hidden), T.float32),
-        weight_hidden: T.Tensor((hc, hidden), T.bfloat16),
-        weight_embed: T.Tensor((hc, hidden), T.bfloat16),
-        grad_weight_hidden: T.Tensor((hc, hidden), T.float32),
-        grad_weight_embed: T.Tensor((hc, hidden), T.float32),
-    ):
-        with T.Kernel(cfg.num_tiles, threads=nt) as bx:
-            tid = T.get_thread_binding()
-            h = bx // n_d
-            col = (bx % n_d) * W + (tid % G) * _CUDA_VEC
-            lane = tid // G
-            acc = T.alloc_local((_CUDA_VEC,), f32)
-            rows = T.alloc_local((U * _CUDA_VEC,), f32)
-            lane_sums = T.alloc_shared((L, W), f32)
-            s = T.alloc_local((_CUDA_VEC,), f32)
-            wh = T.alloc_local((_CUDA_VEC,), T.bfloat16)
-            we = T.alloc_local((_CUDA_VEC,), T.bfloat16)
-            gh = T.alloc_local((_CUDA_VEC,), f32)
-            ge = T.alloc_local((_CUDA_VEC,), f32)
-            for j in T.vectorized(_CUDA_VEC):
-                acc[j] = 0.0
-            if lane == 0:  # the threads that finish the tile: these loads fly while the partials stream in
-                for j in T.vectorized(_CUDA_VEC):
-                    wh[j] = weight_hidden[h, col + j]
-                for j in T.vectorized(_CUDA_VEC):
-                    we[j] = weight_embed[h, col + j]
-                for j in T.vectorized(_CUDA_VEC):
-                    gh[j] = grad_weight_hidden[h, col + j]
-                for j in T.vectorized(_CUDA_VEC):
-                    ge[j] = grad_weight_embed[h, col + j]
-            # All U loads of a step are issued before the first add (one memory round trip per step); rows
-            # past P load zeros. The lane's running sum takes its rows in increasing p.
-            for k in T.serial(T.ceildiv(num_partials, R)):
-                for u in T.unroll(U):
-                    p = k * R + u * L + lane
-                    if p < num_partials:
-                        for j in T.vectorized(_CUDA_VEC):
-                            rows[u * _CUDA_VEC + j] = grad_w_partial[p, h, col + j]
-                    else:
-                        for j in T.vectorized(_CUDA_VEC):
-                            rows[u * _CUDA_VEC + j] = 0.0
-                for u in T.unroll(U):
-                    for j in T.unroll(_CUDA_VEC):
-                        acc[j] += rows[u * _CUDA_VEC + j]
-            # One barrier: the L lane sums of each column meet in shared memory, lane 0 adds them in order.
-            for j in T.vectorized(_CUDA_VEC):
-                lane_sums[lane, (tid % G) * _CUDA_VEC + j] = acc[j]
-            T.sync_threads()
-            if lane == 0:
-                for j in T.vectorized(_CUDA_VEC):
-                    s[j] = lane_sums[0, tid * _CUDA_VEC + j]
-                for r in T.unroll(1, L):
-                    for j in T.unroll(_CUDA_VEC):
-                        s[j] += lane_sums[r, tid * _CUDA_VEC + j]
-                for j in T.unroll(_CUDA_VEC):
-                    gh[j] += s[j] * T.cast(we[j], f32)
-                    ge[j] += s[j] * T.cast(wh[j], f32)
-                for j in T.vectorized(_CUDA_VEC):
-                    grad_weight_hidden[h, col + j] = gh[j]
-                for j in T.vectorized(_CUDA_VEC):
-                    grad_weight_embed[h, col + j] = ge[j]
-
-    return engram_grad_w_reduce_kernel
-
-
 def make_engram_grad_w_reduce_kernel(cfg: EngramGradWReduceConfig):
     """The TileLang prim_func `engram_grad_w_reduce_kernel` for `cfg.backend` (no compile)."""
     if cfg.backend == 'ascend':
-        return _ascend_engram_grad_w_reduce_kernel(cfg)
-    return _cuda_engram_grad_w_reduce_kernel(cfg)
+        return ascend_engram_grad_w_reduce_kernel(cfg)
+    return cuda_engram_grad_w_reduce_kernel(cfg)
 
 
 @functools.cache

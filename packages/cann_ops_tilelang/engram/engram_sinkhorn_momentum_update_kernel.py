@@ -20,11 +20,15 @@ import functools
 from cann_ops_tilelang.config import Backend
 from cann_ops_tilelang.kernel_target import compile_kernel
 
-_LANES = 64  # fp32 lanes of one 256-byte Ascend vector register
+# The backend kernels (they do not import this module: no import circle). The CUDA access width lives with
+# its kernel: elements of one vector access (16 bytes of fp32, 8 of bf16), so that a warp's access covers 32
+# consecutive chunks and every tensor's accesses are coalesced whatever its dtype.
+from ._engram_sinkhorn_momentum_update_ascend import ascend_engram_sinkhorn_momentum_update_kernel
+from ._engram_sinkhorn_momentum_update_cuda import CUDA_CHUNK as _CUDA_CHUNK
+from ._engram_sinkhorn_momentum_update_cuda import cuda_engram_sinkhorn_momentum_update_kernel
+from ._sinkhorn_common import LANES as _LANES  # the Sinkhorn family's Ascend lane width
+
 _DTYPES = ('bfloat16', 'float32')
-# Elements of one CUDA vector access (16 bytes of fp32, 8 of bf16): a warp's access covers 32 consecutive
-# chunks, so every tensor's accesses are coalesced whatever its dtype.
-_CUDA_CHUNK = 4
 # CUDA block shapes, (threads, elements per block). Streaming: one warp of 8 elements per thread, the grid
 # the tile count (up to 32 blocks per SM). Calls of at most _CUDA_WIDE_BLOCKS_PER_SM wide blocks per SM take
 # the wide shape instead: in one or two waves of blocks, fewer and fuller blocks finish sooner (README,
@@ -79,131 +83,11 @@ def choose_engram_sinkhorn_momentum_update_config(
     )
 
 
-def _ascend_kernel(cfg: EngramSinkhornMomentumUpdateConfig):
-    import tilelang.ascend.language as T
-
-    blk, stages, nesterov = cfg.block, cfg.num_stages, cfg.nesterov
-    grid = cfg.num_cores
-    lanes = _LANES
-    f32, bf16 = T.float32, T.bfloat16
-    gdt = bf16 if cfg.grad_dtype == 'bfloat16' else f32
-    mdt = bf16 if cfg.momentum_dtype == 'bfloat16' else f32
-    numel = T.dynamic('numel')
-
-    def load_f32(ub, dt, offset):
-        if dt == bf16:
-            return T.simd.vcvt(T.simd.vld(ub[offset], dist='UNPK_B16'), f32)
-        return T.simd.vld(ub[offset])
-
-    @T.prim_func
-    def engram_sinkhorn_momentum_update_kernel(
-        grad: T.Tensor((numel,), gdt),
-        momentum_buffer: T.Tensor((numel,), mdt),
-        sinkhorn_input: T.Tensor((numel,), f32),
-        beta1: T.float32,
-        one_minus_beta1: T.float32,
-    ):
-        with T.Kernel(grid) as cid:
-            g_ub = T.alloc_shared((blk,), gdt)
-            m_ub = T.alloc_shared((blk,), mdt)  # m, then m' in place
-            o_ub = T.alloc_shared((blk,), f32)
-            T.annotate_buffer_versions({g_ub: stages, m_ub: stages, o_ub: stages})
-            for task in T.Persistent([T.ceildiv(numel, blk)], grid, cid, group_size=1, num_stages=stages):
-                e0 = task * blk
-                valid = T.min(blk, numel - e0)
-                T.copy(grad[e0 : e0 + valid], g_ub[0:valid])
-                T.copy(momentum_buffer[e0 : e0 + valid], m_ub[0:valid])
-                with T.SimdVF():
-                    beta = T.simd.vdup(beta1, f32)
-                    # Whole registers over the valid part: the lanes past `valid` in the last register hold
-                    # stale UB data and are computed but never copied out.
-                    for c in T.serial(T.ceildiv(valid, lanes)):
-                        gv = load_f32(g_ub, gdt, c * lanes)
-                        mv = load_f32(m_ub, mdt, c * lanes)
-                        mn = T.simd.alloc_var(f32)
-                        mn = T.simd.vmuls(gv, one_minus_beta1)  # s
-                        T.simd.vmula(mn, mv, beta)  # m' = s + m * b, fused
-                        if mdt == bf16:
-                            T.simd.vsts(m_ub[c * lanes], T.simd.vcvt(mn, bf16), dist='PK_B32')
-                        else:
-                            T.simd.vsts(m_ub[c * lanes], mn)
-                        if nesterov:
-                            nv = T.simd.alloc_var(f32)
-                            nv = T.simd.vmuls(gv, one_minus_beta1)  # s again
-                            T.simd.vmula(nv, mn, beta)  # s + m' * b, fused
-                            T.simd.vsts(o_ub[c * lanes], nv)
-                        else:
-                            T.simd.vsts(o_ub[c * lanes], mn)
-                T.copy(m_ub[0:valid], momentum_buffer[e0 : e0 + valid])
-                T.copy(o_ub[0:valid], sinkhorn_input[e0 : e0 + valid])
-
-    return engram_sinkhorn_momentum_update_kernel
-
-
-def _cuda_kernel(cfg: EngramSinkhornMomentumUpdateConfig):
-    import tilelang.language as T
-
-    blk, nt, nesterov = cfg.block, cfg.threads, cfg.nesterov
-    vc = _CUDA_CHUNK
-    chunks = blk // (nt * vc)  # chunks per thread
-    f32, bf16 = T.float32, T.bfloat16
-    gdt = bf16 if cfg.grad_dtype == 'bfloat16' else f32
-    mdt = bf16 if cfg.momentum_dtype == 'bfloat16' else f32
-    numel = T.dynamic('numel')
-
-    @T.prim_func
-    def engram_sinkhorn_momentum_update_kernel(
-        grad: T.Tensor((numel,), gdt),
-        momentum_buffer: T.Tensor((numel,), mdt),
-        sinkhorn_input: T.Tensor((numel,), f32),
-        beta1: T.float32,
-        one_minus_beta1: T.float32,
-    ):
-        with T.Kernel(T.ceildiv(numel, blk), threads=nt) as bx:
-            tid = T.get_thread_binding()
-            g_l = T.alloc_local((chunks * vc,), gdt)
-            m_l = T.alloc_local((chunks * vc,), mdt)
-            o_l = T.alloc_local((chunks * vc,), f32)
-            mn = T.alloc_var(f32)
-            e0 = bx * blk
-            if e0 + blk <= numel:
-                # Full block: thread `tid` owns the 4-element chunks e0 + (q * nt + tid) * 4, q = 0 .. chunks - 1;
-                # all its loads are issued before the first use.
-                for q in T.unroll(chunks):
-                    base = e0 + (q * nt + tid) * vc
-                    for j in T.vectorized(vc):
-                        g_l[q * vc + j] = grad[base + j]
-                    for j in T.vectorized(vc):
-                        m_l[q * vc + j] = momentum_buffer[base + j]
-                for i in T.unroll(chunks * vc):
-                    s = one_minus_beta1 * T.cast(g_l[i], f32)
-                    mn = T.ieee_fmaf(T.cast(m_l[i], f32), beta1, s)
-                    m_l[i] = T.cast(mn, mdt)
-                    o_l[i] = T.ieee_fmaf(mn, beta1, s) if nesterov else mn
-                for q in T.unroll(chunks):
-                    base = e0 + (q * nt + tid) * vc
-                    for j in T.vectorized(vc):
-                        momentum_buffer[base + j] = m_l[q * vc + j]
-                    for j in T.vectorized(vc):
-                        sinkhorn_input[base + j] = o_l[q * vc + j]
-            else:
-                # The last, partial block: element-wise, guarded (at most blk - 1 elements).
-                for i in T.serial(chunks * vc):
-                    e = e0 + i * nt + tid
-                    if e < numel:
-                        s = one_minus_beta1 * T.cast(grad[e], f32)
-                        mn = T.ieee_fmaf(T.cast(momentum_buffer[e], f32), beta1, s)
-                        momentum_buffer[e] = T.cast(mn, mdt)
-                        sinkhorn_input[e] = T.ieee_fmaf(mn, beta1, s) if nesterov else mn
-
-    return engram_sinkhorn_momentum_update_kernel
-
-
 def make_engram_sinkhorn_momentum_update_kernel(cfg: EngramSinkhornMomentumUpdateConfig):
     """The TileLang prim_func `engram_sinkhorn_momentum_update_kernel` for `cfg.backend` (no compile)."""
     if cfg.backend == 'ascend':
-        return _ascend_kernel(cfg)
-    return _cuda_kernel(cfg)
+        return ascend_engram_sinkhorn_momentum_update_kernel(cfg)
+    return cuda_engram_sinkhorn_momentum_update_kernel(cfg)
 
 
 @functools.cache

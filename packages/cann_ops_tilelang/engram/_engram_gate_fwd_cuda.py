@@ -1,10 +1,14 @@
-"""CUDA kernel of engram_gate_fwd (math, config and the prim_func signature: engram_gate_fwd_kernel.py)."""
+"""CUDA kernel body of engram_gate_fwd (math, config and the prim_func signature: engram_gate_fwd_kernel.py)."""
 
 # No `from __future__ import annotations`: TileLang reads the prim_func annotations at build time.
-from .engram_gate_fwd_kernel import CUDA_VEC, EngramGateFwdConfig, _engram_gate_fwd_prim_func
+
+# This module does not import engram_gate_fwd_kernel.py (which imports it): the config comes as `cfg`, the
+# prim_func signature as `prim_func`, and the constant the config checks too lives here.
+CUDA_VEC = 8  # bf16 elements per 16-byte access: the unit ("chunk") a thread owns
 
 
-def cuda_engram_gate_fwd_kernel(cfg: EngramGateFwdConfig):
+def cuda_engram_gate_fwd_kernel(cfg, prim_func):
+    """`cfg` is an EngramGateFwdConfig; `prim_func` the signature builder _engram_gate_fwd_prim_func."""
     import tilelang.language as T
 
     hc, hidden, save, has_mask = cfg.hc, cfg.hidden, cfg.save_for_backward, cfg.has_mask
@@ -132,7 +136,7 @@ def cuda_engram_gate_fwd_kernel(cfg: EngramGateFwdConfig):
                         else:
                             store_gated(out, x_l, v_l, st, t, h, col, c)
 
-    return _engram_gate_fwd_prim_func(
+    return prim_func(
         T,
         body,
         hc=hc,

@@ -1,4 +1,4 @@
-"""Ascend 950 kernel of engram_gate_bwd (math and the grad_w_partial contract: engram_gate_bwd_kernel.py).
+"""Ascend 950 kernel body of engram_gate_bwd (math and the grad_w_partial contract: engram_gate_bwd_kernel.py).
 
 The chunked scheme, on the vector cores: tokens in chunks of `token_chunk`;
 phase A computes dL/dg (and grad_v) of every token of the chunk, phase B walks the column tiles and, per
@@ -11,15 +11,19 @@ The core adds into its slice of grad_w_partial, which the caller passes zero-fil
 
 # No `from __future__ import annotations`: TileLang evaluates the prim_func annotations, which refer to
 # the generator's local shape variables.
-from .engram_gate_bwd_kernel import _LANES, EngramGateBwdConfig, _engram_gate_bwd_prim_func
+
+# This module does not import engram_gate_bwd_kernel.py (which imports it): the config comes as `cfg`, the
+# prim_func signature as `prim_func`, and the constant the config checks too lives here.
+LANES = 64  # fp32 lanes of one 256-byte Ascend vector register
 
 
-def ascend_chunked_kernel(cfg: EngramGateBwdConfig):
+def ascend_chunked_kernel(cfg, prim_func):
+    """`cfg` is an EngramGateBwdConfig; `prim_func` the signature builder _engram_gate_bwd_prim_func."""
     import tilelang.ascend.language as T
 
     hc, hidden, P, D, TC = cfg.hc, cfg.hidden, cfg.num_blocks, cfg.tile_cols, cfg.token_chunk
     has_mask = cfg.has_mask
-    L = _LANES
+    L = LANES
     n_tiles = hidden // D
     C = D // L
     TCH = TC * hc  # lanes of the per-chunk scalar vectors (<= 64): lane = i * hc + h
@@ -190,7 +194,7 @@ def ascend_chunked_kernel(cfg: EngramGateBwdConfig):
                             T.copy(gk_ub, grad_kv[t, 0:hc, d * D : (d + 1) * D])
                     T.copy(gw_ub, grad_w_partial[cid, :, d * D : (d + 1) * D])
 
-    return _engram_gate_bwd_prim_func(
+    return prim_func(
         T,
         body,
         hc=hc,

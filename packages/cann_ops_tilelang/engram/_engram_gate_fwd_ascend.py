@@ -1,10 +1,13 @@
-"""Ascend 950 kernel of engram_gate_fwd (math, config and the prim_func signature: engram_gate_fwd_kernel.py)."""
+"""Ascend 950 kernel body of engram_gate_fwd (math, config and the prim_func signature: engram_gate_fwd_kernel.py)."""
 
 # No `from __future__ import annotations`: TileLang reads the prim_func annotations at build time.
-from .engram_gate_fwd_kernel import ASCEND_LANES, EngramGateFwdConfig, _engram_gate_fwd_prim_func
+
+# This module does not import engram_gate_fwd_kernel.py (which imports it): the config comes as `cfg`, the
+# prim_func signature as `prim_func`, and the constant the config checks too lives here.
+ASCEND_LANES = 64  # fp32 lanes of one 256-byte vector register
 
 
-def ascend_engram_gate_fwd_kernel(cfg: EngramGateFwdConfig):
+def ascend_engram_gate_fwd_kernel(cfg, prim_func):
     """SIMD kernel. A task is (token t, group of `group` branches); tasks go round-robin over the vector
     cores (T.Persistent, `stages` buffer versions so the DMA of the next task overlaps the vector work).
 
@@ -14,6 +17,8 @@ def ascend_engram_gate_fwd_kernel(cfg: EngramGateFwdConfig):
     per branch accumulates x*x, k*k and x*w*k in three 64-lane registers, folds them (vcadd) and computes
     rstd_x, rstd_k and the gate in lane 0; a second pass writes out = x + g*v over the x tile in place
     (bf16), which then goes back to GM.
+
+    `cfg` is an EngramGateFwdConfig; `prim_func` the signature builder _engram_gate_fwd_prim_func.
     """
     import tilelang.ascend.language as T
 
@@ -120,7 +125,7 @@ def ascend_engram_gate_fwd_kernel(cfg: EngramGateFwdConfig):
                         T.copy(s_ub[2, 0:grp], rx_o[t, h0 : h0 + grp])
                         T.copy(s_ub[3, 0:grp], rk_o[t, h0 : h0 + grp])
 
-    return _engram_gate_fwd_prim_func(
+    return prim_func(
         T,
         body,
         hc=hc,

@@ -1,4 +1,4 @@
-"""CUDA kernels of engram_gate_bwd (math and the grad_w_partial contract: engram_gate_bwd_kernel.py).
+"""CUDA kernel bodies of engram_gate_bwd (math and the grad_w_partial contract: engram_gate_bwd_kernel.py).
 
 CUDA, variant 'resident' (the fast path, one pass over memory): block p starts with tokens p, P + p and
 2 P + p and then claims one token at a time from token_counter[0] (atomicAdd, three tokens ahead of the
@@ -40,7 +40,10 @@ hc * H * 2 more bytes per token (~20 % more traffic).
 
 # No `from __future__ import annotations`: TileLang evaluates the prim_func annotations, which refer to
 # the generator's local shape variables.
-from .engram_gate_bwd_kernel import VEC, EngramGateBwdConfig, _engram_gate_bwd_prim_func
+
+# This module does not import engram_gate_bwd_kernel.py (which imports it): the config comes as `cfg`, the
+# prim_func signature as `prim_func`, and the constant the config checks too lives here.
+VEC = 8  # bf16 elements per 16-byte vector access
 
 
 def _token_range(num_tokens, pid, num_blocks):
@@ -58,7 +61,8 @@ def _token_range(num_tokens, pid, num_blocks):
     return bound(pid), bound(pid + 1)
 
 
-def cuda_resident_kernel(cfg: EngramGateBwdConfig):
+def cuda_resident_kernel(cfg, prim_func):
+    """`cfg` is an EngramGateBwdConfig; `prim_func` the signature builder _engram_gate_bwd_prim_func."""
     import tilelang.language as T
 
     hc, hidden, P, has_mask = cfg.hc, cfg.hidden, cfg.num_blocks, cfg.has_mask
@@ -402,7 +406,7 @@ def cuda_resident_kernel(cfg: EngramGateBwdConfig):
                         for e in T.vectorized(VEC):
                             grad_w_partial[pid, h, (j * threads + tid) * VEC + e] = gw[j, h, e]
 
-    return _engram_gate_bwd_prim_func(
+    return prim_func(
         T,
         body,
         hc=hc,
@@ -414,7 +418,8 @@ def cuda_resident_kernel(cfg: EngramGateBwdConfig):
     )
 
 
-def cuda_chunked_kernel(cfg: EngramGateBwdConfig):
+def cuda_chunked_kernel(cfg, prim_func):
+    """`cfg` is an EngramGateBwdConfig; `prim_func` the signature builder _engram_gate_bwd_prim_func."""
     import tilelang.language as T
 
     hc, hidden, P, threads, TC = cfg.hc, cfg.hidden, cfg.num_blocks, cfg.threads, cfg.token_chunk
@@ -606,7 +611,7 @@ def cuda_chunked_kernel(cfg: EngramGateBwdConfig):
                                     grad_w_partial[pid, h, c * VEC + e] = pw[e] + gw[h, e]
                 T.sync_threads()  # rs_s is rewritten by the next chunk
 
-    return _engram_gate_bwd_prim_func(
+    return prim_func(
         T,
         body,
         hc=hc,
