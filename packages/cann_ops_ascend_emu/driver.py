@@ -209,10 +209,24 @@ def emulator_hash() -> str:
     return _EMU_HASH
 
 
+class CompilerNotFoundError(EmulatorError):
+    """No C++ compiler to build the emulated kernels with: the message says what to install."""
+
+
 def _compile(args: list[str], what: str) -> None:
-    proc = subprocess.run(args, capture_output=True, text=True, check=False)
+    try:
+        proc = subprocess.run(args, capture_output=True, text=True, check=False)
+    except FileNotFoundError:
+        # One line saying what is missing, not a subprocess traceback (a machine without a toolchain).
+        raise CompilerNotFoundError(
+            f'the Ascend C emulator compiles kernels with a C++20 compiler and {args[0]!r} (CXX) was not found: '
+            'install g++ 10 or newer (e.g. `apt-get install g++`) or set CXX to one'
+        ) from None
     if proc.returncode != 0:
-        raise EmulatorError(f'g++ failed for {what}:\n{proc.stderr[-6000:]}')
+        hint = ''
+        if '-std=c++20' in proc.stderr:  # a compiler older than GCC 10 does not know the flag
+            hint = f' ({args[0]} does not know C++20: the emulator needs g++ 10 or newer)'
+        raise EmulatorError(f'g++ failed for {what}{hint}:\n{proc.stderr[-6000:]}')
 
 
 def _locked_build(target: Path, build) -> Path:

@@ -4,6 +4,10 @@ Stable operators are exported here explicitly. Importing the package touches no 
 compiles nothing: kernels are compiled on an operator's first call.
 """
 
+# Every domain subpackage, imported by name so that `cann_ops_tilelang.<domain>` is an attribute from the start
+# (an experimental operator, not exported below, is `cann_ops_tilelang.<domain>.<op>`). Importing a domain
+# touches no device and compiles nothing, so none is imported lazily.
+from cann_ops_tilelang import engram as engram
 from cann_ops_tilelang.engram import (
     engram_fused_weight,
     engram_gate_bwd,
@@ -29,15 +33,3 @@ __all__: list[str] = [
     'engram_sinkhorn_step',
     'engram_sinkhorn_step_reduce',
 ]
-
-
-def __getattr__(name: str):
-    """`cann_ops_tilelang.<domain>` without importing it first (PEP 562), e.g. an experimental domain's
-    `cann_ops_tilelang.foo.foo_bar`: the subpackage is imported on first access. Its import, like this
-    package's, touches no device and compiles nothing."""
-    import importlib
-    import importlib.util
-
-    if not name.startswith('_') and importlib.util.find_spec(f'{__name__}.{name}') is not None:
-        return importlib.import_module(f'{__name__}.{name}')
-    raise AttributeError(f'module {__name__!r} has no attribute {name!r}')

@@ -3,20 +3,19 @@
 Everything here is lazy. Importing this module (or the package) never imports torch_npu,
 never initialises CUDA and never compiles a kernel: the first operator call does that.
 
-The Ascend C emulator (OPS_TILELANG_ASCEND_EMULATOR=1, a development opt-in of this repository's
-`cann_ops_ascend_emu` package, not shipped in the wheel) makes CPU tensors run the Ascend kernels:
-lowered to Ascend C and executed on the CPU against an emulation of the Ascend 950 C API. It is never
-a fallback: without the opt-in, CPU tensors raise RuntimeError.
+An Ascend emulator (a development tool of this repository, not shipped in the wheel) can make CPU tensors
+run the Ascend kernels: it registers itself with `ascend_emulator` when imported, and a process opts in with
+OPS_TILELANG_ASCEND_EMULATOR=1. It is never a fallback: without the opt-in, CPU tensors raise RuntimeError.
+The wheel never imports the emulator; the emulator imports the wheel.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-import importlib
-import importlib.util
 import os
-from typing import Literal
+from collections.abc import Callable
+from typing import Any, Literal
 
 import torch
 
@@ -40,18 +39,15 @@ def _env_flag(name: str) -> bool:
     raise ValueError(f'{name}={os.environ[name]!r} is not a boolean: use 1/0, true/false, yes/no or on/off')
 
 
-def ascend_emulator_enabled() -> bool:
-    """Whether OPS_TILELANG_ASCEND_EMULATOR opts CPU tensors into the Ascend kernels on the emulator."""
-    return _env_flag(ASCEND_EMULATOR_ENV)
-
-
 @functools.cache
 def _torch_npu():
-    """Import torch_npu once, on first use; None where it is not installed."""
+    """torch_npu, imported on first use (importing this package must not import it); None where it is not
+    installed."""
     try:
-        return importlib.import_module('torch_npu')
+        import torch_npu
     except ImportError:
         return None
+    return torch_npu
 
 
 def is_ascend_available() -> bool:
@@ -70,9 +66,59 @@ def require_ascend() -> None:
         raise RuntimeError('this operator needs an Ascend NPU: torch_npu found no NPU device')
 
 
-def is_emulated(device: torch.device) -> bool:
-    """Whether tensors on `device` run on the Ascend C emulator (CPU tensors under the opt-in)."""
-    return device.type == 'cpu' and ascend_emulator_enabled()
+class AscendEmulator:
+    """The Ascend emulator opt-in, the one place that knows it, and the extension point an emulator fills.
+
+    An emulator (a backend that runs the Ascend kernels on CPU tensors) calls `register` when it is imported;
+    the wheel calls it only through `compile`, so the wheel never imports it. A process opts in with
+    OPS_TILELANG_ASCEND_EMULATOR=1 (`enabled`): then CPU tensors take the Ascend path (`runs`), as on an
+    Ascend 950 with EMULATED_VECTOR_CORES vector cores and no device to switch to. Without the opt-in a
+    registered emulator changes nothing. `require` refuses the opt-in on a machine with a real NPU (kernels
+    are cached once per configuration, built for one of the two) and where no emulator is registered.
+    """
+
+    def __init__(self) -> None:
+        self.compile_prim_func: Callable[[Any], Any] | None = None
+        """The registered hook, None while nothing registered: prim_func -> a kernel called as TileLang's JIT
+        kernel of it (its parameters in order, CPU tensors and numbers), with `get_kernel_source()`."""
+
+    def register(self, compile_prim_func: Callable[[Any], Any]) -> None:
+        """Make `compile_prim_func` the emulator of this process (a later registration replaces it)."""
+        self.compile_prim_func = compile_prim_func
+
+    def enabled(self) -> bool:
+        """Whether OPS_TILELANG_ASCEND_EMULATOR opts in (read on every call: tests and users may set it)."""
+        return _env_flag(ASCEND_EMULATOR_ENV)
+
+    def runs(self, device: torch.device) -> bool:
+        """Whether tensors on `device` take the Ascend path on the emulator: CPU tensors under the opt-in."""
+        return device.type == 'cpu' and self.enabled()
+
+    def active(self) -> bool:
+        """Whether Ascend kernels are built for the emulator here: the opt-in on a machine without an NPU
+        (where there is one, `require` refuses CPU tensors and npu tensors get real kernels)."""
+        return self.enabled() and not is_ascend_available()
+
+    def require(self) -> None:
+        """RuntimeError, one line saying what to do, unless the emulator can run CPU tensors here."""
+        if is_ascend_available():
+            raise RuntimeError(f'{ASCEND_EMULATOR_ENV}=1 is for machines without an Ascend NPU: this one has one')
+        if self.compile_prim_func is None:
+            # The wheel cannot import the emulator (it is not shipped), so the message names what the user runs.
+            raise RuntimeError(
+                f'{ASCEND_EMULATOR_ENV}=1 but no Ascend emulator is registered in this process: import '
+                "cann_ops_ascend_emu (a checkout's packages/ on sys.path) before the first call, or run the "
+                'script with python -m cann_ops_ascend_emu.run script.py'
+            )
+
+    def compile(self, prim_func):
+        """`prim_func` built by the registered emulator (RuntimeError, as `require`, where it cannot run)."""
+        self.require()
+        return self.compile_prim_func(prim_func)
+
+
+ascend_emulator = AscendEmulator()
+"""The process's emulator opt-in and registration (see AscendEmulator)."""
 
 
 def backend_of(device: torch.device) -> Backend:
@@ -84,7 +130,7 @@ def backend_of(device: torch.device) -> Backend:
         return 'ascend'
     if device.type == 'cuda':
         return 'cuda'
-    if is_emulated(device):
+    if ascend_emulator.runs(device):
         return 'ascend'
     raise RuntimeError(
         f'cann_ops_tilelang has no kernels for {device.type!r} tensors: move the inputs to an '
@@ -110,28 +156,16 @@ def require_accelerator(*tensors: torch.Tensor) -> Backend:
         # there reaches the caller as torch._dynamo.exc.TorchRuntimeError, itself a RuntimeError).
         return backend_of(device) if device.type in ('cuda', 'npu') else 'ascend'
     backend = backend_of(device)
-    if is_emulated(device):
-        require_emulator()
+    if ascend_emulator.runs(device):
+        ascend_emulator.require()
     elif backend == 'ascend':
         require_ascend()
     return backend
 
 
-def require_emulator() -> None:
-    """RuntimeError unless the Ascend C emulator can run here: its package importable, and no real NPU
-    (kernels are compiled once per configuration, for one of the two)."""
-    if importlib.util.find_spec('cann_ops_ascend_emu') is None:
-        raise RuntimeError(
-            f'{ASCEND_EMULATOR_ENV}=1 needs the development package cann_ops_ascend_emu: run from a '
-            'checkout of the cann_ops_tilelang repository with its packages/ directory on sys.path'
-        )
-    if is_ascend_available():
-        raise RuntimeError(f'{ASCEND_EMULATOR_ENV}=1 is for machines without an Ascend NPU: this one has one')
-
-
 def device_guard(device: torch.device):
     """Context manager making `device` current, so kernels compile for it and launch on its stream."""
-    if is_emulated(device):
+    if ascend_emulator.runs(device):
         return contextlib.nullcontext()
     if backend_of(device) == 'ascend':
         return torch.npu.device(device)
@@ -145,7 +179,7 @@ def get_device() -> torch.device:
         return torch.device('npu', torch.npu.current_device())
     if is_cuda_available():
         return torch.device('cuda', torch.cuda.current_device())
-    if ascend_emulator_enabled():
+    if ascend_emulator.enabled():
         return torch.device('cpu')
     raise RuntimeError('no accelerator: neither an Ascend NPU (torch_npu) nor a CUDA GPU is available')
 
@@ -180,7 +214,7 @@ def get_num_sms(device: torch.device | None = None) -> int:
 def get_num_cores(device: torch.device) -> int:
     """Cores a persistent vector kernel spreads over: AIV cores on Ascend (the emulated chip's on the
     emulator), SMs on CUDA."""
-    if is_emulated(device):
+    if ascend_emulator.runs(device):
         return EMULATED_VECTOR_CORES
     if backend_of(device) == 'ascend':
         return get_num_vector_cores(device)

@@ -13,14 +13,7 @@ from typing import NamedTuple
 
 import torch
 
-from cann_ops_tilelang.config import (
-    Backend,
-    ascend_emulator_enabled,
-    device_guard,
-    get_cuda_arch,
-    is_ascend_available,
-    kernel_source_requested,
-)
+from cann_ops_tilelang.config import Backend, ascend_emulator, device_guard, get_cuda_arch, kernel_source_requested
 
 
 def tilelang_target(backend: Backend, *, cuda_arch: str | None = None):
@@ -102,7 +95,7 @@ class CompileRecord(NamedTuple):
     backend: Backend
     """The backend it was compiled for."""
     emulated: bool
-    """Whether it was built for the CPU emulator (`cann_ops_ascend_emu`) instead of `backend`'s device."""
+    """Whether the registered Ascend emulator built it (`config.ascend_emulator`) instead of `backend`'s device."""
     lock_wait_s: float
     """Seconds spent waiting for `compile_lock`: another process was compiling the same kernel."""
     compile_s: float
@@ -131,15 +124,13 @@ def compile_kernel(prim_func, backend: Backend):
 
     Generators cache the result per compile-time configuration; runtime sizes are T.dynamic. Ascend
     kernels on a machine without an NPU but with the emulator opt-in (config.ASCEND_EMULATOR_ENV) are
-    lowered to Ascend C and built for the CPU emulator instead; `config.require_emulator` has made sure
-    that no real NPU shares this process, so the per-configuration cache holds one kind only. Each compile
-    is recorded (`compile_records`).
+    built by the registered emulator instead (`config.ascend_emulator`, which refuses the opt-in where a
+    real NPU is, so the per-configuration cache holds one kind only). Each compile is recorded
+    (`compile_records`).
     """
-    if backend == 'ascend' and ascend_emulator_enabled() and not is_ascend_available():
-        import cann_ops_ascend_emu
-
+    if backend == 'ascend' and ascend_emulator.active():
         started = time.perf_counter()
-        kernel = cann_ops_ascend_emu.compile_prim_func(prim_func)
+        kernel = ascend_emulator.compile(prim_func)
         _compile_records.append(
             CompileRecord(_kernel_name(prim_func), backend, True, 0.0, time.perf_counter() - started)
         )

@@ -1,4 +1,4 @@
-"""The five Engram operators' Ascend kernels, Ascend C emulated on CPU, against the fp32 references.
+"""Five of the nine Engram operators' Ascend kernels, Ascend C emulated on CPU, against the fp32 references.
 
 Tolerances are the device tests' own: their checking helpers are imported from tests/engram/test_*.py.
 The kernels are called directly (prim_func argument order), not through the operators' public interfaces.

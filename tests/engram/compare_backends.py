@@ -102,6 +102,8 @@ def main() -> None:
         parser.exit(4, 'compare_backends: needs a CUDA GPU\n')
     inputs = _inputs(args.tokens, args.hc, args.hidden)
     cuda = _run(inputs, 'cuda')
+    import cann_ops_ascend_emu  # noqa: F401  (registers the emulator with the wheel)
+
     os.environ[ASCEND_EMULATOR_ENV] = '1'
     emulated = _run(inputs, 'cpu')
     where = f'Ascend C emulated on CPU vs CUDA on {torch.cuda.get_device_name()}'

@@ -1,5 +1,7 @@
-"""The device guard, lazy core counts and switches of cann_ops_tilelang.config (CPU only)."""
+"""The device guard, lazy core counts and switches of cann_ops_tilelang.config, and what importing the wheel
+does (CPU only)."""
 
+import ast
 import os
 import subprocess
 import sys
@@ -32,6 +34,9 @@ for name in modules:
     __import__(name)
 assert not torch.cuda.is_initialized(), 'CUDA initialised at import'
 assert 'torch_npu' not in sys.modules, 'torch_npu imported at import'
+# The emulator registers itself with the wheel; the wheel never imports it (the opt-in alone is refused).
+assert 'cann_ops_ascend_emu' not in sys.modules, 'the wheel imported the emulator'
+assert cann_ops_tilelang.config.ascend_emulator.compile_prim_func is None, 'an emulator registered at import'
 print(len(modules), 'modules')
 """
 
@@ -42,6 +47,25 @@ def test_import_touches_no_device_and_compiles_nothing():
     result = subprocess.run([sys.executable, '-c', IMPORT_PROBE], capture_output=True, text=True, check=False, env=env)
     assert result.returncode == 0, result.stdout + result.stderr
     assert int(result.stdout.split()[0]) >= 1
+
+
+def test_no_module_of_the_wheel_imports_the_emulator_or_importlib():
+    """The emulator plugs in through config.ascend_emulator, never through an import (not even a lazy one
+    inside a function, which the import probe above would not see); and every import of the wheel is a plain,
+    visible one (no importlib)."""
+    package = Path(config.__file__).parent
+    offenders = []
+    for path in sorted(package.rglob('*.py')):
+        for node in ast.walk(ast.parse(path.read_text(encoding='utf-8'))):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [node.module or '']
+            else:
+                continue
+            if any(name.split('.')[0] in ('cann_ops_ascend_emu', 'importlib') for name in names):
+                offenders.append(f'{path.relative_to(package)}:{node.lineno}')
+    assert not offenders
 
 
 def test_cpu_tensors_are_refused_without_fallback():

@@ -8,13 +8,12 @@ import os
 import subprocess
 import sys
 import time
-import types
 from pathlib import Path
 
 import pytest
 import tilelang
 
-from cann_ops_tilelang import kernel_target
+from cann_ops_tilelang import config, kernel_target
 from cann_ops_tilelang.kernel_target import compile_kernel, compile_lock
 
 
@@ -136,14 +135,26 @@ def test_an_emulator_build_is_recorded_without_a_lock_wait(monkeypatch):
         time.sleep(0.05)
         return 'built for the emulator'
 
-    monkeypatch.setitem(sys.modules, 'cann_ops_ascend_emu', types.SimpleNamespace(compile_prim_func=compile_prim_func))
-    monkeypatch.setattr(kernel_target, 'ascend_emulator_enabled', lambda: True)
-    monkeypatch.setattr(kernel_target, 'is_ascend_available', lambda: False)
+    # The registered emulator builds Ascend kernels under the opt-in on a machine without an NPU.
+    monkeypatch.setattr(config.ascend_emulator, 'compile_prim_func', compile_prim_func)
+    monkeypatch.setenv(config.ASCEND_EMULATOR_ENV, '1')
+    monkeypatch.setattr(config, 'is_ascend_available', lambda: False)
     func = FakePrimFunc('kernel a', {'global_symbol': 'emu_kernel'})
     assert compile_kernel(func, 'ascend') == 'built for the emulator'
     record = kernel_target.compile_records()[-1]
     assert record[:4] == ('emu_kernel', 'ascend', True, 0.0)
     assert record.compile_s >= 0.05
+
+
+def test_an_opt_in_with_no_emulator_registered_compiles_nothing(monkeypatch):
+    monkeypatch.setattr(config.ascend_emulator, 'compile_prim_func', None)
+    monkeypatch.setenv(config.ASCEND_EMULATOR_ENV, '1')
+    monkeypatch.setattr(config, 'is_ascend_available', lambda: False)
+    monkeypatch.setattr(tilelang, 'compile', lambda prim_func, *, target: pytest.fail('compiled for a device'))
+    before = kernel_target.compile_records()
+    with pytest.raises(RuntimeError, match='no Ascend emulator is registered in this process: import'):
+        compile_kernel(FakePrimFunc('kernel a'), 'ascend')
+    assert kernel_target.compile_records() == before
 
 
 class _Artifact:
