@@ -29,29 +29,39 @@ def _args(pytest_args: str) -> list[str]:
     return shlex.split(pytest_args)
 
 
-def _pytest_task(phase, doc: str, example: str = ''):
+def _described(session: str, **fields):
+    """Gives the task the session's description (cann_ops_pipeline.phases.DESCRIPTIONS) as its docstring."""
+
+    def decorate(function):
+        function.__doc__ = phases.describe(session, **fields)
+        return function
+
+    return decorate
+
+
+def _pytest_task(phase, example: str = ''):
     """A task `<phase name>(c, pytest_args='')` that runs the phase with the extra pytest arguments."""
 
     def run(c, pytest_args=''):
         _run(c, phase(_args(pytest_args)))
 
     run.__name__ = run.__qualname__ = phase.__name__
-    run.__doc__ = doc
+    run = _described(phase.__name__.replace('_', '-'))(run)
     return task(help={'pytest_args': f'extra pytest arguments{example}'})(run)
 
 
-tests_cpu = _pytest_task(phases.tests_cpu, 'Everything runnable without an accelerator.')
+tests_cpu = _pytest_task(phases.tests_cpu)
 
 
 @task
+@_described('lint')
 def lint(c):
-    """ruff lint and format check."""
     _run(c, phases.lint())
 
 
 @task(help={'level': 'test level 0, 1 or 2', 'pytest_args': 'extra pytest arguments'})
+@_described('verify', level='N (--level)')
 def verify(c, level=str(DEFAULT_TEST_LEVEL), pytest_args=''):  # a str: invoke's int cast would raise
-    """Correctness at a test level: CPU tier plus device tests where a device exists."""
     try:
         level = parse_test_level(level)
     except ValueError as error:
@@ -60,21 +70,17 @@ def verify(c, level=str(DEFAULT_TEST_LEVEL), pytest_args=''):  # a str: invoke's
 
 
 @task(help={'args': 'arguments for the two-phase runner (see python -m cann_ops_pipeline.two_phase -h)'})
+@_described('run-tests')
 def run_tests(c, args=''):
-    """Two-phase xdist run."""
     _run(c, phases.run_tests(_args(args)))
 
 
-refresh_mem = _pytest_task(phases.refresh_mem, 'Measure peak device memory of device tests and rewrite their profiles.')
-refresh_baseline = _pytest_task(
-    phases.refresh_baseline,
-    "Refresh this device's benchmark baselines, then verify them.",
-    ', e.g. "-K \'hidden=4096\'"',
-)
-verify_baseline = _pytest_task(phases.verify_baseline, 'Compare benchmark results with the committed baselines.')
+refresh_mem = _pytest_task(phases.refresh_mem)
+refresh_baseline = _pytest_task(phases.refresh_baseline, ', e.g. "-K \'hidden=4096\'"')
+verify_baseline = _pytest_task(phases.verify_baseline)
 
 
-@task(help={'outdir': 'where sdist and wheel go'})
+@task(help={'outdir': 'where sdist and wheel go (default dist; a relative folder is taken from the repository root)'})
+@_described('build-wheel')
 def build_wheel(c, outdir='dist'):
-    """Build sdist and wheel; install the wheel in a fresh venv and import it."""
     _run(c, phases.build_wheel(outdir))

@@ -15,8 +15,22 @@ LEVEL_ENV = 'OPS_TILELANG_TEST_LEVEL'
 TEST_LEVELS = (0, 1, 2)
 DEFAULT_TEST_LEVEL = 1
 
-# The memory-aware run: the npu_mem plugin marks, the two-phase runner splits on the marker.
-LARGE_MARKER = 'large_npu_mem'
+# The project's pytest markers, each declared here only: name and description. The plugin that acts on a
+# marker registers it from here (tests/testing/plugins/: devices, benchmark, npu_mem), so `pytest --markers`
+# and --strict-markers know each one in these words; pyproject.toml declares none.
+NPU_MARKER = 'npu'
+CUDA_ONLY_MARKER = 'cuda_only'
+BENCHMARK_MARKER = 'benchmark'
+LARGE_MARKER = 'large_npu_mem'  # the memory-aware run: the npu_mem plugin marks, the two-phase runner splits on it
+MARKERS = {
+    NPU_MARKER: 'needs an accelerator (Ascend NPU or CUDA GPU); without one skipped with the reason, or run on '
+    'the Ascend C emulator with --ascend-emulator',
+    CUDA_ONLY_MARKER: 'device test of a CUDA-only kernel variant; skipped on Ascend and on the emulator',
+    BENCHMARK_MARKER: 'performance measurement against the committed baselines; skipped unless --run-benchmark',
+    LARGE_MARKER: 'peak device memory above --npu-mem-threshold, or not profiled yet; runs in the two-phase '
+    "run's phase 2",
+}
+
 NPU_MEM_THRESHOLD_OPTION = '--npu-mem-threshold'
 DEFAULT_NPU_MEM_THRESHOLD_MB = 15000.0
 
@@ -36,6 +50,11 @@ NO_TESTS_COLLECTED = 5  # pytest.ExitCode.NO_TESTS_COLLECTED
 # the pytest option, and the level the CPU tier runs them at (its time budget; verify-N uses N).
 ASCEND_EMULATOR_OPTION = '--ascend-emulator'
 EMULATED_CPU_TIER_LEVEL = 0
+
+
+def marker_line(name: str) -> str:
+    """The `markers` ini line that registers marker `name` (config.addinivalue_line('markers', ...))."""
+    return f'{name}: {MARKERS[name]}'
 
 
 def check_test_level(level: int) -> int:

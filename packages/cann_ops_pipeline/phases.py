@@ -2,8 +2,10 @@
 
 A phase is a list of `Step`s (argv + extra environment). The noxfile runs them with
 `session.run`, the invoke tasks with `Context.run`; neither spells a command itself, so the two
-front ends cannot drift apart. Phases hand state to each other only through files: the device
-memory profiles (`tests/*/npu_mem_profiles/`) and the baselines (`tests/*/benchmark/`).
+front ends cannot drift apart. What each session does, in words, is `DESCRIPTIONS` below: the
+docstring of the nox session and of the invoke task alike. Phases hand state to each other only
+through files: the device memory profiles (`tests/*/npu_mem_profiles/`) and the baselines
+(`tests/*/benchmark/`).
 """
 
 from __future__ import annotations
@@ -35,6 +37,25 @@ DEVICE_CORRECTNESS = 'npu and not benchmark'
 BENCHMARKS = 'benchmark'
 SLOWEST_SHOWN = 10  # verify runs list their slowest tests (pytest --durations)
 
+# What each session does: the one wording of the nox session's and the invoke task's docstring (`nox -l` and
+# `invoke --list` show it). `verify` is one nox session per level (verify-0, ...) and one invoke task with
+# --level; its text takes the level. One line each, since both listings show a docstring's first line.
+DESCRIPTIONS = {
+    'lint': 'ruff lint and format check.',
+    'tests-cpu': 'Everything runnable without an accelerator; the device tests at level 0 on the Ascend C emulator.',
+    'verify': 'Correctness at test level {level}: the CPU tier plus the device tests (emulated without a device).',
+    'run-tests': 'Two-phase xdist run: ordinary-memory tests wide, large_npu_mem tests narrow (needs a device).',
+    'refresh-mem': 'Measure the peak device memory of device tests and rewrite their profiles (needs a device).',
+    'refresh-baseline': "Refresh this device's benchmark baselines, then verify them at once (needs a device).",
+    'verify-baseline': 'Compare benchmark results with the committed baselines (needs a device).',
+    'build-wheel': 'Build sdist and wheel; install the wheel (torch pinned) in a fresh venv and import it there.',
+}
+
+
+def describe(session: str, level: int | str = 'N') -> str:
+    """The description of `session` ('verify' with its `level`)."""
+    return DESCRIPTIONS[session].format(level=level)
+
 
 @dataclasses.dataclass(frozen=True)
 class Step:
@@ -44,6 +65,8 @@ class Step:
     env: dict[str, str] = dataclasses.field(default_factory=dict)
     description: str = ''
     success_codes: tuple[int, ...] = (0,)  # exit codes that do not fail the phase
+    # Standard library only: runs in any Python, so a front end may run it before it installs anything.
+    needs_nothing_installed: bool = False
 
     def resolved_argv(self, python: str = sys.executable) -> list[str]:
         """argv with 'python' replaced by a concrete interpreter (for front ends without a venv)."""
@@ -71,8 +94,7 @@ def lint() -> list[Step]:
 
 
 def tests_cpu(args: Sequence[str] = ()) -> list[Step]:
-    """Everything that runs without an accelerator: contract and tooling tests, kernel lowering at the
-    default level, then the device tests at level 0 with the Ascend kernels on the Ascend C emulator."""
+    """Contract and tooling tests and kernel lowering at the default level, then the device tests."""
     # Lowering and emulation are CPU-bound and independent per test: one xdist worker per core.
     return [
         _pytest('-m', CPU_TIER, '-n', 'auto', *args, description='CPU tier'),
@@ -118,6 +140,7 @@ def require_device(session: str) -> Step:
         ('python', '-m', 'cann_ops_pipeline.require_device', session),
         _pipeline_env(),
         'check for an accelerator',
+        needs_nothing_installed=True,
     )
 
 
@@ -127,9 +150,7 @@ def _two_phase(args: Sequence[str], env: dict[str, str] | None = None, descripti
 
 
 def verify(level: int, args: Sequence[str] = (), device_count: int | None = None) -> list[Step]:
-    """Correctness at a test level: the CPU tier plus device tests where an accelerator exists.
-
-    With a device (`device_count`, counted here when None) through the memory-aware two-phase runner;
+    """With a device (`device_count`, counted here when None) through the memory-aware two-phase runner;
     without one in one pytest run with a worker per core (the CPU tier is CPU-bound lowering).
     """
     env = {LEVEL_ENV: str(check_test_level(level))}
@@ -143,12 +164,11 @@ def verify(level: int, args: Sequence[str] = (), device_count: int | None = None
 
 
 def run_tests(args: Sequence[str] = ()) -> list[Step]:
-    """The two-phase xdist run (memory-aware); see cann_ops_pipeline.two_phase."""
+    """See cann_ops_pipeline.two_phase."""
     return [require_device('run-tests'), _two_phase(args)]
 
 
 def refresh_mem(args: Sequence[str] = ()) -> list[Step]:
-    """Measure the peak device memory of device tests and rewrite their profiles."""
     return [
         require_device('refresh-mem'),
         _pytest('-m', DEVICE_CORRECTNESS, '--refresh-mem', *args, description='refresh memory profiles'),
@@ -165,22 +185,23 @@ def _verify_baseline(args: Sequence[str]) -> Step:
 
 
 def verify_baseline(args: Sequence[str] = ()) -> list[Step]:
-    """Compare benchmark results with the committed baselines."""
     return [require_device('verify-baseline'), _verify_baseline(args)]
 
 
 def refresh_baseline(args: Sequence[str] = ()) -> list[Step]:
-    """Refresh the current cluster's records, then verify at once: every record must be hit."""
+    """The verification after the refresh checks that every record was hit."""
     refresh = _pytest('-m', BENCHMARKS, '--run-benchmark', '--refresh-baseline', *args, description='refresh')
     return [require_device('refresh-baseline'), refresh, _verify_baseline(args)]
 
 
 def build_wheel(outdir: str | os.PathLike = 'dist', pins: Sequence[str] = ()) -> list[Step]:
-    """Build sdist and wheel, then install the wheel in a fresh venv and import it there.
+    """`outdir`: where sdist and wheel go; a relative one is taken from the repository root, where the steps
+    run (the wheel check installs from a folder of its own, so it gets the folder as an absolute path).
 
     `pins`: requirements installed with the wheel (e.g. the torch pin); none: the running interpreter's
     torch and tilelang versions (see cann_ops_pipeline.wheel_check).
     """
+    outdir = ROOT / outdir  # an absolute outdir stays as it is
     return [
         Step(('python', '-m', 'build', '--outdir', str(outdir), '.'), description='build sdist and wheel'),
         Step(

@@ -35,6 +35,8 @@ print(f'cann_ops_tilelang {ops.__version__} from {ops.__file__}: {len(ops.__all_
 
 
 def find_wheel(dist_dir: Path) -> Path:
+    """The newest wheel of the project in `dist_dir`, as an absolute path: pip runs from another folder."""
+    dist_dir = Path(dist_dir).resolve()
     wheels = sorted(dist_dir.glob(f'{DISTRIBUTION.replace("-", "_")}-*.whl'), key=lambda p: p.stat().st_mtime)
     if not wheels:
         raise FileNotFoundError(f'no {DISTRIBUTION} wheel in {dist_dir}: run the build first')

@@ -76,11 +76,16 @@ def test_verify_runs_through_the_two_phase_runner_where_a_device_is():
     assert 'two-phase' in step.description
 
 
-@pytest.mark.parametrize('session', ['run-tests', 'refresh-mem', 'refresh-baseline', 'verify-baseline'])
+DEVICE_SESSIONS = ['run-tests', 'refresh-mem', 'refresh-baseline', 'verify-baseline']
+
+
+@pytest.mark.parametrize('session', DEVICE_SESSIONS)
 def test_device_sessions_check_for_a_device_first(session):
     steps = getattr(phases, session.replace('-', '_'))()
     assert steps[0].argv == ('python', '-m', 'cann_ops_pipeline.require_device', session)
     assert [step.argv[:3] for step in steps].count(steps[0].argv[:3]) == 1
+    # the one step a front end may run before it installs anything (nox does: see test_nox_device_check_...)
+    assert [step.needs_nothing_installed for step in steps] == [True] + [False] * (len(steps) - 1)
 
 
 @pytest.mark.parametrize('level', [3, -1, True, '0'])
@@ -126,9 +131,21 @@ def test_bytecode_cache_reaches_every_pytest_step(monkeypatch, tmp_path):
 
 
 def test_the_wheel_check_gets_the_pins():
+    dist = str(phases.ROOT / 'dist')
     check = phases.build_wheel('dist', pins=['torch==2.13.0'])[1]
-    assert check.argv == ('python', '-m', 'cann_ops_pipeline.wheel_check', 'dist', '--pin=torch==2.13.0')
-    assert phases.build_wheel('dist')[1].argv[-1] == 'dist'  # the running interpreter's versions
+    assert check.argv == ('python', '-m', 'cann_ops_pipeline.wheel_check', dist, '--pin=torch==2.13.0')
+    assert phases.build_wheel('dist')[1].argv[-1] == dist  # the running interpreter's versions
+
+
+@pytest.mark.parametrize(
+    ('outdir', 'expected'),
+    [(None, phases.ROOT / 'dist'), ('out/wheels', phases.ROOT / 'out' / 'wheels'), ('/abs/dist', Path('/abs/dist'))],
+)
+def test_the_wheel_folder_is_absolute(outdir, expected):
+    """The wheel check installs from a temporary folder: a relative folder would not be found from there."""
+    build, check = phases.build_wheel() if outdir is None else phases.build_wheel(outdir)
+    assert build.argv[build.argv.index('--outdir') + 1] == str(expected)
+    assert check.argv[3] == str(expected)
 
 
 def test_python_is_resolved_per_front_end():
@@ -146,6 +163,40 @@ def test_nox_lists_every_session():
     assert listed == SESSIONS
     defaults = [line.split()[1] for line in listing.splitlines() if line.startswith('* ')]
     assert defaults == ['lint', 'tests-cpu']
+
+
+def _description(session: str) -> str:
+    """What phases.DESCRIPTIONS says of a nox session (verify-N: the verify text at level N)."""
+    level = session.removeprefix('verify-')
+    return phases.describe('verify', level) if level.isdigit() else phases.describe(session)
+
+
+def test_nox_sessions_take_their_descriptions_from_phases():
+    listing = subprocess.run(
+        [sys.executable, '-m', 'nox', '-l', '-f', str(phases.ROOT / 'noxfile.py')],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    shown = dict(line[2:].split(' -> ', 1) for line in listing.splitlines() if line[:2] in ('* ', '- '))
+    assert shown == {name: _description(name) for name in SESSIONS}
+
+
+def test_invoke_tasks_take_their_descriptions_from_phases():
+    from tasks import phases as tasks_phases
+
+    for name in {name for name in SESSIONS if not name.startswith('verify-')}:
+        assert getattr(tasks_phases, name.replace('-', '_')).__doc__ == phases.describe(name), name
+    assert tasks_phases.verify.__doc__ == phases.describe('verify', 'N (--level)')
+
+
+def test_the_descriptions_are_worded_once():
+    """Neither front end spells a description itself (nor does phases.py a second time)."""
+    sources = {path: (phases.ROOT / path).read_text(encoding='utf-8') for path in ('noxfile.py', 'tasks/phases.py')}
+    phases_source = Path(phases.__file__).read_text(encoding='utf-8')
+    for description in phases.DESCRIPTIONS.values():
+        words = description.split('{')[0][:30]
+        assert phases_source.count(words) == 1, words
+        for path, source in sources.items():
+            assert words not in source, (path, words)
 
 
 def test_invoke_lists_the_same_phases():
@@ -168,14 +219,14 @@ def test_invoke_verify_refuses_a_bad_level_in_one_line(level):
 
 
 def test_the_readme_set_up_gives_invoke():
-    """The README's set-up makes a session virtualenv with the dev extra; activated, it has invoke."""
+    """The README's set-up makes the shared project virtualenv with the dev extra; activated, it has invoke."""
     readme = (phases.ROOT / 'README.md').read_text(encoding='utf-8')
-    assert 'source .nox/tests-cpu/bin/activate' in readme
+    assert 'source .nox/project/bin/activate' in readme
     pyproject = (phases.ROOT / 'pyproject.toml').read_text(encoding='utf-8')
     dev = pyproject.split('dev = [', 1)[1].split(']', 1)[0]
     assert '"invoke' in dev
     assert '"ruff==' in dev  # new-op formats with it
-    assert "session.install('-e', '.[dev]')" in (phases.ROOT / 'noxfile.py').read_text(encoding='utf-8')
+    assert "'-e', '.[dev]'" in (phases.ROOT / 'noxfile.py').read_text(encoding='utf-8')
     bin_dir = Path(sys.executable).parent
     if '.nox' not in bin_dir.parts:
         pytest.skip('not run from a nox session virtualenv')

@@ -186,7 +186,8 @@ def load_baseline(path: str | os.PathLike, test_file: str | None = None) -> list
             continue
         try:
             record = check_record(json.loads(line, parse_constant=_reject_constant))
-        except (ValueError, TypeError) as exc:  # json.JSONDecodeError is a ValueError
+        # json.JSONDecodeError is a ValueError; an integer past float's range overflows, a deeply nested one recurses
+        except (ValueError, TypeError, OverflowError, RecursionError) as exc:
             raise CorruptFileError(path, f'line {number}: {exc}') from exc
         if test_file is not None and record['node_id'].split('::', 1)[0] != test_file:
             raise CorruptFileError(

@@ -63,7 +63,12 @@ def render_profile(test_file: str, records: Mapping[str, dict]) -> str:
 
 
 def _is_number(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return False
+    try:
+        return math.isfinite(value) and value >= 0
+    except OverflowError:  # an integer past float's range: no MiB figure
+        return False
 
 
 def _check_record(path: Path, nodeid: str, record: object) -> None:
@@ -92,12 +97,12 @@ def parse_profile(text: str, path: str | os.PathLike, test_file: str) -> dict[st
     path = Path(path)
     try:
         data = json.loads(text)
-    except json.JSONDecodeError as exc:
+    except (json.JSONDecodeError, RecursionError) as exc:  # RecursionError: absurdly deep nesting
         raise CorruptFileError(path, f'not valid JSON (truncated or hand-edited?): {exc}') from None
     if not isinstance(data, dict) or data.get('format') != FORMAT:
         found = data.get('format') if isinstance(data, dict) else type(data).__name__
         raise CorruptFileError(path, f'not an NPU memory profile: format {found!r}, expected {FORMAT!r}')
-    if data.get('version') != VERSION or isinstance(data.get('version'), bool):
+    if type(data.get('version')) is not int or data['version'] != VERSION:  # not 1.0, not True
         raise CorruptFileError(path, f'schema version {data.get("version")!r} is not supported (expected {VERSION})')
     if set(data) != TOP_LEVEL_FIELDS:
         missing, unknown = sorted(TOP_LEVEL_FIELDS - set(data)), sorted(set(data) - TOP_LEVEL_FIELDS)

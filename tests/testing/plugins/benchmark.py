@@ -28,7 +28,12 @@ from pathlib import Path
 
 import pytest
 
-from cann_ops_pipeline.conventions import DEFAULT_MIN_DELTA_US, DEFAULT_REGRESSION_THRESHOLD
+from cann_ops_pipeline.conventions import (
+    BENCHMARK_MARKER,
+    DEFAULT_MIN_DELTA_US,
+    DEFAULT_REGRESSION_THRESHOLD,
+    marker_line,
+)
 from tests.testing import baseline, host_timing
 from tests.testing.files import CorruptFileError, atomic_write_text
 from tests.testing.timing import DeviceBackend, NoAcceleratorError
@@ -106,7 +111,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line('markers', 'benchmark: performance measurement; skipped unless --run-benchmark')
+    config.addinivalue_line('markers', marker_line(BENCHMARK_MARKER))
     if config.getoption('refresh_baseline') and not config.getoption('run_benchmark'):
         raise pytest.UsageError('--refresh-baseline needs --run-benchmark (benchmark tests are skipped without it)')
     config.stash[_STATE] = BenchmarkState()

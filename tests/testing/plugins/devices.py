@@ -5,10 +5,11 @@ fixture hands such tests the device to put their inputs on.
 
 `--ascend-emulator` (or OPS_TILELANG_ASCEND_EMULATOR=1 in the environment) runs them on a machine
 without an accelerator on the CPU instead, through the public interfaces: CPU tensors, with the Ascend
-kernels lowered to Ascend C and executed on the emulator of `cann_ops_ascend_emu`. Results are "Ascend C
-emulated on CPU", never hardware-verified. The opt-in applies to `npu` tests only: every other test
-runs with it unset, so contract tests still see CPU tensors refused. On the emulator, tests marked
-`cuda_only` (CUDA-only kernel variants) and benchmarks skip with the reason.
+kernels lowered to Ascend C and executed on the emulator of `cann_ops_ascend_emu` (imported here for such a
+run, which registers it with cann_ops_tilelang). Results are "Ascend C emulated on CPU", never
+hardware-verified. The opt-in applies to `npu` tests only: every other test runs with it unset, so contract
+tests still see CPU tensors refused. On the emulator, tests marked `cuda_only` (CUDA-only kernel variants)
+and benchmarks skip with the reason.
 """
 
 from __future__ import annotations
@@ -16,10 +17,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from cann_ops_pipeline.conventions import ASCEND_EMULATOR_OPTION
+from cann_ops_pipeline.conventions import ASCEND_EMULATOR_OPTION, CUDA_ONLY_MARKER, NPU_MARKER, marker_line
 from cann_ops_tilelang import config as ops_config
 
-CUDA_ONLY_MARKER = 'cuda_only'
 emulator_key = pytest.StashKey[bool]()
 
 
@@ -52,11 +52,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line('markers', 'npu: needs an accelerator (Ascend NPU or CUDA GPU); skipped without one')
-    config.addinivalue_line(
-        'markers', f'{CUDA_ONLY_MARKER}: device test of a CUDA-only kernel variant; skipped on Ascend and the emulator'
-    )
-    config.stash[emulator_key] = config.getoption(ASCEND_EMULATOR_OPTION) or ops_config.ascend_emulator_enabled()
+    config.addinivalue_line('markers', marker_line(NPU_MARKER))
+    config.addinivalue_line('markers', marker_line(CUDA_ONLY_MARKER))
+    emulator = config.getoption(ASCEND_EMULATOR_OPTION) or ops_config.ascend_emulator.enabled()
+    config.stash[emulator_key] = emulator
+    if emulator:
+        # Importing the emulator registers it with cann_ops_tilelang (in every xdist worker, each configured here).
+        import cann_ops_ascend_emu  # noqa: F401
 
 
 @pytest.hookimpl(trylast=True)

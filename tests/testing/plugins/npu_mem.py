@@ -28,6 +28,7 @@ from cann_ops_pipeline.conventions import (
     LARGE_MARKER,
     NPU_MEM_THRESHOLD_OPTION,
     TEST_LEVELS,
+    marker_line,
     test_level_from_env,
 )
 from tests.testing.files import CorruptFileError
@@ -126,7 +127,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line('markers', f'{LARGE_MARKER}: peak device memory above --npu-mem-threshold, or no profile')
+    config.addinivalue_line('markers', marker_line(LARGE_MARKER))
     if config.getoption('refresh_mem_missing_only') and not config.getoption('refresh_mem'):
         raise pytest.UsageError('--refresh-mem-missing-only only works together with --refresh-mem')
     threshold = config.getoption('npu_mem_threshold')
