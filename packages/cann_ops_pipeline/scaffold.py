@@ -1,19 +1,20 @@
 """Scaffold a new operator the way the operator workflow prescribes (`invoke new-op`).
 
-`new_operator(root, 'foo/foo_bar', public=False)` creates, under the repository `root`:
+`new_operator(root, 'foo/foo_bar', public=False)` creates, under the repository `root`, an operator on the
+operator mechanism (cann_ops_tilelang.operator):
 
 - `packages/cann_ops_tilelang/foo/__init__.py` when the domain is new, else adds
   `from .foo_bar import foo_bar` and the `__all__` entry to it;
-- `packages/cann_ops_tilelang/foo/foo_bar.py` (public interface, with the `_eager` / `_fake` halves its
-  torch.library ops call) and `foo_bar_kernel.py` (config, config choice, Ascend + CUDA prim_funcs named
-  `foo_bar_kernel`, cached compile);
-- the ops `cann_ops_tilelang::foo_bar` and `foo_bar_out` (fake kernels, out= declared mutated) appended to
-  `packages/cann_ops_tilelang/foo/_torch_ops.py`, which is created when missing and imported by the domain's
-  `__init__.py`, so that importing the domain registers them (no device, no compile);
+- `packages/cann_ops_tilelang/foo/foo_bar.py`: its declaration to `Operator` (contract, plan, the
+  torch.library forms `cann_ops_tilelang::foo_bar` and `foo_bar_out` through `OP.define`, registered when the
+  module is imported) and the public function under `@OP.public`; `foo_bar_kernel.py` (config, config choice,
+  `make_foo_bar_kernel` and the cached `get_foo_bar_kernel`); the prim_funcs `foo_bar_kernel` of the two
+  backends in `_foo_bar_ascend.py` and `_foo_bar_cuda.py`;
 - `tests/foo/__init__.py` when missing, `tests/foo/test_foo_bar.py` and `tests/foo/foo_bar_ref.py`;
-- with `public=True` only: `from cann_ops_tilelang.foo import foo_bar` and the `__all__` entry in
-  the root `packages/cann_ops_tilelang/__init__.py` (without it the operator is experimental,
-  reachable as `cann_ops_tilelang.foo.foo_bar` only).
+- in the root `packages/cann_ops_tilelang/__init__.py`: `from cann_ops_tilelang import foo as foo` when it does
+  not import the domain yet (every domain is imported by the root package); with `public=True` also
+  `from cann_ops_tilelang.foo import foo_bar` and the `__all__` entry (without it the operator is
+  experimental, reachable as `cann_ops_tilelang.foo.foo_bar` only).
 
 The generated operator is a working example (an elementwise copy of a bf16/fp32 tensor) whose
 tests pass as generated. Three jobs, three modules: the naming rules (`scaffold_names`), the files
@@ -53,9 +54,8 @@ __all__ = [
     'Plan',
     'ScaffoldError',
     'add_domain_export',
+    'add_root_domain_import',
     'add_root_export',
-    'add_torch_ops',
-    'add_torch_ops_import',
     'apply_plan',
     'existing_operators',
     'exported_names',
@@ -70,7 +70,6 @@ __all__ = [
 
 TEMPLATES = Path(__file__).resolve().parent / 'templates'
 PACKAGE = 'cann_ops_tilelang'
-TORCH_OPS = '_torch_ops'  # each domain's module of torch.library registrations
 RUFF_CONFIG = Path(__file__).resolve().parents[2] / 'pyproject.toml'  # the repository's [tool.ruff]
 
 
@@ -226,103 +225,58 @@ def add_root_export(text: str, domain: str, operator: str, path: str = '__init__
     return _checked(ruff_fix_and_format({'__init__.py': edited})['__init__.py'], path, operator)
 
 
-def _imports_torch_ops(tree: ast.Module) -> bool:
+def _imports_domain(tree: ast.Module, domain: str) -> bool:
+    """Whether a root `__init__.py` imports the domain subpackage by name (`from cann_ops_tilelang import
+    <domain>`, `from . import <domain>`, with or without `as`)."""
     return any(
         isinstance(node, ast.ImportFrom)
-        and node.level == 1
-        and (node.module == TORCH_OPS or (node.module is None and any(a.name == TORCH_OPS for a in node.names)))
+        and ((node.level == 0 and node.module == PACKAGE) or (node.level == 1 and node.module is None))
+        and any(alias.name == domain for alias in node.names)
         for node in tree.body
     )
 
 
-def add_torch_ops_import(text: str, path: str = '__init__.py') -> str:
-    """A domain `__init__.py` that imports its `_torch_ops` (unchanged when it does): last, as engram's, so the
-    ops are registered once the interfaces they call are imported."""
-    if _imports_torch_ops(_parse(text, path)):
+def add_root_domain_import(text: str, domain: str, path: str = '__init__.py') -> str:
+    """The root `__init__.py` with `from cann_ops_tilelang import <domain> as <domain>` (unchanged when it imports
+    the domain already): every domain is an attribute of the root package from its import on, so that an
+    experimental operator is `cann_ops_tilelang.<domain>.<op>` and its torch.library forms are registered."""
+    tree = _parse(text, path)
+    if _imports_domain(tree, domain):
         return text
-    return text.rstrip('\n') + (
-        '\n\n# Registers the torch.library ops after the interfaces they call (no device, no compile).\n'
-        f'from . import {TORCH_OPS}  # noqa: F401\n'
-    )
-
-
-# What an operator's section of `_torch_ops.py` refers to, with the import that binds each name.
-_TORCH_OPS_IMPORTS = {
-    'importlib': ('importlib', None, 'import importlib'),
-    'torch': ('torch', None, 'import torch'),
-    'NAMESPACE': (f'{PACKAGE}._torch_library', 'NAMESPACE', f'from {PACKAGE}._torch_library import NAMESPACE'),
-}
+    lines = text.splitlines()
+    _insert_imports(lines, tree, [f'from {PACKAGE} import {domain} as {domain}'])
+    return '\n'.join(lines) + '\n'
 
 
 def op_names(operator: str) -> tuple[str, str]:
-    """The torch.library ops of a scaffolded operator: the functional form and the out= form."""
+    """The torch.library forms of a scaffolded operator: the functional one and the out= one."""
     return operator, f'{operator}_out'
 
 
-def _top_level_names(tree: ast.Module) -> dict[str, ast.stmt]:
-    names: dict[str, ast.stmt] = {}
-    for node in tree.body:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            names.setdefault(node.name, node)
-        elif isinstance(node, (ast.Import, ast.ImportFrom)):
-            for alias in node.names:
-                names.setdefault(alias.asname or alias.name.split('.')[0], node)
-        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            for target in targets:
-                for leaf in ast.walk(target):
-                    if isinstance(leaf, ast.Name):
-                        names.setdefault(leaf.id, node)
-    return names
-
-
-def _binds(node: ast.stmt, module: str, name: str | None) -> bool:
-    if name is None:
-        return isinstance(node, ast.Import) and any(a.name == module and a.asname is None for a in node.names)
-    return (
-        isinstance(node, ast.ImportFrom)
-        and node.level == 0
-        and node.module == module
-        and any(a.name == name and a.asname is None for a in node.names)
-    )
-
-
-def add_torch_ops(text: str, section: str, path: str = TORCH_OPS + '.py') -> str:
-    """A domain's `_torch_ops.py` with an operator's `section` appended (the imports it needs added): refused
-    when the module defines one of the section's names already (`_` aside: each fake kernel's), or binds
-    `torch`, `importlib` or `NAMESPACE` to something else."""
-    tree = _parse(text, path)
-    names = _top_level_names(tree)
-    for name in _top_level_names(_parse(section, 'the section of the template')):
-        if name != '_' and name in names:
-            raise ScaffoldError(f'{path}:{names[name].lineno}: {name!r} is defined already; edit it by hand')
-    missing = []
-    for name, (module, imported, line) in _TORCH_OPS_IMPORTS.items():
-        if name not in names:
-            missing.append(line)
-        elif not _binds(names[name], module, imported):
-            raise ScaffoldError(f'{path}:{names[name].lineno}: {name!r} is not `{line}`; edit it by hand')
-    lines = text.rstrip('\n').splitlines()
-    if missing:
-        _insert_imports(lines, tree, missing)
-    return '\n'.join(lines) + '\n' + section
+def _registered_in(tree: ast.Module) -> list[str]:
+    """The op names a module registers: the first argument of each `Operator('<name>', ...)` and
+    `<op>.define('<form>', ...)`."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and node.args:
+            callee = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, 'id', None)
+            first = node.args[0]
+            if callee in ('Operator', 'define') and isinstance(first, ast.Constant) and isinstance(first.value, str):
+                found.append(first.value)
+    return found
 
 
 def registered_op_names(root: Path) -> dict[str, str]:
-    """Op name -> the `_torch_ops.py` that names it: every string constant of each domain's registrations
-    (`'<op>'`, `'...::<op>'`, an f-string's `'::<op>'` part), a superset of the ops it registers."""
+    """Op name -> the module of the package that registers it (see _registered_in)."""
     found: dict[str, str] = {}
     for domain in _domains(root / 'packages' / PACKAGE):
-        module = domain / f'{TORCH_OPS}.py'
-        if not module.is_file():
-            continue
-        try:
-            tree = ast.parse(_read(module))
-        except SyntaxError:
-            continue  # its domain's import fails anyway; a new operator there is refused when it is edited
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Constant) and isinstance(node.value, str):
-                found.setdefault(node.value.rpartition('::')[2], module.relative_to(root).as_posix())
+        for module in sorted(domain.glob('*.py')):
+            try:
+                tree = ast.parse(_read(module))
+            except SyntaxError:
+                continue  # its domain's import fails anyway; a new operator there is refused when it is edited
+            for name in _registered_in(tree):
+                found.setdefault(name, module.relative_to(root).as_posix())
     return found
 
 
@@ -423,42 +377,38 @@ def plan_operator(root: str | os.PathLike, spec: str, *, public: bool = False) -
     if domain_init.is_file():
         original = _read(domain_init)
         edited = _add_export(original, str(domain_init), _domain_import(op), op)
-        changes.append(
-            FileChange(f'{package_dir}/__init__.py', add_torch_ops_import(edited, str(domain_init)), original)
-        )
+        changes.append(FileChange(f'{package_dir}/__init__.py', edited, original))
     else:
         changes.append(FileChange(f'{package_dir}/__init__.py', render_template('domain_init.py.tmpl', name)))
-    changes.append(FileChange(f'{package_dir}/{op}.py', render_template('operator.py.tmpl', name)))
-    changes.append(FileChange(f'{package_dir}/{op}_kernel.py', render_template('operator_kernel.py.tmpl', name)))
-    torch_ops = root / package_dir / f'{TORCH_OPS}.py'
-    section = render_template('operator_torch_ops.py.tmpl', name)
-    if domain_init.is_file() and torch_ops.is_file():
-        original = _read(torch_ops)
-        edited = add_torch_ops(original, section, str(torch_ops))
-        changes.append(FileChange(f'{package_dir}/{TORCH_OPS}.py', edited, original))
-    else:
-        header = render_template('domain_torch_ops.py.tmpl', name)
-        changes.append(FileChange(f'{package_dir}/{TORCH_OPS}.py', header + section))
+    for template, path in (
+        ('operator.py.tmpl', f'{op}.py'),
+        ('operator_kernel.py.tmpl', f'{op}_kernel.py'),
+        ('operator_ascend.py.tmpl', f'_{op}_ascend.py'),
+        ('operator_cuda.py.tmpl', f'_{op}_cuda.py'),
+    ):
+        changes.append(FileChange(f'{package_dir}/{path}', render_template(template, name)))
     if not (root / tests_dir / '__init__.py').is_file():
         changes.append(FileChange(f'{tests_dir}/__init__.py', ''))
     changes.append(FileChange(f'{tests_dir}/test_{op}.py', render_template('test_operator.py.tmpl', name)))
     changes.append(FileChange(f'{tests_dir}/{op}_ref.py', render_template('operator_ref.py.tmpl', name)))
+    # The root package imports every domain by name (experimental operators too); public: also the export.
+    root_init = root / 'packages' / PACKAGE / '__init__.py'
+    original = _read(root_init)
+    edited = add_root_domain_import(original, domain, str(root_init))
     if public:
-        root_init = root / 'packages' / PACKAGE / '__init__.py'
-        original = _read(root_init)
-        changes.append(
-            FileChange(
-                f'packages/{PACKAGE}/__init__.py',
-                _add_export(original, str(root_init), _root_import(domain, op), op),
-                original,
-            )
-        )
+        edited = _add_export(edited, str(root_init), _root_import(domain, op), op)
+    if edited != original:
+        changes.append(FileChange(f'packages/{PACKAGE}/__init__.py', edited, original))
 
     formatted = ruff_fix_and_format({c.path: c.content for c in changes if c.path.endswith('.py') and c.content})
     changes = [dataclasses.replace(c, content=formatted.get(c.path, c.content)) for c in changes]
+    # What ruff made of the edited `__init__.py` files still exports the operator and imports the domain.
+    root_path = f'packages/{PACKAGE}/__init__.py'
     for change in changes:
-        if change.path.endswith('__init__.py') and change.content:
+        if change.path == f'{package_dir}/__init__.py' or (change.path == root_path and public):
             _checked(change.content, change.path, op)
+        if change.path == root_path and not _imports_domain(_parse(change.content, root_path), domain):
+            raise ScaffoldError(f'{root_path}: internal error, the domain {domain!r} is not imported after the edit')
     existing = [c.path for c in changes if c.is_new and os.path.lexists(root / c.path)]
     if existing:
         raise ScaffoldError(f'refusing to overwrite existing files: {", ".join(existing)}')
@@ -485,21 +435,24 @@ def new_operator(root: str | os.PathLike, spec: str, *, public: bool = False) ->
 
 
 def next_steps(plan: Plan) -> list[str]:
-    """What to run after scaffolding, for the task's output."""
+    """What to run after scaffolding, for the task's output: each command with what it checks."""
     domain, op = plan.name.domain, plan.name.operator
+    test_file = f'tests/{domain}/test_{op}.py'
     steps = [
-        f'python -m pytest tests/{domain}/test_{op}.py -q   # CPU tier passes as generated; npu tests need a device',
-        f'OPS_TILELANG_TEST_LEVEL=0 python -m pytest tests/{domain}/test_{op}.py -m "not benchmark"   # on a device',
+        f'python -m pytest {test_file} -q   # CPU tier: lowering, contract, torch.library forms (no values: '
+        'a kernel with wrong math passes here)',
+        f'OPS_TILELANG_TEST_LEVEL=0 python -m pytest {test_file} -q -m npu --ascend-emulator   # values on a '
+        "CPU-only machine: the Ascend kernel on the Ascend C emulator (needs g++ with C++20); catches a kernel's "
+        'wrong math',
+        f'OPS_TILELANG_TEST_LEVEL=0 python -m pytest {test_file} -m "not benchmark"   # on an NPU or a GPU: '
+        'the device tests on the device (the CUDA kernel is checked only on a GPU)',
+        'python -m pytest tests/engram/test_torch_ops.py tests/engram/test_engram_host_time.py -q -m "not npu and '
+        'not benchmark"   # the project-wide checks of every public operator',
         'ruff check . && ruff format --check .',
     ]
-    if plan.public:
+    if not plan.public:
         steps.append(
-            'python -m pytest tests/engram/test_torch_ops.py -q -m "not npu"   # every public operator has its '
-            'torch.library op'
-        )
-    else:
-        steps.append(
-            f'experimental (not exported by the root package): use `from {PACKAGE}.{domain} import {op}`; once it is '
+            f'experimental (not exported by the root package): `from {PACKAGE}.{domain} import {op}`; once it is '
             f'stable, add the import and the __all__ entry to packages/{PACKAGE}/__init__.py'
         )
     return steps

@@ -1,4 +1,4 @@
-"""`invoke new-op`: name rules, no overwrite, rollback, edits of __init__.py and _torch_ops.py, the invoke task.
+"""`invoke new-op`: name rules, no overwrite, rollback, edits of the __init__.py files, next steps, the invoke task.
 
 That the generated operator works end to end is test_scaffold_end_to_end.py.
 """
@@ -6,13 +6,14 @@ That the generated operator works end to end is test_scaffold_end_to_end.py.
 from __future__ import annotations
 
 import ast
+import re
 import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from cann_ops_pipeline import file_transaction, scaffold
+from cann_ops_pipeline import file_transaction, scaffold, scaffold_names
 from cann_ops_pipeline.scaffold import ScaffoldError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -160,39 +161,39 @@ def test_clash_with_root_exports_and_orphan_test_folders(tree):
         scaffold.new_operator(tree, 'qux/qux_x')
 
 
-ENGRAM_TORCH_OPS = '''"""Engram ops."""
+# An operator on the operator mechanism, with a form whose name is not the operator's.
+ENGRAM_GATE = '''"""Gate."""
 
-import torch
+from cann_ops_tilelang.operator import Operator
 
-from cann_ops_tilelang._torch_library import NAMESPACE
-
-
-def _name(op: str) -> str:
-    return f'{NAMESPACE}::{op}'
-
-
-@torch.library.custom_op(f'{NAMESPACE}::engram_fused_weight_inplace', mutates_args=('x',))
-def _inplace(x: torch.Tensor) -> None:
-    pass
-
-
-@torch.library.custom_op(_name('engram_hash_out'), mutates_args=('out',))
-def _hash_out(x: torch.Tensor, out: torch.Tensor) -> None:
-    pass
+OP = Operator('engram_gate', check=None, choose_config=None, get_kernel=None)
+_out = OP.define('engram_gate_out', '(Tensor x, Tensor(a!) out) -> ()', None, None)
+_nosave = OP.define('engram_gate_nosave', '(Tensor x) -> Tensor', None, None)
+_extra = OP.define('engram_extra_out', '(Tensor x, Tensor(a!) out) -> ()', None, None)
+_side = OP.define('engram_side_nosave', '(Tensor x) -> Tensor', None, None)
 '''
 
 
 @pytest.mark.parametrize(
     ('spec', 'match'),
     [
-        ('engram/engram_fused_weight_inplace', r'op cann_ops_tilelang::engram_fused_weight_inplace is registered'),
-        ('engram_fused/engram_fused_weight_inplace', r'registered already \(packages/.*/engram/_torch_ops.py\)'),
-        ('engram/engram_hash', 'op cann_ops_tilelang::engram_hash_out is registered already'),  # its out= op
+        (
+            'engram_side/engram_side_nosave',
+            r'engram_side_nosave is registered already \(packages/.*/engram/engram_gate.py',
+        ),
+        ('engram/engram_extra', 'op cann_ops_tilelang::engram_extra_out is registered already'),  # its out= form
+        ('engram/engram_gate_nosave', r'engram_gate_nosave is registered already \(packages/.*/engram/engram_gate.py'),
+        ('foo/foo_x', None),  # foo_x_out is nobody's
     ],
-    ids=['same-domain', 'other-domain', 'out-form'],
+    ids=['other-domain', 'out-form', 'declared-form', 'free'],
 )
 def test_clash_with_registered_ops(tree, spec, match):
-    write(tree, {f'{PACKAGE}/engram/_torch_ops.py': ENGRAM_TORCH_OPS})
+    write(tree, {f'{PACKAGE}/engram/engram_gate.py': ENGRAM_GATE})
+    registered = scaffold.registered_op_names(tree)
+    assert registered['engram_gate'] == registered['engram_gate_out'] == f'{PACKAGE}/engram/engram_gate.py'
+    if match is None:
+        scaffold.plan_operator(tree, spec)
+        return
     before = snapshot(tree)
     with pytest.raises(ScaffoldError, match=match):
         scaffold.new_operator(tree, spec)
@@ -208,15 +209,13 @@ def test_not_a_repository_root(tmp_path):
 
 
 def registrations(path: Path) -> dict[str, tuple[str, ...]]:
-    """Op name -> the arguments it declares mutated, for each `@torch.library.custom_op(f'{NAMESPACE}::<op>',
-    mutates_args=...)` of a module (read from its source: nothing is registered)."""
+    """Form -> the arguments its schema declares written, for each `OP.define('<form>', '<schema>', ...)` of an
+    operator's module (read from its source: nothing is registered)."""
     found = {}
     for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Call) and ast.unparse(node.func) == 'torch.library.custom_op':
-            name = ast.unparse(node.args[0])
-            assert name.startswith("f'{NAMESPACE}::"), name
-            (mutates,) = (k.value for k in node.keywords if k.arg == 'mutates_args')
-            found[name.removeprefix("f'{NAMESPACE}::").removesuffix("'")] = ast.literal_eval(mutates)
+        if isinstance(node, ast.Call) and ast.unparse(node.func) == 'OP.define':
+            form, schema = (ast.literal_eval(a) for a in node.args[:2])
+            found[form] = tuple(re.findall(r'Tensor\(\w!\)\??\s+(\w+)', schema))
     return found
 
 
@@ -226,60 +225,80 @@ def test_creates_the_files_of_the_workflow(tree):
         f'{PACKAGE}/foo/__init__.py',
         f'{PACKAGE}/foo/foo_bar.py',
         f'{PACKAGE}/foo/foo_bar_kernel.py',
-        f'{PACKAGE}/foo/_torch_ops.py',
+        f'{PACKAGE}/foo/_foo_bar_ascend.py',
+        f'{PACKAGE}/foo/_foo_bar_cuda.py',
         'tests/foo/__init__.py',
         'tests/foo/test_foo_bar.py',
         'tests/foo/foo_bar_ref.py',
     ]
-    assert plan.edited == []  # not public: the root package is untouched
-    assert (tree / PACKAGE / '__init__.py').read_text() == ROOT_INIT
+    # Not public: the root package only imports the new domain, which registers its operators' forms.
+    assert plan.edited == [f'{PACKAGE}/__init__.py']
+    root_init = (tree / PACKAGE / '__init__.py').read_text()
+    assert root_init == ROOT_INIT.replace(
+        '\n\n__version__', '\n\nfrom cann_ops_tilelang import foo as foo\n\n__version__'
+    )
     kernel = (tree / PACKAGE / 'foo/foo_bar_kernel.py').read_text()
     for needle in (
         'class FooBarConfig',
         'def choose_foo_bar_config(',
         'def make_foo_bar_kernel(',
-        'def foo_bar_kernel(',
+        'from ._foo_bar_ascend import ascend_foo_bar_kernel\n',
+        'from ._foo_bar_cuda import cuda_foo_bar_kernel\n',
     ):
         assert needle in kernel
     assert '@functools.cache\ndef get_foo_bar_kernel(' in kernel
+    for backend in ('ascend', 'cuda'):
+        source = (tree / PACKAGE / f'foo/_foo_bar_{backend}.py').read_text()
+        assert f'def {backend}_foo_bar_kernel(cfg):' in source
+        assert '    def foo_bar_kernel(\n' in source  # the prim_func's name, which the tests look for
+        assert 'foo_bar_kernel import' not in source  # the backends do not import the kernel module: no circle
     interface = (tree / PACKAGE / 'foo/foo_bar.py').read_text()
-    for needle in ('def _eager(x, out)', 'def _fake(x, out)', "return op('foo_bar')(x)", "op('foo_bar_out')(x, out)"):
+    for needle in (
+        "OP = Operator('foo_bar', check=_check, choose_config=choose_foo_bar_config, get_kernel=get_foo_bar_kernel)",
+        '@OP.public(_plan)\ndef foo_bar(x: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:',
+        'return _functional(x)',
+        '_into_out(x, out)',
+    ):
         assert needle in interface
-    domain_init = (tree / PACKAGE / 'foo/__init__.py').read_text()
-    assert domain_init.endswith('from . import _torch_ops  # noqa: F401\n')  # after the interfaces it registers
-    assert registrations(tree / PACKAGE / 'foo/_torch_ops.py') == {'foo_bar': (), 'foo_bar_out': ('out',)}
+    assert registrations(tree / PACKAGE / 'foo/foo_bar.py') == {'foo_bar': (), 'foo_bar_out': ('out',)}
+    assert scaffold.exported_names((tree / PACKAGE / 'foo/__init__.py').read_text()) == ['foo_bar']
+    assert '_torch_ops' not in '\n'.join(snapshot(tree / PACKAGE / 'foo').values())  # each operator registers itself
 
-    # A second operator of the domain: its section appended, the import of _torch_ops kept once.
+    # A second operator of the domain: only the domain's __init__.py is edited (the root imports it already).
     plan = scaffold.new_operator(tree, 'foo/foo_baz')
-    assert plan.edited == [f'{PACKAGE}/foo/__init__.py', f'{PACKAGE}/foo/_torch_ops.py']
-    assert (tree / PACKAGE / 'foo/__init__.py').read_text().count('import _torch_ops') == 1
-    assert registrations(tree / PACKAGE / 'foo/_torch_ops.py') == {
-        'foo_bar': (),
-        'foo_bar_out': ('out',),
-        'foo_baz': (),
-        'foo_baz_out': ('out',),
-    }
+    assert plan.edited == [f'{PACKAGE}/foo/__init__.py']
+    assert scaffold.exported_names((tree / PACKAGE / 'foo/__init__.py').read_text()) == ['foo_bar', 'foo_baz']
+    assert (tree / PACKAGE / '__init__.py').read_text().count('import foo as foo') == 1
 
-    # An existing domain without _torch_ops.py (its __init__.py does not import one): both added.
+    # An existing domain the root package does not import yet, public: the domain import and the export.
     plan = scaffold.new_operator(tree, 'engram/engram_gate_bwd', public=True)
     assert plan.created == [
         f'{PACKAGE}/engram/engram_gate_bwd.py',
         f'{PACKAGE}/engram/engram_gate_bwd_kernel.py',
-        f'{PACKAGE}/engram/_torch_ops.py',
+        f'{PACKAGE}/engram/_engram_gate_bwd_ascend.py',
+        f'{PACKAGE}/engram/_engram_gate_bwd_cuda.py',
         'tests/engram/test_engram_gate_bwd.py',
         'tests/engram/engram_gate_bwd_ref.py',
     ]
     assert plan.edited == [f'{PACKAGE}/engram/__init__.py', f'{PACKAGE}/__init__.py']
     engram_init = (tree / PACKAGE / 'engram/__init__.py').read_text()
     assert scaffold.exported_names(engram_init) == ['engram_fused_weight', 'engram_gate_bwd']
-    assert engram_init.endswith('from . import _torch_ops  # noqa: F401\n')
-    assert registrations(tree / PACKAGE / 'engram/_torch_ops.py') == {
-        'engram_gate_bwd': (),
-        'engram_gate_bwd_out': ('out',),
-    }
     root_init = (tree / PACKAGE / '__init__.py').read_text()
-    assert 'from cann_ops_tilelang.engram import engram_gate_bwd\n' in root_init
+    for line in (
+        'from cann_ops_tilelang import engram as engram\n',
+        'from cann_ops_tilelang import foo as foo\n',
+        'from cann_ops_tilelang.engram import engram_gate_bwd\n',
+    ):
+        assert line in root_init
     assert scaffold.exported_names(root_init) == ['engram_gate_bwd']
+
+
+def test_the_longest_names_fit_the_line_length(tree):
+    # Every template line holding a name stays within ruff's 120 columns for the longest operator name.
+    spec = 'f/f_' + 'x' * (scaffold_names.MAX_OPERATOR_LENGTH - 2)
+    plan = scaffold.plan_operator(tree, spec, public=True)
+    assert len(plan.name.operator) == scaffold_names.MAX_OPERATOR_LENGTH
+    assert all(len(line) <= 120 for change in plan.changes for line in change.content.splitlines())
 
 
 def test_never_overwrites(tree):
@@ -327,11 +346,11 @@ def failing_writer(fail_at: int, error: BaseException):
 
 
 @pytest.mark.parametrize('error', [OSError('disk full'), KeyboardInterrupt()], ids=['OSError', 'KeyboardInterrupt'])
-@pytest.mark.parametrize('fail_at', [1, 4, 8])
+@pytest.mark.parametrize('fail_at', [1, 5, 9])
 def test_rollback_of_a_new_domain(tree, fail_at, error):
     before, dirs = snapshot(tree), directories(tree)
     plan = scaffold.plan_operator(tree, 'foo/foo_bar', public=True)
-    assert len(plan.changes) == 8  # the root __init__.py edit is the last write
+    assert len(plan.changes) == 9  # the root __init__.py edit is the last write
     with pytest.raises(type(error)):
         scaffold.apply_plan(plan, write=failing_writer(fail_at, error))
     assert snapshot(tree) == before
@@ -348,15 +367,12 @@ def test_rollback_restores_edited_init_files(tree, fail_at):
     assert snapshot(tree) == before
 
 
-def test_rollback_restores_an_edited_torch_ops(tree):
+def test_rollback_of_a_second_operator_of_a_domain(tree):
     scaffold.new_operator(tree, 'foo/foo_bar')
     before = snapshot(tree)
     plan = scaffold.plan_operator(tree, 'foo/foo_baz')
-    assert [c.path for c in plan.changes if not c.is_new] == [
-        f'{PACKAGE}/foo/__init__.py',
-        f'{PACKAGE}/foo/_torch_ops.py',
-    ]
-    with pytest.raises(OSError, match='disk full'):  # the last write, after both edits
+    assert [c.path for c in plan.changes if not c.is_new] == [f'{PACKAGE}/foo/__init__.py']
+    with pytest.raises(OSError, match='disk full'):  # the last write, after the edit
         scaffold.apply_plan(plan, write=failing_writer(len(plan.changes), OSError('disk full')))
     assert snapshot(tree) == before
 
@@ -455,66 +471,56 @@ def test_comments_in_all_are_kept():
     )
 
 
-# --- editing _torch_ops.py ----------------------------------------------------------------------
-
-TORCH_OPS_MODULES = {
-    'engram_form': (
-        '"""Doc."""\n\nfrom __future__ import annotations\n\nimport importlib\n\nimport torch\n\n'
-        'from cann_ops_tilelang._torch_library import NAMESPACE\n\n_fw = importlib.import_module(NAMESPACE)\n'
-    ),
-    'no_imports': '"""Doc."""\n',
-    'future_and_others': '"""Doc."""\n\nfrom __future__ import annotations\n\nimport os\n\nX = os.sep\n',
-    'some_imports': 'import torch\n\nfrom cann_ops_tilelang import config\n\nY = (torch.float32, config)\n',
-}
-FOO_B = scaffold.parse_operator_name('foo/foo_b')
-
-
-def test_edited_torch_ops_are_ruff_clean(tmp_path):
-    shutil.copy(ROOT / 'pyproject.toml', tmp_path / 'pyproject.toml')
-    section = scaffold.render_template('operator_torch_ops.py.tmpl', FOO_B)
-    edited = scaffold.ruff_fix_and_format(
-        {f'{case}/_torch_ops.py': scaffold.add_torch_ops(text, section) for case, text in TORCH_OPS_MODULES.items()}
-    )
-    write(tmp_path, edited)
-    for path, text in edited.items():
-        body = ast.parse(text).body  # body[0]: the docstring
-        if 'from __future__' in text:
-            assert ast.unparse(body[1]) == 'from __future__ import annotations', path
-        assert text.endswith('    _foo_b_module._fake(x, out)\n'), path
-    for command in (['check', '--no-cache', '.'], ['format', '--no-cache', '--check', '--diff', '.']):
-        result = subprocess.run([*RUFF, *command], cwd=tmp_path, capture_output=True, text=True, check=False)
-        assert result.returncode == 0, result.stdout + result.stderr  # F811 would flag a duplicated import
+# --- the root package's domain imports ---------------------------------------------------------
 
 
 @pytest.mark.parametrize(
-    ('text', 'match'),
+    'text',
     [
-        ('def _foo_b():\n    pass\n', r"<m>:1: '_foo_b' is defined already; edit it by hand"),
-        ('_foo_b_module = None\n', "'_foo_b_module' is defined already"),
-        ('def _foo_b_out():\n    pass\n\n\ndef _():\n    pass\n', "'_foo_b_out' is defined already"),
-        ('torch = None\n', "'torch' is not `import torch`"),
-        ('from cann_ops_tilelang import NAMESPACE\n', "'NAMESPACE' is not `from cann_ops_tilelang._torch_library"),
-        ('import os as importlib\n', "'importlib' is not `import importlib`"),
-        ('x = (\n', 'does not parse'),
+        'from cann_ops_tilelang import foo as foo\n',
+        'from cann_ops_tilelang import engram, foo\n',
+        'from . import foo\n',
     ],
 )
-def test_torch_ops_it_will_not_edit(text, match):
-    section = scaffold.render_template('operator_torch_ops.py.tmpl', FOO_B)
-    with pytest.raises(ScaffoldError, match=match):
-        scaffold.add_torch_ops(text, section, path='<m>')
+def test_a_domain_imported_already_is_left_alone(text):
+    assert scaffold.add_root_domain_import(text, 'foo') == text
 
 
-def test_torch_ops_import_is_added_once():
-    text = '"""Doc."""\n\nfrom .foo_a import foo_a\n\n__all__ = [\'foo_a\']\n'
-    edited = scaffold.add_torch_ops_import(text)
-    assert edited == text + (
-        '\n# Registers the torch.library ops after the interfaces they call (no device, no compile).\n'
-        'from . import _torch_ops  # noqa: F401\n'
+def test_root_domain_imports_are_ruff_clean(tmp_path):
+    shutil.copy(ROOT / 'pyproject.toml', tmp_path / 'pyproject.toml')
+    real = (ROOT / PACKAGE / '__init__.py').read_text()  # the repository's own root package, as it is now
+    cases = {**ROOT_INITS, 'repository': real}
+    edited = scaffold.ruff_fix_and_format(
+        {f'root_{case}/__init__.py': scaffold.add_root_domain_import(text, 'foo') for case, text in cases.items()}
     )
-    assert scaffold.add_torch_ops_import(edited) == edited
-    assert scaffold.add_torch_ops_import('from ._torch_ops import OPS\n') == 'from ._torch_ops import OPS\n'
-    engram = (ROOT / PACKAGE / 'engram/__init__.py').read_text()
-    assert scaffold.add_torch_ops_import(engram) == engram
+    write(tmp_path, edited)
+    for path, text in edited.items():
+        assert ('cann_ops_tilelang', 0, 'foo') in imports_of(text), path
+        assert scaffold.add_root_domain_import(text, 'foo') == text, path  # once
+    for command in (['check', '--no-cache', '.'], ['format', '--no-cache', '--check', '--diff', '.']):
+        result = subprocess.run([*RUFF, *command], cwd=tmp_path, capture_output=True, text=True, check=False)
+        assert result.returncode == 0, result.stdout + result.stderr
+
+
+# --- next steps ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize('public', [True, False], ids=['public', 'experimental'])
+def test_next_steps_name_the_emulator_run(tree, public):
+    """A kernel with wrong math still lowers: the steps name the run that catches it on a CPU-only machine."""
+    steps = scaffold.next_steps(scaffold.plan_operator(tree, 'foo/foo_bar', public=public))
+    commands = [step.split('   # ')[0] for step in steps]
+    assert commands[:5] == [
+        'python -m pytest tests/foo/test_foo_bar.py -q',
+        'OPS_TILELANG_TEST_LEVEL=0 python -m pytest tests/foo/test_foo_bar.py -q -m npu --ascend-emulator',
+        'OPS_TILELANG_TEST_LEVEL=0 python -m pytest tests/foo/test_foo_bar.py -m "not benchmark"',
+        'python -m pytest tests/engram/test_torch_ops.py tests/engram/test_engram_host_time.py -q '
+        '-m "not npu and not benchmark"',
+        'ruff check . && ruff format --check .',
+    ]
+    assert 'no values' in steps[0]
+    assert "catches a kernel's wrong math" in steps[1]
+    assert ('experimental' in steps[-1]) is not public
 
 
 def test_invoke_task(tmp_path, capsys):

@@ -4,9 +4,9 @@ The test scaffolds foo/foo_bar (foo2/foo2_bar, ... when the working package has 
 temporary copy of the repository's needed parts and runs child processes there: ruff over the generated
 files, and one child whose results it reads: an import probe, forked off before anything imports the
 package, and a pytest run of the generated test file (CPU tier: Ascend and CUDA lowering, contract tests,
-the torch.library ops on fake tensors pass; device tests skip with the reason on a CPU, run and pass where
-an accelerator is) and of the check that every public operator has its torch.library op. The generated tests
-run at this run's test level, at most 1.
+the torch.library forms on fake tensors pass; device tests skip with the reason on a CPU, run and pass where
+an accelerator is) and of the project-wide tests that walk every public operator (PROJECT_WIDE). The
+generated tests run at this run's test level, at most 1.
 
 A module of its own: the longest test of a run's start (tests/testing/plugins/longest_first.py deals files,
 and a file's heaviest test starts first only when it is the file).
@@ -30,20 +30,25 @@ from tests.pipeline.test_scaffold import PACKAGE, ROOT, RUFF, requires_ruff
 pytestmark = requires_ruff
 
 
-# The check that every public operator has its torch.library op (run in the copy, with the new operator).
-EVERY_PUBLIC_OPERATOR_HAS_ITS_OPS = 'tests/engram/test_torch_ops.py::test_every_public_operator_has_its_ops'
+# The project-wide tests that walk every public operator (run in the copy, with the new public operator): each
+# must pass with a scaffolded operator as generated.
+PROJECT_WIDE = (
+    'tests/engram/test_torch_ops.py::test_every_public_operator_has_its_ops',
+    'tests/engram/test_engram_host_time.py::test_every_public_engram_operator_has_a_host_record',
+)
 
 
 def copy_repository_parts(destination: Path) -> None:
     """What the generated tests need: pyproject, the three packages, tests/conftest.py and tests/testing/; and
-    the module of EVERY_PUBLIC_OPERATOR_HAS_ITS_OPS."""
+    the modules of PROJECT_WIDE (with what they import)."""
     ignore = shutil.ignore_patterns('__pycache__', '*.pyc')
     shutil.copy(ROOT / 'pyproject.toml', destination / 'pyproject.toml')
     # The test plugins use the pipeline package, the shared test tools the emulator's Ascend facts.
     for package in (PACKAGE, 'packages/cann_ops_pipeline', 'packages/cann_ops_ascend_emu'):
         shutil.copytree(ROOT / package, destination / package, ignore=ignore)
     (destination / 'tests/engram').mkdir(parents=True)
-    for name in ('__init__.py', 'conftest.py', 'engram/__init__.py', 'engram/test_torch_ops.py'):
+    modules = {test.split('::')[0].removeprefix('tests/') for test in PROJECT_WIDE} | {'engram/host_overhead.py'}
+    for name in ('__init__.py', 'conftest.py', 'engram/__init__.py', *sorted(modules)):
         shutil.copy(ROOT / 'tests' / name, destination / 'tests' / name)
     shutil.copytree(ROOT / 'tests/testing', destination / 'tests/testing', ignore=ignore)
 
@@ -132,10 +137,10 @@ def generated(tmp_path_factory) -> Generated:
 
 def import_probe(generated: Generated) -> str:
     """A fresh interpreter's view of the copy. First (PROBE root package ok): the public operator through the
-    root package, the experimental one only through its domain, which the root imports on first use. Then
-    (PROBE ops ok): the root package registered the public operator's ops, the experimental domain's only
-    once it was imported (looked up before that first use, asserted here). Before both: every package comes
-    from the copy (an editable install of this checkout would otherwise stand in for one the copy lacks)."""
+    root package, the experimental one only through its domain, which the root package imports (every
+    domain). Then (PROBE ops ok): importing the root package declared both operators and registered their
+    forms. Before both: every package comes from the copy (an editable install of this checkout would
+    otherwise stand in for one the copy lacks)."""
     op, domain = generated.op, generated.domain
     experimental_domain, experimental_op = generated.experimental_domain, generated.experimental_op
     return (
@@ -147,15 +152,16 @@ def import_probe(generated: Generated) -> str:
         'import cann_ops_tilelang as c\n'
         'ops = torch.ops.cann_ops_tilelang\n'
         f"assert c.{op} is c.{domain}.{op} and '{op}' in c.__all__\n"
-        f"assert 'cann_ops_tilelang.{experimental_domain}' not in sys.modules\n"
+        f"assert 'cann_ops_tilelang.{experimental_domain}' in sys.modules\n"
         f"assert not hasattr(c, '{experimental_op}') and '{experimental_op}' not in c.__all__\n"
-        f"registered_before_use = hasattr(ops, '{experimental_op}')\n"
         f'assert callable(c.{experimental_domain}.{experimental_op})\n'
         "print('PROBE root package ok', flush=True)\n"
+        'from cann_ops_tilelang.operator import OPERATORS\n'
+        f"assert OPERATORS['{op}'] is c.{op}.operator\n"
+        f"assert OPERATORS['{experimental_op}'] is c.{experimental_domain}.{experimental_op}.operator\n"
         f"assert ops.{op}.default._schema.name == 'cann_ops_tilelang::{op}'\n"
         f'schema = ops.{op}_out.default._schema\n'
         "assert [a.name for a in schema.arguments if a.alias_info and a.alias_info.is_write] == ['out']\n"
-        'assert not registered_before_use\n'
         f"assert ops.{experimental_op}.default._schema.name == 'cann_ops_tilelang::{experimental_op}'\n"
         "print('PROBE ops ok', flush=True)\n"
     )
@@ -197,7 +203,7 @@ sys.exit(code)
 @dataclasses.dataclass(frozen=True)
 class ChildRuns:
     """What the child in the copy said: the import probe's output, and the pytest run of the generated test
-    file together with EVERY_PUBLIC_OPERATOR_HAS_ITS_OPS, with its testcase outcomes by (module, test name)."""
+    file together with PROJECT_WIDE, with its testcase outcomes by (module, test name)."""
 
     probe: str
     pytest: subprocess.CompletedProcess
@@ -213,7 +219,7 @@ def child_runs(generated) -> ChildRuns:
     root = generated.root
     probe, probe_output, report = root / 'probe.py', root / 'probe.txt', root / 'report.xml'
     probe.write_text(import_probe(generated), encoding='utf-8')
-    pytest_args = [f'tests/{generated.domain}/test_{generated.op}.py', EVERY_PUBLIC_OPERATOR_HAS_ITS_OPS]
+    pytest_args = [f'tests/{generated.domain}/test_{generated.op}.py', *PROJECT_WIDE]
     pytest_args += ['-p', 'no:cacheprovider', '-q', f'--junitxml={report}']
     run = subprocess.run(
         [sys.executable, '-c', LAUNCHER, str(probe), str(probe_output), *pytest_args],
@@ -237,8 +243,8 @@ def child_runs(generated) -> ChildRuns:
 
 def test_generated_operators_pass_their_tests_and_have_their_ops(generated, child_runs):
     """On a CPU the device tests skip with the reason; on a machine with an accelerator they run and pass.
-    Importing the root package registers the public operator's ops (the experimental domain's once it is
-    imported), and the repository's check that every public operator has its op passes with it.
+    Importing the root package declares both operators and registers their forms, and the project-wide tests
+    that walk every public operator pass with the new one.
 
     One test for everything the child run says: the run is a module-scoped fixture, and xdist's worksteal
     would hand two tests that share it to two workers, each then scaffolding and running the child."""
@@ -251,7 +257,7 @@ def test_generated_operators_pass_their_tests_and_have_their_ops(generated, chil
     # Public through the root package; experimental through its domain, which the root imports on first use.
     assert 'PROBE root package ok' in child_runs.probe, child_runs.probe
 
-    # The run holds EVERY_PUBLIC_OPERATOR_HAS_ITS_OPS too (judged below): exit 1 may be that test's.
+    # The run holds PROJECT_WIDE too (judged below): exit 1 may be theirs.
     assert child_runs.pytest.returncode in (0, 1), child_runs.failure_text()
     module = f'tests.{domain}.test_{op}'
     outcomes = {name: found for (classname, name), found in child_runs.outcomes.items() if classname == module}
@@ -265,6 +271,7 @@ def test_generated_operators_pass_their_tests_and_have_their_ops(generated, chil
         'test_foo_bar_rejects_too_many_elements',
         'test_foo_bar_rejects_out',
         'test_foo_bar_refuses_cpu_tensors',
+        'test_foo_bar_is_declared',
         'test_foo_bar_op_is_registered',
         'test_foo_bar_fake_output',
         'test_foo_bar_fake_calls_raise_the_typed_errors',
@@ -274,6 +281,7 @@ def test_generated_operators_pass_their_tests_and_have_their_ops(generated, chil
         'test_foo_bar_values',
         'test_foo_bar_empty',
         'test_foo_bar_prints_kernel_source',
+        'test_foo_bar_config',
         'test_foo_bar_opcheck',
     ]
     assert sorted(outcomes) == sorted([*cpu_tier, *device_tier, 'test_foo_bar_benchmark']), child_runs.failure_text()
@@ -292,6 +300,7 @@ def test_generated_operators_pass_their_tests_and_have_their_ops(generated, chil
     assert all(o.startswith('skipped') for o in outcomes['test_foo_bar_benchmark'])  # needs --run-benchmark
 
     assert 'PROBE ops ok' in child_runs.probe and 'PROBE exit status 0' in child_runs.probe, child_runs.probe  # noqa: PT018
-    path, name = EVERY_PUBLIC_OPERATOR_HAS_ITS_OPS.split('::')
-    junit_classname = path.removesuffix('.py').replace('/', '.')
-    assert child_runs.outcomes.get((junit_classname, name)) == ['passed'], child_runs.failure_text()
+    for test in PROJECT_WIDE:
+        path, name = test.split('::')
+        junit_classname = path.removesuffix('.py').replace('/', '.')
+        assert child_runs.outcomes.get((junit_classname, name)) == ['passed'], (test, child_runs.failure_text())
