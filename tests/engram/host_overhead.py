@@ -176,20 +176,23 @@ def stubbed_launches():
     patch(config, '_index', lambda device, backend: 0 if device is None or device.index is None else device.index)
     patch(config, '_cuda_sm_count', lambda index: NUM_PARTIALS)
     patch(kernel_target, 'device_guard', lambda device: contextlib.nullcontext())
+    import cann_ops_tilelang
+    from cann_ops_tilelang.engram import _gate_bwd_counters
+
     for module in _MODULES.values():
         kernels = importlib.import_module(f'cann_ops_tilelang.engram.{module}_kernel')
         patch(kernels, 'compile_kernel', lambda prim_func, backend: _NoKernel())
         patch(kernels, f'make_{module}_kernel', lambda cfg: None)
         getattr(kernels, f'get_{module}_kernel').cache_clear()
-        interface = importlib.import_module(f'cann_ops_tilelang.engram.{module}')
-        if hasattr(interface, '_LAUNCHERS'):  # launchers made before the patch would launch real kernels
-            patch(interface, '_LAUNCHERS', {})
+        # launchers made before the patch would launch real kernels
+        declared = getattr(cann_ops_tilelang, module).operator
+        patch(declared, '_launchers', {})
+        patch(declared, 'fast', {})
     # The backward's counter lookup asks CUDA for the current stream (a CPU build has no such call): one
     # stream, never capturing; its counters (CPU tensors) are dropped afterwards.
-    backward = importlib.import_module('cann_ops_tilelang.engram.engram_gate_bwd')
-    patch(backward, '_launch_stream', lambda index: 0)
-    patch(backward, '_COUNTERS', {})
-    patch(backward, '_UNUSED_COUNTERS', {})
+    patch(_gate_bwd_counters, 'launch_stream', lambda index: 0)
+    patch(_gate_bwd_counters, 'COUNTERS', {})
+    patch(_gate_bwd_counters, 'UNUSED_COUNTERS', {})
     try:
         yield torch.device('cpu')
     finally:

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import cann_ops_tilelang
-from cann_ops_tilelang.engram.engram_fused_weight import engram_fused_weight_config
+from cann_ops_tilelang import engram_fused_weight
 from cann_ops_tilelang.engram.engram_fused_weight_kernel import (
     choose_engram_fused_weight_config,
     make_engram_fused_weight_kernel,
@@ -208,5 +208,5 @@ def test_engram_fused_weight_benchmark(params, device, benchmark_timer, benchmar
         params=params,
         time_us=time_us,
         bandwidth_gbs=count_bytes(wh, we, out) / time_us / 1e3,
-        extras=config_extras(engram_fused_weight_config(wh, we, out=out)),
+        extras=config_extras(engram_fused_weight.operator.config(wh, we, out=out)),
     )

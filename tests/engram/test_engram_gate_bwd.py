@@ -13,10 +13,10 @@ import pytest
 import torch
 
 import cann_ops_tilelang
+from cann_ops_tilelang import engram_gate_bwd, operator
 from cann_ops_tilelang.config import get_num_cores
-from cann_ops_tilelang.engram import EngramGateBwdResult
+from cann_ops_tilelang.engram import EngramGateBwdResult, _gate_bwd_counters
 from cann_ops_tilelang.engram._contract import HIDDEN_ALIGN, MAX_HC, MAX_HIDDEN
-from cann_ops_tilelang.engram.engram_gate_bwd import engram_gate_bwd_config
 from cann_ops_tilelang.engram.engram_gate_bwd_kernel import (
     COUNTER_WORDS,
     choose_engram_gate_bwd_config,
@@ -49,6 +49,7 @@ from tests.testing.lowering import (
 from tests.testing.numeric import calc_diff, count_bytes
 
 KERNEL_NAME = 'engram_gate_bwd_kernel'
+engram_gate_bwd_config = engram_gate_bwd.operator.config  # the configuration a call launches (no launch)
 EPS = 1e-6
 CLAMP = 1e-6
 U32 = 2.0**-24  # fp32 unit roundoff
@@ -504,12 +505,19 @@ def test_engram_gate_bwd_rejects_devices():
         _call(*args[:8])  # clamp_value has no default (TileKernels' signature)
 
 
+def _as_h200(monkeypatch) -> None:
+    """CPU tensors planned as an H200's, without a device: the backend 'cuda' and the H200's SM count (asked by
+    the operator for its fixed token ranges, and by the mechanism for the configuration)."""
+    interface = sys.modules[engram_gate_bwd.__module__]
+    monkeypatch.setattr(interface, 'require_accelerator', lambda *tensors: 'cuda')
+    monkeypatch.setattr(interface, 'get_num_cores', lambda device: H200_SMS)
+    monkeypatch.setattr(operator, 'get_num_cores', lambda device: H200_SMS)
+
+
 def test_engram_gate_bwd_config_follows_arguments(monkeypatch):
     """engram_gate_bwd_config (what the benchmark records) is the config the operator launches: the mask
     variant only with a mask, fixed token ranges under deterministic algorithms (CUDA device faked)."""
-    interface = sys.modules['cann_ops_tilelang.engram.engram_gate_bwd']
-    monkeypatch.setattr(interface, 'require_accelerator', lambda *tensors: 'cuda')
-    monkeypatch.setattr(interface, 'get_num_cores', lambda device: H200_SMS)
+    _as_h200(monkeypatch)
     num_tokens = _FIXED_LIMIT + 1
     args = _cpu_args(num_tokens)
     cfg = engram_gate_bwd_config(*args)
@@ -522,16 +530,11 @@ def test_engram_gate_bwd_config_follows_arguments(monkeypatch):
     assert small == dataclasses.replace(cfg, dynamic_tokens=False)
 
 
-def test_engram_gate_bwd_checks_the_common_call_at_once(monkeypatch):
-    """A valid call passes the contract's checks in one test of direct comparisons (_conforms), without the
-    helper per check (_check_each); a call that test does not accept goes through those helpers, whose typed
-    errors the contract tests pin, and a valid one of them still passes (CUDA device faked)."""
-    interface = sys.modules['cann_ops_tilelang.engram.engram_gate_bwd']
-    monkeypatch.setattr(interface, 'require_accelerator', lambda *tensors: 'cuda')
-    monkeypatch.setattr(interface, 'get_num_cores', lambda device: H200_SMS)
-    each = []
-    real_each = interface._check_each
-    monkeypatch.setattr(interface, '_check_each', lambda *args: each.append(args) or real_each(*args))
+def test_engram_gate_bwd_config_checks_as_the_call(monkeypatch):
+    """The configuration query checks its arguments as the call does: valid calls (a mask, kv's free outer strides,
+    a parameter, an int clamp_value) pass, and a call with a violation raises the contract's typed error (CUDA
+    device faked)."""
+    _as_h200(monkeypatch)
     args = _cpu_args()
     mask = torch.zeros(3, dtype=torch.bool)
     broadcast = args[2][:, :1].expand(-1, 5, -1)  # kv's outer strides are free
@@ -539,9 +542,7 @@ def test_engram_gate_bwd_checks_the_common_call_at_once(monkeypatch):
     for valid in (args, [*args, mask], [*args[:2], broadcast, *args[3:]], [*args[:2], odd, *args[3:]]):
         engram_gate_bwd_config(*valid)
     engram_gate_bwd_config(*args[:3], torch.nn.Parameter(args[3]), *args[4:])
-    assert each == []
-    engram_gate_bwd_config(*args[:8], 1)  # an int clamp_value: valid, through the helpers
-    assert len(each) == 1
+    engram_gate_bwd_config(*args[:8], 1)  # an int clamp_value: valid
     for index, bad in (
         (2, args[2][:, :4]),
         (3, args[3].double()),
@@ -552,7 +553,6 @@ def test_engram_gate_bwd_checks_the_common_call_at_once(monkeypatch):
     ):
         call = [*args, None]  # ..., clamp_value, image_token_mask
         call[index] = bad
-        assert not interface._conforms(*call[:4], tuple(call[4:8]), *call[8:])
         with pytest.raises((TypeError, ValueError)):
             engram_gate_bwd_config(*call)
 
@@ -561,7 +561,6 @@ def _recorded_launches(monkeypatch, streams: list):
     """engram_gate_bwd on CPU tensors posing as a CUDA device's, each launch recorded as (cfg, arguments)
     instead of run; the launch stream is streams[-1] (None: the stream is capturing a CUDA graph). Returns
     the launches and the device indices whose stream was looked up."""
-    interface = sys.modules['cann_ops_tilelang.engram.engram_gate_bwd']
     launches, lookups = [], []
 
     class RecordingLauncher:
@@ -571,12 +570,12 @@ def _recorded_launches(monkeypatch, streams: list):
         def launch(self, *args):
             launches.append((self.cfg, args))
 
-    monkeypatch.setattr(interface, 'Launcher', RecordingLauncher)
-    for name in ('_LAUNCHERS', '_COUNTERS', '_UNUSED_COUNTERS'):
-        monkeypatch.setattr(interface, name, {})
-    monkeypatch.setattr(interface, 'require_accelerator', lambda *tensors: 'cuda')
-    monkeypatch.setattr(interface, 'get_num_cores', lambda device: H200_SMS)
-    monkeypatch.setattr(interface, '_launch_stream', lambda index: lookups.append(index) or streams[-1])
+    monkeypatch.setattr(operator, 'Launcher', RecordingLauncher)
+    monkeypatch.setattr(engram_gate_bwd.operator, '_launchers', {})
+    for name in ('COUNTERS', 'UNUSED_COUNTERS'):
+        monkeypatch.setattr(_gate_bwd_counters, name, {})
+    _as_h200(monkeypatch)
+    monkeypatch.setattr(_gate_bwd_counters, 'launch_stream', lambda index: lookups.append(index) or streams[-1])
     return launches, lookups
 
 
@@ -626,9 +625,8 @@ def test_engram_gate_bwd_token_counter_per_stream(monkeypatch):
 
 
 def test_engram_gate_bwd_launch_stream_asks_the_tensors_device(monkeypatch):
-    """_launch_stream: the current stream of the tensors' device and whether it captures, asked with that
+    """launch_stream: the current stream of the tensors' device and whether it captures, asked with that
     device current (switched to only when another one is), CUDA calls mocked."""
-    interface = sys.modules['cann_ops_tilelang.engram.engram_gate_bwd']
     current = [0]
     capturing = {0: False, 1: False}
 
@@ -648,12 +646,12 @@ def test_engram_gate_bwd_launch_stream_asks_the_tensors_device(monkeypatch):
     monkeypatch.setattr(torch._C, '_cuda_isCurrentStreamCapturing', lambda: capturing[current[-1]], raising=False)
     monkeypatch.setattr(torch._C, '_cuda_getCurrentRawStream', raw_stream, raising=False)
     monkeypatch.setattr(torch.cuda, 'device', device)
-    assert interface._launch_stream(0) == 100
-    assert interface._launch_stream(1) == 101
+    assert _gate_bwd_counters.launch_stream(0) == 100
+    assert _gate_bwd_counters.launch_stream(1) == 101
     assert current == [0]  # switched back
     capturing[1] = True
-    assert interface._launch_stream(1) is None
-    assert interface._launch_stream(0) == 100
+    assert _gate_bwd_counters.launch_stream(1) is None
+    assert _gate_bwd_counters.launch_stream(0) == 100
 
 
 def test_engram_gate_bwd_launches_kv_whole(monkeypatch):
@@ -929,7 +927,6 @@ def test_engram_gate_bwd_counter_left_at_zero(device):
     per block; three tokens per block more) on the current stream and on a side stream, which has a counter of
     its own, all give the right grads, and both counters read zero afterwards. Fewer tokens take fixed ranges
     and touch no counter."""
-    interface = sys.modules['cann_ops_tilelang.engram.engram_gate_bwd']
     num_cores = get_num_cores(device)
     claims_from = fixed_range_max_tokens(num_cores) + 1
     main = torch.cuda.current_stream(device)
@@ -945,7 +942,7 @@ def test_engram_gate_bwd_counter_left_at_zero(device):
                 for result in results:
                     _check_result(result, inputs, clamp_value=CLAMP, num_cores=num_cores)
             index = inputs[0].device.index
-            counters.append(interface._COUNTERS[(index, stream.cuda_stream)])
+            counters.append(_gate_bwd_counters.COUNTERS[(index, stream.cuda_stream)])
         main.wait_stream(stream)
     torch.cuda.synchronize(device)
     assert counters[0] is not counters[1]

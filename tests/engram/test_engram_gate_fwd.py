@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import cann_ops_tilelang
+from cann_ops_tilelang import engram_gate_fwd, operator
 from cann_ops_tilelang.engram import EngramGateFwdResult
-from cann_ops_tilelang.engram.engram_gate_fwd import engram_gate_fwd_config
 from cann_ops_tilelang.engram.engram_gate_fwd_kernel import (
     ASCEND_UB_BUDGET,
     _ascend_ub_bytes,
@@ -40,6 +40,7 @@ from tests.testing.lowering import (
 from tests.testing.numeric import assert_close, assert_equal, count_bytes
 
 KERNEL_NAME = 'engram_gate_fwd_kernel'
+engram_gate_fwd_config = engram_gate_fwd.operator.config  # the configuration a call launches (no launch)
 EPS = 1e-6
 CLAMP = 1e-6
 
@@ -402,12 +403,16 @@ def test_engram_gate_fwd_exported():
     assert EngramGateFwdResult._fields == ('output', 'dot', 'gate_score', 'rstd_x', 'rstd_k')
 
 
+def _as_h200(monkeypatch) -> None:
+    """CPU tensors planned as an H200's, without a device: the backend 'cuda' and the H200's SM count."""
+    monkeypatch.setattr(sys.modules[engram_gate_fwd.__module__], 'require_accelerator', lambda *tensors: 'cuda')
+    monkeypatch.setattr(operator, 'get_num_cores', lambda device: H200_SMS)
+
+
 def test_engram_gate_fwd_config_follows_arguments(monkeypatch):
     """engram_gate_fwd_config (what the benchmark records) is the config the operator launches: the mask
     variant only with a mask, the access width from the actual kv (CUDA device faked)."""
-    interface = sys.modules['cann_ops_tilelang.engram.engram_gate_fwd']
-    monkeypatch.setattr(interface, 'require_accelerator', lambda *tensors: 'cuda')
-    monkeypatch.setattr(interface, 'get_num_cores', lambda device: H200_SMS)
+    _as_h200(monkeypatch)
     x, kv, w, eps, clamp = _args()
     cfg = engram_gate_fwd_config(x, kv, w, eps, clamp)
     assert (cfg.has_mask, cfg.save_for_backward, cfg.vec, cfg.num_cores) == (False, True, 8, H200_SMS)
@@ -435,35 +440,23 @@ def test_engram_gate_fwd_config_follows_arguments(monkeypatch):
     assert vec(kv, out=base[1 : 1 + 3 * 4 * 128].view(3, 4, 128)) == 1  # out 2 bytes off
 
 
-def test_engram_gate_fwd_checks_the_common_call_at_once(monkeypatch):
-    """A valid call without inplace / out= passes the contract's checks in one test of direct comparisons
-    (_conforms), without the helper per check (_check_each); every other call goes through those helpers,
-    whose typed errors the contract tests pin, and a valid one of them still passes (CUDA device faked)."""
-    interface = sys.modules['cann_ops_tilelang.engram.engram_gate_fwd']
-    monkeypatch.setattr(interface, 'require_accelerator', lambda *tensors: 'cuda')
-    monkeypatch.setattr(interface, 'get_num_cores', lambda device: H200_SMS)
-    each = []
-    real_each = interface._check_each
-    monkeypatch.setattr(
-        interface, '_check_each', lambda *args, **kwargs: each.append(args) or real_each(*args, **kwargs)
-    )
+def test_engram_gate_fwd_config_checks_as_the_call(monkeypatch):
+    """The configuration query checks its arguments as the call does: valid calls (a parameter, kv's free outer
+    strides, an int eps, inplace, out=) pass, and a call with a violation raises the contract's typed error
+    (CUDA device faked)."""
+    _as_h200(monkeypatch)
     x, kv, w, eps, clamp = _args()
     mask = torch.zeros(3, dtype=torch.bool)
-    for args in (
-        (x, kv, w, eps, clamp),
-        (x, kv, torch.nn.Parameter(w), eps, clamp, False, mask, False),
-        (x, kv[:, :1].expand(-1, 5, -1), w, eps, clamp),  # kv's outer strides are free
-        (x, torch.zeros(3, 5, 136, dtype=torch.bfloat16)[..., 3:131], w, eps, clamp, True, None),
-    ):
-        engram_gate_fwd_config(*args)
-    assert each == []
     for args, kwargs in (
+        ((x, kv, w, eps, clamp), {}),
+        ((x, kv, torch.nn.Parameter(w), eps, clamp, False, mask, False), {}),
+        ((x, kv[:, :1].expand(-1, 5, -1), w, eps, clamp), {}),  # kv's outer strides are free
+        ((x, torch.zeros(3, 5, 136, dtype=torch.bfloat16)[..., 3:131], w, eps, clamp, True, None), {}),
         ((x, kv, w, 1, clamp), {}),  # an int eps: valid
-        ((x, kv, w, eps, clamp, False, None, True), {}),  # inplace: its overlap checks
-        ((x, kv, w, eps, clamp), {'out': torch.empty_like(x)}),  # out=: its checks
+        ((x, kv, w, eps, clamp, False, None, True), {}),  # inplace
+        ((x, kv, w, eps, clamp), {'out': torch.empty_like(x)}),
     ):
         engram_gate_fwd_config(*args, **kwargs)
-    assert len(each) == 3
     for bad in (
         (x, kv, w, eps, clamp, 1),
         (x, kv, w, eps, float('nan')),
@@ -472,10 +465,8 @@ def test_engram_gate_fwd_checks_the_common_call_at_once(monkeypatch):
         (x, kv, w, eps, clamp, True, mask[:2]),
         (x, kv.transpose(-1, -2).contiguous().transpose(-1, -2), w, eps, clamp),
     ):
-        call = bad + (True, None)[len(bad) - 5 :]  # save_for_backward and image_token_mask filled in
-        assert not interface._conforms(*call)
         with pytest.raises((TypeError, ValueError)):
-            engram_gate_fwd_config(*call)
+            engram_gate_fwd_config(*bad)
 
 
 # ---------------------------------------------------------------- device tier

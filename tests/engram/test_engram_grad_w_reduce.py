@@ -9,7 +9,6 @@ import torch
 
 import cann_ops_tilelang
 from cann_ops_tilelang.engram import EngramGradWReduceResult
-from cann_ops_tilelang.engram.engram_grad_w_reduce import engram_grad_w_reduce_config
 from cann_ops_tilelang.engram.engram_grad_w_reduce_kernel import (
     choose_engram_grad_w_reduce_config,
     make_engram_grad_w_reduce_kernel,
@@ -269,5 +268,5 @@ def test_engram_grad_w_reduce_benchmark(params, device, benchmark_timer, benchma
         params=params,
         time_us=time_us,
         bandwidth_gbs=num_bytes / time_us / 1e3,
-        extras=config_extras(engram_grad_w_reduce_config(partial, wh, we, gwh, gwe)),
+        extras=config_extras(cann_ops_tilelang.engram_grad_w_reduce.operator.config(partial, wh, we, gwh, gwe)),
     )

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import inspect
-import sys
 
 import pytest
 import torch
 
 import cann_ops_tilelang
-from cann_ops_tilelang.engram.engram_hash import engram_hash_config
+from cann_ops_tilelang import config as ops_config
+from cann_ops_tilelang import operator as ops_operator
 from cann_ops_tilelang.engram.engram_hash_kernel import choose_engram_hash_config, make_engram_hash_kernel
 from tests.engram._extras import config_extras
 from tests.engram.engram_hash_ref import engram_hash_ref
@@ -43,6 +43,8 @@ VALUE_PARAMS = [
     {**cfg, 'num_tokens': t} for cfg in CONFIGS for t in gen_num_tokens(LEVEL) if cfg['num_layers'] <= 4 or t <= 1000
 ]
 BENCHMARK_PARAMS = generate_samples(num_tokens=BENCHMARK_NUM_TOKENS, num_layers=[2], max_ngram=[3], num_tables=[8])
+OP = cann_ops_tilelang.engram_hash.operator
+engram_hash_config = OP.config  # the configuration a call launches (checked alike, no launch)
 
 
 def _inputs(num_tokens: int, num_layers: int, max_ngram: int, num_tables: int, device, *, small_vocab: bool = False):
@@ -255,15 +257,34 @@ def test_engram_hash_rejects_mask():
 
 
 def test_engram_hash_config_follows_arguments(monkeypatch):
-    """engram_hash_config (what the benchmark records) is the config the operator launches (device faked)."""
-    interface = sys.modules['cann_ops_tilelang.engram.engram_hash']
-    monkeypatch.setattr(interface, 'require_accelerator', lambda *tensors: 'cuda')
-    monkeypatch.setattr(interface, 'get_num_cores', lambda device: H200_SMS)
+    """operator.config (what the benchmark records) is the config the operator launches (device faked: CPU
+    tensors taken for CUDA ones, with an H200's SM count, and launchers of its own)."""
+    monkeypatch.setattr(ops_config, 'backend_of', lambda device: 'cuda')
+    monkeypatch.setattr(ops_operator, 'get_num_cores', lambda device: H200_SMS)
+    monkeypatch.setattr(OP, '_launchers', {})
     args = _cpu_args()
     cfg = engram_hash_config(*args)
     assert cfg == choose_engram_hash_config(backend='cuda', num_layers=2, max_ngram=3, num_tables=4, num_cores=H200_SMS)
     assert not cfg.has_mask
     assert engram_hash_config(*args, torch.zeros(5, dtype=torch.bool)).has_mask
+
+
+def test_engram_hash_rejects_zero_vocab_size(monkeypatch):
+    """A zero vocabulary size (the divisor of a hash) is a ValueError where the sizes are in host memory, after
+    every other check: CPU tensors without the emulator still get the device error."""
+    ids, mult, vocab, offsets = _cpu_args()
+    vocab[1, 0, 2] = 0
+    with pytest.raises(RuntimeError, match='no kernels for .cpu. tensors'):
+        cann_ops_tilelang.engram_hash(ids, mult, vocab, offsets)
+    monkeypatch.setattr(ops_config, 'backend_of', lambda device: 'cuda')  # taken for device tensors: checked
+    monkeypatch.setattr(ops_operator, 'get_num_cores', lambda device: H200_SMS)
+    monkeypatch.setattr(OP, '_launchers', {})
+    for mask in (None, torch.zeros(5, dtype=torch.bool)):
+        with pytest.raises(ValueError, match='engram_hash: vocab_sizes must be nonzero'):
+            cann_ops_tilelang.engram_hash(ids, mult, vocab, offsets, mask)
+        with pytest.raises(ValueError, match='vocab_sizes must be nonzero'):
+            engram_hash_config(ids, mult, vocab, offsets, mask, out=torch.empty(2, 5, 8, dtype=torch.int32))
+    assert not OP.fast  # nothing launched, nothing remembered
 
 
 def test_engram_hash_rejects_devices():
@@ -330,6 +351,21 @@ def test_engram_hash_edge_values(device):
     vocab[1, 1] = torch.tensor([INT32_MIN + 1, 3, -(2**30)], dtype=torch.int32)
     args = tuple(t.to(device) for t in (ids, mult, vocab, offsets))
     assert_equal(cann_ops_tilelang.engram_hash(*args), engram_hash_ref(*args))
+
+
+@pytest.mark.npu
+def test_engram_hash_zero_vocab_size(device):
+    """On the emulator (sizes in host memory) a zero size is a ValueError before any launch, not a SIGFPE of the
+    process; on a device it is not checked (reading the sizes would cost a sync per call): its rows are
+    unspecified, as documented."""
+    if device.type != 'cpu':
+        pytest.skip('a zero vocabulary size is not checked on a device: its rows are unspecified')
+    ids, mult, vocab, offsets = _inputs(37, 2, 3, 4, device)
+    vocab[0, 1, 3] = 0
+    with pytest.raises(ValueError, match='vocab_sizes must be nonzero'):
+        cann_ops_tilelang.engram_hash(ids, mult, vocab, offsets)
+    vocab[0, 1, 3] = -7  # negative sizes are defined (the result takes the sign of the divisor)
+    assert_equal(cann_ops_tilelang.engram_hash(ids, mult, vocab, offsets), engram_hash_ref(ids, mult, vocab, offsets))
 
 
 @pytest.mark.npu

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import cann_ops_tilelang
-from cann_ops_tilelang.engram.engram_sinkhorn_finalize import engram_sinkhorn_finalize_config
+from cann_ops_tilelang import engram_sinkhorn_finalize
 from cann_ops_tilelang.engram.engram_sinkhorn_finalize_kernel import (
     choose_engram_sinkhorn_finalize_config,
     make_engram_sinkhorn_finalize_kernel,
@@ -290,5 +290,5 @@ def test_engram_sinkhorn_finalize_benchmark(params, device, benchmark_timer, ben
         params=params,
         time_us=time_us,
         bandwidth_gbs=count_bytes(matrix, row_scale, col_scale, out) / time_us / 1e3,
-        extras=config_extras(engram_sinkhorn_finalize_config(matrix, row_scale, col_scale, EPS, ALPHA, out)),
+        extras=config_extras(engram_sinkhorn_finalize.operator.config(matrix, row_scale, col_scale, EPS, ALPHA, out)),
     )

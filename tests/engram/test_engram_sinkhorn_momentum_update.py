@@ -9,7 +9,6 @@ import torch
 
 import cann_ops_tilelang
 from cann_ops_tilelang.config import get_num_cores
-from cann_ops_tilelang.engram.engram_sinkhorn_momentum_update import engram_sinkhorn_momentum_update_config
 from cann_ops_tilelang.engram.engram_sinkhorn_momentum_update_kernel import (
     choose_engram_sinkhorn_momentum_update_config,
     cuda_wide_block_max_numel,
@@ -365,6 +364,19 @@ def test_engram_sinkhorn_momentum_update_writes_only_its_elements(numel, device)
 
 
 @pytest.mark.npu
+def test_engram_sinkhorn_momentum_update_any_shape(device):
+    """A 2-D (rows, head_dim) call is the call on the flattened tensors (the update is elementwise), its result
+    in the buffer's shape; numel 3 * 257 is no multiple of 256."""
+    grad, momentum = _inputs(3 * 257, (torch.bfloat16, torch.float32), device)
+    flat_momentum = momentum.clone()
+    expected = cann_ops_tilelang.engram_sinkhorn_momentum_update(grad, flat_momentum, 0.9)
+    out = cann_ops_tilelang.engram_sinkhorn_momentum_update(grad.view(3, 257), momentum.view(3, 257), 0.9)
+    assert out.shape == (3, 257)
+    assert_equal(out.view(-1), expected)
+    assert_equal(momentum, flat_momentum)
+
+
+@pytest.mark.npu
 def test_engram_sinkhorn_momentum_update_empty(device):
     grad, momentum = _inputs(0, (torch.float32, torch.bfloat16), device)
     out = cann_ops_tilelang.engram_sinkhorn_momentum_update(grad, momentum, 0.9)
@@ -394,5 +406,7 @@ def test_engram_sinkhorn_momentum_update_benchmark(params, device, benchmark_tim
         params=params,
         time_us=time_us,
         bandwidth_gbs=num_bytes / time_us / 1e3,
-        extras=config_extras(engram_sinkhorn_momentum_update_config(grad, momentum, beta1, nesterov)),
+        extras=config_extras(
+            cann_ops_tilelang.engram_sinkhorn_momentum_update.operator.config(grad, momentum, beta1, nesterov)
+        ),
     )

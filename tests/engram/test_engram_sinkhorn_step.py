@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import cann_ops_tilelang
+from cann_ops_tilelang import engram_sinkhorn_step
 from cann_ops_tilelang.engram import EngramSinkhornStepResult
-from cann_ops_tilelang.engram.engram_sinkhorn_step import engram_sinkhorn_step_config
 from cann_ops_tilelang.engram.engram_sinkhorn_step_kernel import (
     CUDA_NARROW_MAX_HEAD_DIM,
     choose_engram_sinkhorn_step_config,
@@ -311,7 +311,7 @@ def test_engram_sinkhorn_step_values(params, device):
     rows, head_dim = params['rows'], params['head_dim']
     matrix, row_scale, col_scale = sinkhorn_inputs(rows, head_dim, device)
     m_before, r_before, c_before = matrix.clone(), row_scale.clone(), col_scale.clone()
-    cfg = engram_sinkhorn_step_config(matrix, row_scale, col_scale, EPS)
+    cfg = engram_sinkhorn_step.operator.config(matrix, row_scale, col_scale, EPS)
 
     result = cann_ops_tilelang.engram_sinkhorn_step(matrix, row_scale, col_scale, EPS)
 
@@ -350,7 +350,7 @@ def test_engram_sinkhorn_step_iterates(head_dim, device):
     matrix, row_scale, col_scale = sinkhorn_inputs(777, head_dim, device)
     for _ in range(3):
         r_before = row_scale.clone()
-        cfg = engram_sinkhorn_step_config(matrix, row_scale, col_scale, EPS)
+        cfg = engram_sinkhorn_step.operator.config(matrix, row_scale, col_scale, EPS)
         result = cann_ops_tilelang.engram_sinkhorn_step(matrix, row_scale, col_scale, EPS)
         check_step(matrix, r_before, col_scale, result, row_scale, EPS, cfg)
     assert torch.allclose(result.row_norm, torch.ones_like(result.row_norm), rtol=1e-5, atol=0)
@@ -364,7 +364,7 @@ def test_engram_sinkhorn_step_views_and_special_rows(head_dim, device):
     big[105:110] = 0.0
     matrix, row_scale = big[100:250], r_big[100:250]
     r_big_before = r_big.clone()
-    cfg = engram_sinkhorn_step_config(matrix, row_scale, col_scale, EPS)
+    cfg = engram_sinkhorn_step.operator.config(matrix, row_scale, col_scale, EPS)
     result = cann_ops_tilelang.engram_sinkhorn_step(matrix, row_scale, col_scale, EPS)
     assert torch.equal(r_big[:100], r_big_before[:100])
     assert torch.equal(r_big[250:], r_big_before[250:])
@@ -375,7 +375,7 @@ def test_engram_sinkhorn_step_views_and_special_rows(head_dim, device):
 @pytest.mark.npu
 def test_engram_sinkhorn_step_empty(device):
     matrix, row_scale, col_scale = sinkhorn_inputs(0, 256, device)
-    cfg = engram_sinkhorn_step_config(matrix, row_scale, col_scale, EPS)
+    cfg = engram_sinkhorn_step.operator.config(matrix, row_scale, col_scale, EPS)
     result = cann_ops_tilelang.engram_sinkhorn_step(matrix, row_scale, col_scale, EPS)
     assert result.row_norm.shape == (0,)
     assert_equal(result.col_sumsq_partial, torch.zeros(cfg.num_partials, 256, device=device))
@@ -397,5 +397,5 @@ def test_engram_sinkhorn_step_benchmark(params, device, benchmark_timer, benchma
         params=params,
         time_us=time_us,
         bandwidth_gbs=num_bytes / time_us / 1e3,
-        extras=config_extras(engram_sinkhorn_step_config(matrix, row_scale, col_scale, EPS)),
+        extras=config_extras(engram_sinkhorn_step.operator.config(matrix, row_scale, col_scale, EPS)),
     )

@@ -8,8 +8,7 @@ import pytest
 import torch
 
 import cann_ops_tilelang
-from cann_ops_tilelang.engram.engram_sinkhorn_step import engram_sinkhorn_step_config
-from cann_ops_tilelang.engram.engram_sinkhorn_step_reduce import engram_sinkhorn_step_reduce_config
+from cann_ops_tilelang import engram_sinkhorn_step, engram_sinkhorn_step_reduce
 from cann_ops_tilelang.engram.engram_sinkhorn_step_reduce_kernel import (
     choose_engram_sinkhorn_step_reduce_config,
     make_engram_sinkhorn_step_reduce_kernel,
@@ -182,7 +181,7 @@ def test_engram_sinkhorn_step_reduce_values(params, device):
     partial = _partials(num_partials, head_dim, device)
     partial_before = partial.clone()
     col_sumsq = torch.full((head_dim,), float('nan'), device=device)  # poisoned: every column is written
-    cfg = engram_sinkhorn_step_reduce_config(partial, col_sumsq)
+    cfg = engram_sinkhorn_step_reduce.operator.config(partial, col_sumsq)
 
     result = cann_ops_tilelang.engram_sinkhorn_step_reduce(partial, col_sumsq)
 
@@ -231,11 +230,11 @@ def test_engram_sinkhorn_step_reduce_benchmark(params, device, benchmark_timer, 
     """Partials of the shape engram_sinkhorn_step makes on this device (its P, which the cluster implies)."""
     head_dim = params['head_dim']
     matrix, row_scale, col_scale = sinkhorn_inputs(1, head_dim, device)
-    num_partials = engram_sinkhorn_step_config(matrix, row_scale, col_scale, EPS).num_partials
+    num_partials = engram_sinkhorn_step.operator.config(matrix, row_scale, col_scale, EPS).num_partials
     partial = _partials(num_partials, head_dim, device)
     col_sumsq = torch.empty(head_dim, device=device)
     cann_ops_tilelang.engram_sinkhorn_step_reduce(partial, col_sumsq)
-    cfg = engram_sinkhorn_step_reduce_config(partial, col_sumsq)
+    cfg = engram_sinkhorn_step_reduce.operator.config(partial, col_sumsq)
     assert_equal(col_sumsq, engram_sinkhorn_step_reduce_ordered(partial, cfg.num_segments))
 
     time_us = benchmark_timer(lambda: cann_ops_tilelang.engram_sinkhorn_step_reduce(partial, col_sumsq))

@@ -1,6 +1,6 @@
 """The eager fast path of every public operator keeps the contract (device tier).
 
-Once a configuration has launched on a GPU, a call that finds its launcher in the operator's `_CHECKED`
+Once a configuration has launched on a GPU, a call that finds its launcher in its Operator's `fast` table
 checks in Python only what the compiled entry cannot, leaves rank, dtype, shapes, strides and devices to
 the entry (kernel_target.Launcher.checks_arguments), and has `_check` explain a rejection
 (kernel_target.launch_or_explain). Here every argument of every operator is spoiled in turn, and the call
@@ -10,7 +10,6 @@ message, or the same results.
 
 from __future__ import annotations
 
-import importlib
 import math
 
 import pytest
@@ -124,7 +123,7 @@ def _describe(outcome) -> str:
 
 
 class _NoStore(dict):
-    """A _CHECKED that keeps nothing: every call takes the full way."""
+    """A fast-path table that keeps nothing: every call takes the full way."""
 
     def __setitem__(self, key, value) -> None:
         pass
@@ -136,8 +135,8 @@ def test_fast_path_ends_every_spoiled_call_as_the_full_path_does(op_name, device
     if device.type != 'cuda':
         pytest.skip('the fast path is for kernels whose compiled entry checks its arguments (TileLang on CUDA)')
     module_name, names, scalars = CALLS[op_name]
-    module = importlib.import_module(f'cann_ops_tilelang.engram.{module_name}')
     call = getattr(cann_ops_tilelang, module_name)
+    declared = call.operator
     inputs = _inputs(device)
 
     def args_with(position=None, spoil=None):
@@ -147,22 +146,22 @@ def test_fast_path_ends_every_spoiled_call_as_the_full_path_does(op_name, device
         return fresh
 
     call(*args_with())  # compiles, and puts the launcher into the fast path's table
-    assert module._CHECKED, f'{module_name}: a launch on {device} did not enable the fast path'
-    real_check, checks = module._check, []
-    monkeypatch.setattr(module, '_check', lambda *a, **k: checks.append(a) or real_check(*a, **k))
+    assert declared.fast, f'{module_name}: a launch on {device} did not enable the fast path'
+    real_check, checks = declared.check, []
+    monkeypatch.setattr(declared, 'check', lambda *a, **k: checks.append(a) or real_check(*a, **k))
     call(*args_with())
     assert checks == [], f'{module_name}: a valid warm call ran the Python checks'
-    monkeypatch.setattr(module, '_check', real_check)
+    monkeypatch.setattr(declared, 'check', real_check)
 
     cases = [(i, kind, spoil) for i in range(len(names)) for kind, spoil in TENSOR_SPOILERS.items()]
     cases += [(len(names) + j, kind, spoil) for j in range(len(scalars)) for kind, spoil in SCALAR_SPOILERS.items()]
-    fast_table = module._CHECKED
+    fast_table = declared.fast
     mismatches = []
     for position, kind, spoil in cases:
         fast = _outcome(call, args_with(position, spoil))
-        monkeypatch.setattr(module, '_CHECKED', _NoStore())
+        monkeypatch.setattr(declared, 'fast', _NoStore())
         full = _outcome(call, args_with(position, spoil))
-        monkeypatch.setattr(module, '_CHECKED', fast_table)
+        monkeypatch.setattr(declared, 'fast', fast_table)
         if not _same(fast, full, op_name):
             label = names[position] if position < len(names) else f'scalar {position - len(names)}'
             mismatches.append(f'{label}, {kind}: fast path {_describe(fast)}; full path {_describe(full)}')
@@ -221,18 +220,18 @@ def _grad_w_reduce_overlaps(partial, wh, we, gwh, gwe) -> dict:
 def test_grad_w_reduce_fast_path_refuses_every_overlap_the_full_path_refuses(device, monkeypatch):
     if device.type != 'cuda':
         pytest.skip('the fast path is for kernels whose compiled entry checks its arguments (TileLang on CUDA)')
-    module = importlib.import_module('cann_ops_tilelang.engram.engram_grad_w_reduce')
     inputs = _inputs(device)
     args = [inputs[name] for name in CALLS['grad_w_reduce'][1]]
     call = cann_ops_tilelang.engram_grad_w_reduce
+    declared = call.operator
     call(*[a.clone() for a in args])  # puts the launcher into the fast path's table
-    assert module._CHECKED
-    fast_table, mismatches, refused = module._CHECKED, [], 0
+    assert declared.fast
+    fast_table, mismatches, refused = declared.fast, [], 0
     for kind, make in _grad_w_reduce_overlaps(*args).items():
         fast = _outcome(call, make())
-        monkeypatch.setattr(module, '_CHECKED', _NoStore())
+        monkeypatch.setattr(declared, 'fast', _NoStore())
         full = _outcome(call, make())
-        monkeypatch.setattr(module, '_CHECKED', fast_table)
+        monkeypatch.setattr(declared, 'fast', fast_table)
         refused += full[0] == 'raised'
         if not _same(fast, full, 'grad_w_reduce'):
             mismatches.append(f'{kind}: fast path {_describe(fast)}; full path {_describe(full)}')

@@ -12,10 +12,9 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import cann_ops_tilelang
-from cann_ops_tilelang import config
-from cann_ops_tilelang._torch_library import NAMESPACE, traced
-from cann_ops_tilelang.engram._torch_ops import OPS
+from cann_ops_tilelang import config, operator
 from cann_ops_tilelang.engram.engram_gate_bwd_kernel import fixed_range_max_tokens
+from cann_ops_tilelang.operator import NAMESPACE, OPERATORS, traced
 from tests.testing.lowering import H200_SMS
 
 # Small: the fake tests allocate nothing, the device tests stay quick on the emulator; hc and H (and the hash
@@ -107,10 +106,12 @@ def test_every_public_operator_has_its_ops():
     assert not missing, f'public operators without their op {NAMESPACE}::<name>: {missing}'
     for name in cann_ops_tilelang.__all__:
         assert _op(name)._schema.name == f'{NAMESPACE}::{name}'
-    # Engram's table of forms and mutations (checked below and by the tests after) covers all it exports.
+    # Every public function is an Operator's, and Engram's forms are MUTATED's (checked below and after).
+    for name in cann_ops_tilelang.__all__:
+        assert getattr(cann_ops_tilelang, name).operator is OPERATORS[name]
     engram = cann_ops_tilelang.engram
-    assert set(OPS) == {name for name in engram.__all__ if inspect.isfunction(getattr(engram, name))}
-    names = [name for forms in OPS.values() for name in forms]
+    functions = [name for name in engram.__all__ if inspect.isfunction(getattr(engram, name))]
+    names = [form for name in functions for form in OPERATORS[name].forms]
     assert sorted(names) == sorted(MUTATED)
     for name in names:
         assert _op(name)._schema.name == f'{NAMESPACE}::{name}'
@@ -247,14 +248,14 @@ def test_memory_checks_run_on_real_tensors_only(monkeypatch):
     """Alignment and overlap between distinct views need memory: eager calls check them (the contract tests),
     traced calls leave them to the op's real kernel, which runs the eager checks on the real tensors."""
     checked = []
-    interface = __import__('sys').modules['cann_ops_tilelang.engram.engram_fused_weight']
-    real_check = interface._check
+    declared = ops.engram_fused_weight.operator
+    real_check = declared.check
 
-    def spy(*args, memory):
+    def spy(*args, memory=True):
         checked.append(memory)
         return real_check(*args, memory=memory)
 
-    monkeypatch.setattr(interface, '_check', spy)
+    monkeypatch.setattr(declared, 'check', spy)
     with _fake_cuda(monkeypatch) as cuda:
         wh = torch.empty(HC, H, dtype=torch.bfloat16, device=cuda)
         ops.engram_fused_weight(wh, wh)
@@ -428,15 +429,14 @@ def test_compile_functionalizes_the_mutations(emulated_cpu):
 def test_functional_ops_outputs_never_require_grad(emulated_cpu):
     """Weights arrive as parameters that require grad: as in eager, the outputs do not (the gradients are
     explicit operators), so AOTAutograd traces the ops without a backward."""
-    from cann_ops_tilelang.engram._torch_ops import FUNCTIONAL_OPS
-
-    assert FUNCTIONAL_OPS == (
+    forms = [(form, overload) for op in OPERATORS.values() for form, overload in op.forms.items()]
+    assert {form for form, overload in forms if not overload._schema.is_mutable} >= {
         'engram_fused_weight',
         'engram_gate_fwd',
         'engram_gate_bwd',
         'engram_hash',
         'engram_sinkhorn_finalize',
-    )
+    }
     torch._dynamo.reset()
     with FakeTensorMode():
         wh, we = (torch.nn.Parameter(t) for t in _gate_inputs(emulated_cpu)[2:])
@@ -680,12 +680,12 @@ def test_launcher_keeps_tilelang_s_call_where_it_does_more(monkeypatch, device, 
 
 def test_configurations_are_chosen_once_per_device(monkeypatch):
     """The eager path asks for the core count and builds the configuration on the first call only."""
-    interface = __import__('sys').modules['cann_ops_tilelang.engram.engram_fused_weight']
+    declared = ops.engram_fused_weight.operator
     queries = []
-    monkeypatch.setattr(interface, '_LAUNCHERS', {})
-    monkeypatch.setattr(interface, 'require_accelerator', lambda *tensors: 'cuda')
-    monkeypatch.setattr(interface, 'get_num_cores', lambda device: queries.append(device) or H200_SMS)
+    monkeypatch.setattr(declared, '_launchers', {})
+    monkeypatch.setattr(declared, 'check', lambda *args, **kwargs: (HC, H, 'cuda'))
+    monkeypatch.setattr(operator, 'get_num_cores', lambda device: queries.append(device) or H200_SMS)
     wh = torch.zeros(HC, H, dtype=torch.bfloat16)
-    cfg = interface.engram_fused_weight_config(wh, wh.clone())
-    assert interface.engram_fused_weight_config(wh, wh.clone()) is cfg
+    cfg = declared.config(wh, wh.clone())
+    assert declared.config(wh, wh.clone()) is cfg
     assert queries == [torch.device('cpu')]

@@ -25,6 +25,3 @@ __all__: list[str] = [
     'engram_sinkhorn_step',
     'engram_sinkhorn_step_reduce',
 ]
-
-# Registers the torch.library ops after the interfaces they call (no device, no compile).
-from . import _torch_ops  # noqa: F401

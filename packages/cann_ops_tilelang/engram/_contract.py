@@ -1,12 +1,11 @@
-"""Shape limits shared by the Engram operators (docs/engram.md, "Shapes to support")."""
+"""Shape limits shared by the Engram operators (docs/engram.md, "Shapes to support"), the gate operators' tensor
+checks and kv alignment."""
 
 from __future__ import annotations
 
-import math
-
 import torch
 
-from cann_ops_tilelang.validation import is_contiguous_tensor
+from cann_ops_tilelang.validation import check_contiguous, check_last_dim_contiguous, check_shape, check_tensor
 
 MAX_HC = 8
 HIDDEN_ALIGN = 64
@@ -23,28 +22,35 @@ def check_hc_hidden(name: str, hc: int, hidden: int) -> None:
         )
 
 
-def hc_hidden_supported(hc: int, hidden: int) -> bool:
-    """check_hc_hidden's conditions as one boolean (the operators' fast checks)."""
-    return 1 <= hc <= MAX_HC and hidden % HIDDEN_ALIGN == 0 and HIDDEN_ALIGN <= hidden <= MAX_HIDDEN
+# The gate operators' tensors: dtype and rank by argument name.
+_GATE_TENSORS = {
+    'grad_out': (torch.bfloat16, 3),
+    'hidden_states': (torch.bfloat16, 3),
+    'kv': (torch.bfloat16, 3),
+    'weight_fused': (torch.float32, 2),
+    'dot': (torch.float32, 2),
+    'gate_score': (torch.float32, 2),
+    'rstd_x': (torch.float32, 2),
+    'rstd_k': (torch.float32, 2),
+}
 
 
-def gate_operands_conform(kv, weight_fused, clamp_value, num_tokens: int, hc: int, hidden: int) -> bool:
-    """Whether the gate operators' shared operands pass their checks, for hidden states of shape (T, hc, H):
-    hc and H supported, kv (T, hc + 1, H) bf16 with a contiguous last dimension and non-negative strides,
-    weight_fused (hc, H) fp32 contiguous, clamp_value a finite float > 0. A False sends the call through
-    the per-check helpers, which raise the typed error (or pass: an int clamp_value, say)."""
-    if not (
-        hc_hidden_supported(hc, hidden)
-        and isinstance(kv, torch.Tensor)
-        and kv.dtype is torch.bfloat16
-        and kv.shape == (num_tokens, hc + 1, hidden)
-        and is_contiguous_tensor(weight_fused, torch.float32, (hc, hidden))
-        and type(clamp_value) is float
-        and 0.0 < clamp_value < math.inf
-    ):
-        return False
-    stride_t, stride_h, stride_last = kv.stride()
-    return stride_last == 1 and stride_t >= 0 and stride_h >= 0
+def check_gate_tensors(name: str, tensors: dict[str, torch.Tensor]) -> tuple[int, int, int]:
+    """(T, hc, H) of the gate operators' tensors (argument name -> value, in call order), checked in this order:
+    types, dtypes and ranks; hc and H (of hidden_states); shapes; layouts (kv: last dimension contiguous, the rest
+    contiguous). hidden_states, grad_out: (T, hc, H); kv (T, hc + 1, H); weight_fused (hc, H); the saved (T, hc)."""
+    for arg, value in tensors.items():
+        dtype, ndim = _GATE_TENSORS[arg]
+        check_tensor(arg, value, dtype=dtype, ndim=ndim)
+    num_tokens, hc, hidden = tensors['hidden_states'].shape
+    check_hc_hidden(name, hc, hidden)
+    shapes = {'grad_out': (num_tokens, hc, hidden), 'kv': (num_tokens, hc + 1, hidden), 'weight_fused': (hc, hidden)}
+    for arg, value in tensors.items():
+        if arg != 'hidden_states':
+            check_shape(arg, value, shapes.get(arg, (num_tokens, hc)))
+    for arg, value in tensors.items():
+        (check_last_dim_contiguous if arg == 'kv' else check_contiguous)(arg, value)
+    return num_tokens, hc, hidden
 
 
 def kv_alignment_bits(kv: torch.Tensor) -> int:

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
-from cann_ops_tilelang._torch_library import op, traced
-from cann_ops_tilelang.config import get_num_cores, require_accelerator
+from cann_ops_tilelang.config import require_accelerator
 from cann_ops_tilelang.engram._contract import check_hc_hidden
-from cann_ops_tilelang.kernel_target import Launcher, launch_or_explain
+from cann_ops_tilelang.kernel_target import launch_or_explain
+from cann_ops_tilelang.operator import Operator, traced
 from cann_ops_tilelang.validation import (
     ALIGN_BYTES,
     PLAIN_TENSOR_TYPES,
@@ -20,122 +18,80 @@ from cann_ops_tilelang.validation import (
     check_tensor,
 )
 
-from .engram_fused_weight_kernel import (
-    EngramFusedWeightConfig,
-    choose_engram_fused_weight_config,
-    get_engram_fused_weight_kernel,
-)
-
-_NAME = 'engram_fused_weight'
-# One launcher per (device, backend, hc, H): the configuration is chosen, and the kernel looked up, once
-# (The core count is the device's, fixed for a process.)
-_LAUNCHERS: dict[tuple, Launcher] = {}
-# The fast path's launchers (their entries check every tensor's layout, Launcher.checks_arguments), by
-# (weight_hidden.shape, CUDA device index): found there, a call without out= checks in Python only what
-# the entry cannot (argument types, alignment) and leaves the explanation of a rejection to _check.
-_CHECKED: dict[tuple, Launcher] = {}
+from .engram_fused_weight_kernel import choose_engram_fused_weight_config, get_engram_fused_weight_kernel
 
 
-def _check(weight_hidden, weight_embed, out, *, memory: bool) -> tuple[int, int, str]:
-    """Validate the arguments (memory=False: fake tensors, see validation.may_overlap); (hc, H, backend)."""
-    check_tensor('weight_hidden', weight_hidden, dtype=torch.bfloat16, ndim=2)
-    check_tensor('weight_embed', weight_embed, dtype=torch.bfloat16, ndim=2)
-    hc, hidden = weight_hidden.shape
-    check_hc_hidden(_NAME, hc, hidden)
-    check_shape('weight_embed', weight_embed, (hc, hidden))
-    check_contiguous('weight_hidden', weight_hidden)
-    check_contiguous('weight_embed', weight_embed)
-    check_aligned('weight_hidden', weight_hidden, memory=memory)
-    check_aligned('weight_embed', weight_embed, memory=memory)
+def _check(wh, we, out, *, memory=True) -> tuple[int, int, str]:
+    """(hc, H, backend) of valid arguments (wh, we: weight_hidden, weight_embed)."""
+    check_tensor('weight_hidden', wh, dtype=torch.bfloat16, ndim=2)
+    check_tensor('weight_embed', we, dtype=torch.bfloat16, ndim=2)
+    hc, hidden = shape = wh.shape
+    check_hc_hidden(OP.name, hc, hidden)
+    check_shape('weight_embed', we, shape)
+    check_contiguous('weight_hidden', wh)
+    check_contiguous('weight_embed', we)
+    check_aligned('weight_hidden', wh, memory=memory)
+    check_aligned('weight_embed', we, memory=memory)
     if out is not None:
-        check_out(
-            'out',
-            out,
-            shape=(hc, hidden),
-            dtype=torch.float32,
-            device=weight_hidden.device,
-            inputs={'weight_hidden': weight_hidden, 'weight_embed': weight_embed},
-            memory=memory,
-        )
+        inputs = {'weight_hidden': wh, 'weight_embed': we}
+        check_out('out', out, shape=shape, dtype=torch.float32, device=wh.device, inputs=inputs, memory=memory)
         check_aligned('out', out, memory=memory)
-    tensors = (weight_hidden, weight_embed) if out is None else (weight_hidden, weight_embed, out)
-    return hc, hidden, require_accelerator(*tensors)
+    return hc, hidden, require_accelerator(wh, we) if out is None else require_accelerator(wh, we, out)
 
 
-_check_real = functools.partial(_check, memory=True)  # what explains a rejected fast-path launch
+OP = Operator('engram_fused_weight', _check, choose_engram_fused_weight_config, get_engram_fused_weight_kernel)
 
 
-def _launcher(backend: str, device: torch.device, hc: int, hidden: int) -> Launcher:
-    key = (device, backend, hc, hidden)
-    launcher = _LAUNCHERS.get(key)
-    if launcher is None:
-        cfg = choose_engram_fused_weight_config(backend=backend, hc=hc, hidden=hidden, num_cores=get_num_cores(device))
-        launcher = _LAUNCHERS[key] = Launcher(get_engram_fused_weight_kernel, cfg, device)
-    return launcher
+def _plan(weight_hidden, weight_embed, out=None):
+    hc, hidden, backend = OP.check(weight_hidden, weight_embed, out)
+    return OP.launcher(backend, weight_hidden.device, hc=hc, hidden=hidden)
 
 
-def _eager(weight_hidden, weight_embed, out):
-    """The call on real tensors: every check, then the launch (also the torch.library op's kernel)."""
-    if (
-        out is None
-        and type(weight_hidden) in PLAIN_TENSOR_TYPES
-        and type(weight_embed) in PLAIN_TENSOR_TYPES
-        and weight_hidden.is_cuda
-    ):
-        shape = weight_hidden.shape
-        launcher = _CHECKED.get((shape, weight_hidden.get_device()))
-        if launcher is not None and not (weight_hidden.data_ptr() | weight_embed.data_ptr()) % ALIGN_BYTES:
-            result = weight_hidden.new_empty(shape, dtype=torch.float32)
-            launch_or_explain(
-                launcher, (weight_hidden, weight_embed, result), _check_real, weight_hidden, weight_embed, None
-            )
+def _eager(wh, we, out=None):
+    """Every check, then the launch (also the torch.library ops' kernel). Fast path: by (shape, CUDA index)."""
+    if out is None and type(wh) in PLAIN_TENSOR_TYPES and type(we) in PLAIN_TENSOR_TYPES:
+        launcher = OP.fast.get((wh.shape, wh.get_device())) if wh.is_cuda else None
+        if launcher is not None and not (wh.data_ptr() | we.data_ptr()) % ALIGN_BYTES:
+            result = wh.new_empty(wh.shape, dtype=torch.float32)
+            launch_or_explain(launcher, (wh, we, result), OP.check, wh, we, None)
             return result
-    hc, hidden, backend = _check(weight_hidden, weight_embed, out, memory=True)
-    device = weight_hidden.device
-    launcher = _launcher(backend, device, hc, hidden)
-    # hc >= 1 and H >= 64 after validation: never empty.
-    # Tensor.new_empty: the device from the tensor, no keyword parsing of it (about 1 us less than torch.empty)
-    result = weight_hidden.new_empty((hc, hidden), dtype=torch.float32) if out is None else out
-    launcher.launch(weight_hidden, weight_embed, result)
-    if out is None and launcher.checks_arguments:
-        _CHECKED[(weight_hidden.shape, weight_hidden.get_device())] = launcher
+    launcher = _plan(wh, we, out)  # valid hc and H: never empty; new_empty: about 1 us less than torch.empty(device=)
+    result = wh.new_empty(wh.shape, dtype=torch.float32) if out is None else out
+    launcher.launch(wh, we, result)
+    if out is None:
+        OP.remember((wh.shape, wh.get_device()), launcher)
     return result
 
 
-def _fake(weight_hidden, weight_embed, out):
-    """The output while torch traces: the checks that need no memory, then an empty (hc, H) fp32 tensor."""
-    hc, hidden, _ = _check(weight_hidden, weight_embed, out, memory=False)
-    return torch.empty((hc, hidden), dtype=torch.float32, device=weight_hidden.device)
+def _fake(wh, we, out=None):
+    """While torch traces: the checks that need no memory, then the (hc, H) fp32 result (None with out=)."""
+    OP.check(wh, we, out, memory=False)
+    return torch.empty(wh.shape, dtype=torch.float32, device=wh.device) if out is None else None
 
 
+_SIGNATURE = 'Tensor weight_hidden, Tensor weight_embed'
+_functional = OP.define('engram_fused_weight', f'({_SIGNATURE}) -> Tensor', _eager, _fake)
+_into_out = OP.define('engram_fused_weight_out', f'({_SIGNATURE}, Tensor(a!) out) -> ()', _eager, _fake)
+
+
+@OP.public(_plan)
 def engram_fused_weight(
     weight_hidden: torch.Tensor, weight_embed: torch.Tensor, *, out: torch.Tensor | None = None
 ) -> torch.Tensor:
     """out[h, d] = float(weight_hidden[h, d]) * float(weight_embed[h, d]).
 
     Args:
-        weight_hidden: (hc, H) bf16, contiguous, 16-byte aligned; RMSNorm weight of the hidden states.
-        weight_embed: (hc, H) bf16, contiguous, 16-byte aligned; RMSNorm weight of the key.
-        out: optional (hc, H) fp32 contiguous, 16-byte aligned buffer on the same device, not
-            overlapping the inputs.
+        weight_hidden, weight_embed: (hc, H) bf16, contiguous, 16-byte aligned: the RMSNorm weights of the hidden
+            states and of the key. hc in 1..8, H a multiple of 64 up to 16384 (ValueError otherwise).
+        out: optional (hc, H) fp32 contiguous, 16-byte aligned buffer on the same device, not overlapping the inputs.
 
     Returns:
         (hc, H) fp32, bit-exact (the product of two bf16 values is exact in fp32).
-
-    hc must be in 1..8 and H a multiple of 64 up to 16384 (ValueError otherwise).
     """
-    if traced(weight_hidden):  # torch.compile, fake tensors, make_fx: the torch.library op (_torch_ops.py)
-        _check(weight_hidden, weight_embed, out, memory=False)
-        if out is None:
-            return op('engram_fused_weight')(weight_hidden, weight_embed)
-        op('engram_fused_weight_out')(weight_hidden, weight_embed, out)
-        return out
-    return _eager(weight_hidden, weight_embed, out)
-
-
-def engram_fused_weight_config(
-    weight_hidden: torch.Tensor, weight_embed: torch.Tensor, *, out: torch.Tensor | None = None
-) -> EngramFusedWeightConfig:
-    """The kernel configuration engram_fused_weight launches for these arguments (validated alike; no launch)."""
-    hc, hidden, backend = _check(weight_hidden, weight_embed, out, memory=True)
-    return _launcher(backend, weight_hidden.device, hc, hidden).cfg
+    if not traced(weight_hidden):
+        return _eager(weight_hidden, weight_embed, out)
+    OP.check(weight_hidden, weight_embed, out, memory=False)
+    if out is None:
+        return _functional(weight_hidden, weight_embed)
+    _into_out(weight_hidden, weight_embed, out)
+    return out

@@ -2,34 +2,26 @@
 
 from __future__ import annotations
 
-import functools
 import math
 from typing import NamedTuple
 
 import torch
 
-from cann_ops_tilelang._torch_library import op, traced
-from cann_ops_tilelang.config import get_num_cores, require_accelerator
-from cann_ops_tilelang.engram._contract import check_hc_hidden, gate_operands_conform, kv_alignment_bits
-from cann_ops_tilelang.kernel_target import Launcher, launch_or_explain
+from cann_ops_tilelang.config import require_accelerator
+from cann_ops_tilelang.engram._contract import check_gate_tensors, kv_alignment_bits
+from cann_ops_tilelang.kernel_target import launch_or_explain
+from cann_ops_tilelang.operator import Operator, traced
 from cann_ops_tilelang.validation import (
     ALIGN_BYTES,
     PLAIN_TENSOR_TYPES,
     check_bool,
-    check_contiguous,
     check_image_token_mask,
-    check_last_dim_contiguous,
     check_no_overlap,
     check_out,
     check_positive_float,
-    check_shape,
-    check_tensor,
-    is_contiguous_tensor,
 )
 
-from .engram_gate_fwd_kernel import EngramGateFwdConfig, choose_engram_gate_fwd_config, get_engram_gate_fwd_kernel
-
-_NAME = 'engram_gate_fwd'
+from .engram_gate_fwd_kernel import choose_engram_gate_fwd_config, get_engram_gate_fwd_kernel
 
 
 class EngramGateFwdResult(NamedTuple):
@@ -40,251 +32,147 @@ class EngramGateFwdResult(NamedTuple):
     rstd_k: torch.Tensor | None  # (T, hc) fp32
 
 
-def _access_vec(hidden_states: torch.Tensor, kv: torch.Tensor, out: torch.Tensor | None) -> int:
-    """Widest access (8, 4, 2 or 1 bf16 elements) that the addresses of hidden_states, kv and out (None: the
-    caching allocator's, aligned) and kv's outer strides are all aligned to.
+# In the private functions, x is hidden_states, w weight_fused, save save_for_backward and mask image_token_mask.
 
-    A power of two divides each address and stride in bytes iff it divides their bitwise or, whose lowest
-    set bit is the answer (_contract.kv_alignment_bits).
-    """
-    bits = hidden_states.data_ptr() | kv_alignment_bits(kv)
+
+def _check(x, kv, w, eps, clamp, save, mask, inplace, out, *, memory=True) -> str:
+    """The backend of valid arguments. Checks in this order: types, dtypes and ranks, hc / H, shapes, layouts,
+    scalars, the mask, inplace / out= and their overlaps (the first violation names the error)."""
+    inputs = {'hidden_states': x, 'kv': kv, 'weight_fused': w}
+    num_tokens = check_gate_tensors(OP.name, inputs)[0]
+    check_positive_float('eps', eps)
+    check_positive_float('clamp_value', clamp)
+    save = check_bool('save_for_backward', save)
+    inplace = check_bool('inplace', inplace)
+    if mask is not None:
+        inputs['image_token_mask'] = check_image_token_mask(mask, num_tokens)
+    if inplace:
+        if save:
+            raise ValueError(
+                f'{OP.name}: inplace=True overwrites hidden_states, which the backward needs: '
+                'use save_for_backward=False'
+            )
+        if out is not None:
+            raise ValueError(f'{OP.name}: inplace=True writes the output into hidden_states: do not also pass out=')
+        check_no_overlap('hidden_states', x, inputs, what='written in place', memory=memory)
+    elif out is not None:
+        check_out('out', out, shape=x.shape, dtype=torch.bfloat16, device=x.device, inputs=inputs, memory=memory)
+    return require_accelerator(*inputs.values()) if out is None else require_accelerator(*inputs.values(), out)
+
+
+OP = Operator('engram_gate_fwd', _check, choose_engram_gate_fwd_config, get_engram_gate_fwd_kernel)
+
+
+def _access_vec(x: torch.Tensor, kv: torch.Tensor, out: torch.Tensor | None) -> int:
+    """Widest access (8, 4, 2 or 1 bf16 elements) that the addresses of x, kv and out (None: the allocator's,
+    aligned) and kv's outer strides all fit: the lowest set bit of their bitwise or (kv_alignment_bits)."""
+    bits = x.data_ptr() | kv_alignment_bits(kv)
     if out is not None:
         bits |= out.data_ptr()
     low = bits & -bits  # bytes; 0 where every address and stride is 0
     return 8 if low == 0 or low >= 16 else max(1, low // 2)
 
 
-# One launcher per (device, backend, hc, H, save_for_backward, mask, access width): chosen and looked up once.
-# (The core count is the device's, fixed for a process.)
-_LAUNCHERS: dict[tuple, Launcher] = {}
-# The fast path's launchers (their entries check every tensor's layout, Launcher.checks_arguments), by
-# (hidden_states.shape[1:], CUDA device index, save_for_backward, mask given, access width): found there,
-# a call without inplace or out= checks in Python only what the entry cannot (argument types, the scalars,
-# kv's outer strides, alignment) and leaves the explanation of a rejection to _check.
-_CHECKED: dict[tuple, Launcher] = {}
-
-
-def _fast_key(hidden_states, kv, weight_fused, eps, clamp_value, save_for_backward, image_token_mask) -> tuple | None:
-    """The _CHECKED key of a call whose remaining checks the entry makes; None sends it the full way."""
-    if not (
-        type(hidden_states) in PLAIN_TENSOR_TYPES
-        and type(kv) in PLAIN_TENSOR_TYPES
-        and type(weight_fused) in PLAIN_TENSOR_TYPES
-        and hidden_states.is_cuda
-        and kv.dim() == 3
-        and type(eps) is float
-        and 0.0 < eps < math.inf
-        and type(clamp_value) is float
-        and 0.0 < clamp_value < math.inf
-        and type(save_for_backward) is bool
-        and (image_token_mask is None or type(image_token_mask) in PLAIN_TENSOR_TYPES)
-    ):
-        return None
-    stride_t, stride_h, _ = kv.stride()
-    if stride_t < 0 or stride_h < 0 or weight_fused.data_ptr() % ALIGN_BYTES:
-        return None
-    vec = _access_vec(hidden_states, kv, None)
-    return (hidden_states.shape[1:], hidden_states.get_device(), save_for_backward, image_token_mask is None, vec)
-
-
-def _conforms(x, kv, weight_fused, eps, clamp_value, save_for_backward, image_token_mask) -> bool:
-    """Whether every check of _check_each passes for a call without inplace or out= (whose overlap checks
-    stay with _check_each), found with direct comparisons: the common call's path, without a helper call
-    per check. False sends the call through _check_each, which raises the contract's typed error, first
-    violation first (or passes: an int eps, say). No memory needed (fake tensors too)."""
-    if not (isinstance(x, torch.Tensor) and x.dim() == 3):
-        return False
-    num_tokens, hc, hidden = x.shape
-    if not (
-        x.dtype is torch.bfloat16
-        and x.is_contiguous()
-        and gate_operands_conform(kv, weight_fused, clamp_value, num_tokens, hc, hidden)
-        and type(eps) is float
-        and 0.0 < eps < math.inf
-        and type(save_for_backward) is bool
-    ):
-        return False
-    return image_token_mask is None or is_contiguous_tensor(image_token_mask, torch.bool, (num_tokens,))
-
-
-def _check(
-    hidden_states, kv, weight_fused, eps, clamp_value, save_for_backward, image_token_mask, inplace, out, *, memory
-) -> str:
-    """Validate the arguments (memory=False: fake tensors, see validation.may_overlap); the backend."""
-    if not (
-        inplace is False
-        and out is None
-        and _conforms(hidden_states, kv, weight_fused, eps, clamp_value, save_for_backward, image_token_mask)
-    ):
-        _check_each(
-            hidden_states,
-            kv,
-            weight_fused,
-            eps,
-            clamp_value,
-            save_for_backward,
-            image_token_mask,
-            inplace,
-            out,
-            memory=memory,
-        )
-    tensors = (
-        (hidden_states, kv, weight_fused)
-        if image_token_mask is None
-        else (hidden_states, kv, weight_fused, image_token_mask)
-    )
-    return require_accelerator(*tensors) if out is None else require_accelerator(*tensors, out)
-
-
-_check_real = functools.partial(_check, memory=True)  # what explains a rejected fast-path launch
-
-
-def _check_each(
-    hidden_states, kv, weight_fused, eps, clamp_value, save_for_backward, image_token_mask, inplace, out, *, memory
-) -> None:
-    """Every check of the contract, one helper each, in the order that decides which error a call with
-    several violations gets: types, dtypes and ranks first, then hc / H, shapes, layouts, scalars, the mask,
-    inplace / out= and their overlaps (memory=False: fake tensors, see validation.may_overlap)."""
-    x = check_tensor('hidden_states', hidden_states, dtype=torch.bfloat16, ndim=3)
-    check_tensor('kv', kv, dtype=torch.bfloat16, ndim=3)
-    check_tensor('weight_fused', weight_fused, dtype=torch.float32, ndim=2)
-    num_tokens, hc, hidden = x.shape
-    check_hc_hidden(_NAME, hc, hidden)
-    check_shape('kv', kv, (num_tokens, hc + 1, hidden))
-    check_shape('weight_fused', weight_fused, (hc, hidden))
-    check_contiguous('hidden_states', x)
-    check_last_dim_contiguous('kv', kv)
-    check_contiguous('weight_fused', weight_fused)
-    check_positive_float('eps', eps)
-    check_positive_float('clamp_value', clamp_value)
-    save_for_backward = check_bool('save_for_backward', save_for_backward)
-    inplace = check_bool('inplace', inplace)
-    inputs = {'hidden_states': x, 'kv': kv, 'weight_fused': weight_fused}
-    if image_token_mask is not None:
-        check_image_token_mask(image_token_mask, num_tokens)
-        inputs['image_token_mask'] = image_token_mask
-    if inplace:
-        if save_for_backward:
-            raise ValueError(
-                f'{_NAME}: inplace=True overwrites hidden_states, which the backward needs: use save_for_backward=False'
-            )
-        if out is not None:
-            raise ValueError(f'{_NAME}: inplace=True writes the output into hidden_states: do not also pass out=')
-        check_no_overlap('hidden_states', x, inputs, what='written in place', memory=memory)
-    elif out is not None:
-        check_out(
-            'out',
-            out,
-            shape=(num_tokens, hc, hidden),
-            dtype=torch.bfloat16,
-            device=x.device,
-            inputs=inputs,
-            memory=memory,
-        )
-
-
-def _launcher(backend, hidden_states, kv, save_for_backward, image_token_mask, out) -> Launcher:
-    _, hc, hidden = hidden_states.shape
-    device = hidden_states.device
-    vec = _access_vec(hidden_states, kv, out)
-    has_mask = image_token_mask is not None
-    key = (device, backend, hc, hidden, save_for_backward, has_mask, vec)
-    launcher = _LAUNCHERS.get(key)
-    if launcher is None:
-        cfg = choose_engram_gate_fwd_config(
-            backend=backend,
-            hc=hc,
-            hidden=hidden,
-            num_cores=get_num_cores(device),
-            save_for_backward=save_for_backward,
-            has_mask=has_mask,
-            vec=vec,
-        )
-        launcher = _LAUNCHERS[key] = Launcher(get_engram_gate_fwd_kernel, cfg, device)
-    return launcher
-
-
-def _eager(
-    hidden_states, kv, weight_fused, eps, clamp_value, save_for_backward, image_token_mask, inplace, out
-) -> EngramGateFwdResult:
-    """The call on real tensors: every check, then the launch (also the torch.library ops' kernel)."""
+def _plan(hidden_states, kv, weight_fused, eps, clamp_value, save_for_backward, image_token_mask, inplace, out):
     args = (hidden_states, kv, weight_fused, eps, clamp_value, save_for_backward, image_token_mask, inplace, out)
-    fast_key = (
-        _fast_key(hidden_states, kv, weight_fused, eps, clamp_value, save_for_backward, image_token_mask)
-        if inplace is False and out is None
-        else None
-    )
-    launcher = _CHECKED.get(fast_key) if fast_key is not None else None
-    if launcher is not None and hidden_states.shape[0]:
-        output, saved, launch_args = _outputs_and_args(
-            hidden_states, kv, weight_fused, eps, clamp_value, save_for_backward, image_token_mask, None
-        )
-        launch_or_explain(launcher, launch_args, _check_real, *args)
-        return EngramGateFwdResult(output, *saved)
-    backend = _check(*args, memory=True)
-    launcher = _launcher(backend, hidden_states, kv, save_for_backward, image_token_mask, out)
-    if weight_fused.data_ptr() % ALIGN_BYTES:  # the kernels read it in 16-byte vectors: an aligned copy
-        weight_fused = weight_fused.clone()
-    written = hidden_states if inplace else out  # None: allocated
-    output, saved, launch_args = _outputs_and_args(
-        hidden_states, kv, weight_fused, eps, clamp_value, save_for_backward, image_token_mask, written
-    )
-    if hidden_states.shape[0] == 0:
-        return EngramGateFwdResult(output, *saved)
-    launcher.launch(*launch_args)
-    if fast_key is not None and launcher.checks_arguments:
-        _CHECKED[fast_key] = launcher
+    backend, (_, hc, hidden) = OP.check(*args), hidden_states.shape
+    has_mask, vec = image_token_mask is not None, _access_vec(hidden_states, kv, out)
+    choice = {'hc': hc, 'hidden': hidden, 'save_for_backward': save_for_backward, 'has_mask': has_mask, 'vec': vec}
+    return OP.launcher(backend, hidden_states.device, **choice)
+
+
+def _eager(x, kv, w, eps, clamp, save, mask, inplace, out) -> EngramGateFwdResult:
+    """Every check, then the launch (also the ops' kernel). Fast path (no inplace or out=, T > 0): by (x.shape[1:],
+    CUDA index, save, mask given, access width), after the checks the compiled entry cannot make (argument types,
+    scalars, kv's outer strides, w's alignment)."""
+    args = (x, kv, w, eps, clamp, save, mask, inplace, out)
+    key = launcher = None
+    plain = PLAIN_TENSOR_TYPES
+    if (
+        (inplace is False and out is None)
+        and (type(x) in plain and type(kv) in plain and type(w) in plain and x.is_cuda and kv.dim() == 3)
+        and (type(eps) is float and 0.0 < eps < math.inf and type(clamp) is float and 0.0 < clamp < math.inf)
+        and (type(save) is bool and (mask is None or type(mask) in plain))
+    ):
+        stride_t, stride_h, _ = kv.stride()
+        if stride_t >= 0 and stride_h >= 0 and not w.data_ptr() % ALIGN_BYTES:
+            key = (x.shape[1:], x.get_device(), save, mask is None, _access_vec(x, kv, None))
+            launcher = OP.fast.get(key)
+    fast = launcher is not None and x.shape[0]
+    if not fast:
+        launcher = _plan(*args)
+        if w.data_ptr() % ALIGN_BYTES:  # the kernels read it in 16-byte vectors: an aligned copy
+            w = w.clone()
+    num_tokens, hc, hidden = x.shape
+    output = x if inplace else out
+    if output is None:
+        output = x.new_empty((num_tokens, hc, hidden))  # cheaper than torch.empty(..., device=)
+    if save:  # four calls spelled out: a generator and tuple() around them cost more than a call
+        new, shape, f32 = x.new_empty, (num_tokens, hc), torch.float32
+        saved = (new(shape, dtype=f32), new(shape, dtype=f32), new(shape, dtype=f32), new(shape, dtype=f32))
+        outputs = (output, *saved)
+    else:
+        saved, outputs = (None, None, None, None), (output,)  # no slots for unsaved outputs
+    # kv whole: the kernel reads keys and value through its strides (no views to build per call).
+    if mask is None:
+        launch_args = (x, kv, w, *outputs, float(eps), float(clamp))
+    else:
+        launch_args = (x, kv, w, mask, *outputs, float(eps), float(clamp))
+    if fast:
+        launch_or_explain(launcher, launch_args, OP.check, *args)
+    elif num_tokens:  # T = 0: nothing to launch
+        launcher.launch(*launch_args)
+        if key is not None:
+            OP.remember(key, launcher)
+    return tuple.__new__(EngramGateFwdResult, (output, *saved))  # without the NamedTuple's Python-level __new__
+
+
+def _fake(x, kv, w, eps, clamp, save, mask, inplace, out) -> EngramGateFwdResult:
+    """While torch traces: the checks that need no memory, then the result (new tensors contiguous)."""
+    OP.check(x, kv, w, eps, clamp, save, mask, inplace, out, memory=False)
+    output = x if inplace else torch.empty_like(x) if out is None else out  # x: contiguous, so is its empty_like
+    saved = [x.new_empty(x.shape[:2], dtype=torch.float32) for _ in range(4)] if save else [None] * 4
     return EngramGateFwdResult(output, *saved)
 
 
-def _outputs_and_args(hidden_states, kv, weight_fused, eps, clamp_value, save_for_backward, image_token_mask, output):
-    """(output, the four saved tensors or Nones, the kernel's arguments): `output` None allocates it."""
-    num_tokens, hc, hidden = hidden_states.shape
-    if output is None:
-        output = hidden_states.new_empty((num_tokens, hc, hidden))  # cheaper than torch.empty(..., device=)
-    if save_for_backward:
-        new_empty, shape, f32 = hidden_states.new_empty, (num_tokens, hc), torch.float32
-        # four calls spelled out: a generator and tuple() around them cost more than a call
-        saved = (
-            new_empty(shape, dtype=f32),
-            new_empty(shape, dtype=f32),
-            new_empty(shape, dtype=f32),
-            new_empty(shape, dtype=f32),
-        )
-    else:
-        saved = (None, None, None, None)
-    # kv whole: the kernel reads keys and value through its strides (no views to build per call).
-    outputs = (output, *saved) if save_for_backward else (output,)  # no slots for unsaved outputs
-    if image_token_mask is None:
-        return output, saved, (hidden_states, kv, weight_fused, *outputs, float(eps), float(clamp_value))
-    return output, saved, (hidden_states, kv, weight_fused, image_token_mask, *outputs, float(eps), float(clamp_value))
+# A custom op may not return an input: the ops return the tensors the call allocated.
+def _outputs(result: EngramGateFwdResult) -> list:
+    """The functional op's: the output, then the saved tensors with save_for_backward."""
+    return [result.output] if result.dot is None else list(result)
 
 
-def _fake(hidden_states, kv, weight_fused, eps, clamp_value, save_for_backward, image_token_mask, inplace, out):
-    """The outputs while torch traces: the checks that need no memory, then the tensors the call allocates
-    (the output unless inplace or out=, the four saved tensors with save_for_backward), all contiguous."""
-    _check(
-        hidden_states,
-        kv,
-        weight_fused,
-        eps,
-        clamp_value,
-        save_for_backward,
-        image_token_mask,
-        inplace,
-        out,
-        memory=False,
-    )
-    num_tokens, hc, hidden = hidden_states.shape
-    device = hidden_states.device
-    new = []
-    if not inplace and out is None:
-        new.append(torch.empty((num_tokens, hc, hidden), dtype=torch.bfloat16, device=device))
-    if save_for_backward:
-        new += [torch.empty((num_tokens, hc), dtype=torch.float32, device=device) for _ in range(4)]
-    return new
+def _written(save: bool, inplace: bool) -> list:
+    """[kernel, fake] of an op that writes an argument (out= or in place): they return the saved tensors or None."""
+
+    def form(run):
+        if inplace:
+            return lambda x, kv, w, eps, clamp, mask: _saved(run(x, kv, w, eps, clamp, save, mask, True, None))
+        return lambda x, kv, w, eps, clamp, mask, out: _saved(run(x, kv, w, eps, clamp, save, mask, False, out))
+
+    return [form(_eager), form(_fake)]
 
 
+def _saved(result: EngramGateFwdResult) -> tuple | None:
+    return None if result.dot is None else tuple(result[1:])
+
+
+# One op per calling form whose aliasing torch must know statically. With a mutated argument an op may not return
+# a list (functionalization needs a fixed output count), so out= has one op per save_for_backward.
+_functional = OP.define(
+    'engram_gate_fwd',
+    '(Tensor hidden_states, Tensor kv, Tensor weight_fused, float eps, float clamp_value, bool save_for_backward, '
+    'Tensor? image_token_mask) -> Tensor[]',
+    lambda x, kv, w, eps, clamp, save, mask: _outputs(_eager(x, kv, w, eps, clamp, save, mask, False, None)),
+    lambda x, kv, w, eps, clamp, save, mask: _outputs(_fake(x, kv, w, eps, clamp, save, mask, False, None)),
+)
+_TAIL = 'Tensor kv, Tensor weight_fused, float eps, float clamp_value, Tensor? image_token_mask'
+_OUT = f'(Tensor hidden_states, {_TAIL}, Tensor(a!) out)'
+_into_out = OP.define('engram_gate_fwd_out', f'{_OUT} -> (Tensor, Tensor, Tensor, Tensor)', *_written(True, False))
+_into_out_nosave = OP.define('engram_gate_fwd_out_nosave', f'{_OUT} -> ()', *_written(False, False))
+_in_place = OP.define('engram_gate_fwd_inplace', f'(Tensor(a!) hidden_states, {_TAIL}) -> ()', *_written(False, True))
+
+
+@OP.public(_plan)
 def engram_gate_fwd(
     hidden_states: torch.Tensor,
     kv: torch.Tensor,
@@ -318,37 +206,18 @@ def engram_gate_fwd(
         EngramGateFwdResult(output, dot, gate_score, rstd_x, rstd_k), a tuple: output (T, hc, H) bf16; the
         four saved tensors (T, hc) fp32, or None when save_for_backward is False.
     """
-    if traced(hidden_states):  # torch.compile, fake tensors, make_fx: the torch.library ops (_torch_ops.py)
+    if traced(hidden_states):  # torch.compile, fake tensors, make_fx: the torch.library ops
         args = (hidden_states, kv, weight_fused, eps, clamp_value, save_for_backward, image_token_mask, inplace, out)
-        _check(*args, memory=False)
-        eps, clamp_value = float(eps), float(clamp_value)  # the ops' schemas take floats
-        head = (hidden_states, kv, weight_fused, eps, clamp_value)
+        OP.check(*args, memory=False)
+        head = (hidden_states, kv, weight_fused, float(eps), float(clamp_value))  # the ops' schemas take floats
         if inplace:
-            op('engram_gate_fwd_inplace')(*head, image_token_mask)
+            _in_place(*head, image_token_mask)
             return EngramGateFwdResult(hidden_states, None, None, None, None)
         if out is None:
-            result = op('engram_gate_fwd')(*head, save_for_backward, image_token_mask)
+            result = _functional(*head, save_for_backward, image_token_mask)
             return EngramGateFwdResult(*result) if save_for_backward else EngramGateFwdResult(result[0], *[None] * 4)
         if save_for_backward:
-            return EngramGateFwdResult(out, *op('engram_gate_fwd_out')(*head, image_token_mask, out))
-        op('engram_gate_fwd_out_nosave')(*head, image_token_mask, out)
+            return EngramGateFwdResult(out, *_into_out(*head, image_token_mask, out))
+        _into_out_nosave(*head, image_token_mask, out)
         return EngramGateFwdResult(out, None, None, None, None)
     return _eager(hidden_states, kv, weight_fused, eps, clamp_value, save_for_backward, image_token_mask, inplace, out)
-
-
-def engram_gate_fwd_config(
-    hidden_states: torch.Tensor,
-    kv: torch.Tensor,
-    weight_fused: torch.Tensor,
-    eps: float,
-    clamp_value: float,
-    save_for_backward: bool = True,
-    image_token_mask: torch.Tensor | None = None,
-    inplace: bool = False,
-    *,
-    out: torch.Tensor | None = None,
-) -> EngramGateFwdConfig:
-    """The kernel configuration engram_gate_fwd launches for these arguments (validated alike; no launch)."""
-    args = (hidden_states, kv, weight_fused, eps, clamp_value, save_for_backward, image_token_mask, inplace, out)
-    backend = _check(*args, memory=True)
-    return _launcher(backend, hidden_states, kv, save_for_backward, image_token_mask, out).cfg

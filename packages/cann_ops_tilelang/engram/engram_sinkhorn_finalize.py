@@ -2,119 +2,82 @@
 
 from __future__ import annotations
 
-import functools
 import math
 
 import torch
+from torch import Tensor
 
-from cann_ops_tilelang._torch_library import op, traced
-from cann_ops_tilelang.config import get_num_cores, require_accelerator
-from cann_ops_tilelang.kernel_target import Launcher, launch_or_explain
+from cann_ops_tilelang.config import require_accelerator
+from cann_ops_tilelang.kernel_target import launch_or_explain
+from cann_ops_tilelang.operator import Operator, traced
 from cann_ops_tilelang.validation import check_aligned, check_finite_float, check_out
 
-from .engram_sinkhorn_finalize_kernel import (
-    EngramSinkhornFinalizeConfig,
-    choose_engram_sinkhorn_finalize_config,
-    get_engram_sinkhorn_finalize_kernel,
-)
-from .engram_sinkhorn_step import check_sinkhorn_matrix, sinkhorn_operands_fast
-
-_NAME = 'engram_sinkhorn_finalize'
+from ._sinkhorn_contract import check_sinkhorn_matrix, sinkhorn_operands_fast
+from .engram_sinkhorn_finalize_kernel import choose_engram_sinkhorn_finalize_config as _choose_config
+from .engram_sinkhorn_finalize_kernel import get_engram_sinkhorn_finalize_kernel as _get_kernel
 
 
-# One launcher per (device, backend, head_dim): chosen and looked up once.
-# (The core count is the device's, fixed for a process.)
-_LAUNCHERS: dict[tuple, Launcher] = {}
-# The fast path's launchers (their entries check every tensor's layout, Launcher.checks_arguments), by
-# (head_dim, CUDA device index): found there, a call without out= whose operands pass
-# sinkhorn_operands_fast and whose alpha is a finite float leaves the rest of the checks to the entry and
-# the explanation of a rejection to _check.
-_CHECKED: dict[tuple, Launcher] = {}
-
-
-def _check(matrix, row_scale, col_scale, eps, alpha, out, *, memory) -> tuple[str, int, int, float, float]:
-    """Validate the arguments (memory=False: fake tensors, see validation.may_overlap); (backend, rows,
-    head_dim, eps, alpha)."""
-    rows, head_dim, eps = check_sinkhorn_matrix(_NAME, matrix, row_scale, col_scale, eps, memory=memory)
+def _check(matrix, row_scale, col_scale, eps, alpha, out, *, memory=True) -> tuple[str, int, int, float, float]:
+    """(backend, rows, head_dim, eps, alpha) of valid arguments."""
+    rows, head_dim, eps = check_sinkhorn_matrix(OP.name, matrix, row_scale, col_scale, eps, memory=memory)
     alpha = check_finite_float('alpha', alpha)
     if out is not None:
+        inputs = {'matrix': matrix, 'row_scale': row_scale, 'col_scale': col_scale}
         check_out(
-            'out',
-            out,
-            shape=(rows, head_dim),
-            dtype=torch.float32,
-            device=matrix.device,
-            inputs={'matrix': matrix, 'row_scale': row_scale, 'col_scale': col_scale},
-            memory=memory,
+            'out', out, shape=matrix.shape, dtype=torch.float32, device=matrix.device, inputs=inputs, memory=memory
         )
         check_aligned('out', out, memory=memory)
     tensors = (matrix, row_scale, col_scale) if out is None else (matrix, row_scale, col_scale, out)
     return require_accelerator(*tensors), rows, head_dim, eps, alpha
 
 
-_check_real = functools.partial(_check, memory=True)  # what explains a rejected fast-path launch
+OP = Operator('engram_sinkhorn_finalize', _check, _choose_config, _get_kernel)
 
 
-def _launcher(backend, device, head_dim) -> Launcher:
-    key = (device, backend, head_dim)
-    launcher = _LAUNCHERS.get(key)
-    if launcher is None:
-        cfg = choose_engram_sinkhorn_finalize_config(
-            backend=backend, head_dim=head_dim, num_cores=get_num_cores(device)
-        )
-        launcher = _LAUNCHERS[key] = Launcher(get_engram_sinkhorn_finalize_kernel, cfg, device)
-    return launcher
+def _plan(matrix, row_scale, col_scale, eps, alpha, out=None):
+    backend, _, head_dim, _, _ = OP.check(matrix, row_scale, col_scale, eps, alpha, out)
+    return OP.launcher(backend, matrix.device, head_dim=head_dim)
 
 
 def _eager(matrix, row_scale, col_scale, eps, alpha, out) -> torch.Tensor:
-    """The call on real tensors: every check, then the launch (also the torch.library ops' kernel)."""
+    """Every check, then the launch. Fast path: by (head_dim, CUDA index)."""
     if (
         out is None
         and type(alpha) is float
         and -math.inf < alpha < math.inf
         and sinkhorn_operands_fast(matrix, row_scale, col_scale, eps)
     ):
-        shape = matrix.shape
-        launcher = _CHECKED.get((shape[1], matrix.get_device()))
+        launcher = OP.fast.get((matrix.shape[1], matrix.get_device()))
         if launcher is not None:
             result = torch.empty_like(matrix, memory_format=torch.contiguous_format)  # no size list to parse
-            launch_or_explain(
-                launcher,
-                (matrix, row_scale, col_scale, result, eps, alpha),
-                _check_real,
-                matrix,
-                row_scale,
-                col_scale,
-                eps,
-                alpha,
-                None,
-            )
+            args = (matrix, row_scale, col_scale, result, eps, alpha)
+            launch_or_explain(launcher, args, OP.check, matrix, row_scale, col_scale, eps, alpha, None)
             return result
-    backend, rows, head_dim, eps, alpha = _check(matrix, row_scale, col_scale, eps, alpha, out, memory=True)
-    launcher = _launcher(backend, matrix.device, head_dim)
+    backend, rows, head_dim, eps, alpha = OP.check(matrix, row_scale, col_scale, eps, alpha, out)
+    launcher = OP.launcher(backend, matrix.device, head_dim=head_dim)
     result = matrix.new_empty((rows, head_dim)) if out is None else out  # fp32, its device
-    if rows == 0:
-        return result
-    launcher.launch(matrix, row_scale, col_scale, result, eps, alpha)
-    if out is None and launcher.checks_arguments:
-        _CHECKED[(head_dim, matrix.get_device())] = launcher
+    if rows:  # rows = 0: nothing to launch
+        launcher.launch(matrix, row_scale, col_scale, result, eps, alpha)
+        if out is None:
+            OP.remember((head_dim, matrix.get_device()), launcher)
     return result
 
 
-def _fake(matrix, row_scale, col_scale, eps, alpha, out) -> torch.Tensor | None:
+def _fake(matrix, row_scale, col_scale, eps, alpha, out=None) -> torch.Tensor | None:
     """While torch traces: the checks that need no memory, then the (rows, head_dim) fp32 result (None with out=)."""
-    _, rows, head_dim, _, _ = _check(matrix, row_scale, col_scale, eps, alpha, out, memory=False)
-    return torch.empty((rows, head_dim), dtype=torch.float32, device=matrix.device) if out is None else None
+    OP.check(matrix, row_scale, col_scale, eps, alpha, out, memory=False)
+    return matrix.new_empty(matrix.shape) if out is None else None
 
 
+_SIGNATURE = 'Tensor matrix, Tensor row_scale, Tensor col_scale, float eps, float alpha'
+_functional = OP.define('engram_sinkhorn_finalize', f'({_SIGNATURE}) -> Tensor', lambda *a: _eager(*a, None), _fake)
+_into_out = OP.define('engram_sinkhorn_finalize_out', f'({_SIGNATURE}, Tensor(a!) out) -> ()', _eager, _fake)
+
+
+@OP.public(_plan)
 def engram_sinkhorn_finalize(
-    matrix: torch.Tensor,
-    row_scale: torch.Tensor,
-    col_scale: torch.Tensor,
-    eps: float,
-    alpha: float,
-    out: torch.Tensor | None = None,
-) -> torch.Tensor:
+    matrix: Tensor, row_scale: Tensor, col_scale: Tensor, eps: float, alpha: float, out: Tensor | None = None
+) -> Tensor:
     """alpha * (row_scale / (||I||_2 per row + eps))[:, None] * matrix * col_scale[None, :],
     with I = row_scale[:, None] * matrix * col_scale[None, :].
 
@@ -136,24 +99,10 @@ def engram_sinkhorn_finalize(
     one engram_sinkhorn_step computes for it (same accumulation), so alpha times the row_scale that the
     step stores reproduces this operator's scale bit for bit.
     """
-    if traced(matrix):  # torch.compile, fake tensors, make_fx: the torch.library ops (_torch_ops.py)
-        _check(matrix, row_scale, col_scale, eps, alpha, out, memory=False)
-        if out is None:
-            return op('engram_sinkhorn_finalize')(matrix, row_scale, col_scale, float(eps), float(alpha))
-        op('engram_sinkhorn_finalize_out')(matrix, row_scale, col_scale, float(eps), float(alpha), out)
-        return out
-    return _eager(matrix, row_scale, col_scale, eps, alpha, out)
-
-
-def engram_sinkhorn_finalize_config(
-    matrix: torch.Tensor,
-    row_scale: torch.Tensor,
-    col_scale: torch.Tensor,
-    eps: float,
-    alpha: float,
-    out: torch.Tensor | None = None,
-) -> EngramSinkhornFinalizeConfig:
-    """The kernel configuration engram_sinkhorn_finalize launches for these arguments (validated alike; no
-    launch)."""
-    backend, _, head_dim, _, _ = _check(matrix, row_scale, col_scale, eps, alpha, out, memory=True)
-    return _launcher(backend, matrix.device, head_dim).cfg
+    if not traced(matrix):
+        return _eager(matrix, row_scale, col_scale, eps, alpha, out)
+    OP.check(matrix, row_scale, col_scale, eps, alpha, out, memory=False)
+    if out is None:
+        return _functional(matrix, row_scale, col_scale, float(eps), float(alpha))
+    _into_out(matrix, row_scale, col_scale, float(eps), float(alpha), out)
+    return out
