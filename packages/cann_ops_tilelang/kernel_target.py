@@ -172,7 +172,7 @@ class Launcher:
     `checks_arguments` (known once the kernel is loaded) says whether that entry validates every tensor
     argument itself before it launches: rank, dtype, every extent that the kernel's signature fixes or
     shares between arguments, strides, byte offset, device type and that all tensors are on one device.
-    Operators then leave those checks to it on their fast path (see `launch_or_explain`)."""
+    Operators then leave those checks to it on their fast path (see `operator.Operator.launch`)."""
 
     __slots__ = ('_cuda_index', '_entry', '_get_kernel', '_kernel', 'cfg', 'checks_arguments', 'device')
 
@@ -218,22 +218,6 @@ def _no_cuda_device() -> int:
 
 # The C function itself where torch has CUDA (a Python wrapper would be one more frame per launch).
 _cuda_current_device = getattr(torch._C, '_cuda_getDevice', _no_cuda_device)
-
-
-def launch_or_explain(launcher: Launcher, args: tuple, explain: Callable[..., object], *explain_args) -> None:
-    """The launch of an operator's fast path, which left the layout checks to a launcher whose entry
-    `checks_arguments`: when the entry rejects the arguments, `explain(*explain_args)` (the operator's full
-    check) raises the contract's typed error naming the argument; if it finds nothing wrong, the entry's own
-    error stands. The entry checks before it launches anything, so a rejected call has no effect. (The
-    check and its arguments come separately so that a call builds no closure, which would also turn the
-    caller's locals into cells.)"""
-    try:
-        launcher.launch(*args)
-        return
-    except Exception as exc:  # re-raised below unless the contract names the fault
-        error = exc
-    explain(*explain_args)
-    raise error
 
 
 def _entry(kernel, device) -> tuple[Callable, bool]:

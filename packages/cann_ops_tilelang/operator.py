@@ -19,8 +19,8 @@ What stays in the operator's file, in plain code: the eager path (the fast path'
 before trusting a launcher's entry, the allocation of outputs, special cases such as empty inputs), the
 traced path (which form a call takes) and the fake kernels. The fast path's table is `Operator.fast`:
 launchers whose compiled entry checks every tensor argument itself (`Launcher.checks_arguments`), found
-by a key the operator computes without the full checks; a launch the entry rejects is explained by
-`Operator.check` (`kernel_target.launch_or_explain`).
+by a key the operator computes without the full checks, and launched with `Operator.launch`, which has
+`Operator.check` explain a launch the entry rejects.
 """
 
 from __future__ import annotations
@@ -69,7 +69,6 @@ class Operator:
         self.fast: dict = {}
         # torch.library op name -> its OpOverload, in the order the forms were defined
         self.forms: dict[str, torch._ops.OpOverload] = {}
-        self.function: Callable | None = None
         self._plan: Callable | None = None
         self._signature: inspect.Signature | None = None
         OPERATORS[name] = self
@@ -91,12 +90,26 @@ class Operator:
         if launcher.checks_arguments:
             self.fast[key] = launcher if value is None else value
 
+    def launch(self, launcher: Launcher, args: tuple, *check_args) -> None:
+        """The fast path's launch, which left the layout checks to a launcher whose entry checks its arguments:
+        when the entry rejects them, `self.check(*check_args)` raises the contract's typed error naming the
+        argument; if it finds nothing wrong, the entry's own error stands. The entry checks before it launches
+        anything, so a rejected call has no effect. (The check's arguments come apart from `args` so that a call
+        builds no closure, which would also turn the caller's locals into cells.)"""
+        try:
+            launcher.launch(*args)
+            return
+        except Exception as exc:  # re-raised below unless the contract names the fault
+            error = exc
+        self.check(*check_args)
+        raise error
+
     def public(self, plan: Callable[..., Launcher]) -> Callable[[Callable], Callable]:
         """Decorator of the public function: `plan(**its bound arguments)` returns the launcher a call uses (after
         the checks); the function gets an `operator` attribute (this object)."""
 
         def declare(function: Callable) -> Callable:
-            self.function, self._plan, self._signature = function, plan, inspect.signature(function)
+            self._plan, self._signature = plan, inspect.signature(function)
             function.operator = self
             return function
 

@@ -3,7 +3,7 @@
 Once a configuration has launched on a GPU, a call that finds its launcher in its Operator's `fast` table
 checks in Python only what the compiled entry cannot, leaves rank, dtype, shapes, strides and devices to
 the entry (kernel_target.Launcher.checks_arguments), and has `_check` explain a rejection
-(kernel_target.launch_or_explain). Here every argument of every operator is spoiled in turn, and the call
+(operator.Operator.launch). Here every argument of every operator is spoiled in turn, and the call
 with a warm fast path must end exactly as the same call that goes the full way: the same exception type and
 message, or the same results.
 """

@@ -329,49 +329,6 @@ def test_processes_compiling_one_kernel_compile_it_once(cache_dir, tmp_path):
     assert sorted((out / f'result{i}').read_text() for i in range(3)) == ['compiled', 'loaded', 'loaded']
 
 
-class _Rejecting:
-    """A launcher whose entry refuses its arguments, as TileLang's generated host code does."""
-
-    def __init__(self, error: Exception):
-        self.error = error
-        self.calls = 0
-
-    def launch(self, *args):
-        self.calls += 1
-        raise self.error
-
-
-def test_a_rejected_fast_launch_gets_the_contracts_typed_error():
-    entry_error = RuntimeError('kernel k input x dtype mismatch, expected bfloat16')
-
-    def explain(name, dtype):
-        raise TypeError(f'{name} must have dtype torch.bfloat16, got {dtype}')
-
-    launcher = _Rejecting(entry_error)
-    with pytest.raises(TypeError, match='x must have dtype torch.bfloat16, got torch.float32') as info:
-        kernel_target.launch_or_explain(launcher, (1, 2), explain, 'x', 'torch.float32')
-    assert info.value.__context__ is None, 'the typed error does not chain the entry error'
-    assert launcher.calls == 1
-
-
-def test_a_rejection_the_contract_does_not_explain_keeps_the_entrys_error():
-    entry_error = RuntimeError('CUDA error: out of memory')
-    with pytest.raises(RuntimeError, match='out of memory') as info:
-        kernel_target.launch_or_explain(_Rejecting(entry_error), (), lambda: None)
-    assert info.value is entry_error
-
-
-def test_an_accepted_launch_runs_no_explanation():
-    launched = []
-
-    class Accepting:
-        def launch(self, *args):
-            launched.append(args)
-
-    kernel_target.launch_or_explain(Accepting(), (1, 2), lambda: pytest.fail('explained an accepted launch'))
-    assert launched == [(1, 2)]
-
-
 class TVMFFIKernelAdapter:
     """Stands for TileLang's TVM-FFI adapter (matched by class name, as kernel_target._entry does)."""
 

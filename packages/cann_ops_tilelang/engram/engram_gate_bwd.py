@@ -10,7 +10,6 @@ import torch
 
 from cann_ops_tilelang.config import get_num_cores, require_accelerator
 from cann_ops_tilelang.engram._contract import check_gate_tensors, kv_alignment_bits
-from cann_ops_tilelang.kernel_target import launch_or_explain
 from cann_ops_tilelang.operator import Operator, traced
 from cann_ops_tilelang.validation import ALIGN_BYTES, PLAIN_TENSOR_TYPES, check_image_token_mask, check_positive_float
 
@@ -105,7 +104,7 @@ def _eager(grad_out, x, kv, w, dot, gate_score, rstd_x, rstd_k, clamp, mask) -> 
             args = (grad_out, x, kv, w, dot, gate_score, rstd_x, rstd_k, grad_x, grad_kv, partial, clamp, counter)
         else:
             args = (grad_out, x, kv, w, dot, gate_score, rstd_x, rstd_k, mask, grad_x, grad_kv, partial, clamp, counter)
-        launch_or_explain(launcher, args, OP.check, grad_out, x, kv, w, dot, gate_score, rstd_x, rstd_k, clamp, mask)
+        OP.launch(launcher, args, grad_out, x, kv, w, dot, gate_score, rstd_x, rstd_k, clamp, mask)
         # EngramGateBwdResult(...) without the NamedTuple's Python-level __new__
         return tuple.__new__(EngramGateBwdResult, (grad_x, grad_kv, partial))
     launcher = _plan(grad_out, x, kv, w, dot, gate_score, rstd_x, rstd_k, clamp, mask)

@@ -9,7 +9,6 @@ import torch
 
 from cann_ops_tilelang.config import require_accelerator
 from cann_ops_tilelang.engram._contract import check_gate_tensors, kv_alignment_bits
-from cann_ops_tilelang.kernel_target import launch_or_explain
 from cann_ops_tilelang.operator import Operator, traced
 from cann_ops_tilelang.validation import (
     ALIGN_BYTES,
@@ -119,7 +118,7 @@ def _eager(x, kv, w, eps, clamp, save, mask, inplace, out) -> EngramGateFwdResul
     else:
         launch_args = (x, kv, w, mask, *outputs, float(eps), float(clamp))
     if fast:
-        launch_or_explain(launcher, launch_args, OP.check, *args)
+        OP.launch(launcher, launch_args, *args)
     elif num_tokens:  # T = 0: nothing to launch
         launcher.launch(*launch_args)
         if key is not None:

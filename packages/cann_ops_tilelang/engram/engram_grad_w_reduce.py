@@ -8,7 +8,6 @@ import torch
 
 from cann_ops_tilelang.config import require_accelerator
 from cann_ops_tilelang.engram._contract import check_hc_hidden
-from cann_ops_tilelang.kernel_target import launch_or_explain
 from cann_ops_tilelang.operator import Operator, traced
 from cann_ops_tilelang.validation import (
     ALIGN_BYTES,
@@ -114,7 +113,7 @@ def _eager(grad_w_partial, weight_hidden, weight_embed, grad_weight_hidden, grad
                 or (ge < we_end and we < ge_end)
                 or (gh < ge_end and ge < gh_end)
             ):
-                launch_or_explain(launcher, args, _check, *args)
+                OP.launch(launcher, args, *args)
                 return
     launcher = _plan(*args)
     if grad_w_partial.shape[0]:  # P = 0, the empty sum: nothing to add

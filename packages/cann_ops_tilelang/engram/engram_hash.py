@@ -5,7 +5,6 @@ from __future__ import annotations
 import torch
 
 from cann_ops_tilelang.config import require_accelerator
-from cann_ops_tilelang.kernel_target import launch_or_explain
 from cann_ops_tilelang.operator import Operator, traced
 from cann_ops_tilelang.validation import (
     PLAIN_TENSOR_TYPES,
@@ -94,7 +93,7 @@ def _eager(ids, mults, sizes, offsets, mask, out) -> torch.Tensor:
             num_layers, ngram_orders, num_tables = layers_orders_tables
             result = ids.new_empty((num_layers, num_tokens, ngram_orders * num_tables))
             args = (ids, mults, sizes, offsets, result) if mask is None else (ids, mults, sizes, offsets, mask, result)
-            launch_or_explain(launcher, args, _check, ids, mults, sizes, offsets, mask, None)
+            OP.launch(launcher, args, ids, mults, sizes, offsets, mask, None)
             return result
     launcher = _plan(ids, mults, sizes, offsets, mask, out)
     num_layers, ngram_orders, num_tables = sizes.shape

@@ -8,7 +8,6 @@ import torch
 from torch import Tensor
 
 from cann_ops_tilelang.config import require_accelerator
-from cann_ops_tilelang.kernel_target import launch_or_explain
 from cann_ops_tilelang.operator import Operator, traced
 from cann_ops_tilelang.validation import check_aligned, check_finite_float, check_out
 
@@ -51,7 +50,7 @@ def _eager(matrix, row_scale, col_scale, eps, alpha, out) -> torch.Tensor:
         if launcher is not None:
             result = torch.empty_like(matrix, memory_format=torch.contiguous_format)  # no size list to parse
             args = (matrix, row_scale, col_scale, result, eps, alpha)
-            launch_or_explain(launcher, args, OP.check, matrix, row_scale, col_scale, eps, alpha, None)
+            OP.launch(launcher, args, matrix, row_scale, col_scale, eps, alpha, None)
             return result
     backend, rows, head_dim, eps, alpha = OP.check(matrix, row_scale, col_scale, eps, alpha, out)
     launcher = OP.launcher(backend, matrix.device, head_dim=head_dim)

@@ -7,7 +7,6 @@ import math
 import torch
 
 from cann_ops_tilelang.config import get_num_cores, require_accelerator
-from cann_ops_tilelang.kernel_target import launch_or_explain
 from cann_ops_tilelang.operator import Operator, traced
 from cann_ops_tilelang.validation import (
     ALIGN_BYTES,
@@ -91,7 +90,7 @@ def _eager(grad, momentum_buffer, beta1, nesterov) -> torch.Tensor:
             ):
                 result = momentum_buffer.new_empty((numel,), dtype=torch.float32)
                 args = (grad, momentum_buffer, result, beta1, 1.0 - beta1)
-                launch_or_explain(launcher, args, _check, grad, momentum_buffer, beta1, nesterov)
+                OP.launch(launcher, args, grad, momentum_buffer, beta1, nesterov)
                 return result
     launcher = _plan(grad, momentum_buffer, beta1, nesterov)
     beta1 = float(beta1)  # checked: a finite int or float

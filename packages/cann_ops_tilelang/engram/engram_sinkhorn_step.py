@@ -7,7 +7,6 @@ from typing import NamedTuple
 import torch
 
 from cann_ops_tilelang.config import require_accelerator
-from cann_ops_tilelang.kernel_target import launch_or_explain
 from cann_ops_tilelang.operator import Operator, traced
 from cann_ops_tilelang.validation import may_overlap
 
@@ -46,7 +45,7 @@ def _eager(matrix, row_scale, col_scale, eps) -> EngramSinkhornStepResult:
             row_norm = torch.empty_like(row_scale, memory_format=torch.contiguous_format)  # no size list to parse
             partial = matrix.new_empty((launcher.cfg.num_partials, head_dim))
             args = (matrix, row_scale, col_scale, row_norm, partial, eps)
-            launch_or_explain(launcher, args, OP.check, matrix, row_scale, col_scale, eps)
+            OP.launch(launcher, args, matrix, row_scale, col_scale, eps)
             return EngramSinkhornStepResult(row_norm, partial)
     backend, rows, head_dim, eps = OP.check(matrix, row_scale, col_scale, eps)
     launcher = OP.launcher(backend, matrix.device, head_dim=head_dim)
