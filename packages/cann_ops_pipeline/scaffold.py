@@ -5,11 +5,11 @@ operator mechanism (cann_ops_tilelang.operator):
 
 - `packages/cann_ops_tilelang/foo/__init__.py` when the domain is new, else adds
   `from .foo_bar import foo_bar` and the `__all__` entry to it;
-- `packages/cann_ops_tilelang/foo/foo_bar.py`: its declaration to `Operator` (contract, plan, the
-  torch.library forms `cann_ops_tilelang::foo_bar` and `foo_bar_out` through `OP.define`, registered when the
-  module is imported) and the public function under `@OP.public`; `foo_bar_kernel.py` (config, config choice,
-  `make_foo_bar_kernel` and the cached `get_foo_bar_kernel`); the prim_funcs `foo_bar_kernel` of the two
-  backends in `_foo_bar_ascend.py` and `_foo_bar_cuda.py`;
+- `packages/cann_ops_tilelang/foo/foo_bar.py`: its declaration to `Operator` (arguments and contract,
+  configuration choice), its eager path and the public function under `@OP.public`, which registers
+  the torch.library forms `cann_ops_tilelang::foo_bar` and `foo_bar_out` when the module is imported;
+  `foo_bar_kernel.py` (config, config choice, `make_foo_bar_kernel` and the cached `get_foo_bar_kernel`);
+  the prim_funcs `foo_bar_kernel` of the two backends in `_foo_bar_ascend.py` and `_foo_bar_cuda.py`;
 - `tests/foo/__init__.py` when missing, `tests/foo/test_foo_bar.py` and `tests/foo/foo_bar_ref.py`;
 - in the root `packages/cann_ops_tilelang/__init__.py`: `from cann_ops_tilelang import foo as foo` when it does
   not import the domain yet (every domain is imported by the root package); with `public=True` also
@@ -254,7 +254,8 @@ def op_names(operator: str) -> tuple[str, str]:
 
 
 def _registered_in(tree: ast.Module) -> list[str]:
-    """The op names a module registers: the first argument of each `Operator('<name>', ...)` and
+    """The op names a module registers: the first argument of each `Operator('<name>', ...)` (and
+    `<name>_out` where it declares an `out(...)` argument, whose form the mechanism registers) and of each
     `<op>.define('<form>', ...)`."""
     found = []
     for node in ast.walk(tree):
@@ -263,7 +264,13 @@ def _registered_in(tree: ast.Module) -> list[str]:
             first = node.args[0]
             if callee in ('Operator', 'define') and isinstance(first, ast.Constant) and isinstance(first.value, str):
                 found.append(first.value)
+                if callee == 'Operator' and any(_calls(arg, 'out') for arg in node.args[1:]):
+                    found.append(f'{first.value}_out')
     return found
+
+
+def _calls(node: ast.expr, name: str) -> bool:
+    return isinstance(node, ast.Call) and getattr(node.func, 'id', None) == name
 
 
 def registered_op_names(root: Path) -> dict[str, str]:

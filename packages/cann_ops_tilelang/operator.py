@@ -1,44 +1,57 @@
 """The operator mechanism: what every public operator needs, written once, and declared to by each operator.
 
-An operator's `<op>.py` makes one `Operator` and declares to it:
+An operator's `<op>.py` declares, in one `Operator(...)`:
 
-- `check`: its contract, `check(<the public arguments>, *, memory=True)`, raising the typed errors
-  (validation.py) and returning what the operator needs from valid arguments (at least the backend);
-  memory=False is the same check on fake tensors while torch traces (alignment and overlap wait for the
-  real tensors, see validation.may_overlap).
-- `choose_config` and `get_kernel` from `<op>_kernel.py`: `Operator.launcher` chooses a configuration
-  once per (device, backend, choice) and keeps its `kernel_target.Launcher` (one cache per operator).
-- `plan`, through `@OP.public(plan)` on the public function: the launcher a call with these public
-  arguments uses, after its checks. `Operator.config` (what the tests ask for) binds any call's arguments
-  to the public signature and returns that launcher's configuration: no per-operator query function.
-- its torch.library ops, `Operator.define(form, schema, kernel, fake)`: one per calling form whose
-  aliasing torch must know statically (functional, `out=`, in place); mutated arguments come from the
-  schema's `(a!)` annotations, functional forms get the no-backward autograd formula.
+- its arguments in the public signature's order, each with its contract: `tensor(name, dtype, dims, ...)`
+  (dtype or dtypes, shape symbols such as 'T, hc + 1, H', layout, alignment, optional, written in place),
+  `out(...)` for an optional output buffer, `scalar(name, kind)`;
+- `limits` (a function raising ValueError on sizes the kernels do not take: its parameters name shape symbols),
+  `extra` (plain-code checks the table cannot say: its parameters name arguments, symbols, `memory`);
+- `choice` (the keyword arguments of `choose_config` besides backend and num_cores: its parameters name
+  arguments, `backend`, `device`), `choose_config` and `get_kernel` from `<op>_kernel.py`.
 
-What stays in the operator's file, in plain code: the eager path (the fast path's key and what it checks
-before trusting a launcher's entry, the allocation of outputs, special cases such as empty inputs), the
-traced path (which form a call takes) and the fake kernels. The fast path's table is `Operator.fast`:
-launchers whose compiled entry checks every tensor argument itself (`Launcher.checks_arguments`), found
-by a key the operator computes without the full checks, and launched with `Operator.launch`, which has
-`Operator.check` explain a launch the entry rejects.
+From that declaration the mechanism makes, as generated code (as dataclasses does: no per-call
+interpretation of the table, so the host time is what hand-written code costs):
+
+- `check(<args>, *, memory=True)`: the typed errors (validation.py) in one order for every operator: tensor
+  types, dtypes and ranks; shape symbols and `limits`; shapes; layouts; alignment; scalars; `extra`; `out=`;
+  overlaps of written tensors; the device. Returns the backend. memory=False is the same check on fake
+  tensors while torch traces (alignment and overlap wait for the real tensors, see validation.may_overlap).
+- `plan(<args>)`: check, then the launcher of `choice` (one launcher cache per operator).
+- `fast_ok(<args>)`: what the fast path checks in Python before it trusts a launcher whose compiled entry
+  checks every tensor argument (`Launcher.checks_arguments`): plain tensor types, a CUDA device, the first
+  tensor's rank, the scalars, alignment, written tensors apart from the others, no `out=`.
+- with `@OP.public(eager, returns=..., fake=...)` on the public function's stub (signature and math
+  docstring): the public function (traced calls take the torch.library ops, the others `eager`), its
+  torch.library forms (functional, and `<name>_out` with `out=`; mutated arguments from `written`), and
+  `config(...)`, the configuration any call launches (what the tests ask for).
+
+The eager path stays in the operator's file, in plain code: the fast path's key, the allocation of outputs, the
+launch and special cases such as empty inputs. The fast path's table is `Operator.fast`, launched through
+`Operator.launch`, which has `Operator.check` explain a launch the entry rejects.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
+import math
 import re
 from collections.abc import Callable
 
 import torch
 
+from cann_ops_tilelang import config, validation
 from cann_ops_tilelang.config import get_num_cores
 from cann_ops_tilelang.kernel_target import Launcher
-from cann_ops_tilelang.validation import PLAIN_TENSOR_TYPES
+from cann_ops_tilelang.validation import ALIGN_BYTES, PLAIN_TENSOR_TYPES
 
 NAMESPACE = 'cann_ops_tilelang'
 # Every declared operator by its public name (the tests walk it: forms, signatures, configurations).
 OPERATORS: dict[str, Operator] = {}
 _WRITTEN = re.compile(r'Tensor\(\w!\)\??\s+(\w+)')
+_SCALAR_CHECKS = {'float': 'check_finite_float', 'positive': 'check_positive_float', 'bool': 'check_bool'}
+_SCHEMA_TYPES = {'float': 'float', 'positive': 'float', 'bool': 'bool'}
 
 
 def traced(tensor) -> bool:
@@ -55,22 +68,70 @@ def traced(tensor) -> bool:
     )
 
 
-class Operator:
-    """One public operator's shared machinery: launcher cache, fast-path table, torch.library forms, config query."""
+@dataclasses.dataclass(frozen=True)
+class Arg:
+    """One public argument and its contract (made by `tensor`, `out` and `scalar`)."""
 
-    def __init__(self, name: str, check: Callable, choose_config: Callable, get_kernel: Callable) -> None:
+    name: str
+    kind: str  # 'tensor', 'out', or a scalar kind: 'float' (finite), 'positive' (finite, > 0), 'bool'
+    dtype: torch.dtype | tuple[torch.dtype, ...] | None = None
+    dims: tuple[str, ...] | None = None  # shape symbols or expressions of them; None: any shape
+    like: str | None = None  # the shape of that argument
+    layout: str | None = None  # 'contiguous', or 'rows': last dimension contiguous, outer strides free
+    aligned: bool | str = False  # True: 16-byte aligned, else ValueError; 'copied': the eager path copies it
+    optional: bool = False  # None allowed (image_token_mask)
+    written: str | None = None  # 'updated' or 'written' in place: the schema's (a!)
+
+
+def tensor(name, dtype, dims=None, *, like=None, layout='contiguous', aligned=False, optional=False, written=None):
+    """A tensor argument: `dims` as 'T, hc + 1, H' (a symbol not seen before is bound from this tensor)."""
+    return Arg(name, 'tensor', dtype, _dims(dims), like, layout, aligned, optional, written)
+
+
+def out(name, dtype=None, dims=None, *, like=None, aligned=False):
+    """The optional output buffer (the public signature's last argument): contiguous, apart from every input;
+    dtype None: that of `like`."""
+    return Arg(name, 'out', dtype, _dims(dims), like, 'contiguous', aligned, optional=True)
+
+
+def scalar(name, kind):
+    """A Python scalar: kind 'float' (finite; ints converted), 'positive' (finite and > 0) or 'bool'."""
+    if kind not in _SCALAR_CHECKS:
+        raise ValueError(f'scalar kind must be one of {sorted(_SCALAR_CHECKS)}, got {kind!r}')
+    return Arg(name, kind)
+
+
+def _dims(dims: str | None) -> tuple[str, ...] | None:
+    return None if dims is None else tuple(d.strip() for d in dims.split(','))
+
+
+class Operator:
+    """One public operator's shared machinery, made from its declaration (see the module docstring)."""
+
+    def __init__(
+        self,
+        name: str,
+        *args: Arg,
+        choose_config: Callable,
+        get_kernel: Callable,
+        choice: Callable | None = None,
+        limits: Callable | None = None,
+        extra: Callable | None = None,
+        shape_from: str | None = None,
+    ) -> None:
         if name in OPERATORS:
             raise ValueError(f'operator {name!r} is declared twice')
         self.name = name
-        self.check = check
+        self.args = args
         self._choose_config = choose_config
         self._get_kernel = get_kernel
         self._launchers: dict[tuple, Launcher] = {}
         self.fast: dict = {}
         # torch.library op name -> its OpOverload, in the order the forms were defined
         self.forms: dict[str, torch._ops.OpOverload] = {}
-        self._plan: Callable | None = None
         self._signature: inspect.Signature | None = None
+        if args:
+            _generate(self, choice, limits, extra, shape_from)
         OPERATORS[name] = self
 
     def launcher(self, backend: str, device: torch.device, **choice) -> Launcher:
@@ -104,12 +165,21 @@ class Operator:
         self.check(*check_args)
         raise error
 
-    def public(self, plan: Callable[..., Launcher]) -> Callable[[Callable], Callable]:
-        """Decorator of the public function: `plan(**its bound arguments)` returns the launcher a call uses (after
-        the checks); the function gets an `operator` attribute (this object)."""
+    def public(self, eager: Callable, *, returns: str = '()', result=None, fake: Callable | None = None, traced=None):
+        """Decorator of the public function's stub, whose signature (the declared arguments, in order) and docstring
+        it keeps; the body is not run. The public function calls `eager` with every argument, positionally, or,
+        while torch traces, `traced` (default: the torch.library forms made here from the declaration, whose
+        functional form returns `returns`, a schema type, and whose `<name>_out` form takes `out=`). `fake` makes
+        the functional form's outputs from the public arguments (after the memory-free check); `result`, a
+        NamedTuple type, wraps a tuple that the forms return, or, for `returns='()'`, the written tensors."""
 
-        def declare(function: Callable) -> Callable:
-            self._plan, self._signature = plan, inspect.signature(function)
+        def declare(stub: Callable) -> Callable:
+            self._signature = inspect.signature(stub)
+            names = list(self._signature.parameters)
+            if self.args and names != [a.name for a in self.args]:
+                raise ValueError(f'{self.name}: the declared arguments {[a.name for a in self.args]} are not {names}')
+            call = traced or self._define_forms(eager, returns, result, fake)
+            function = _public_function(stub, names, eager, call)
             function.operator = self
             return function
 
@@ -119,7 +189,7 @@ class Operator:
         """The kernel configuration the public function launches for these arguments (checked alike, no launch)."""
         bound = self._signature.bind(*args, **kwargs)
         bound.apply_defaults()
-        return self._plan(**bound.arguments).cfg
+        return self.plan(**bound.arguments).cfg
 
     def define(self, form: str, schema: str, kernel: Callable, fake: Callable) -> torch._ops.OpOverload:
         """Register `cann_ops_tilelang::<form>` with `schema` ('(Tensor x, Tensor(a!) out) -> ()'): `kernel` runs it
@@ -144,6 +214,250 @@ class Operator:
             torch.library.register_autograd(overload, _no_backward, setup_context=_mark_non_differentiable)
         self.forms[form] = overload
         return overload
+
+    def _define_forms(self, eager: Callable, returns: str, result, fake: Callable | None) -> Callable:
+        """The functional form (and `<name>_out` with an `out` argument) from the declaration; returns the traced
+        call: the memory-free check, then the form the arguments take."""
+        has_out = self.args[-1].kind == 'out'
+        inputs = self.args[:-1] if has_out else self.args
+        letters = iter('abcdefgh')
+        params = [
+            f'Tensor{"?" if a.optional else ""}{f"({next(letters)}!)" if a.written else ""} {a.name}'
+            if a.kind == 'tensor'
+            else f'{_SCHEMA_TYPES[a.kind]} {a.name}'
+            for a in inputs
+        ]
+        floats = [i for i, a in enumerate(inputs) if a.kind in ('float', 'positive')]
+        written = [i for i, a in enumerate(inputs) if a.written]
+        check = self.check
+
+        def form_args(args):
+            args = list(args)
+            for i in floats:  # the schemas take floats; the check accepted ints
+                args[i] = float(args[i])
+            return args
+
+        def fake_outputs(*args):
+            check(*args, *([None] if has_out else []), memory=False)
+            return None if fake is None else fake(*args, *([None] if has_out else []))
+
+        kernel = eager if not has_out else lambda *args: eager(*args, None)
+        functional = self.define(self.name, f'({", ".join(params)}) -> {returns}', kernel, fake_outputs)
+        if has_out:
+            schema = f'({", ".join(params)}, Tensor({next(letters)}!) {self.args[-1].name}) -> ()'
+            into_out = self.define(f'{self.name}_out', schema, eager, lambda *args: check(*args, memory=False) and None)
+
+        def call(*args):
+            self.check(*args, memory=False)
+            if has_out and args[-1] is not None:
+                into_out(*form_args(args))
+                return args[-1]
+            value = functional(*form_args(args[:-1] if has_out else args))
+            if returns == '()':
+                value = tuple(args[i] for i in written)
+                return value[0] if result is None and len(value) == 1 else result(*value)
+            return result(*value) if result is not None else value
+
+        return call
+
+
+def _public_function(stub: Callable, names: list[str], eager: Callable, call: Callable) -> Callable:
+    """The public function with the stub's signature: `traced(first)` picks `call`, else `eager` (generated, so a
+    call costs what the hand-written `if traced(x): ...; return _eager(x, ...)` costs)."""
+    namespace = {'traced': traced, '_traced_call': call, '_eager': eager}
+    params, keyword_only = [], False
+    for i, p in enumerate(inspect.signature(stub).parameters.values()):
+        if p.kind is p.KEYWORD_ONLY and not keyword_only:
+            params.append('*')
+            keyword_only = True
+        if p.default is p.empty:
+            params.append(p.name)
+        else:
+            namespace[f'_default{i}'] = p.default
+            params.append(f'{p.name}=_default{i}')
+    args = ', '.join(names)
+    source = (
+        f'def {stub.__name__}({", ".join(params)}):\n'
+        f'    if traced({names[0]}):\n'
+        f'        return _traced_call({args})\n'
+        f'    return _eager({args})\n'
+    )
+    exec(source, namespace)  # generated from the stub's parameter names only
+    function = namespace[stub.__name__]
+    for attribute in ('__doc__', '__module__', '__qualname__', '__annotations__'):
+        setattr(function, attribute, getattr(stub, attribute))
+    return function
+
+
+def _injected(function: Callable, available: dict[str, str], what: str, op: str) -> str:
+    """'p=<expression>, ...' for each parameter of `function` (a declared hook), from `available`."""
+    parts = []
+    for p in inspect.signature(function).parameters:
+        if p not in available:
+            raise ValueError(f'{op}: {what} takes {p!r}, which is not one of {sorted(available)}')
+        parts.append(f'{p}={available[p]}')
+    return ', '.join(parts)
+
+
+def _generate(op: Operator, choice, limits, extra, shape_from) -> None:
+    """op.check, op.plan and op.fast_ok from op.args (see the module docstring)."""
+    args = op.args
+    names = [a.name for a in args]
+    tensors = [a for a in args if a.kind == 'tensor']
+    outputs = [a for a in args if a.kind == 'out']
+    if (outputs and args[-1].kind != 'out') or len(outputs) > 1:
+        raise ValueError(f'{op.name}: one out argument at most, the last one')
+    first = tensors[0].name
+    namespace = {
+        '_op': op,
+        '_name': op.name,
+        '_limits': limits,
+        '_extra': extra,
+        '_choice': choice,
+        '_PLAIN': PLAIN_TENSOR_TYPES,
+        '_INF': math.inf,
+        '_config': config,  # its require_accelerator looked up per call (tests fake a device there)
+        **{f: getattr(validation, f) for f in dir(validation) if f.startswith(('check_', 'may_overlap'))},
+    }
+    params = ', '.join(names)
+    body = []
+
+    def guarded(a: Arg, statement: str) -> str:
+        if not a.optional:
+            return statement
+        if statement.startswith('if '):
+            return f'if {a.name} is not None and {statement[3:]}'
+        return f'if {a.name} is not None: {statement}'
+
+    # types, dtypes and ranks
+    for a in tensors:
+        namespace[f'_dtype_{a.name}'] = a.dtype
+        ndim = None if a.dims is None else len(a.dims)
+        body.append(guarded(a, f'check_tensor({a.name!r}, {a.name}, dtype=_dtype_{a.name}, ndim={ndim})'))
+    # shape symbols, bound from shape_from first, then from the tensors in order; the limits on them
+    symbols, bound_whole = {}, set()
+    for a in sorted(tensors, key=lambda a: a.name != shape_from):
+        if a.optional or a.dims is None:
+            continue
+        fresh = [(i, d) for i, d in enumerate(a.dims) if d.isidentifier() and d not in symbols]
+        for i, d in fresh:
+            symbols[d] = d
+            body.append(f'{d} = {a.name}.shape[{i}]')
+        if len(fresh) == len(a.dims):
+            bound_whole.add(a.name)
+    if limits is not None:
+        body.append(f'_limits({_injected(limits, symbols | {"name": "_name"}, "limits", op.name)})')
+
+    def shape_of(a: Arg) -> str | None:
+        if a.dims is not None:
+            return f'({", ".join(a.dims)},)'
+        return None if a.like is None else f'{a.like}.shape'
+
+    for a in tensors:
+        shape = shape_of(a)
+        if shape is not None and a.name not in bound_whole:
+            body.append(guarded(a, f'if {a.name}.shape != {shape}: check_shape({a.name!r}, {a.name}, {shape})'))
+    # layouts, alignment, scalars
+    for a in tensors:
+        if a.layout == 'contiguous':
+            body.append(guarded(a, f'if not {a.name}.is_contiguous(): check_contiguous({a.name!r}, {a.name})'))
+        elif a.layout == 'rows':
+            body.append(guarded(a, f'check_last_dim_contiguous({a.name!r}, {a.name})'))
+    # (Addresses are read once; a check function runs only to raise. Fake tensors, memory=False, have none.)
+    spans = [a for a in tensors if (a.aligned is True or any(t.written for t in tensors)) and not a.optional]
+    if spans:
+        body.append('if memory:')
+        body += [f'    {a.name}_at = {a.name}.data_ptr()' for a in spans]
+    for a in tensors:
+        if a.aligned is True:
+            test = f'{a.name}_at % {ALIGN_BYTES}' if a in spans else f'{a.name}.data_ptr() % {ALIGN_BYTES}'
+            body.append(guarded(a, f'if memory and {test}: check_aligned({a.name!r}, {a.name})'))
+    for a in args:
+        if a.kind in _SCALAR_CHECKS:
+            body.append(f'{a.name} = {_SCALAR_CHECKS[a.kind]}({a.name!r}, {a.name})')
+    available = {n: n for n in names} | symbols | {'memory': 'memory', 'name': '_name'}
+    if extra is not None:
+        body.append(f'_extra({_injected(extra, available, "extra", op.name)})')
+    # out=, then the tensors written in place apart from the others
+    inputs = '{' + ', '.join(f'{a.name!r}: {a.name}' for a in tensors) + '}'
+    for a in outputs:
+        namespace[f'_dtype_{a.name}'] = a.dtype
+        dtype = f'_dtype_{a.name}' if a.dtype is not None else f'{a.like}.dtype'
+        body.append(f'if {a.name} is not None:')
+        body.append(
+            f'    check_out({a.name!r}, {a.name}, shape={shape_of(a)}, dtype={dtype}, device={first}.device, '
+            f'inputs={inputs}, memory=memory)'
+        )
+        if a.aligned is True:
+            body.append(f'    check_aligned({a.name!r}, {a.name}, memory=memory)')
+    written = [a for a in tensors if a.written]
+    for w in written:
+        for o in tensors:
+            if o is w or (o.written and tensors.index(o) < tensors.index(w)):
+                continue
+            if o.written:
+                message = f'{{_name}}: {w.name} and {o.name} must not overlap'
+            else:
+                message = f'{{_name}}: {w.name} ({w.written} in place) must not alias the input {o.name}'
+            if o in spans and w.layout == o.layout == 'contiguous':  # checked contiguous: one span each
+                w_at, o_at = f'{w.name}_at', f'{o.name}_at'
+                meet = f'{w_at} < {o_at} + {o.name}.nbytes and {o_at} < {w_at} + {w.name}.nbytes'
+                test = f'({meet} and {w.name}.device == {o.name}.device if memory else {w.name} is {o.name})'
+            else:
+                test = f'{o.name} is not None and ' if o.optional else ''
+                test += f'may_overlap({w.name}, {o.name}, memory=memory)'
+            body.append(f'if {test}: raise ValueError(f{message!r})')
+    devices = [f'*(() if {a.name} is None else ({a.name},))' if a.optional else a.name for a in tensors + outputs]
+    body.append(f'backend = _config.require_accelerator({", ".join(devices)})')
+
+    source = f'def check({params}, *, memory=True):\n' + ''.join(f'    {line}\n' for line in body)
+    source += '    return backend\n'
+    device = {'backend': 'backend', 'device': f'{first}.device'}
+    choose = ''
+    if choice is not None:
+        choose = f', **_choice({_injected(choice, {n: n for n in names} | device, "choice", op.name)})'
+    source += f'def plan({params}):\n    backend = _op.check({params})\n'
+    source += f'    return _op.launcher(backend, {first}.device{choose})\n'
+    source += _fast_ok_source(args, tensors, outputs, written, params)
+    exec(source, namespace)  # generated from the declaration's names only
+    op.check, op.plan, op.fast_ok = namespace['check'], namespace['plan'], namespace['fast_ok']
+    op.source = source  # what the declaration generated (for readers and tests)
+
+
+def _fast_ok_source(args, tensors, outputs, written, params) -> str:
+    """fast_ok: the fast path's Python checks (see the module docstring)."""
+    first = tensors[0]
+    tests = [f'{a.name} is None' for a in outputs]
+    tests += [
+        f'({a.name} is None or type({a.name}) in _PLAIN)' if a.optional else f'type({a.name}) in _PLAIN'
+        for a in tensors
+    ]
+    tests.append(f'{first.name}.is_cuda')
+    if first.dims is not None:
+        tests.append(f'{first.name}.dim() == {len(first.dims)}')
+    for a in args:
+        if a.kind == 'bool':
+            tests.append(f'type({a.name}) is bool')
+        elif a.kind in ('float', 'positive'):
+            low = '0.0' if a.kind == 'positive' else '-_INF'
+            tests.append(f'type({a.name}) is float and {low} < {a.name} < _INF')
+    lines = [f'def fast_ok({params}):', f'    if not ({" and ".join(tests)}):', '        return False']
+    # addresses: of the aligned tensors, and with a written tensor, of every tensor it must stay apart from
+    used = [a for a in tensors if a.aligned or (written and not a.optional)]
+    for a in used:
+        lines.append(f'    {a.name}_at = {a.name}.data_ptr()')
+    faults = []
+    aligned = [a.name for a in used if a.aligned]
+    if aligned:
+        faults.append(f'({" | ".join(f"{n}_at" for n in aligned)}) % {ALIGN_BYTES}')
+    for w in written:
+        for o in tensors:
+            if o is w or o.optional or (o.written and tensors.index(o) < tensors.index(w)):
+                continue
+            w_at, o_at = f'{w.name}_at', f'{o.name}_at'
+            faults.append(f'({w_at} < {o_at} + {o.name}.nbytes and {o_at} < {w_at} + {w.name}.nbytes)')
+    lines.append(f'    return not ({" or ".join(faults)})' if faults else '    return True')
+    return '\n'.join(lines) + '\n'
 
 
 def _mark_non_differentiable(ctx, inputs, output) -> None:

@@ -112,14 +112,6 @@ def may_overlap(a: torch.Tensor, b: torch.Tensor, *, memory: bool = True) -> boo
     return a0 < b1 and b0 < a1 and a.device == b.device
 
 
-def check_image_token_mask(value, num_tokens: int) -> torch.Tensor:
-    """An image_token_mask: a (num_tokens,) bool tensor, contiguous (its device is checked with the others)."""
-    check_tensor('image_token_mask', value, dtype=torch.bool, ndim=1)
-    check_shape('image_token_mask', value, (num_tokens,))
-    check_contiguous('image_token_mask', value)
-    return value
-
-
 def check_no_overlap(
     name: str, value: torch.Tensor, others: dict[str, torch.Tensor], *, what: str, memory: bool = True
 ) -> None:
@@ -151,10 +143,3 @@ def check_out(
         if value is not None and may_overlap(out, value, memory=memory):
             raise ValueError(f'{name} must not alias the input {input_name}')
     return out
-
-
-def is_contiguous_tensor(value, dtype: torch.dtype, shape: Sequence[int]) -> bool:
-    """Whether `value` is a contiguous tensor of exactly `dtype` and `shape` (a tuple or torch.Size): what
-    check_tensor (ndim = len(shape)), check_shape and check_contiguous test, as one boolean without building
-    tuples. For an interface's fast path that calls those checks, for the typed error, only where it is False."""
-    return isinstance(value, torch.Tensor) and value.dtype is dtype and value.shape == shape and value.is_contiguous()

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import cann_ops_tilelang
-from cann_ops_tilelang import engram_gate_bwd, operator
+from cann_ops_tilelang import config, engram_gate_bwd, operator
 from cann_ops_tilelang.config import get_num_cores
 from cann_ops_tilelang.engram import EngramGateBwdResult, _gate_bwd_counters
 from cann_ops_tilelang.engram._contract import HIDDEN_ALIGN, MAX_HC, MAX_HIDDEN
@@ -509,7 +509,7 @@ def _as_h200(monkeypatch) -> None:
     """CPU tensors planned as an H200's, without a device: the backend 'cuda' and the H200's SM count (asked by
     the operator for its fixed token ranges, and by the mechanism for the configuration)."""
     interface = sys.modules[engram_gate_bwd.__module__]
-    monkeypatch.setattr(interface, 'require_accelerator', lambda *tensors: 'cuda')
+    monkeypatch.setattr(config, 'require_accelerator', lambda *tensors: 'cuda')
     monkeypatch.setattr(interface, 'get_num_cores', lambda device: H200_SMS)
     monkeypatch.setattr(operator, 'get_num_cores', lambda device: H200_SMS)
 

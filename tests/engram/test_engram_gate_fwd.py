@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import inspect
-import sys
 
 import pytest
 import torch
 
 import cann_ops_tilelang
-from cann_ops_tilelang import engram_gate_fwd, operator
+from cann_ops_tilelang import config, engram_gate_fwd, operator
 from cann_ops_tilelang.engram import EngramGateFwdResult
 from cann_ops_tilelang.engram.engram_gate_fwd_kernel import (
     ASCEND_UB_BUDGET,
@@ -405,7 +404,7 @@ def test_engram_gate_fwd_exported():
 
 def _as_h200(monkeypatch) -> None:
     """CPU tensors planned as an H200's, without a device: the backend 'cuda' and the H200's SM count."""
-    monkeypatch.setattr(sys.modules[engram_gate_fwd.__module__], 'require_accelerator', lambda *tensors: 'cuda')
+    monkeypatch.setattr(config, 'require_accelerator', lambda *tensors: 'cuda')
     monkeypatch.setattr(operator, 'get_num_cores', lambda device: H200_SMS)
 
 

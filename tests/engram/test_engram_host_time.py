@@ -102,31 +102,29 @@ def pytest_benchmark_backend(config):
 
 TEST_FILE = """
 import os
-import sys
 import time
 
 import pytest
 
 import cann_ops_tilelang
-from cann_ops_tilelang import config
 from tests.engram import host_overhead
 from tests.testing.bench import make_param_id
 
 
 @pytest.fixture
 def planted(monkeypatch):
-    '''HOST_SLOWDOWN_US=N: every call of the operators sleeps N us where it asks for its backend (a planted
-    host regression; the stubbed calls on CPU tensors take the full path, which asks once per call).'''
+    '''HOST_SLOWDOWN_US=N: every call of the operators sleeps N us where it checks its arguments (a planted
+    host regression; the stubbed calls on CPU tensors take the full path, which checks once per call).'''
     delay = float(os.environ.get('HOST_SLOWDOWN_US', '0')) * 1e-6
     if delay:
-        require_accelerator = config.require_accelerator
+        for name in ('engram_fused_weight', 'engram_gate_bwd'):
+            declared = getattr(cann_ops_tilelang, name).operator
 
-        def slow(*args, **kwargs):
-            time.sleep(delay)
-            return require_accelerator(*args, **kwargs)
+            def slow(*args, check=declared.check, **kwargs):
+                time.sleep(delay)
+                return check(*args, **kwargs)
 
-        for module in ('engram_fused_weight', 'engram_gate_bwd'):  # the modules (the package binds the names)
-            monkeypatch.setattr(sys.modules[f'cann_ops_tilelang.engram.{module}'], 'require_accelerator', slow)
+            monkeypatch.setattr(declared, 'check', slow)
 
 
 @pytest.mark.benchmark

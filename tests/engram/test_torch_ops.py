@@ -683,7 +683,7 @@ def test_configurations_are_chosen_once_per_device(monkeypatch):
     declared = ops.engram_fused_weight.operator
     queries = []
     monkeypatch.setattr(declared, '_launchers', {})
-    monkeypatch.setattr(declared, 'check', lambda *args, **kwargs: (HC, H, 'cuda'))
+    monkeypatch.setattr(declared, 'check', lambda *args, **kwargs: 'cuda')
     monkeypatch.setattr(operator, 'get_num_cores', lambda device: queries.append(device) or H200_SMS)
     wh = torch.zeros(HC, H, dtype=torch.bfloat16)
     cfg = declared.config(wh, wh.clone())

@@ -1,10 +1,15 @@
-"""Operator.launch: the fast path's launch, whose rejections the operator's contract explains."""
+"""The operator mechanism: the checked launch of the fast path, and what a declaration generates (the contract's
+typed errors in the mechanism's order, the fast path's checks, the public function and its torch.library forms)."""
 
 from __future__ import annotations
 
-import pytest
+import inspect
+import uuid
 
-from cann_ops_tilelang import operator
+import pytest
+import torch
+
+from cann_ops_tilelang import config, operator
 
 
 @pytest.fixture(autouse=True)
@@ -14,7 +19,9 @@ def _no_registration(monkeypatch):
 
 def _declared(check) -> operator.Operator:
     """An operator whose contract is `check` (no kernel: the launchers below stand in for compiled entries)."""
-    return operator.Operator('test_op', check, None, None)
+    declared = operator.Operator('test_op', choose_config=None, get_kernel=None)
+    declared.check = check
+    return declared
 
 
 class _Rejecting:
@@ -58,3 +65,139 @@ def test_an_accepted_launch_runs_no_explanation():
 
     _declared(lambda: pytest.fail('explained an accepted launch')).launch(Accepting(), (1, 2))
     assert launched == [(1, 2)]
+
+
+# ---------------------------------------------------------------- what a declaration generates
+
+
+def _limits(name, T, n):  # the declaration's shape symbols
+    if n > 4:
+        raise ValueError(f'{name}: n must be at most 4, got {n}')
+
+
+def _toy(*extra_args, name='toy', **hooks) -> operator.Operator:
+    """y (T, n) fp32 updated in place from x (T, n + 1) bf16 and w (n,) fp32, eps > 0, an optional (T,) mask."""
+    return operator.Operator(
+        name,
+        operator.tensor('x', torch.bfloat16, 'T, n + 1', layout='rows'),
+        operator.tensor('w', torch.float32, 'n', aligned=True),
+        operator.tensor('y', torch.float32, 'T, n', written='updated'),
+        operator.scalar('eps', 'positive'),
+        operator.tensor('mask', torch.bool, 'T', optional=True),
+        *extra_args,
+        limits=_limits,
+        choose_config=None,
+        get_kernel=None,
+        **hooks,
+    )
+
+
+def _toy_args(T=3, n=2):
+    return [torch.zeros(T, n + 1, dtype=torch.bfloat16), torch.zeros(n), torch.zeros(T, n), 1e-6, None]
+
+
+@pytest.mark.parametrize(
+    ('position', 'value', 'error', 'match'),
+    [
+        (0, [1.0], TypeError, 'x must be a torch.Tensor, got list'),
+        (1, torch.zeros(2, dtype=torch.float64), TypeError, 'w must have dtype torch.float32, got torch.float64'),
+        (2, torch.zeros(3, 2, 1), ValueError, r'y must have 2 dimensions, got shape \(3, 2, 1\)'),
+        (1, torch.zeros(5), ValueError, 'toy: n must be at most 4, got 5'),  # limits, on n bound from w
+        (2, torch.zeros(3, 3), ValueError, r'y must have shape \(3, 2\), got \(3, 3\)'),
+        (0, torch.zeros(3, 4, dtype=torch.bfloat16), ValueError, r'x must have shape \(3, 3\), got \(3, 4\)'),
+        (2, torch.zeros(2, 3).t(), ValueError, 'y must be contiguous'),
+        (0, torch.zeros(3, 6, dtype=torch.bfloat16)[:, ::2], ValueError, 'x must have a contiguous last dimension'),
+        (1, torch.zeros(3)[1:], ValueError, 'w must start at a 16-byte aligned address'),
+        (3, 0.0, ValueError, 'eps must be a finite number > 0, got 0.0'),
+        (3, '1', TypeError, 'eps must be a float, got str'),
+        (4, torch.zeros(3, dtype=torch.int8), TypeError, 'mask must have dtype torch.bool'),
+        (4, torch.zeros(4, dtype=torch.bool), ValueError, r'mask must have shape \(3,\), got \(4,\)'),
+    ],
+)
+def test_the_generated_check_raises_the_typed_error_naming_the_argument(position, value, error, match):
+    args = _toy_args()
+    args[position] = value
+    with pytest.raises(error, match=match):
+        _toy().check(*args)
+
+
+def test_the_generated_check_keeps_written_tensors_apart_and_ends_with_the_device():
+    declared = _toy()
+    x, w, y, eps, _ = _toy_args()
+    with pytest.raises(ValueError, match=r'toy: y \(updated in place\) must not alias the input w'):
+        declared.check(x, y[0], y, eps, None)
+    with pytest.raises(ValueError, match=r'y \(updated in place\) must not alias the input mask'):
+        declared.check(x, w, y, eps, y.view(-1).view(torch.bool)[:3])
+    # Fake tensors while torch traces (memory=False): alignment and overlap wait for the real tensors (the check
+    # gets as far as the device).
+    with pytest.raises(RuntimeError, match='no kernels'):
+        declared.check(x, y.view(-1)[1:3], y, 1, None, memory=False)  # w misaligned, inside y
+    with pytest.raises(RuntimeError, match="no kernels for 'cpu' tensors"):
+        declared.check(x, w, y, 1, torch.zeros(3, dtype=torch.bool))
+
+
+def test_hooks_take_the_names_they_ask_for():
+    seen = {}
+    declared = _toy(extra=lambda name, y, T, memory: seen.update(name=name, y=y, T=T, memory=memory))
+    args = _toy_args(T=5)
+    with pytest.raises(RuntimeError, match='no kernels'):
+        declared.check(*args)
+    assert seen == {'name': 'toy', 'y': args[2], 'T': 5, 'memory': True}
+    with pytest.raises(ValueError, match=r"toy2: extra takes 'z', which is not one of"):
+        _toy(name='toy2', extra=lambda z: None)
+    with pytest.raises(ValueError, match=r"toy3: choice takes 'T'"):  # choice takes arguments, backend, device
+        _toy(name='toy3', choice=lambda T: {})
+
+
+def test_the_fast_path_checks_refuse_what_the_entry_cannot_check():
+    declared = _toy()
+    assert declared.fast_ok(*_toy_args()[:4], None) is False  # CPU tensors: no compiled entry to trust
+    for clause in ('type(x) in _PLAIN', 'x.is_cuda', 'x.dim() == 2', '0.0 < eps < _INF', '(mask is None or'):
+        assert clause in declared.source
+    assert 'w_at) % 16' in declared.source  # alignment; y apart from x and w:
+    assert '(y_at < x_at + x.nbytes and x_at < y_at + y.nbytes)' in declared.source
+
+
+def test_public_function_forms_and_config(monkeypatch):
+    """@OP.public keeps the stub's signature and docstring, calls the eager path positionally, registers the forms
+    from the declaration (written tensors and out= in the schemas) and answers config() through plan."""
+    name = f'toy_{uuid.uuid4().hex[:8]}'
+    calls = []
+    declared = operator.Operator(
+        name,
+        operator.tensor('x', torch.float32, 'n'),
+        operator.tensor('y', torch.float32, 'n', written='written'),
+        operator.scalar('scale', 'float'),
+        operator.out('out', like='x'),
+        choice=lambda x, backend: {'n': x.shape[0], 'backend_seen': backend},
+        choose_config=lambda **choice: choice,
+        get_kernel=None,
+    )
+
+    def eager(x, y, scale, out):
+        calls.append((x, y, scale, out))
+        return x if out is None else out
+
+    @declared.public(eager, returns='Tensor', fake=lambda x, y, scale, out: torch.empty_like(x))
+    def toy(x: torch.Tensor, y: torch.Tensor, scale: float = 2.0, *, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Toy docstring."""
+
+    assert toy.__doc__ == 'Toy docstring.'
+    assert toy.operator is declared
+    stub_signature = (
+        "(x: 'torch.Tensor', y: 'torch.Tensor', scale: 'float' = 2.0, *, out: 'torch.Tensor | None' = None)"
+    )
+    assert str(inspect.signature(toy)) == f"{stub_signature} -> 'torch.Tensor'"
+    x, y = torch.zeros(4), torch.zeros(4)
+    assert toy(x, y) is x
+    assert calls == [(x, y, 2.0, None)]
+    schemas = {form: str(overload._schema) for form, overload in declared.forms.items()}
+    assert schemas == {
+        name: f'cann_ops_tilelang::{name}(Tensor x, Tensor(a!) y, float scale) -> Tensor',
+        f'{name}_out': f'cann_ops_tilelang::{name}_out(Tensor x, Tensor(a!) y, float scale, Tensor(b!) out) -> ()',
+    }
+    monkeypatch.setattr(config, 'require_accelerator', lambda *tensors: 'cuda')
+    monkeypatch.setattr(operator, 'get_num_cores', lambda device: 7)
+    assert toy.operator.config(x, y, 3) == {'backend': 'cuda', 'num_cores': 7, 'n': 4, 'backend_seen': 'cuda'}
+    with pytest.raises(ValueError, match='the declared arguments'):
+        declared.public(eager)(lambda x, y, out=None: None)

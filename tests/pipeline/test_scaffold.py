@@ -6,7 +6,6 @@ That the generated operator works end to end is test_scaffold_end_to_end.py.
 from __future__ import annotations
 
 import ast
-import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -208,17 +207,6 @@ def test_not_a_repository_root(tmp_path):
 # --- no overwrite, rollback ----------------------------------------------------------------------
 
 
-def registrations(path: Path) -> dict[str, tuple[str, ...]]:
-    """Form -> the arguments its schema declares written, for each `OP.define('<form>', '<schema>', ...)` of an
-    operator's module (read from its source: nothing is registered)."""
-    found = {}
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Call) and ast.unparse(node.func) == 'OP.define':
-            form, schema = (ast.literal_eval(a) for a in node.args[:2])
-            found[form] = tuple(re.findall(r'Tensor\(\w!\)\??\s+(\w+)', schema))
-    return found
-
-
 def test_creates_the_files_of_the_workflow(tree):
     plan = scaffold.new_operator(tree, 'foo/foo_bar')
     assert plan.created == [
@@ -254,13 +242,14 @@ def test_creates_the_files_of_the_workflow(tree):
         assert 'foo_bar_kernel import' not in source  # the backends do not import the kernel module: no circle
     interface = (tree / PACKAGE / 'foo/foo_bar.py').read_text()
     for needle in (
-        "OP = Operator('foo_bar', check=_check, choose_config=choose_foo_bar_config, get_kernel=get_foo_bar_kernel)",
-        '@OP.public(_plan)\ndef foo_bar(x: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:',
-        'return _functional(x)',
-        '_into_out(x, out)',
+        "OP = Operator(\n    'foo_bar',\n    tensor('x', TILELANG_DTYPES),",
+        "    out('out', like='x'),",
+        'launcher = OP.plan(x, out)',
+        "@OP.public(_eager, returns='Tensor', fake=_fake)\ndef foo_bar(x: torch.Tensor, *, out: torch.Tensor | None",
     ):
         assert needle in interface
-    assert registrations(tree / PACKAGE / 'foo/foo_bar.py') == {'foo_bar': (), 'foo_bar_out': ('out',)}
+    registered = scaffold.registered_op_names(tree)
+    assert registered['foo_bar'] == registered['foo_bar_out'] == f'{PACKAGE}/foo/foo_bar.py'  # the mechanism's forms
     assert scaffold.exported_names((tree / PACKAGE / 'foo/__init__.py').read_text()) == ['foo_bar']
     assert '_torch_ops' not in '\n'.join(snapshot(tree / PACKAGE / 'foo').values())  # each operator registers itself
 

@@ -1,11 +1,9 @@
-"""Shape limits shared by the Engram operators (docs/engram.md, "Shapes to support"), the gate operators' tensor
-checks and kv alignment."""
+"""Shape limits shared by the Engram operators (docs/engram.md, "Shapes to support") and the gate operators' kv
+alignment."""
 
 from __future__ import annotations
 
 import torch
-
-from cann_ops_tilelang.validation import check_contiguous, check_last_dim_contiguous, check_shape, check_tensor
 
 MAX_HC = 8
 HIDDEN_ALIGN = 64
@@ -20,37 +18,6 @@ def check_hc_hidden(name: str, hc: int, hidden: int) -> None:
         raise ValueError(
             f'{name}: hidden size must be a positive multiple of {HIDDEN_ALIGN} up to {MAX_HIDDEN}, got {hidden}'
         )
-
-
-# The gate operators' tensors: dtype and rank by argument name.
-_GATE_TENSORS = {
-    'grad_out': (torch.bfloat16, 3),
-    'hidden_states': (torch.bfloat16, 3),
-    'kv': (torch.bfloat16, 3),
-    'weight_fused': (torch.float32, 2),
-    'dot': (torch.float32, 2),
-    'gate_score': (torch.float32, 2),
-    'rstd_x': (torch.float32, 2),
-    'rstd_k': (torch.float32, 2),
-}
-
-
-def check_gate_tensors(name: str, tensors: dict[str, torch.Tensor]) -> tuple[int, int, int]:
-    """(T, hc, H) of the gate operators' tensors (argument name -> value, in call order), checked in this order:
-    types, dtypes and ranks; hc and H (of hidden_states); shapes; layouts (kv: last dimension contiguous, the rest
-    contiguous). hidden_states, grad_out: (T, hc, H); kv (T, hc + 1, H); weight_fused (hc, H); the saved (T, hc)."""
-    for arg, value in tensors.items():
-        dtype, ndim = _GATE_TENSORS[arg]
-        check_tensor(arg, value, dtype=dtype, ndim=ndim)
-    num_tokens, hc, hidden = tensors['hidden_states'].shape
-    check_hc_hidden(name, hc, hidden)
-    shapes = {'grad_out': (num_tokens, hc, hidden), 'kv': (num_tokens, hc + 1, hidden), 'weight_fused': (hc, hidden)}
-    for arg, value in tensors.items():
-        if arg != 'hidden_states':
-            check_shape(arg, value, shapes.get(arg, (num_tokens, hc)))
-    for arg, value in tensors.items():
-        (check_last_dim_contiguous if arg == 'kv' else check_contiguous)(arg, value)
-    return num_tokens, hc, hidden
 
 
 def kv_alignment_bits(kv: torch.Tensor) -> int:

@@ -3,44 +3,25 @@
 from __future__ import annotations
 
 import functools
-import math
 from typing import NamedTuple
 
 import torch
 
-from cann_ops_tilelang.config import get_num_cores, require_accelerator
-from cann_ops_tilelang.engram._contract import check_gate_tensors, kv_alignment_bits
-from cann_ops_tilelang.operator import Operator, traced
-from cann_ops_tilelang.validation import ALIGN_BYTES, PLAIN_TENSOR_TYPES, check_image_token_mask, check_positive_float
+from cann_ops_tilelang.config import get_num_cores
+from cann_ops_tilelang.engram._contract import check_hc_hidden, kv_alignment_bits
+from cann_ops_tilelang.operator import Operator, scalar, tensor
+from cann_ops_tilelang.validation import ALIGN_BYTES
 
 from ._gate_bwd_counters import token_counter, unused_counter
 from .engram_gate_bwd_kernel import choose_engram_gate_bwd_config, fixed_range_max_tokens, get_engram_gate_bwd_kernel
 
 _MAX_STRIDE = 2**31 - 1  # strides are int32 kernel arguments
-_TENSORS = ('grad_out', 'hidden_states', 'kv', 'weight_fused', 'dot', 'gate_score', 'rstd_x', 'rstd_k')
 
 
 class EngramGateBwdResult(NamedTuple):
     grad_hidden_states: torch.Tensor  # (T, hc, H) bf16
     grad_kv: torch.Tensor  # (T, hc + 1, H) bf16, contiguous: [:, :hc] grad of the keys, [:, hc] of the value
     grad_w_partial: torch.Tensor  # (P, hc, H) fp32: per-block partial sums of r * x * k over tokens
-
-
-# In the private functions, x is hidden_states, w weight_fused, clamp clamp_value and mask image_token_mask.
-
-
-def _check(grad_out, x, kv, w, dot, gate_score, rstd_x, rstd_k, clamp, mask, *, memory=True) -> str:
-    """The backend of valid arguments (no check needs memory: misaligned inputs are copied, see _eager). Checks in
-    this order: types, dtypes and ranks, hc / H, shapes, layouts, clamp_value, the mask."""
-    tensors = dict(zip(_TENSORS, (grad_out, x, kv, w, dot, gate_score, rstd_x, rstd_k), strict=True))
-    num_tokens = check_gate_tensors(OP.name, tensors)[0]
-    check_positive_float('clamp_value', clamp)
-    if mask is not None:
-        tensors['image_token_mask'] = check_image_token_mask(mask, num_tokens)
-    return require_accelerator(*tensors.values())
-
-
-OP = Operator('engram_gate_bwd', _check, choose_engram_gate_bwd_config, get_engram_gate_bwd_kernel)
 
 
 @functools.cache
@@ -55,39 +36,47 @@ def _fixed_ranges(num_tokens: int, limit: int) -> bool:
     return num_tokens <= limit or torch._C._get_deterministic_algorithms()
 
 
-def _plan(grad_out, hidden_states, kv, weight_fused, dot, gate_score, rstd_x, rstd_k, clamp_value, image_token_mask):
-    args = (grad_out, hidden_states, kv, weight_fused, dot, gate_score, rstd_x, rstd_k, clamp_value, image_token_mask)
-    backend = OP.check(*args)
-    (num_tokens, hc, hidden), device = hidden_states.shape, hidden_states.device
+def _choice(hidden_states, image_token_mask, device):
+    num_tokens, hc, hidden = hidden_states.shape
     fixed_ranges = _fixed_ranges(num_tokens, fixed_range_max_tokens(get_num_cores(device)))
-    has_mask = image_token_mask is not None
-    return OP.launcher(backend, device, hc=hc, hidden=hidden, deterministic=fixed_ranges, has_mask=has_mask)
+    return {'hc': hc, 'hidden': hidden, 'deterministic': fixed_ranges, 'has_mask': image_token_mask is not None}
+
+
+_SAVED = 'T, hc'  # dot, gate_score, rstd_x, rstd_k: the forward's saved tensors
+OP = Operator(
+    'engram_gate_bwd',
+    tensor('grad_out', torch.bfloat16, 'T, hc, hidden', aligned='copied'),
+    tensor('hidden_states', torch.bfloat16, 'T, hc, hidden', aligned='copied'),
+    tensor('kv', torch.bfloat16, 'T, hc + 1, hidden', layout='rows'),
+    tensor('weight_fused', torch.float32, 'hc, hidden', aligned='copied'),
+    *(tensor(name, torch.float32, _SAVED) for name in ('dot', 'gate_score', 'rstd_x', 'rstd_k')),
+    scalar('clamp_value', 'positive'),
+    tensor('image_token_mask', torch.bool, 'T', optional=True),
+    limits=check_hc_hidden,
+    choice=_choice,
+    shape_from='hidden_states',
+    choose_config=choose_engram_gate_bwd_config,
+    get_kernel=get_engram_gate_bwd_kernel,
+)
 
 
 def _eager(grad_out, x, kv, w, dot, gate_score, rstd_x, rstd_k, clamp, mask) -> EngramGateBwdResult:
     """Every check, then the launch (also the torch.library op's kernel). Fast path: by (hc, H, CUDA index, fixed
-    token ranges, mask given), after the checks that the compiled entry cannot make (argument types, clamp, kv's
-    outer strides, alignment: a call that would need an aligned copy goes the full way). Its entries: the launcher,
-    grad_w_partial's shape and the kept token_counter of a kernel that claims nothing (None: one per stream)."""
-    plain = PLAIN_TENSOR_TYPES
+    token ranges, mask given), after fast_ok and kv's strides and alignment (a call that would need an aligned copy
+    goes the full way). Its entries: the launcher, grad_w_partial's shape and the kept token_counter of a kernel
+    that claims nothing (None: one per stream)."""
     key = entry = None
-    if (
-        (type(x) in plain and type(grad_out) in plain and type(kv) in plain and type(w) in plain)
-        and (type(dot) in plain and type(gate_score) in plain and type(rstd_x) in plain and type(rstd_k) in plain)
-        and (mask is None or type(mask) in plain)
-        and (x.is_cuda and x.dim() == 3 and kv.dim() == 3 and type(clamp) is float and 0.0 < clamp < math.inf)
-    ):
+    if OP.fast_ok(grad_out, x, kv, w, dot, gate_score, rstd_x, rstd_k, clamp, mask) and x.dim() == kv.dim() == 3:
         num_tokens, hc, hidden = x.shape
         stride_t, stride_h, _ = kv.stride()
         # As the full path's kv test, with the T of x: a kv of another T is the entry's to reject. (* 2: bf16 bytes)
         used_stride_t = stride_t if num_tokens > 1 else 0
-        bits = grad_out.data_ptr() | x.data_ptr() | w.data_ptr() | kv.data_ptr() | (used_stride_t | stride_h) * 2
         if (
             stride_t >= 0  # (the entry does not check kv's outer strides; the contract wants them >= 0)
             and stride_h >= 0
             and used_stride_t <= _MAX_STRIDE
             and stride_h <= _MAX_STRIDE
-            and not bits % ALIGN_BYTES
+            and not (kv.data_ptr() | (used_stride_t | stride_h) * 2) % ALIGN_BYTES
         ):
             index = x.get_device()
             key = (hc, hidden, index, _fixed_ranges(num_tokens, _cuda_fixed_range_max_tokens(index)), mask is None)
@@ -107,7 +96,7 @@ def _eager(grad_out, x, kv, w, dot, gate_score, rstd_x, rstd_k, clamp, mask) -> 
         OP.launch(launcher, args, grad_out, x, kv, w, dot, gate_score, rstd_x, rstd_k, clamp, mask)
         # EngramGateBwdResult(...) without the NamedTuple's Python-level __new__
         return tuple.__new__(EngramGateBwdResult, (grad_x, grad_kv, partial))
-    launcher = _plan(grad_out, x, kv, w, dot, gate_score, rstd_x, rstd_k, clamp, mask)
+    launcher = OP.plan(grad_out, x, kv, w, dot, gate_score, rstd_x, rstd_k, clamp, mask)
     cfg = launcher.cfg
     num_tokens, hc, hidden = x.shape
     grad_x = x.new_empty((num_tokens, hc, hidden))  # new_empty: cheaper than torch.empty(..., device=)
@@ -133,8 +122,7 @@ def _eager(grad_out, x, kv, w, dot, gate_score, rstd_x, rstd_k, clamp, mask) -> 
 
 
 def _fake(grad_out, x, kv, w, dot, gate_score, rstd_x, rstd_k, clamp, mask) -> tuple:
-    """While torch traces: the checks, then contiguous grads and (P, hc, H) partials, P the device's (a device
-    query on the first trace for a device)."""
+    """Contiguous grads and (P, hc, H) partials, P the device's (a device query on the first trace for a device)."""
     backend = OP.check(grad_out, x, kv, w, dot, gate_score, rstd_x, rstd_k, clamp, mask, memory=False)
     (num_tokens, hc, hidden), device = x.shape, x.device
     # int(): sizes may be symbolic while torch traces with dynamic shapes; P depends on none of them.
@@ -146,16 +134,7 @@ def _fake(grad_out, x, kv, w, dot, gate_score, rstd_x, rstd_k, clamp, mask) -> t
     return torch.empty_like(x), grad_kv, torch.empty((num_blocks, hc, hidden), dtype=torch.float32, device=device)
 
 
-_functional = OP.define(
-    'engram_gate_bwd',
-    '(Tensor grad_out, Tensor hidden_states, Tensor kv, Tensor weight_fused, Tensor dot, Tensor gate_score, '
-    'Tensor rstd_x, Tensor rstd_k, float clamp_value, Tensor? image_token_mask) -> (Tensor, Tensor, Tensor)',
-    lambda *args: tuple(_eager(*args)),
-    _fake,
-)
-
-
-@OP.public(_plan)
+@OP.public(_eager, returns='(Tensor, Tensor, Tensor)', result=EngramGateBwdResult, fake=_fake)
 def engram_gate_bwd(
     grad_out: torch.Tensor,
     hidden_states: torch.Tensor,
@@ -203,10 +182,3 @@ def engram_gate_bwd(
         torch.use_deterministic_algorithms(True), give each block a fixed token range: the same bits every run.
         For T == 0 nothing is launched: empty grads, and grad_w_partial zeros with the P a launch would use.
     """
-    if traced(grad_out):  # torch.compile, fake tensors, make_fx: the torch.library op
-        tensors = (grad_out, hidden_states, kv, weight_fused, dot, gate_score, rstd_x, rstd_k)
-        OP.check(*tensors, clamp_value, image_token_mask, memory=False)
-        return EngramGateBwdResult(*_functional(*tensors, float(clamp_value), image_token_mask))
-    return _eager(
-        grad_out, hidden_states, kv, weight_fused, dot, gate_score, rstd_x, rstd_k, clamp_value, image_token_mask
-    )

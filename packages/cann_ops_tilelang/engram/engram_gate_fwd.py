@@ -2,23 +2,13 @@
 
 from __future__ import annotations
 
-import math
 from typing import NamedTuple
 
 import torch
 
-from cann_ops_tilelang.config import require_accelerator
-from cann_ops_tilelang.engram._contract import check_gate_tensors, kv_alignment_bits
-from cann_ops_tilelang.operator import Operator, traced
-from cann_ops_tilelang.validation import (
-    ALIGN_BYTES,
-    PLAIN_TENSOR_TYPES,
-    check_bool,
-    check_image_token_mask,
-    check_no_overlap,
-    check_out,
-    check_positive_float,
-)
+from cann_ops_tilelang.engram._contract import check_hc_hidden, kv_alignment_bits
+from cann_ops_tilelang.operator import Operator, out, scalar, tensor
+from cann_ops_tilelang.validation import ALIGN_BYTES, check_no_overlap
 
 from .engram_gate_fwd_kernel import choose_engram_gate_fwd_config, get_engram_gate_fwd_kernel
 
@@ -31,35 +21,19 @@ class EngramGateFwdResult(NamedTuple):
     rstd_k: torch.Tensor | None  # (T, hc) fp32
 
 
-# In the private functions, x is hidden_states, w weight_fused, save save_for_backward and mask image_token_mask.
-
-
-def _check(x, kv, w, eps, clamp, save, mask, inplace, out, *, memory=True) -> str:
-    """The backend of valid arguments. Checks in this order: types, dtypes and ranks, hc / H, shapes, layouts,
-    scalars, the mask, inplace / out= and their overlaps (the first violation names the error)."""
-    inputs = {'hidden_states': x, 'kv': kv, 'weight_fused': w}
-    num_tokens = check_gate_tensors(OP.name, inputs)[0]
-    check_positive_float('eps', eps)
-    check_positive_float('clamp_value', clamp)
-    save = check_bool('save_for_backward', save)
-    inplace = check_bool('inplace', inplace)
-    if mask is not None:
-        inputs['image_token_mask'] = check_image_token_mask(mask, num_tokens)
-    if inplace:
-        if save:
-            raise ValueError(
-                f'{OP.name}: inplace=True overwrites hidden_states, which the backward needs: '
-                'use save_for_backward=False'
-            )
-        if out is not None:
-            raise ValueError(f'{OP.name}: inplace=True writes the output into hidden_states: do not also pass out=')
-        check_no_overlap('hidden_states', x, inputs, what='written in place', memory=memory)
-    elif out is not None:
-        check_out('out', out, shape=x.shape, dtype=torch.bfloat16, device=x.device, inputs=inputs, memory=memory)
-    return require_accelerator(*inputs.values()) if out is None else require_accelerator(*inputs.values(), out)
-
-
-OP = Operator('engram_gate_fwd', _check, choose_engram_gate_fwd_config, get_engram_gate_fwd_kernel)
+def _inplace_rules(name, hidden_states, kv, weight_fused, save_for_backward, image_token_mask, inplace, out, memory):
+    if not inplace:
+        return
+    if save_for_backward:
+        raise ValueError(
+            f'{name}: inplace=True overwrites hidden_states, which the backward needs: use save_for_backward=False'
+        )
+    if out is not None:
+        raise ValueError(f'{name}: inplace=True writes the output into hidden_states: do not also pass out=')
+    others = {'kv': kv, 'weight_fused': weight_fused}
+    if image_token_mask is not None:
+        others['image_token_mask'] = image_token_mask
+    check_no_overlap('hidden_states', hidden_states, others, what='written in place', memory=memory)
 
 
 def _access_vec(x: torch.Tensor, kv: torch.Tensor, out: torch.Tensor | None) -> int:
@@ -72,34 +46,43 @@ def _access_vec(x: torch.Tensor, kv: torch.Tensor, out: torch.Tensor | None) -> 
     return 8 if low == 0 or low >= 16 else max(1, low // 2)
 
 
-def _plan(hidden_states, kv, weight_fused, eps, clamp_value, save_for_backward, image_token_mask, inplace, out):
-    args = (hidden_states, kv, weight_fused, eps, clamp_value, save_for_backward, image_token_mask, inplace, out)
-    backend, (_, hc, hidden) = OP.check(*args), hidden_states.shape
+def _choice(hidden_states, kv, save_for_backward, image_token_mask, out):
+    _, hc, hidden = hidden_states.shape
     has_mask, vec = image_token_mask is not None, _access_vec(hidden_states, kv, out)
-    choice = {'hc': hc, 'hidden': hidden, 'save_for_backward': save_for_backward, 'has_mask': has_mask, 'vec': vec}
-    return OP.launcher(backend, hidden_states.device, **choice)
+    return {'hc': hc, 'hidden': hidden, 'save_for_backward': save_for_backward, 'has_mask': has_mask, 'vec': vec}
+
+
+OP = Operator(
+    'engram_gate_fwd',
+    tensor('hidden_states', torch.bfloat16, 'T, hc, hidden'),
+    tensor('kv', torch.bfloat16, 'T, hc + 1, hidden', layout='rows'),
+    tensor('weight_fused', torch.float32, 'hc, hidden', aligned='copied'),
+    scalar('eps', 'positive'),
+    scalar('clamp_value', 'positive'),
+    scalar('save_for_backward', 'bool'),
+    tensor('image_token_mask', torch.bool, 'T', optional=True),
+    scalar('inplace', 'bool'),
+    out('out', torch.bfloat16, 'T, hc, hidden'),
+    limits=check_hc_hidden,
+    extra=_inplace_rules,
+    choice=_choice,
+    choose_config=choose_engram_gate_fwd_config,
+    get_kernel=get_engram_gate_fwd_kernel,
+)
 
 
 def _eager(x, kv, w, eps, clamp, save, mask, inplace, out) -> EngramGateFwdResult:
     """Every check, then the launch (also the ops' kernel). Fast path (no inplace or out=, T > 0): by (x.shape[1:],
-    CUDA index, save, mask given, access width), after the checks the compiled entry cannot make (argument types,
-    scalars, kv's outer strides, w's alignment)."""
-    args = (x, kv, w, eps, clamp, save, mask, inplace, out)
+    CUDA index, save, mask given, access width), after fast_ok and kv's outer strides."""
     key = launcher = None
-    plain = PLAIN_TENSOR_TYPES
-    if (
-        (inplace is False and out is None)
-        and (type(x) in plain and type(kv) in plain and type(w) in plain and x.is_cuda and kv.dim() == 3)
-        and (type(eps) is float and 0.0 < eps < math.inf and type(clamp) is float and 0.0 < clamp < math.inf)
-        and (type(save) is bool and (mask is None or type(mask) in plain))
-    ):
+    if OP.fast_ok(x, kv, w, eps, clamp, save, mask, inplace, out) and not inplace and kv.dim() == 3:
         stride_t, stride_h, _ = kv.stride()
-        if stride_t >= 0 and stride_h >= 0 and not w.data_ptr() % ALIGN_BYTES:
+        if stride_t >= 0 and stride_h >= 0:
             key = (x.shape[1:], x.get_device(), save, mask is None, _access_vec(x, kv, None))
             launcher = OP.fast.get(key)
     fast = launcher is not None and x.shape[0]
     if not fast:
-        launcher = _plan(*args)
+        launcher = OP.plan(x, kv, w, eps, clamp, save, mask, inplace, out)
         if w.data_ptr() % ALIGN_BYTES:  # the kernels read it in 16-byte vectors: an aligned copy
             w = w.clone()
     num_tokens, hc, hidden = x.shape
@@ -118,7 +101,7 @@ def _eager(x, kv, w, eps, clamp, save, mask, inplace, out) -> EngramGateFwdResul
     else:
         launch_args = (x, kv, w, mask, *outputs, float(eps), float(clamp))
     if fast:
-        OP.launch(launcher, launch_args, *args)
+        OP.launch(launcher, launch_args, x, kv, w, eps, clamp, save, mask, inplace, out)
     elif num_tokens:  # T = 0: nothing to launch
         launcher.launch(*launch_args)
         if key is not None:
@@ -171,7 +154,23 @@ _into_out_nosave = OP.define('engram_gate_fwd_out_nosave', f'{_OUT} -> ()', *_wr
 _in_place = OP.define('engram_gate_fwd_inplace', f'(Tensor(a!) hidden_states, {_TAIL}) -> ()', *_written(False, True))
 
 
-@OP.public(_plan)
+def _traced(x, kv, w, eps, clamp, save, mask, inplace, out) -> EngramGateFwdResult:
+    """torch.compile, fake tensors, make_fx: the torch.library op of the call's form."""
+    OP.check(x, kv, w, eps, clamp, save, mask, inplace, out, memory=False)
+    head = (x, kv, w, float(eps), float(clamp))  # the ops' schemas take floats
+    if inplace:
+        _in_place(*head, mask)
+        return EngramGateFwdResult(x, None, None, None, None)
+    if out is None:
+        result = _functional(*head, save, mask)
+        return EngramGateFwdResult(*result) if save else EngramGateFwdResult(result[0], *[None] * 4)
+    if save:
+        return EngramGateFwdResult(out, *_into_out(*head, mask, out))
+    _into_out_nosave(*head, mask, out)
+    return EngramGateFwdResult(out, None, None, None, None)
+
+
+@OP.public(_eager, traced=_traced)
 def engram_gate_fwd(
     hidden_states: torch.Tensor,
     kv: torch.Tensor,
@@ -205,18 +204,3 @@ def engram_gate_fwd(
         EngramGateFwdResult(output, dot, gate_score, rstd_x, rstd_k), a tuple: output (T, hc, H) bf16; the
         four saved tensors (T, hc) fp32, or None when save_for_backward is False.
     """
-    if traced(hidden_states):  # torch.compile, fake tensors, make_fx: the torch.library ops
-        args = (hidden_states, kv, weight_fused, eps, clamp_value, save_for_backward, image_token_mask, inplace, out)
-        OP.check(*args, memory=False)
-        head = (hidden_states, kv, weight_fused, float(eps), float(clamp_value))  # the ops' schemas take floats
-        if inplace:
-            _in_place(*head, image_token_mask)
-            return EngramGateFwdResult(hidden_states, None, None, None, None)
-        if out is None:
-            result = _functional(*head, save_for_backward, image_token_mask)
-            return EngramGateFwdResult(*result) if save_for_backward else EngramGateFwdResult(result[0], *[None] * 4)
-        if save_for_backward:
-            return EngramGateFwdResult(out, *_into_out(*head, image_token_mask, out))
-        _into_out_nosave(*head, image_token_mask, out)
-        return EngramGateFwdResult(out, None, None, None, None)
-    return _eager(hidden_states, kv, weight_fused, eps, clamp_value, save_for_backward, image_token_mask, inplace, out)

@@ -4,16 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from cann_ops_tilelang.config import require_accelerator
-from cann_ops_tilelang.operator import Operator, traced
-from cann_ops_tilelang.validation import (
-    PLAIN_TENSOR_TYPES,
-    check_contiguous,
-    check_image_token_mask,
-    check_out,
-    check_shape,
-    check_tensor,
-)
+from cann_ops_tilelang.operator import Operator, out, tensor
 
 from .engram_hash_kernel import choose_engram_hash_config, get_engram_hash_kernel
 
@@ -22,102 +13,72 @@ MAX_LAYERS = 32  # L
 MAX_COLS = 256  # (N - 1) * E: rows per token and layer
 
 
-def _check(ids, mults, sizes, offsets, mask=None, out=None, *, memory=True):
-    """(backend, shape) of valid arguments, shape the output's (L, T, (N - 1) * E)."""
-    check_tensor('ngram_token_ids', ids, dtype=torch.int32, ndim=2)
-    check_tensor('multipliers', mults, dtype=torch.int64, ndim=2)
-    check_tensor('vocab_sizes', sizes, dtype=torch.int32, ndim=3)
-    check_tensor('offsets', offsets, dtype=torch.int32, ndim=2)
-    num_tokens, max_ngram = ids.shape
-    num_layers, num_tables = mults.shape[0], sizes.shape[2]
-    if not 2 <= max_ngram <= MAX_NGRAM:
-        raise ValueError(
-            f'{OP.name}: ngram_token_ids must have N in 2..{MAX_NGRAM} columns (ids per n-gram), got {max_ngram}'
-        )
-    if not 1 <= num_layers <= MAX_LAYERS:
-        raise ValueError(f'{OP.name}: multipliers must have L in 1..{MAX_LAYERS} rows (layers), got {num_layers}')
-    if num_tables < 1:
-        raise ValueError(f'{OP.name}: vocab_sizes must have E >= 1 tables per n-gram order, got {num_tables}')
-    num_cols = (max_ngram - 1) * num_tables
-    if num_cols > MAX_COLS:
-        raise ValueError(f'{OP.name}: (N - 1) * E must be at most {MAX_COLS}, got ({max_ngram} - 1) * {num_tables}')
-    check_shape('multipliers', mults, (num_layers, max_ngram))
-    check_shape('vocab_sizes', sizes, (num_layers, max_ngram - 1, num_tables))
-    check_shape('offsets', offsets, (num_layers, num_cols))
-    inputs = {'ngram_token_ids': ids, 'multipliers': mults, 'vocab_sizes': sizes, 'offsets': offsets}
-    for name, value in inputs.items():
-        check_contiguous(name, value)
-    if mask is not None:
-        inputs['image_token_mask'] = check_image_token_mask(mask, num_tokens)
-    shape = (num_layers, num_tokens, num_cols)
-    if out is not None:
-        check_out('out', out, shape=shape, dtype=torch.int32, device=ids.device, inputs=inputs, memory=memory)
-    backend = require_accelerator(*inputs.values(), *(() if out is None else (out,)))
-    # A zero size divides by zero in the kernels (SIGFPE on the emulator). Reading the sizes costs a device
-    # sync, so only sizes in host memory (the emulator's tensors) are read.
-    if memory and sizes.is_cpu and not sizes.all():
-        raise ValueError(f'{OP.name}: vocab_sizes must be nonzero (each is the divisor of a hash), got a 0')
-    return backend, shape
+def _limits(name, N, L, E):  # the docstring's symbols
+    if not 2 <= N <= MAX_NGRAM:
+        raise ValueError(f'{name}: ngram_token_ids must have N in 2..{MAX_NGRAM} columns (ids per n-gram), got {N}')
+    if not 1 <= L <= MAX_LAYERS:
+        raise ValueError(f'{name}: multipliers must have L in 1..{MAX_LAYERS} rows (layers), got {L}')
+    if E < 1:
+        raise ValueError(f'{name}: vocab_sizes must have E >= 1 tables per n-gram order, got {E}')
+    if (N - 1) * E > MAX_COLS:
+        raise ValueError(f'{name}: (N - 1) * E must be at most {MAX_COLS}, got ({N} - 1) * {E}')
 
 
-OP = Operator('engram_hash', _check, choose_engram_hash_config, get_engram_hash_kernel)
-
-
-def _plan(ngram_token_ids, multipliers, vocab_sizes, offsets, image_token_mask=None, out=None):
-    backend, _ = OP.check(ngram_token_ids, multipliers, vocab_sizes, offsets, image_token_mask, out)
+def _choice(vocab_sizes, image_token_mask):
+    # After every check (and the device's): a zero size divides by zero in the kernels (SIGFPE on the emulator).
+    # Reading the sizes costs a device sync, so only sizes in host memory (the emulator's tensors) are read.
+    if vocab_sizes.is_cpu and not vocab_sizes.all():
+        raise ValueError('engram_hash: vocab_sizes must be nonzero (each is the divisor of a hash), got a 0')
     layers, orders, tables = vocab_sizes.shape
-    choice = {'num_layers': layers, 'max_ngram': orders + 1, 'num_tables': tables}
-    return OP.launcher(backend, ngram_token_ids.device, **choice, has_mask=image_token_mask is not None)
+    return {
+        'num_layers': layers,
+        'max_ngram': orders + 1,
+        'num_tables': tables,
+        'has_mask': image_token_mask is not None,
+    }
+
+
+OP = Operator(
+    'engram_hash',
+    tensor('ngram_token_ids', torch.int32, 'T, N'),
+    tensor('multipliers', torch.int64, 'L, N'),
+    tensor('vocab_sizes', torch.int32, 'L, N - 1, E'),
+    tensor('offsets', torch.int32, 'L, (N - 1) * E'),
+    tensor('image_token_mask', torch.bool, 'T', optional=True),
+    out('out', torch.int32, 'L, T, (N - 1) * E'),
+    limits=_limits,
+    choice=_choice,
+    choose_config=choose_engram_hash_config,
+    get_kernel=get_engram_hash_kernel,
+)
 
 
 def _eager(ids, mults, sizes, offsets, mask, out) -> torch.Tensor:
-    """Every check, then the launch. Fast path, without out=: by (vocab_sizes.shape, CUDA index, mask None), the
-    argument types checked in Python."""
-    plain = PLAIN_TENSOR_TYPES
-    fast_key = None
-    if (
-        out is None
-        and type(ids) in plain
-        and type(mults) in plain
-        and type(sizes) in plain
-        and type(offsets) in plain
-        and (mask is None or type(mask) in plain)
-        and ids.is_cuda
-        and ids.dim() == 2
-    ):
-        layers_orders_tables = sizes.shape
-        fast_key = (layers_orders_tables, ids.get_device(), mask is None)
-        launcher = OP.fast.get(fast_key)
-        num_tokens = ids.shape[0]
-        if launcher is not None and num_tokens:
-            num_layers, ngram_orders, num_tables = layers_orders_tables
-            result = ids.new_empty((num_layers, num_tokens, ngram_orders * num_tables))
-            args = (ids, mults, sizes, offsets, result) if mask is None else (ids, mults, sizes, offsets, mask, result)
-            OP.launch(launcher, args, ids, mults, sizes, offsets, mask, None)
-            return result
-    launcher = _plan(ids, mults, sizes, offsets, mask, out)
-    num_layers, ngram_orders, num_tables = sizes.shape
-    num_tokens = ids.shape[0]
+    """Every check, then the launch. Fast path, without out=: by (vocab_sizes.shape, CUDA index, mask None)."""
+    key = launcher = None
+    if OP.fast_ok(ids, mults, sizes, offsets, mask, out):
+        key = (sizes.shape, ids.get_device(), mask is None)
+        launcher = OP.fast.get(key) if ids.shape[0] else None
+    fast = launcher is not None
+    if not fast:
+        launcher = OP.plan(ids, mults, sizes, offsets, mask, out)
+    (num_layers, ngram_orders, num_tables), num_tokens = sizes.shape, ids.shape[0]
     result = ids.new_empty((num_layers, num_tokens, ngram_orders * num_tables)) if out is None else out
-    if num_tokens:  # T = 0: nothing to launch
-        launcher.launch(ids, mults, sizes, offsets, *(() if mask is None else (mask,)), result)
-        if fast_key is not None:
-            OP.remember(fast_key, launcher)
+    args = (ids, mults, sizes, offsets, result) if mask is None else (ids, mults, sizes, offsets, mask, result)
+    if fast:
+        OP.launch(launcher, args, ids, mults, sizes, offsets, mask, None)
+    elif num_tokens:  # T = 0: nothing to launch
+        launcher.launch(*args)
+        if key is not None:
+            OP.remember(key, launcher)
     return result
 
 
-def _fake(ids, mults, sizes, offsets, mask, out=None) -> torch.Tensor | None:
-    """While torch traces: the checks that need no memory, then the int32 output (None with out=)."""
-    _, shape = OP.check(ids, mults, sizes, offsets, mask, out, memory=False)
-    return torch.empty(shape, dtype=torch.int32, device=ids.device) if out is None else None
+def _fake(ids, mults, sizes, offsets, mask, out) -> torch.Tensor:
+    return ids.new_empty((sizes.shape[0], ids.shape[0], sizes.shape[1] * sizes.shape[2]))  # int32, as ids
 
 
-_SIGNATURE = 'Tensor ngram_token_ids, Tensor multipliers, Tensor vocab_sizes, Tensor offsets, Tensor? image_token_mask'
-_functional = OP.define('engram_hash', f'({_SIGNATURE}) -> Tensor', lambda *args: _eager(*args, None), _fake)
-_into_out = OP.define('engram_hash_out', f'({_SIGNATURE}, Tensor(a!) out) -> ()', _eager, _fake)
-
-
-@OP.public(_plan)
+@OP.public(_eager, returns='Tensor', fake=_fake)
 def engram_hash(
     ngram_token_ids: torch.Tensor,
     multipliers: torch.Tensor,
@@ -152,11 +113,3 @@ def engram_hash(
     Returns:
         (L, T, (N-1)*E) int32, exact.
     """
-    if not traced(ngram_token_ids):
-        return _eager(ngram_token_ids, multipliers, vocab_sizes, offsets, image_token_mask, out)
-    args = (ngram_token_ids, multipliers, vocab_sizes, offsets, image_token_mask)
-    OP.check(*args, out, memory=False)
-    if out is None:
-        return _functional(*args)
-    _into_out(*args, out)
-    return out

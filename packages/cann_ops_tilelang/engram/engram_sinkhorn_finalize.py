@@ -2,78 +2,49 @@
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import Tensor
 
-from cann_ops_tilelang.config import require_accelerator
-from cann_ops_tilelang.operator import Operator, traced
-from cann_ops_tilelang.validation import check_aligned, check_finite_float, check_out
+from cann_ops_tilelang.operator import Operator, out, scalar, tensor
 
-from ._sinkhorn_contract import check_sinkhorn_matrix, sinkhorn_operands_fast
+from ._sinkhorn_contract import MAX_NUMEL, check_matrix_size
 from .engram_sinkhorn_finalize_kernel import choose_engram_sinkhorn_finalize_config as _choose_config
 from .engram_sinkhorn_finalize_kernel import get_engram_sinkhorn_finalize_kernel as _get_kernel
 
-
-def _check(matrix, row_scale, col_scale, eps, alpha, out, *, memory=True) -> tuple[str, int, int, float, float]:
-    """(backend, rows, head_dim, eps, alpha) of valid arguments."""
-    rows, head_dim, eps = check_sinkhorn_matrix(OP.name, matrix, row_scale, col_scale, eps, memory=memory)
-    alpha = check_finite_float('alpha', alpha)
-    if out is not None:
-        inputs = {'matrix': matrix, 'row_scale': row_scale, 'col_scale': col_scale}
-        check_out(
-            'out', out, shape=matrix.shape, dtype=torch.float32, device=matrix.device, inputs=inputs, memory=memory
-        )
-        check_aligned('out', out, memory=memory)
-    tensors = (matrix, row_scale, col_scale) if out is None else (matrix, row_scale, col_scale, out)
-    return require_accelerator(*tensors), rows, head_dim, eps, alpha
-
-
-OP = Operator('engram_sinkhorn_finalize', _check, _choose_config, _get_kernel)
-
-
-def _plan(matrix, row_scale, col_scale, eps, alpha, out=None):
-    backend, _, head_dim, _, _ = OP.check(matrix, row_scale, col_scale, eps, alpha, out)
-    return OP.launcher(backend, matrix.device, head_dim=head_dim)
+OP = Operator(
+    'engram_sinkhorn_finalize',
+    tensor('matrix', torch.float32, 'rows, head_dim', aligned=True),
+    tensor('row_scale', torch.float32, 'rows'),
+    tensor('col_scale', torch.float32, 'head_dim', aligned=True),
+    scalar('eps', 'float'),
+    scalar('alpha', 'float'),
+    out('out', torch.float32, 'rows, head_dim', aligned=True),
+    limits=check_matrix_size,
+    choice=lambda matrix: {'head_dim': matrix.shape[1]},
+    choose_config=_choose_config,
+    get_kernel=_get_kernel,
+)
 
 
 def _eager(matrix, row_scale, col_scale, eps, alpha, out) -> torch.Tensor:
     """Every check, then the launch. Fast path: by (head_dim, CUDA index)."""
-    if (
-        out is None
-        and type(alpha) is float
-        and -math.inf < alpha < math.inf
-        and sinkhorn_operands_fast(matrix, row_scale, col_scale, eps)
-    ):
+    if OP.fast_ok(matrix, row_scale, col_scale, eps, alpha, out) and 0 < matrix.numel() <= MAX_NUMEL:
         launcher = OP.fast.get((matrix.shape[1], matrix.get_device()))
         if launcher is not None:
             result = torch.empty_like(matrix, memory_format=torch.contiguous_format)  # no size list to parse
             args = (matrix, row_scale, col_scale, result, eps, alpha)
             OP.launch(launcher, args, matrix, row_scale, col_scale, eps, alpha, None)
             return result
-    backend, rows, head_dim, eps, alpha = OP.check(matrix, row_scale, col_scale, eps, alpha, out)
-    launcher = OP.launcher(backend, matrix.device, head_dim=head_dim)
-    result = matrix.new_empty((rows, head_dim)) if out is None else out  # fp32, its device
-    if rows:  # rows = 0: nothing to launch
-        launcher.launch(matrix, row_scale, col_scale, result, eps, alpha)
+    launcher = OP.plan(matrix, row_scale, col_scale, eps, alpha, out)
+    result = matrix.new_empty(matrix.shape) if out is None else out  # fp32, its device
+    if matrix.shape[0]:  # rows = 0: nothing to launch
+        launcher.launch(matrix, row_scale, col_scale, result, float(eps), float(alpha))
         if out is None:
-            OP.remember((head_dim, matrix.get_device()), launcher)
+            OP.remember((matrix.shape[1], matrix.get_device()), launcher)
     return result
 
 
-def _fake(matrix, row_scale, col_scale, eps, alpha, out=None) -> torch.Tensor | None:
-    """While torch traces: the checks that need no memory, then the (rows, head_dim) fp32 result (None with out=)."""
-    OP.check(matrix, row_scale, col_scale, eps, alpha, out, memory=False)
-    return matrix.new_empty(matrix.shape) if out is None else None
-
-
-_SIGNATURE = 'Tensor matrix, Tensor row_scale, Tensor col_scale, float eps, float alpha'
-_functional = OP.define('engram_sinkhorn_finalize', f'({_SIGNATURE}) -> Tensor', lambda *a: _eager(*a, None), _fake)
-_into_out = OP.define('engram_sinkhorn_finalize_out', f'({_SIGNATURE}, Tensor(a!) out) -> ()', _eager, _fake)
-
-
-@OP.public(_plan)
+@OP.public(_eager, returns='Tensor', fake=lambda matrix, *_: matrix.new_empty(matrix.shape))
 def engram_sinkhorn_finalize(
     matrix: Tensor, row_scale: Tensor, col_scale: Tensor, eps: float, alpha: float, out: Tensor | None = None
 ) -> Tensor:
@@ -98,10 +69,3 @@ def engram_sinkhorn_finalize(
     one engram_sinkhorn_step computes for it (same accumulation), so alpha times the row_scale that the
     step stores reproduces this operator's scale bit for bit.
     """
-    if not traced(matrix):
-        return _eager(matrix, row_scale, col_scale, eps, alpha, out)
-    OP.check(matrix, row_scale, col_scale, eps, alpha, out, memory=False)
-    if out is None:
-        return _functional(matrix, row_scale, col_scale, float(eps), float(alpha))
-    _into_out(matrix, row_scale, col_scale, float(eps), float(alpha), out)
-    return out

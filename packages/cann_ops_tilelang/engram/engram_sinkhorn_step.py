@@ -6,11 +6,9 @@ from typing import NamedTuple
 
 import torch
 
-from cann_ops_tilelang.config import require_accelerator
-from cann_ops_tilelang.operator import Operator, traced
-from cann_ops_tilelang.validation import may_overlap
+from cann_ops_tilelang.operator import Operator, scalar, tensor
 
-from ._sinkhorn_contract import check_sinkhorn_matrix, sinkhorn_operands_fast
+from ._sinkhorn_contract import MAX_NUMEL, check_matrix_size
 from .engram_sinkhorn_step_kernel import choose_engram_sinkhorn_step_config, get_engram_sinkhorn_step_kernel
 
 
@@ -19,26 +17,22 @@ class EngramSinkhornStepResult(NamedTuple):
     col_sumsq_partial: torch.Tensor  # (P, head_dim) fp32: per-worker column sums of squares of the new iterate
 
 
-def _check(matrix, row_scale, col_scale, eps, *, memory=True) -> tuple[str, int, int, float]:
-    """(backend, rows, head_dim, eps) of valid arguments."""
-    rows, head_dim, eps = check_sinkhorn_matrix(OP.name, matrix, row_scale, col_scale, eps, memory=memory)
-    for name, value in (('matrix', matrix), ('col_scale', col_scale)):
-        if may_overlap(row_scale, value, memory=memory):
-            raise ValueError(f'{OP.name}: row_scale (updated in place) must not alias the input {name}')
-    return require_accelerator(matrix, row_scale, col_scale), rows, head_dim, eps
-
-
-OP = Operator('engram_sinkhorn_step', _check, choose_engram_sinkhorn_step_config, get_engram_sinkhorn_step_kernel)
-
-
-def _plan(matrix, row_scale, col_scale, eps):
-    backend, _, head_dim, _ = OP.check(matrix, row_scale, col_scale, eps)
-    return OP.launcher(backend, matrix.device, head_dim=head_dim)
+OP = Operator(
+    'engram_sinkhorn_step',
+    tensor('matrix', torch.float32, 'rows, head_dim', aligned=True),
+    tensor('row_scale', torch.float32, 'rows', written='updated'),
+    tensor('col_scale', torch.float32, 'head_dim', aligned=True),
+    scalar('eps', 'float'),
+    limits=check_matrix_size,
+    choice=lambda matrix: {'head_dim': int(matrix.shape[1])},  # int(): symbolic while torch traces
+    choose_config=choose_engram_sinkhorn_step_config,
+    get_kernel=get_engram_sinkhorn_step_kernel,
+)
 
 
 def _eager(matrix, row_scale, col_scale, eps) -> EngramSinkhornStepResult:
     """Every check, then the launch. Fast path: by (head_dim, CUDA index)."""
-    if sinkhorn_operands_fast(matrix, row_scale, col_scale, eps):
+    if OP.fast_ok(matrix, row_scale, col_scale, eps) and 0 < matrix.numel() <= MAX_NUMEL:
         head_dim = matrix.shape[1]
         launcher = OP.fast.get((head_dim, matrix.get_device()))
         if launcher is not None:
@@ -47,30 +41,25 @@ def _eager(matrix, row_scale, col_scale, eps) -> EngramSinkhornStepResult:
             args = (matrix, row_scale, col_scale, row_norm, partial, eps)
             OP.launch(launcher, args, matrix, row_scale, col_scale, eps)
             return EngramSinkhornStepResult(row_norm, partial)
-    backend, rows, head_dim, eps = OP.check(matrix, row_scale, col_scale, eps)
-    launcher = OP.launcher(backend, matrix.device, head_dim=head_dim)
+    launcher = OP.plan(matrix, row_scale, col_scale, eps)
+    rows, head_dim = matrix.shape
     row_norm = matrix.new_empty((rows,))  # fp32, its device
     # rows = 0: no launch, every worker's partial is the empty sum
     partial = (matrix.new_empty if rows else matrix.new_zeros)((launcher.cfg.num_partials, head_dim))
     if rows:
-        launcher.launch(matrix, row_scale, col_scale, row_norm, partial, eps)
+        launcher.launch(matrix, row_scale, col_scale, row_norm, partial, float(eps))
         OP.remember((head_dim, matrix.get_device()), launcher)
     return EngramSinkhornStepResult(row_norm, partial)
 
 
 def _fake(matrix, row_scale, col_scale, eps) -> tuple[torch.Tensor, torch.Tensor]:
-    """While torch traces: the checks that need no memory, then (rows,) and (P, head_dim) fp32, P the device's
-    (a device query on the first trace for a device; int(): sizes may be symbolic under dynamic shapes)."""
-    backend, rows, head_dim, _ = OP.check(matrix, row_scale, col_scale, eps, memory=False)
-    num_partials = OP.launcher(backend, matrix.device, head_dim=int(head_dim)).cfg.num_partials
-    return matrix.new_empty((rows,)), matrix.new_empty((num_partials, head_dim))
+    """(rows,) and (P, head_dim) fp32, P the device's (a device query on the first trace for a device)."""
+    backend = OP.check(matrix, row_scale, col_scale, eps, memory=False)
+    num_partials = OP.launcher(backend, matrix.device, head_dim=int(matrix.shape[1])).cfg.num_partials
+    return matrix.new_empty(matrix.shape[:1]), matrix.new_empty((num_partials, matrix.shape[1]))
 
 
-_SCHEMA = '(Tensor matrix, Tensor(a!) row_scale, Tensor col_scale, float eps) -> (Tensor, Tensor)'
-_functional = OP.define('engram_sinkhorn_step', _SCHEMA, _eager, _fake)  # a NamedTuple is a tuple to torch
-
-
-@OP.public(_plan)
+@OP.public(_eager, returns='(Tensor, Tensor)', result=EngramSinkhornStepResult, fake=_fake)
 def engram_sinkhorn_step(
     matrix: torch.Tensor, row_scale: torch.Tensor, col_scale: torch.Tensor, eps: float
 ) -> EngramSinkhornStepResult:
@@ -95,7 +84,3 @@ def engram_sinkhorn_step(
     row_scale' is the correctly rounded fp32 quotient of row_scale and fl(row_norm + eps); the norms and the
     partials are fp32 sums in another order than torch's (a few ulps of the sum apart).
     """
-    if not traced(matrix):
-        return _eager(matrix, row_scale, col_scale, eps)
-    OP.check(matrix, row_scale, col_scale, eps, memory=False)
-    return EngramSinkhornStepResult(*_functional(matrix, row_scale, col_scale, float(eps)))
