@@ -31,6 +31,7 @@ _TORCH_DTYPES = {
     'uint32': torch.uint32,
     'uint64': torch.uint64,
     'bool': torch.bool,
+    'float8_e4m3fn': torch.float8_e4m3fn,  # storage only: the emulated fp8 conversions write its bytes
 }
 
 

@@ -34,6 +34,27 @@ inline uint16_t f32_to_bf16(float f, char mode, bool sat) {
   return h;
 }
 inline float bf16_to_f32(uint16_t h) { return bits_to_f32(uint32_t(h) << 16); }
+// fp8_e4m3fn <- fp32, RINT (to nearest, ties to even; the only mode asc_float2e4m3 has), following asc-devkit
+// reg_vector/asc_float2e4m3.md. Saturating: beyond the largest finite value (448) and +-inf -> +-448, NaN -> 0.
+// Non-saturating: beyond 448 and +-inf -> the type's "inf"; e4m3fn has no inf, so its one non-finite encoding,
+// S.1111.111 (NaN), is what that can be; NaN -> NaN. Subnormals (steps of 2**-9) are rounded, not flushed.
+inline uint8_t f32_to_e4m3(float f, bool sat) {
+  uint8_t sign = uint8_t((f32_to_bits(f) >> 24) & 0x80);
+  if (std::isnan(f)) return sat ? 0 : uint8_t(sign | 0x7f);
+  double a = std::fabs((double)f);
+  if (std::isinf(f)) return uint8_t(sign | (sat ? 0x7e : 0x7f));
+  int e;
+  std::frexp(a, &e);  // a = m * 2**e, m in [0.5, 1): the leading bit is 2**(e-1)
+  int unbiased = std::max(e - 1, -6);  // below 2**-6 the quantum stays 2**-9 (subnormals)
+  double q = std::nearbyint(std::ldexp(a, 3 - unbiased));  // significand in steps of the quantum, ties to even
+  if (q >= 16) {  // rounded up into the next binade
+    q = 8;
+    unbiased += 1;
+  }
+  int code = q < 8 ? int(q) : ((unbiased + 7) << 3) | (int(q) - 8);  // q < 8 only in the subnormal range
+  if (code > 0x7e) return uint8_t(sign | (sat ? 0x7e : 0x7f));
+  return uint8_t(sign | code);
+}
 inline uint16_t f32_to_f16_rn(float f) { return std::bit_cast<uint16_t>((_Float16)f); }  // IEEE RNE
 inline float f16_to_f32(uint16_t h) { return (float)std::bit_cast<_Float16>(h); }
 }  // namespace emu
@@ -83,6 +104,11 @@ inline constexpr emu_tag<K_MODE, 1> MODE_MERGING{};
 inline constexpr emu_tag<K_MODE, 2> MODE_UNKNOWN{};
 inline constexpr emu_tag<K_PART, 0> PART_EVEN{};
 inline constexpr emu_tag<K_PART, 1> PART_ODD{};
+// The 4:1 narrowing conversions (fp32 -> fp8) write byte `part` of each 4-byte group (reg_vector/asc_float2e4m3.md).
+inline constexpr emu_tag<K_PART, 0> PART_P0{};
+inline constexpr emu_tag<K_PART, 1> PART_P1{};
+inline constexpr emu_tag<K_PART, 2> PART_P2{};
+inline constexpr emu_tag<K_PART, 3> PART_P3{};
 inline constexpr emu_tag<K_ROUND, 'r'> ROUND_R{};
 inline constexpr emu_tag<K_ROUND, 'a'> ROUND_A{};
 inline constexpr emu_tag<K_ROUND, 'f'> ROUND_F{};

@@ -50,7 +50,6 @@ EMU_UNEMULATED(asc_loadalign_unpack4_postupdate)
 EMU_UNEMULATED(asc_loadalign_brc_datablock_postupdate)
 EMU_UNEMULATED(asc_loadalign_brc_elem2datablock_postupdate)
 EMU_UNEMULATED(asc_storealign_intlv)
-EMU_UNEMULATED(asc_storealign_pack_quarter)
 EMU_UNEMULATED(asc_storealign_postupdate)
 // Carry forms of asc_add / asc_sub (vaddc / vsubc).
 inline void asc_add(vector_bool &, vector_u32 &, vector_u32, vector_u32, vector_bool) { emu::unemulated("asc_add (carry form)"); }

@@ -175,6 +175,24 @@ template <emu::vreg V, class T> inline void asc_storealign_pack(T *base, V src, 
 template <emu::vreg V, class T> inline void asc_storealign_pack(T *base, V src, vector_bool mask) {
   asc_storealign_pack(base, src, 0, mask);
 }
+// asc_storealign_pack_quarter (reg_store/asc_storealign_pack_quarter.md): the low 8 bits of every active 32-bit
+// lane, stored one after another (lane i -> byte i); bytes of inactive lanes keep their value. The offset counts
+// byte slots, as asc_storealign_pack's counts half-width slots; the address must be 32-byte aligned.
+template <emu::vreg V, class T> inline void asc_storealign_pack_quarter(T *base, V src, int32_t offset, vector_bool mask) {
+  emu::count_vec();
+  static_assert(V::lane_bytes == 4, "asc_storealign_pack_quarter: b32 registers only");
+  uint8_t *p = (uint8_t *)base + offset;
+  int64_t off = emu::ub_offset(p, 64, emu::T_V, "asc_storealign_pack_quarter");
+  emu::check_align32(off, emu::T_V, "asc_storealign_pack_quarter", "store");
+  for (int i = 0; i < V::lanes; ++i)
+    if (emu::on<V>(mask, i)) {
+      emu::vec_store_bytes(off + i, 1, "asc_storealign_pack_quarter");
+      std::memcpy(p + i, &src.v[i], 1);  // little endian: the low byte comes first
+    }
+}
+template <emu::vreg V, class T> inline void asc_storealign_pack_quarter(T *base, V src, vector_bool mask) {
+  asc_storealign_pack_quarter(base, src, 0, mask);
+}
 
 // ---------------------------------------------------------------- element-wise (arithmetic_compute/*.md etc.)
 // The C API zeroes the lanes a mask leaves out (asc_madd.md / asc_axpy.md: "mask未筛选的元素在输出中置零";
@@ -611,6 +629,16 @@ template <emu::vreg D, emu::vreg S, class... C> inline void vcvt(D &dst, S src, 
   } else if constexpr (std::is_same_v<D, vector_s32> && std::is_same_v<S, vector_f32>) {
     for (int i = 0; i < 64; ++i)
       if (emu::on<vector_f32>(mask, i)) r.v[i] = emu::f32_to_s32(src.v[i], c.round, c.rs && emu::st.saturate);
+  } else if constexpr (std::is_same_v<D, vector_f8e4m3> && std::is_same_v<S, vector_f32>) {
+    // reg_vector/asc_float2e4m3.md: fp32 lane i -> byte 4i + part; the other bytes of a zeroing result are 0.
+    if (c.round != 'r') emu::fail("PIPE_V", "vcvt fp32->fp8_e4m3: only ROUND_R (RINT) is documented");
+    bool sat = c.rs && emu::st.saturate;
+    for (int i = 0; i < 64; ++i)
+      if (emu::on<vector_f32>(mask, i)) {
+        if (!c.merge)
+          for (int k = 0; k < 4; ++k) r.v[4 * i + k] = 0;
+        r.v[4 * i + c.part] = emu::f32_to_e4m3(src.v[i], sat);
+      }
   } else {
     emu::unemulated("vcvt (this pair of register types)");
   }

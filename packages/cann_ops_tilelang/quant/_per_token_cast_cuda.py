@@ -1,0 +1,64 @@
+"""CUDA kernel of per_token_cast (math and config: per_token_cast_kernel.py).
+
+One thread block per (token, column tile): the tile is read once into registers as fp32 (bf16 widens
+exactly), reduced to one |x| maximum per block, and each element is scaled and narrowed to float8_e4m3fn.
+"""
+
+# No `from __future__ import annotations`: TileLang evaluates the prim_func annotations, which
+# refer to the generator's local shape variables.
+
+# Imported by per_token_cast_kernel.py, never the other way round (no import circle): the config comes
+# as `cfg`, the constants of the math as arguments.
+
+
+def cuda_per_token_cast_kernel(cfg, *, amax_floor: float, fp8_max: float):
+    """`cfg` is a PerTokenCastConfig (backend "cuda")."""
+    import tilelang.language as T
+
+    hidden, bk, bs = cfg.hidden, cfg.block_k, cfg.block_size
+    groups, n_tiles = cfg.groups_per_tile, cfg.num_col_tiles
+    padding, num_blocks = cfg.sf_padding, cfg.num_blocks
+    in_dtype, sf_dtype = cfg.in_dtype, cfg.sf_dtype
+    inv_fp8_max = 1.0 / fp8_max  # rounded to fp32 where it is used, as the reference's constant
+
+    num_tokens = T.dynamic('num_tokens')
+
+    @T.prim_func
+    def per_token_cast_kernel(
+        x: T.Tensor((num_tokens, hidden), in_dtype),
+        out: T.Tensor((num_tokens, hidden), T.float8_e4m3fn),
+        out_sf: T.Tensor((num_tokens, cfg.sf_cols), sf_dtype),
+    ):
+        # Tokens on grid x (up to 2**31 - 1 blocks; y stops at 65535), column tiles on y.
+        with T.Kernel(num_tokens, n_tiles, threads=cfg.threads) as (t, j):
+            xf = T.alloc_fragment((groups, bs), T.float32)
+            amax = T.alloc_fragment((groups,), T.float32)
+            inverse = T.alloc_fragment((groups,), T.float32)
+            for g, k in T.Parallel(groups, bs):
+                xf[g, k] = T.cast(x[t, j * bk + g * bs + k], T.float32)
+            T.reduce_absmax(xf, amax, dim=1)
+            for g in T.Parallel(groups):
+                clamped = T.max(amax[g], T.float32(amax_floor))
+                if cfg.round_sf:
+                    bits = T.reinterpret(clamped * T.float32(inv_fp8_max), T.uint32)
+                    # Round up to a power of two: carry any mantissa bit into the exponent, drop the mantissa.
+                    pow2 = (bits + T.uint32(0x7FFFFF)) & T.uint32(0x7F800000)
+                    biased = T.cast(pow2 >> T.uint32(23), T.int32)
+                    # 1 / 2**e has biased exponent 254 - (e + 127); an inf scale (255) gets inverse +0.
+                    inv_exp = T.max(T.int32(254) - biased, T.int32(0))
+                    inverse[g] = T.reinterpret(T.cast(inv_exp, T.uint32) << T.uint32(23), T.float32)
+                    if cfg.packed_ue8m0:
+                        out_sf[t, j * groups + g] = T.cast(biased, T.uint8)
+                    else:
+                        out_sf[t, j * groups + g] = T.reinterpret(pow2, T.float32)
+                else:
+                    out_sf[t, j * groups + g] = clamped / T.float32(fp8_max)
+                    inverse[g] = T.float32(fp8_max) / clamped
+            for g, k in T.Parallel(groups, bs):
+                # __nv_fp8_e4m3's conversion: nearest even, saturating to +-448, NaN kept.
+                out[t, j * bk + g * bs + k] = T.cast(xf[g, k] * inverse[g], T.float8_e4m3fn)
+            if padding > 0 and j == n_tiles - 1:
+                for p in T.serial(padding):
+                    out_sf[t, num_blocks + p] = T.uint8(0)
+
+    return per_token_cast_kernel

@@ -1,0 +1,179 @@
+"""Kernels of per_token_cast: x (T, H) bf16 / fp32 -> float8_e4m3fn, one scale factor per token and block.
+
+Semantics (those of TileKernels 2.1.0's `per_token_cast(x, 'e4m3', block_size)`): each row of x is cut into
+blocks of `block_size` (32, 64 or 128) consecutive elements. For a block with absolute maximum a:
+
+    c = max(a, 1e-4)                                   (the peer's amax floor for e4m3)
+    fp32 scales:  sf = c / 448,  inverse = 448 / c     (two IEEE divisions)
+    round_sf:     sf = 2 ** ceil(log2(c * fp32(1/448))), inverse = 1 / sf (exact: a power of two)
+    out = e4m3(float(x) * inverse), to nearest even, saturating at +-448
+
+The rounded scale is stored as an fp32 power of two, or (`packed_ue8m0`) as its biased exponent byte
+(UE8M0): byte k of a row is block k, and the row is padded with zero bytes to a multiple of the pack factor
+(4 on CUDA, where the interface views the row as int32; 2 on Ascend, viewed as int16), as the peer lays it out.
+Special values: -0.0 stays -0.0; bf16 / fp32 subnormals are ordinary values (IEEE, no flushing); an inf in a
+block gives sf inf (UE8M0 0xff), inverse 0, so finite values become +-0 and the inf NaN; NaN in a block is
+unspecified (the max reductions of the backends may drop it), as in the peer.
+
+Supported: x contiguous (T, H), T >= 1 per launch (the interface skips empty inputs), H a positive multiple of
+max(64, block_size). The peer also takes H = 64 * odd with block 128 (a short last block), strided rows,
+pre-quantised inputs, e4m3 / column-major scales and e2m1 output; these kernels do not.
+
+One generator builds the Ascend 950 kernel (vector cores, SIMD: _per_token_cast_ascend.py) or the CUDA kernel
+(_per_token_cast_cuda.py), chosen by `cfg.backend`; both take (x, out, out_sf) and are bit-exact against
+tests/quant/per_token_cast_ref.py where divisions are IEEE (the emulator, CUDA without fast math).
+"""
+
+# No `from __future__ import annotations`: TileLang evaluates the prim_func annotations, which
+# refer to the generator's local shape variables.
+import dataclasses
+import functools
+
+import torch
+
+from cann_ops_tilelang.config import Backend
+from cann_ops_tilelang.kernel_target import compile_kernel
+
+# The backend kernels (they do not import this module: no import circle; the lane width the config checks
+# lives with the Ascend kernel).
+from ._per_token_cast_ascend import LANES as _LANES
+from ._per_token_cast_ascend import ascend_per_token_cast_kernel
+from ._per_token_cast_cuda import cuda_per_token_cast_kernel
+
+BLOCK_SIZES = (32, 64, 128)  # 32 first: the only block the peer's Ascend kernel takes
+FP8_MAX = 448.0  # largest finite float8_e4m3fn
+AMAX_FLOOR = 1e-4  # TileKernels' default amax clamp for e4m3 with fp32 / UE8M0 scales
+# UE8M0 bytes packed into one integer of the interface's view: int32 on CUDA, int16 on Ascend (the peer's).
+UE8M0_PACK = {'cuda': 4, 'ascend': 2}
+_IN_DTYPES = {torch.bfloat16: 'bfloat16', torch.float32: 'float32', 'bfloat16': 'bfloat16', 'float32': 'float32'}
+_ASCEND_MAX_BLOCK_K = 4096  # elements per task: fp32 input tile 16 KiB, two buffer versions
+_ASCEND_MAX_ROW = 8192  # a whole row in one task: the packed-scale rows whose zero padding ends a task's bytes
+_CUDA_MAX_BLOCK_K = 2048
+
+
+@dataclasses.dataclass(frozen=True)
+class PerTokenCastConfig:
+    backend: Backend
+    hidden: int
+    in_dtype: str  # 'bfloat16' or 'float32'
+    block_size: int  # elements per scale factor along H
+    round_sf: bool  # power-of-two scales
+    packed_ue8m0: bool  # scales as UE8M0 bytes (needs round_sf)
+    num_cores: int  # Ascend: vector cores (persistent grid); CUDA: SMs (informational, the grid is the tile count)
+    block_k: int  # columns of one row handled per task (Ascend) / per thread block (CUDA); divides hidden
+    threads: int  # CUDA threads per block (unused on Ascend)
+    num_stages: int  # Ascend buffer versions of the persistent loop (unused on CUDA)
+
+    def __post_init__(self):
+        if self.backend not in ('ascend', 'cuda'):
+            raise ValueError(f'backend must be "ascend" or "cuda", got {self.backend!r}')
+        if self.in_dtype not in ('bfloat16', 'float32'):
+            raise ValueError(f'in_dtype must be "bfloat16" or "float32", got {self.in_dtype!r}')
+        if self.block_size not in BLOCK_SIZES:
+            raise ValueError(f'block_size must be one of {BLOCK_SIZES}, got {self.block_size}')
+        if self.packed_ue8m0 and not self.round_sf:
+            raise ValueError('packed_ue8m0 needs round_sf (UE8M0 holds powers of two only)')
+        unit = max(_LANES, self.block_size)
+        if self.hidden <= 0 or self.hidden % unit != 0:
+            raise ValueError(
+                f'hidden must be a positive multiple of {unit} (block_size {self.block_size}), got {self.hidden}'
+            )
+        if self.block_k % unit != 0 or self.hidden % self.block_k != 0:
+            raise ValueError(f'block_k {self.block_k} must be a multiple of {unit} dividing hidden {self.hidden}')
+        if self.sf_padding and self.num_col_tiles > 1 and self.backend == 'ascend':
+            raise ValueError('Ascend: a padded UE8M0 row must be handled by one task (block_k == hidden)')
+
+    @property
+    def num_blocks(self) -> int:
+        """Scale factors per row."""
+        return self.hidden // self.block_size
+
+    @property
+    def groups_per_tile(self) -> int:
+        """Scale factors per task / thread block."""
+        return self.block_k // self.block_size
+
+    @property
+    def num_col_tiles(self) -> int:
+        return self.hidden // self.block_k
+
+    @property
+    def sf_pack(self) -> int:
+        return UE8M0_PACK[self.backend] if self.packed_ue8m0 else 1
+
+    @property
+    def sf_cols(self) -> int:
+        """Elements of one out_sf row: fp32 scales, or UE8M0 bytes padded to the pack factor."""
+        return -(-self.num_blocks // self.sf_pack) * self.sf_pack
+
+    @property
+    def sf_padding(self) -> int:
+        """Zero bytes after the last UE8M0 byte of a row."""
+        return self.sf_cols - self.num_blocks
+
+    @property
+    def sf_dtype(self) -> str:
+        return 'uint8' if self.packed_ue8m0 else 'float32'
+
+
+def _divisors(hidden: int, unit: int, limit: int) -> list[int]:
+    """Multiples of `unit` that divide `hidden` and do not exceed `limit`, largest first (never empty: unit)."""
+    return [b for b in range(min(hidden, limit) // unit * unit, 0, -unit) if hidden % b == 0]
+
+
+def choose_per_token_cast_config(
+    *,
+    backend: Backend,
+    num_cores: int,
+    hidden: int,
+    in_dtype: torch.dtype | str,
+    block_size: int = 32,
+    round_sf: bool = False,
+    packed_ue8m0: bool = False,
+) -> PerTokenCastConfig:
+    """Pure choice of the compile-time parameters (no device query). `in_dtype`: torch.bfloat16 / torch.float32
+    (or their names). Invalid combinations raise ValueError."""
+    if in_dtype not in _IN_DTYPES:
+        raise ValueError(f'in_dtype must be torch.bfloat16 or torch.float32, got {in_dtype!r}')
+    dtype = _IN_DTYPES[in_dtype]
+    if block_size not in BLOCK_SIZES:
+        raise ValueError(f'block_size must be one of {BLOCK_SIZES}, got {block_size}')
+    unit = max(_LANES, block_size)
+    if hidden <= 0 or hidden % unit != 0:
+        raise ValueError(f'hidden must be a positive multiple of {unit} (block_size {block_size}), got {hidden}')
+    make = functools.partial(PerTokenCastConfig, backend, hidden, dtype, block_size, round_sf, packed_ue8m0, num_cores)
+    if backend == 'ascend':
+        # The largest task that fits the buffers: the op streams x once, so fewer, longer DMAs per core.
+        block_k = _divisors(hidden, unit, _ASCEND_MAX_BLOCK_K)[0]
+        padded = packed_ue8m0 and (hidden // block_size) % UE8M0_PACK['ascend'] != 0
+        if padded and block_k != hidden:
+            if hidden > _ASCEND_MAX_ROW:
+                raise ValueError(
+                    f'Ascend: packed UE8M0 scales of an odd number of blocks need hidden <= {_ASCEND_MAX_ROW}, '
+                    f'got {hidden // block_size} blocks of {block_size} (hidden {hidden})'
+                )
+            block_k = hidden
+        return make(block_k=block_k, threads=0, num_stages=2)
+    if backend == 'cuda':
+        # One thread block per (token, column tile): 8 elements per thread, 32..256 threads.
+        block_k = _divisors(hidden, unit, _CUDA_MAX_BLOCK_K)[0]
+        threads = max(32, min(256, block_k // 8))
+        return make(block_k=block_k, threads=threads, num_stages=1)
+    raise ValueError(f'backend must be "ascend" or "cuda", got {backend!r}')
+
+
+def make_per_token_cast_kernel(cfg: PerTokenCastConfig):
+    """The TileLang prim_func `per_token_cast_kernel(x, out, out_sf)` for `cfg.backend` (no compile).
+
+    x: (T, hidden) cfg.in_dtype; out: (T, hidden) float8_e4m3fn; out_sf: (T, cfg.sf_cols) cfg.sf_dtype. T is
+    dynamic and must be >= 1.
+    """
+    if cfg.backend == 'ascend':
+        return ascend_per_token_cast_kernel(cfg, amax_floor=AMAX_FLOOR, fp8_max=FP8_MAX)
+    return cuda_per_token_cast_kernel(cfg, amax_floor=AMAX_FLOOR, fp8_max=FP8_MAX)
+
+
+@functools.cache
+def get_per_token_cast_kernel(cfg: PerTokenCastConfig):
+    """Compiled kernel for `cfg` (compiled on first use, for the current device)."""
+    return compile_kernel(make_per_token_cast_kernel(cfg), cfg.backend)

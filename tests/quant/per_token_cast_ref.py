@@ -1,0 +1,58 @@
+"""Pure-PyTorch oracle of per_token_cast (semantics: packages/cann_ops_tilelang/quant/per_token_cast_kernel.py).
+
+Tests only; never imported at run time, and it imports no kernel module. Every step is one fp32 operation as
+the kernels do it, so the kernels are compared bit for bit. Divisions are tensor / tensor: torch's
+`tensor / scalar` and `scalar / tensor` on the CPU may go through a reciprocal, which rounds differently.
+"""
+
+from __future__ import annotations
+
+import torch
+
+FP8_MAX = 448.0
+AMAX_FLOOR = 1e-4
+INV_FP8_MAX = torch.tensor(1.0 / FP8_MAX, dtype=torch.float32)  # fp32(1/448), the kernels' constant
+
+
+def round_up_pow2_bits(scale: torch.Tensor) -> torch.Tensor:
+    """int32 bits of 2 ** ceil(log2(scale)) for positive normal fp32 `scale` (inf stays inf)."""
+    bits = scale.view(torch.int32)
+    return (bits + 0x7FFFFF) & 0x7F800000
+
+
+def per_token_cast_ref(
+    x: torch.Tensor,
+    block_size: int = 32,
+    *,
+    round_sf: bool = False,
+    packed_ue8m0: bool = False,
+    ue8m0_pack: int = 4,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out (T, H) float8_e4m3fn, out_sf) of x (T, H) bf16 / fp32, H a multiple of `block_size`.
+
+    out_sf: (T, H // block_size) fp32 (the scale, a power of two with `round_sf`), or with `packed_ue8m0` the
+    biased exponent bytes, (T, H // block_size rounded up to `ue8m0_pack`) uint8 with zero padding.
+    """
+    if packed_ue8m0 and not round_sf:
+        raise ValueError('packed_ue8m0 needs round_sf')
+    num_tokens, hidden = x.shape
+    blocks = x.float().reshape(num_tokens, hidden // block_size, block_size)
+    amax = blocks.abs().amax(dim=-1)
+    clamped = amax.clamp(min=AMAX_FLOOR)
+    fmax = torch.full_like(clamped, FP8_MAX)
+    if round_sf:
+        pow2 = round_up_pow2_bits(clamped * INV_FP8_MAX)
+        biased = pow2 >> 23
+        inverse = ((254 - biased).clamp(min=0) << 23).view(torch.float32)  # 1 / 2**e exactly; 1 / inf = 0
+        if packed_ue8m0:
+            padded = -(-biased.shape[1] // ue8m0_pack) * ue8m0_pack
+            sf = torch.zeros(num_tokens, padded, dtype=torch.uint8)
+            sf[:, : biased.shape[1]] = biased.to(torch.uint8)
+        else:
+            sf = pow2.view(torch.float32)
+    else:
+        sf = clamped / fmax
+        inverse = fmax / clamped
+    scaled = (blocks * inverse.unsqueeze(-1)).reshape(num_tokens, hidden)
+    out = scaled.clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    return out, sf
