@@ -50,8 +50,17 @@ NAMESPACE = 'cann_ops_tilelang'
 # Every declared operator by its public name (the tests walk it: forms, signatures, configurations).
 OPERATORS: dict[str, Operator] = {}
 _WRITTEN = re.compile(r'Tensor\(\w!\)\??\s+(\w+)')
-_SCALAR_CHECKS = {'float': 'check_finite_float', 'positive': 'check_positive_float', 'bool': 'check_bool'}
-_SCHEMA_TYPES = {'float': 'float', 'positive': 'float', 'bool': 'bool'}
+# scalar kind -> its check (validation.py; None: the operator's `extra` checks it) and its schema type
+_SCALAR_CHECKS = {
+    'float': 'check_finite_float',
+    'positive': 'check_positive_float',
+    'bool': 'check_bool',
+    'int': 'check_int',
+    'str': 'check_str',
+    'any': None,
+}
+_SCHEMA_TYPES = {'float': 'float', 'positive': 'float', 'bool': 'bool', 'int': 'int', 'str': 'str'}
+_FAST_TESTS = {'bool': 'type({0}) is bool', 'int': 'type({0}) is int', 'str': 'type({0}) is str'}
 
 
 def traced(tensor) -> bool:
@@ -95,7 +104,8 @@ def out(name, dtype=None, dims=None, *, like=None, aligned=False):
 
 
 def scalar(name, kind):
-    """A Python scalar: kind 'float' (finite; ints converted), 'positive' (finite and > 0) or 'bool'."""
+    """A Python value: kind 'float' (finite; ints converted), 'positive' (finite and > 0), 'bool', 'int', 'str',
+    or 'any' (checked by the operator's `extra`, such as a tuple of output buffers)."""
     if kind not in _SCALAR_CHECKS:
         raise ValueError(f'scalar kind must be one of {sorted(_SCALAR_CHECKS)}, got {kind!r}')
     return Arg(name, kind)
@@ -373,7 +383,7 @@ def _generate(op: Operator, choice, limits, extra, shape_from) -> None:
             test = f'{a.name}_at % {ALIGN_BYTES}' if a in spans else f'{a.name}.data_ptr() % {ALIGN_BYTES}'
             body.append(guarded(a, f'if memory and {test}: check_aligned({a.name!r}, {a.name})'))
     for a in args:
-        if a.kind in _SCALAR_CHECKS:
+        if _SCALAR_CHECKS.get(a.kind):
             body.append(f'{a.name} = {_SCALAR_CHECKS[a.kind]}({a.name!r}, {a.name})')
     available = {n: n for n in names} | symbols | {'memory': 'memory', 'name': '_name'}
     if extra is not None:
@@ -436,8 +446,8 @@ def _fast_ok_source(args, tensors, outputs, written, params) -> str:
     if first.dims is not None:
         tests.append(f'{first.name}.dim() == {len(first.dims)}')
     for a in args:
-        if a.kind == 'bool':
-            tests.append(f'type({a.name}) is bool')
+        if a.kind in _FAST_TESTS:
+            tests.append(_FAST_TESTS[a.kind].format(a.name))
         elif a.kind in ('float', 'positive'):
             low = '0.0' if a.kind == 'positive' else '-_INF'
             tests.append(f'type({a.name}) is float and {low} < {a.name} < _INF')

@@ -68,6 +68,19 @@ def check_bool(name: str, value) -> bool:
     return value
 
 
+def check_int(name: str, value) -> int:
+    """A Python int (bools are not)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f'{name} must be an int, got {type(value).__name__}')
+    return value
+
+
+def check_str(name: str, value) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f'{name} must be a str, got {type(value).__name__}')
+    return value
+
+
 def check_positive_float(name: str, value) -> float:
     """A finite float > 0 (ints are accepted and converted)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):

@@ -9,8 +9,9 @@ blocks of `block_size` (32, 64 or 128) consecutive elements. For a block with ab
     out = e4m3(float(x) * inverse), to nearest even, saturating at +-448
 
 The rounded scale is stored as an fp32 power of two, or (`packed_ue8m0`) as its biased exponent byte
-(UE8M0): byte k of a row is block k, and the row is padded with zero bytes to a multiple of the pack factor
-(4 on CUDA, where the interface views the row as int32; 2 on Ascend, viewed as int16), as the peer lays it out.
+(UE8M0): byte k of a row is block k, and the row is padded with zero bytes to a multiple of 4, which the
+interface views as int32 (TileKernels' CUDA layout). Both backends write this layout, so the same input gives
+the same scale bytes on either (TileKernels' Ascend kernel packs two per int16).
 Special values: -0.0 stays -0.0; bf16 / fp32 subnormals are ordinary values (IEEE, no flushing); an inf in a
 block gives sf inf (UE8M0 0xff), inverse 0, so finite values become +-0 and the inf NaN; NaN in a block is
 unspecified (the max reductions of the backends may drop it), as in the peer.
@@ -43,8 +44,7 @@ from ._per_token_cast_cuda import cuda_per_token_cast_kernel
 BLOCK_SIZES = (32, 64, 128)  # 32 first: the only block the peer's Ascend kernel takes
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
 AMAX_FLOOR = 1e-4  # TileKernels' default amax clamp for e4m3 with fp32 / UE8M0 scales
-# UE8M0 bytes packed into one integer of the interface's view: int32 on CUDA, int16 on Ascend (the peer's).
-UE8M0_PACK = {'cuda': 4, 'ascend': 2}
+UE8M0_PACK = 4  # UE8M0 bytes per int32 of the interface's view, on both backends
 _IN_DTYPES = {torch.bfloat16: 'bfloat16', torch.float32: 'float32', 'bfloat16': 'bfloat16', 'float32': 'float32'}
 _ASCEND_MAX_BLOCK_K = 4096  # elements per task: fp32 input tile 16 KiB, two buffer versions
 _ASCEND_MAX_ROW = 8192  # a whole row in one task: the packed-scale rows whose zero padding ends a task's bytes
@@ -99,7 +99,7 @@ class PerTokenCastConfig:
 
     @property
     def sf_pack(self) -> int:
-        return UE8M0_PACK[self.backend] if self.packed_ue8m0 else 1
+        return UE8M0_PACK if self.packed_ue8m0 else 1
 
     @property
     def sf_cols(self) -> int:
@@ -145,12 +145,12 @@ def choose_per_token_cast_config(
     if backend == 'ascend':
         # The largest task that fits the buffers: the op streams x once, so fewer, longer DMAs per core.
         block_k = _divisors(hidden, unit, _ASCEND_MAX_BLOCK_K)[0]
-        padded = packed_ue8m0 and (hidden // block_size) % UE8M0_PACK['ascend'] != 0
+        padded = packed_ue8m0 and (hidden // block_size) % UE8M0_PACK != 0
         if padded and block_k != hidden:
             if hidden > _ASCEND_MAX_ROW:
                 raise ValueError(
-                    f'Ascend: packed UE8M0 scales of an odd number of blocks need hidden <= {_ASCEND_MAX_ROW}, '
-                    f'got {hidden // block_size} blocks of {block_size} (hidden {hidden})'
+                    f'Ascend: packed UE8M0 scales of a number of blocks that is not a multiple of {UE8M0_PACK} need '
+                    f'hidden <= {_ASCEND_MAX_ROW}, got {hidden // block_size} blocks of {block_size} (hidden {hidden})'
                 )
             block_k = hidden
         return make(block_k=block_k, threads=0, num_stages=2)

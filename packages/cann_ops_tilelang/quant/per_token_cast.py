@@ -1,0 +1,188 @@
+"""per_token_cast: x (T, H) -> FP8 e4m3 data and one scale factor per token and block of channels."""
+
+from __future__ import annotations
+
+import torch
+
+from cann_ops_tilelang.operator import Operator, scalar, tensor
+from cann_ops_tilelang.validation import check_out
+
+from ._quant_tensor import QuantTensor
+from .per_token_cast_kernel import BLOCK_SIZES, UE8M0_PACK, choose_per_token_cast_config, get_per_token_cast_kernel
+
+MAX_NUMEL = 2**31 - 1  # int32 element indices
+_LANES = 64  # H is a multiple of the kernels' vector width
+_NOT_YET = ('use_tma_aligned_col_major_sf', 'use_e4m3_sf', 'stochastic_cast')  # TileKernels' options not supported
+
+
+def _limits(name, T, H):
+    if T * H > MAX_NUMEL:
+        raise ValueError(f'{name}: x must have at most 2**31 - 1 elements, got {T * H}')
+
+
+def sf_layout(num_tokens: int, hidden: int, block: int, packed: bool) -> tuple[tuple[int, int], torch.dtype]:
+    """(shape, dtype) of the scale factors: fp32 (T, H / block), or UE8M0 bytes packed four per int32."""
+    blocks = hidden // block
+    return ((num_tokens, -(-blocks // UE8M0_PACK)), torch.int32) if packed else ((num_tokens, blocks), torch.float32)
+
+
+def _options(name, x, fmt, num_per_channels, x_block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0,
+             use_e4m3_sf, stochastic_cast, out, memory):  # fmt: skip
+    if fmt != 'e4m3':
+        raise ValueError(f"{name}: fmt must be 'e4m3' (the FP4 format 'e2m1' is not supported yet), got {fmt!r}")
+    if num_per_channels not in BLOCK_SIZES:
+        raise ValueError(f'{name}: num_per_channels must be one of {BLOCK_SIZES}, got {num_per_channels}')
+    if x_block_size is not None:
+        raise ValueError(f'{name}: pre-quantised inputs (x_block_size) are not supported yet: pass x_block_size=None')
+    for option, value in zip(_NOT_YET, (use_tma_aligned_col_major_sf, use_e4m3_sf, stochastic_cast), strict=True):
+        if value:
+            raise ValueError(f'{name}: {option}=True is not supported yet')
+    if use_packed_ue8m0 and not round_sf:
+        raise ValueError(f'{name}: use_packed_ue8m0=True needs round_sf=True (UE8M0 holds powers of two only)')
+    num_tokens, hidden = x.shape
+    unit = max(_LANES, num_per_channels)
+    if hidden <= 0 or hidden % unit:
+        raise ValueError(f'{name}: hidden size must be a positive multiple of {unit} for num_per_channels '
+                         f'{num_per_channels}, got {hidden}')  # fmt: skip
+    if out is not None:
+        if not isinstance(out, (tuple, list)) or len(out) != 2:
+            raise TypeError(f'out must be a tuple (data, sf) of two tensors, got {type(out).__name__}')
+        data, sf = out
+        check_out('out[0]', data, shape=x.shape, dtype=torch.float8_e4m3fn, device=x.device, inputs={'x': x},
+                  memory=memory)  # fmt: skip
+        shape, dtype = sf_layout(num_tokens, hidden, num_per_channels, use_packed_ue8m0)
+        inputs = {'x': x, 'out[0]': data}
+        check_out('out[1]', sf, shape=shape, dtype=dtype, device=x.device, inputs=inputs, memory=memory)
+
+
+OP = Operator(
+    'per_token_cast',
+    tensor('x', (torch.bfloat16, torch.float32), 'T, H'),
+    scalar('fmt', 'str'),
+    scalar('num_per_channels', 'int'),
+    scalar('x_block_size', 'any'),
+    scalar('use_tma_aligned_col_major_sf', 'bool'),
+    scalar('round_sf', 'bool'),
+    scalar('use_packed_ue8m0', 'bool'),
+    scalar('use_e4m3_sf', 'bool'),
+    scalar('stochastic_cast', 'bool'),
+    scalar('out', 'any'),
+    limits=_limits,
+    extra=_options,
+    choice=lambda x, num_per_channels, round_sf, use_packed_ue8m0: {
+        'hidden': x.shape[1],
+        'in_dtype': x.dtype,
+        'block_size': num_per_channels,
+        'round_sf': round_sf,
+        'packed_ue8m0': use_packed_ue8m0,
+    },
+    choose_config=choose_per_token_cast_config,
+    get_kernel=get_per_token_cast_kernel,
+)
+
+
+def _eager(x, fmt, block, x_block_size, tma, round_sf, packed, e4m3_sf, stochastic, out) -> QuantTensor:
+    """Every check, then the launch. Fast path, without out= and TileKernels' options that are not supported: by
+    (H, dtype, CUDA index, block, round_sf, packed)."""
+    args = (x, fmt, block, x_block_size, tma, round_sf, packed, e4m3_sf, stochastic, out)
+    launcher = key = None
+    supported = out is None and x_block_size is None and fmt == 'e4m3' and not (tma or e4m3_sf or stochastic)
+    if OP.fast_ok(*args) and supported:
+        key = (x.shape[1], x.dtype, x.get_device(), block, round_sf, packed)
+        launcher = OP.fast.get(key) if x.shape[0] else None
+    fast = launcher is not None
+    if not fast:
+        launcher = OP.plan(*args)
+    num_tokens, hidden = x.shape
+    if out is None:
+        data = x.new_empty((num_tokens, hidden), dtype=torch.float8_e4m3fn)
+        sf_shape, sf_dtype = sf_layout(num_tokens, hidden, block, packed)
+        sf = x.new_empty(sf_shape, dtype=sf_dtype)
+    else:
+        data, sf = out
+    # The kernels write UE8M0 scales as bytes.
+    launch_args = (x, data, sf.view(torch.uint8) if packed else sf)
+    if fast:
+        OP.launch(launcher, launch_args, *args)
+    elif num_tokens:  # T = 0: nothing to launch
+        launcher.launch(*launch_args)
+        if key is not None:
+            OP.remember(key, launcher)
+    return QuantTensor(data, sf)
+
+
+def _fake(x, fmt, block, round_sf, packed) -> tuple[torch.Tensor, torch.Tensor]:
+    OP.check(x, fmt, block, None, False, round_sf, packed, False, False, None, memory=False)
+    sf_shape, sf_dtype = sf_layout(*x.shape, block, packed)
+    return x.new_empty(x.shape, dtype=torch.float8_e4m3fn), x.new_empty(sf_shape, dtype=sf_dtype)
+
+
+def _write_out(x, fmt, block, round_sf, packed, data, sf) -> None:
+    _eager(x, fmt, block, None, False, round_sf, packed, False, False, (data, sf))
+
+
+def _fake_out(x, fmt, block, round_sf, packed, data, sf) -> None:
+    OP.check(x, fmt, block, None, False, round_sf, packed, False, False, (data, sf), memory=False)
+
+
+# The forms carry the options a valid call can have (the others are refused before a form is called).
+_SCHEMA = 'Tensor x, str fmt, int num_per_channels, bool round_sf, bool use_packed_ue8m0'
+
+
+def _functional_kernel(x, fmt, block, round_sf, packed) -> tuple[torch.Tensor, torch.Tensor]:
+    return tuple(_eager(x, fmt, block, None, False, round_sf, packed, False, False, None))
+
+
+_functional = OP.define('per_token_cast', f'({_SCHEMA}) -> (Tensor, Tensor)', _functional_kernel, _fake)
+_into_out = OP.define(
+    'per_token_cast_out', f'({_SCHEMA}, Tensor(a!) out_data, Tensor(b!) out_sf) -> ()', _write_out, _fake_out
+)
+
+
+def _traced(x, fmt, block, x_block_size, tma, round_sf, packed, e4m3_sf, stochastic, out) -> QuantTensor:
+    OP.check(x, fmt, block, x_block_size, tma, round_sf, packed, e4m3_sf, stochastic, out, memory=False)
+    if out is None:
+        return QuantTensor(*_functional(x, fmt, block, round_sf, packed))
+    _into_out(x, fmt, block, round_sf, packed, *out)
+    return QuantTensor(*out)
+
+
+@OP.public(_eager, traced=_traced)
+def per_token_cast(
+    x: torch.Tensor,
+    fmt: str,
+    num_per_channels: int,
+    x_block_size: tuple[int, int] | None = None,
+    use_tma_aligned_col_major_sf: bool = False,
+    round_sf: bool = False,
+    use_packed_ue8m0: bool = False,
+    use_e4m3_sf: bool = False,
+    stochastic_cast: bool = False,
+    out: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> QuantTensor:
+    """Cast each row of x to FP8 e4m3 with one scale factor per block of `num_per_channels` channels
+    (TileKernels 2.1.0's call). For a block with absolute maximum a, c = max(a, 1e-4):
+
+        sf = c / 448, data = e4m3(x / sf)                      (to nearest even, saturating at +-448)
+        round_sf: sf = 2 ** ceil(log2(c / 448)), data = e4m3(x * 2 ** -log2(sf))
+
+    Args:
+        x: (T, H) bf16 or fp32, contiguous; T >= 0 (T = 0: empty results, no launch), H a positive multiple of
+            max(64, num_per_channels), T * H < 2**31.
+        fmt: 'e4m3' (TileKernels' 'e2m1', FP4, is not supported yet: ValueError).
+        num_per_channels: channels per scale factor, 32, 64 or 128.
+        round_sf: power-of-two scale factors.
+        use_packed_ue8m0: with round_sf, the scale factors as UE8M0 exponent bytes, byte k of a row for block k,
+            packed four per int32 (zero padding).
+        x_block_size, use_tma_aligned_col_major_sf, use_e4m3_sf, stochastic_cast: TileKernels' options for
+            pre-quantised inputs, column-major and E4M3 scale factors and stochastic rounding; only their defaults
+            are supported yet (ValueError otherwise).
+        out: optional (data, sf) buffers of the result's shapes and dtypes, contiguous, on x's device, not
+            overlapping x or each other.
+
+    Returns:
+        QuantTensor(data, sf), a tuple: data (T, H) float8_e4m3fn; sf (T, H / num_per_channels) fp32, or with
+        use_packed_ue8m0 (T, ceil(H / num_per_channels / 4)) int32. Both backends give the same bytes for the same
+        input. -0.0 stays -0.0; an inf in a block makes its scale inf and its values NaN and +-0; NaN in a block
+        gives unspecified values (as TileKernels).
+    """

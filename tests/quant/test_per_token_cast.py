@@ -1,0 +1,175 @@
+"""per_token_cast, the public operator: argument contract and torch.library forms (CPU tier), values through the
+public call against the reference, bit-exact (device tier: an accelerator, or the Ascend kernel on the emulator
+with --ascend-emulator). The kernels themselves: test_per_token_cast_kernel.py."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from cann_ops_tilelang import config
+from cann_ops_tilelang.quant import QuantTensor, per_token_cast
+from tests.quant.per_token_cast_ref import per_token_cast_ref
+from tests.testing.bench import make_param_id
+from tests.testing.generator import by_level, generate_samples, get_test_level
+from tests.testing.numeric import assert_equal
+
+LEVEL = get_test_level()
+# (num_per_channels, round_sf, use_packed_ue8m0): each a kernel of its own per dtype and hidden size.
+_FORMATS = {'fp32': (False, False), 'pow2': (True, False), 'ue8m0': (True, True)}
+VARIANTS = by_level(
+    LEVEL,
+    core=[dict(dtype='bfloat16', block=128, sf='fp32'), dict(dtype='float32', block=32, sf='ue8m0')],
+    default=generate_samples(dtype=['bfloat16', 'float32'], block=[32, 64, 128], sf=list(_FORMATS)),
+)
+NUM_TOKENS = by_level(LEVEL, core=(0, 1, 37), default=(300,), full=(4001,))
+
+
+def _cast(x, block=128, sf='fp32', **kwargs):
+    round_sf, packed = _FORMATS[sf]
+    return per_token_cast(x, 'e4m3', block, round_sf=round_sf, use_packed_ue8m0=packed, **kwargs)
+
+
+def _expected(x: torch.Tensor, block: int, sf: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The reference's data and scale bytes (uint8 views: fp8 and packed scales compared bit for bit)."""
+    round_sf, packed = _FORMATS[sf]
+    data, scales = per_token_cast_ref(x.cpu(), block, round_sf=round_sf, packed_ue8m0=packed)
+    return data.view(torch.uint8), scales.view(torch.uint8) if packed else scales
+
+
+def _assert_matches(result: QuantTensor, x: torch.Tensor, block: int, sf: str) -> None:
+    data, scales = _expected(x, block, sf)
+    assert_equal(result.data.cpu().view(torch.uint8), data)
+    assert_equal(result.sf.cpu().view(torch.uint8) if _FORMATS[sf][1] else result.sf.cpu(), scales)
+
+
+# ---------------------------------------------------------------- CPU tier: argument contract
+
+
+X = torch.zeros(4, 256, dtype=torch.bfloat16)
+
+
+@pytest.mark.parametrize(
+    ('args', 'kwargs', 'error', 'match'),
+    [
+        ((X.tolist(), 'e4m3', 128), {}, TypeError, 'x must be a torch.Tensor, got list'),
+        (
+            (X.half(), 'e4m3', 128),
+            {},
+            TypeError,
+            'x must have dtype torch.bfloat16 or torch.float32, got torch.float16',
+        ),
+        ((X[None], 'e4m3', 128), {}, ValueError, 'x must have 2 dimensions'),
+        ((torch.zeros(256, 4).t(), 'e4m3', 128), {}, ValueError, 'x must be contiguous'),
+        ((X, 4, 128), {}, TypeError, 'fmt must be a str, got int'),
+        ((X, 'e2m1', 128), {}, ValueError, "fmt must be 'e4m3' .*'e2m1' is not supported yet"),
+        ((X, 'e5m2', 128), {}, ValueError, "fmt must be 'e4m3'"),
+        ((X, 'e4m3', 128.0), {}, TypeError, 'num_per_channels must be an int, got float'),
+        ((X, 'e4m3', True), {}, TypeError, 'num_per_channels must be an int, got bool'),
+        ((X, 'e4m3', 16), {}, ValueError, r'num_per_channels must be one of \(32, 64, 128\), got 16'),
+        ((X, 'e4m3', 128), {'round_sf': 1}, TypeError, 'round_sf must be a bool, got int'),
+        ((X, 'e4m3', 128), {'use_packed_ue8m0': True}, ValueError, 'use_packed_ue8m0=True needs round_sf=True'),
+        ((X, 'e4m3', 128), {'x_block_size': (1, 128)}, ValueError, r'pre-quantised inputs \(x_block_size\)'),
+        ((X, 'e4m3', 128), {'use_e4m3_sf': True}, ValueError, 'use_e4m3_sf=True is not supported yet'),
+        ((X, 'e4m3', 128), {'stochastic_cast': True}, ValueError, 'stochastic_cast=True is not supported yet'),
+        ((X, 'e4m3', 128), {'use_tma_aligned_col_major_sf': True}, ValueError, 'use_tma_aligned_col_major_sf=True'),
+        ((X[:, :192].clone(), 'e4m3', 128), {}, ValueError, 'multiple of 128 for num_per_channels 128, got 192'),
+        ((X[:, :96].contiguous(), 'e4m3', 32), {}, ValueError, 'positive multiple of 64 for num_per_channels 32'),
+        ((X[:, :0], 'e4m3', 32), {}, ValueError, 'positive multiple of 64'),
+        ((torch.empty(2**17, 2**14 + 64, device='meta'), 'e4m3', 64), {}, ValueError, 'at most 2\\*\\*31 - 1'),
+        ((X, 'e4m3', 128), {}, RuntimeError, "no kernels for 'cpu' tensors"),
+    ],
+    ids=lambda v: v if isinstance(v, str) and v.isidentifier() else None,
+)
+def test_per_token_cast_rejects(args, kwargs, error, match):
+    with pytest.raises(error, match=match):
+        per_token_cast(*args, **kwargs)
+
+
+def test_per_token_cast_rejects_out_buffers():
+    data, scales = torch.empty(4, 256, dtype=torch.float8_e4m3fn), torch.empty(4, 2)
+    with pytest.raises(TypeError, match=r'out must be a tuple \(data, sf\) of two tensors, got Tensor'):
+        _cast(X, out=data)
+    with pytest.raises(TypeError, match=r'out\[0\] must have dtype torch.float8_e4m3fn'):
+        _cast(X, out=(data.view(torch.uint8), scales))
+    with pytest.raises(ValueError, match=r'out\[1\] must have shape \(4, 2\), got \(4, 1\)'):
+        _cast(X, out=(data, scales[:, :1]))
+    with pytest.raises(TypeError, match=r'out\[1\] must have dtype torch.int32'):  # packed: four bytes per int32
+        _cast(X, 32, 'ue8m0', out=(data, torch.empty(4, 2)))
+    shared = torch.empty(4 * 256 + 16, dtype=torch.uint8)
+    with pytest.raises(ValueError, match=r'out\[1\] must not alias the input out\[0\]'):
+        _cast(
+            X,
+            out=(
+                shared[: 4 * 256].view(torch.float8_e4m3fn).view(4, 256),
+                shared[-32:].view(torch.float32)[:8].view(4, 2),
+            ),
+        )
+    with pytest.raises(RuntimeError, match="no kernels for 'cpu' tensors"):
+        _cast(X, out=(data, scales))  # valid buffers: the device decides
+
+
+def test_per_token_cast_fake_tensors(monkeypatch):
+    """While torch traces (fake tensors, torch.compile): the forms' fake kernels give the eager call's outputs."""
+    monkeypatch.setattr(config, 'require_accelerator', lambda *tensors: 'ascend')
+    with FakeTensorMode():
+        x = torch.empty(37, 1088, dtype=torch.float32)
+        for block, sf, sf_shape, sf_dtype in (
+            (64, 'fp32', (37, 17), torch.float32),
+            (32, 'ue8m0', (37, 9), torch.int32),
+        ):
+            result = _cast(x, block, sf)
+            assert isinstance(result, QuantTensor)
+            assert (result.data.shape, result.data.dtype) == ((37, 1088), torch.float8_e4m3fn)
+            assert (tuple(result.sf.shape), result.sf.dtype) == (sf_shape, sf_dtype)
+        out = (torch.empty(37, 1088, dtype=torch.float8_e4m3fn), torch.empty(37, 17))
+        assert _cast(x, 64, out=out) == out
+        with pytest.raises(ValueError, match='use_packed_ue8m0=True needs round_sf=True'):
+            per_token_cast(x, 'e4m3', 32, use_packed_ue8m0=True)
+    schemas = [str(op._schema) for op in per_token_cast.operator.forms.values()]
+    assert schemas == [
+        'cann_ops_tilelang::per_token_cast(Tensor x, str fmt, int num_per_channels, bool round_sf, '
+        'bool use_packed_ue8m0) -> (Tensor, Tensor)',
+        'cann_ops_tilelang::per_token_cast_out(Tensor x, str fmt, int num_per_channels, bool round_sf, '
+        'bool use_packed_ue8m0, Tensor(a!) out_data, Tensor(b!) out_sf) -> ()',
+    ]
+
+
+# ---------------------------------------------------------------- device tier
+
+
+def _input(num_tokens: int, hidden: int, dtype: str, device) -> torch.Tensor:
+    # Rows of very different magnitudes, so that the scales span many binades.
+    scale = torch.exp2(torch.randint(-20, 20, (num_tokens, 1)).float())
+    return (torch.randn(num_tokens, hidden) * scale).to(getattr(torch, dtype)).to(device)
+
+
+@pytest.mark.npu
+@pytest.mark.parametrize('variant', VARIANTS, ids=make_param_id)
+@pytest.mark.parametrize('num_tokens', NUM_TOKENS)
+def test_per_token_cast_values(variant, num_tokens, device):
+    # 1088 / 1152: rows of 17 / 34 / 9 blocks, whose packed scale rows end in padding
+    hidden = 1088 if variant['block'] <= 64 else 1152
+    x = _input(num_tokens, hidden, variant['dtype'], device)
+    result = _cast(x, variant['block'], variant['sf'])
+    _assert_matches(result, x, variant['block'], variant['sf'])
+    poisoned = (torch.full_like(result.data.view(torch.uint8), 0x7F), torch.full_like(result.sf, -1))
+    buffers = tuple(t.view(r.dtype) for t, r in zip(poisoned, result, strict=True))
+    again = _cast(x, variant['block'], variant['sf'], out=buffers)
+    assert again.data is buffers[0]
+    assert again.sf is buffers[1]
+    _assert_matches(again, x, variant['block'], variant['sf'])
+
+
+@pytest.mark.npu
+def test_per_token_cast_special_values(device):
+    """-0.0, subnormals, values past e4m3's range (saturated), and a block holding an inf."""
+    tiny = torch.finfo(torch.float32).tiny
+    pool = torch.tensor([0.0, -0.0, tiny, -tiny / 8, 1e-30, 3e4, -1e6, 1.0, -448.0, 449.0])
+    x = pool[torch.randint(len(pool), (6, 256))]
+    x[2, :128] = 0.0  # an all-zero block: the 1e-4 floor
+    x[3, 128:] = float('inf')
+    x = x.to(device)
+    for block, sf in ((128, 'fp32'), (32, 'ue8m0')):
+        _assert_matches(_cast(x, block, sf), x, block, sf)
