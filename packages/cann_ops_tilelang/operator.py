@@ -456,6 +456,8 @@ def _fast_ok_source(args, tensors, outputs, written, params) -> str:
     used = [a for a in tensors if a.aligned or (written and not a.optional)]
     for a in used:
         lines.append(f'    {a.name}_at = {a.name}.data_ptr()')
+    for a in used if written else ():  # one nbytes read per tensor (a property call each)
+        lines.append(f'    {a.name}_end = {a.name}_at + {a.name}.nbytes')
     faults = []
     aligned = [a.name for a in used if a.aligned]
     if aligned:
@@ -464,8 +466,7 @@ def _fast_ok_source(args, tensors, outputs, written, params) -> str:
         for o in tensors:
             if o is w or o.optional or (o.written and tensors.index(o) < tensors.index(w)):
                 continue
-            w_at, o_at = f'{w.name}_at', f'{o.name}_at'
-            faults.append(f'({w_at} < {o_at} + {o.name}.nbytes and {o_at} < {w_at} + {w.name}.nbytes)')
+            faults.append(f'({w.name}_at < {o.name}_end and {o.name}_at < {w.name}_end)')
     lines.append(f'    return not ({" or ".join(faults)})' if faults else '    return True')
     return '\n'.join(lines) + '\n'
 

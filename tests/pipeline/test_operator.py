@@ -155,7 +155,7 @@ def test_the_fast_path_checks_refuse_what_the_entry_cannot_check():
     for clause in ('type(x) in _PLAIN', 'x.is_cuda', 'x.dim() == 2', '0.0 < eps < _INF', '(mask is None or'):
         assert clause in declared.source
     assert 'w_at) % 16' in declared.source  # alignment; y apart from x and w:
-    assert '(y_at < x_at + x.nbytes and x_at < y_at + y.nbytes)' in declared.source
+    assert '(y_at < x_end and x_at < y_end)' in declared.source
 
 
 def test_public_function_forms_and_config(monkeypatch):

@@ -37,8 +37,9 @@ def _eager(grad_w_partial, weight_hidden, weight_embed, grad_weight_hidden, grad
     args = (grad_w_partial, weight_hidden, weight_embed, grad_weight_hidden, grad_weight_embed)
     # EngramGradWReduceResult(...) without the NamedTuple's Python-level __new__ (the host path of every call)
     result = tuple.__new__(EngramGradWReduceResult, (grad_weight_hidden, grad_weight_embed))
-    if OP.fast_ok(*args) and grad_w_partial.shape[0]:
-        launcher = OP.fast.get((*grad_w_partial.shape[1:], grad_w_partial.get_device()))
+    if OP.fast_ok(*args):
+        num_partials, hc, hidden = grad_w_partial.shape
+        launcher = OP.fast.get((hc, hidden, grad_w_partial.get_device())) if num_partials else None
         if launcher is not None:
             OP.launch(launcher, args, *args)
             return result

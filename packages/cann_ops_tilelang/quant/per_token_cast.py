@@ -183,6 +183,6 @@ def per_token_cast(
     Returns:
         QuantTensor(data, sf), a tuple: data (T, H) float8_e4m3fn; sf (T, H / num_per_channels) fp32, or with
         use_packed_ue8m0 (T, ceil(H / num_per_channels / 4)) int32. Both backends give the same bytes for the same
-        input. -0.0 stays -0.0; an inf in a block makes its scale inf and its values NaN and +-0; NaN in a block
-        gives unspecified values (as TileKernels).
+        input. -0.0 stays -0.0; an inf in a block makes its scale inf and its values NaN (of either sign) and
+        +-0; NaN in a block gives unspecified values (as TileKernels).
     """
