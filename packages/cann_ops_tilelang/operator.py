@@ -20,7 +20,8 @@ interpretation of the table, so the host time is what hand-written code costs):
 - `plan(<args>)`: check, then the launcher of `choice` (one launcher cache per operator).
 - `fast_ok(<args>)`: what the fast path checks in Python before it trusts a launcher whose compiled entry
   checks every tensor argument (`Launcher.checks_arguments`): plain tensor types, a CUDA device, the first
-  tensor's rank, the scalars, alignment, written tensors apart from the others, no `out=`.
+  tensor's rank, the scalars, alignment, written tensors apart from the others, no `out=`. It returns the
+  first tensor's shape (for the operator's key), or None where the full path must decide.
 - with `@OP.public(eager, returns=..., fake=...)` on the public function's stub (signature and math
   docstring): the public function (traced calls take the torch.library ops, the others `eager`), its
   torch.library forms (functional, and `<name>_out` with `out=`; mutated arguments from `written`), and
@@ -435,7 +436,8 @@ def _generate(op: Operator, choice, limits, extra, shape_from) -> None:
 
 
 def _fast_ok_source(args, tensors, outputs, written, params) -> str:
-    """fast_ok: the fast path's Python checks (see the module docstring)."""
+    """fast_ok: the fast path's Python checks (see the module docstring). It returns the first tensor's shape
+    where the fast path may go on (the operator's key reads it), None otherwise."""
     first = tensors[0]
     tests = [f'{a.name} is None' for a in outputs]
     tests += [
@@ -451,13 +453,21 @@ def _fast_ok_source(args, tensors, outputs, written, params) -> str:
         elif a.kind in ('float', 'positive'):
             low = '0.0' if a.kind == 'positive' else '-_INF'
             tests.append(f'type({a.name}) is float and {low} < {a.name} < _INF')
-    lines = [f'def fast_ok({params}):', f'    if not ({" and ".join(tests)}):', '        return False']
+    lines = [f'def fast_ok({params}):', f'    if not ({" and ".join(tests)}):', '        return None']
+    lines.append(f'    shape = {first.name}.shape')
     # addresses: of the aligned tensors, and with a written tensor, of every tensor it must stay apart from
     used = [a for a in tensors if a.aligned or (written and not a.optional)]
     for a in used:
         lines.append(f'    {a.name}_at = {a.name}.data_ptr()')
-    for a in used if written else ():  # one nbytes read per tensor (a property call each)
-        lines.append(f'    {a.name}_end = {a.name}_at + {a.name}.nbytes')
+    if written:
+        # A tensor's bytes from its declared shape where the first tensor's symbols give it (no property call; a
+        # tensor of another shape is the entry's to refuse, before any launch), else its nbytes.
+        symbols = [d for d in first.dims or () if d.isidentifier()]
+        if symbols and len(symbols) == len(first.dims):
+            lines.append(f'    {", ".join(symbols)}, = shape')
+        for a in used:
+            size = _declared_bytes(a, set(symbols) if len(symbols) == len(first.dims or ()) else set())
+            lines.append(f'    {a.name}_end = {a.name}_at + {size if size else f"{a.name}.nbytes"}')
     faults = []
     aligned = [a.name for a in used if a.aligned]
     if aligned:
@@ -467,8 +477,18 @@ def _fast_ok_source(args, tensors, outputs, written, params) -> str:
             if o is w or o.optional or (o.written and tensors.index(o) < tensors.index(w)):
                 continue
             faults.append(f'({w.name}_at < {o.name}_end and {o.name}_at < {w.name}_end)')
-    lines.append(f'    return not ({" or ".join(faults)})' if faults else '    return True')
+    lines.append(f'    return None if {" or ".join(faults)} else shape' if faults else '    return shape')
     return '\n'.join(lines) + '\n'
+
+
+def _declared_bytes(a: Arg, symbols: set[str]) -> str | None:
+    """'itemsize * (d0) * (d1)...' of a tensor of one dtype whose dims use only `symbols`, else None."""
+    if a.dims is None or not isinstance(a.dtype, torch.dtype):
+        return None
+    names = set(re.findall(r'[A-Za-z_]\w*', ' '.join(a.dims)))
+    if not names <= symbols:
+        return None
+    return ' * '.join([str(a.dtype.itemsize), *(f'({d})' for d in a.dims)])
 
 
 def _mark_non_differentiable(ctx, inputs, output) -> None:

@@ -151,11 +151,23 @@ def test_hooks_take_the_names_they_ask_for():
 
 def test_the_fast_path_checks_refuse_what_the_entry_cannot_check():
     declared = _toy()
-    assert declared.fast_ok(*_toy_args()[:4], None) is False  # CPU tensors: no compiled entry to trust
+    assert declared.fast_ok(*_toy_args()[:4], None) is None  # CPU tensors: no compiled entry to trust
     for clause in ('type(x) in _PLAIN', 'x.is_cuda', 'x.dim() == 2', '0.0 < eps < _INF', '(mask is None or'):
         assert clause in declared.source
     assert 'w_at) % 16' in declared.source  # alignment; y apart from x and w:
     assert '(y_at < x_end and x_at < y_end)' in declared.source
+    assert 'y_end = y_at + 4 * (T) * (n)' not in declared.source  # x's dims are not all symbols: y.nbytes
+    assert 'y_end = y_at + y.nbytes' in declared.source
+    # Where the first tensor's dims are all symbols, the bytes come from the declared shapes (no property call).
+    sized = operator.Operator(
+        'sized',
+        operator.tensor('a', torch.bfloat16, 'T, n'),
+        operator.tensor('b', torch.float32, 'n', written='written'),
+        choose_config=None,
+        get_kernel=None,
+    )
+    assert 'a_end = a_at + 2 * (T) * (n)' in sized.source
+    assert 'b_end = b_at + 4 * (n)' in sized.source
 
 
 def test_public_function_forms_and_config(monkeypatch):

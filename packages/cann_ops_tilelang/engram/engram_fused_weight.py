@@ -23,8 +23,9 @@ OP = Operator(
 
 def _eager(wh, we, out):
     """Every check, then the launch (also the torch.library ops' kernel). Fast path: by (shape, CUDA index)."""
-    if OP.fast_ok(wh, we, out) and (launcher := OP.fast.get((wh.shape, wh.get_device()))) is not None:
-        result = wh.new_empty(wh.shape, dtype=torch.float32)
+    shape = OP.fast_ok(wh, we, out)
+    if shape is not None and (launcher := OP.fast.get((shape, wh.get_device()))) is not None:
+        result = wh.new_empty(shape, dtype=torch.float32)
         OP.launch(launcher, (wh, we, result), wh, we, None)
         return result
     launcher = OP.plan(wh, we, out)  # valid hc and H: never empty; new_empty: about 1 us less than torch.empty(device=)

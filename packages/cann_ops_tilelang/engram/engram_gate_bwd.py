@@ -66,8 +66,9 @@ def _eager(grad_out, x, kv, w, dot, gate_score, rstd_x, rstd_k, clamp, mask) -> 
     goes the full way). Its entries: the launcher, grad_w_partial's shape and the kept token_counter of a kernel
     that claims nothing (None: one per stream)."""
     key = entry = None
-    if OP.fast_ok(grad_out, x, kv, w, dot, gate_score, rstd_x, rstd_k, clamp, mask) and x.dim() == kv.dim() == 3:
-        num_tokens, hc, hidden = x.shape
+    shape = OP.fast_ok(grad_out, x, kv, w, dot, gate_score, rstd_x, rstd_k, clamp, mask)  # grad_out's
+    if shape is not None and kv.dim() == 3:
+        num_tokens, hc, hidden = shape
         stride_t, stride_h, _ = kv.stride()
         # As the full path's kv test, with the T of x: a kv of another T is the entry's to reject. (* 2: bf16 bytes)
         used_stride_t = stride_t if num_tokens > 1 else 0

@@ -75,17 +75,18 @@ def _eager(x, kv, w, eps, clamp, save, mask, inplace, out) -> EngramGateFwdResul
     """Every check, then the launch (also the ops' kernel). Fast path (no inplace or out=, T > 0): by (x.shape[1:],
     CUDA index, save, mask given, access width), after fast_ok and kv's outer strides."""
     key = launcher = None
-    if OP.fast_ok(x, kv, w, eps, clamp, save, mask, inplace, out) and not inplace and kv.dim() == 3:
+    shape = OP.fast_ok(x, kv, w, eps, clamp, save, mask, inplace, out)
+    if shape is not None and not inplace and kv.dim() == 3:
         stride_t, stride_h, _ = kv.stride()
         if stride_t >= 0 and stride_h >= 0:
-            key = (x.shape[1:], x.get_device(), save, mask is None, _access_vec(x, kv, None))
+            key = (shape[1:], x.get_device(), save, mask is None, _access_vec(x, kv, None))
             launcher = OP.fast.get(key)
-    fast = launcher is not None and x.shape[0]
+    fast = launcher is not None and shape[0]
     if not fast:
         launcher = OP.plan(x, kv, w, eps, clamp, save, mask, inplace, out)
         if w.data_ptr() % ALIGN_BYTES:  # the kernels read it in 16-byte vectors: an aligned copy
             w = w.clone()
-    num_tokens, hc, hidden = x.shape
+    num_tokens, hc, hidden = shape if fast else x.shape
     output = x if inplace else out
     if output is None:
         output = x.new_empty((num_tokens, hc, hidden))  # cheaper than torch.empty(..., device=)

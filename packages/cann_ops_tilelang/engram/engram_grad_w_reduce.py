@@ -37,8 +37,8 @@ def _eager(grad_w_partial, weight_hidden, weight_embed, grad_weight_hidden, grad
     args = (grad_w_partial, weight_hidden, weight_embed, grad_weight_hidden, grad_weight_embed)
     # EngramGradWReduceResult(...) without the NamedTuple's Python-level __new__ (the host path of every call)
     result = tuple.__new__(EngramGradWReduceResult, (grad_weight_hidden, grad_weight_embed))
-    if OP.fast_ok(*args):
-        num_partials, hc, hidden = grad_w_partial.shape
+    if (shape := OP.fast_ok(*args)) is not None:
+        num_partials, hc, hidden = shape
         launcher = OP.fast.get((hc, hidden, grad_w_partial.get_device())) if num_partials else None
         if launcher is not None:
             OP.launch(launcher, args, *args)

@@ -56,9 +56,9 @@ OP = Operator(
 def _eager(ids, mults, sizes, offsets, mask, out) -> torch.Tensor:
     """Every check, then the launch. Fast path, without out=: by (vocab_sizes.shape, CUDA index, mask None)."""
     key = launcher = None
-    if OP.fast_ok(ids, mults, sizes, offsets, mask, out):
+    if (shape := OP.fast_ok(ids, mults, sizes, offsets, mask, out)) is not None:
         key = (sizes.shape, ids.get_device(), mask is None)
-        launcher = OP.fast.get(key) if ids.shape[0] else None
+        launcher = OP.fast.get(key) if shape[0] else None
     fast = launcher is not None
     if not fast:
         launcher = OP.plan(ids, mults, sizes, offsets, mask, out)

@@ -28,8 +28,9 @@ OP = Operator(
 
 def _eager(matrix, row_scale, col_scale, eps, alpha, out) -> torch.Tensor:
     """Every check, then the launch. Fast path: by (head_dim, CUDA index)."""
-    if OP.fast_ok(matrix, row_scale, col_scale, eps, alpha, out) and 0 < matrix.numel() <= MAX_NUMEL:
-        launcher = OP.fast.get((matrix.shape[1], matrix.get_device()))
+    shape = OP.fast_ok(matrix, row_scale, col_scale, eps, alpha, out)
+    if shape is not None and 0 < shape[0] * shape[1] <= MAX_NUMEL:
+        launcher = OP.fast.get((shape[1], matrix.get_device()))
         if launcher is not None:
             result = torch.empty_like(matrix, memory_format=torch.contiguous_format)  # no size list to parse
             args = (matrix, row_scale, col_scale, result, eps, alpha)

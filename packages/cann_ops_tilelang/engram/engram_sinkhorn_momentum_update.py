@@ -53,8 +53,9 @@ OP = Operator(
 def _eager(grad, momentum_buffer, beta1, nesterov) -> torch.Tensor:
     """Every check, then the launch. Fast path, for 1-D tensors: by (dtypes, nesterov, CUDA index, wide blocks)."""
     fast_key = None
-    if OP.fast_ok(grad, momentum_buffer, beta1, nesterov) and grad.dim() == 1:
-        index, numel = grad.get_device(), grad.shape[0]
+    shape = OP.fast_ok(grad, momentum_buffer, beta1, nesterov)
+    if shape is not None and len(shape) == 1:
+        index, numel = grad.get_device(), shape[0]
         fast_key = (grad.dtype, momentum_buffer.dtype, nesterov, index, numel <= _WIDE_MAX_NUMEL.get(index, -1))
         launcher = OP.fast.get(fast_key)
         if launcher is not None and 0 < numel <= MAX_NUMEL:

@@ -32,8 +32,9 @@ OP = Operator(
 
 def _eager(matrix, row_scale, col_scale, eps) -> EngramSinkhornStepResult:
     """Every check, then the launch. Fast path: by (head_dim, CUDA index)."""
-    if OP.fast_ok(matrix, row_scale, col_scale, eps) and 0 < matrix.numel() <= MAX_NUMEL:
-        head_dim = matrix.shape[1]
+    shape = OP.fast_ok(matrix, row_scale, col_scale, eps)
+    if shape is not None and 0 < shape[0] * shape[1] <= MAX_NUMEL:
+        head_dim = shape[1]
         launcher = OP.fast.get((head_dim, matrix.get_device()))
         if launcher is not None:
             row_norm = torch.empty_like(row_scale, memory_format=torch.contiguous_format)  # no size list to parse

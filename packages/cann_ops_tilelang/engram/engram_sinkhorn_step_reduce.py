@@ -32,8 +32,9 @@ OP = Operator(
 
 def _eager(parts, sums) -> torch.Tensor:
     """Every check, then the launch. Fast path: by (head_dim, CUDA index), after what the entry cannot check."""
-    if OP.fast_ok(parts, sums) and 0 < parts.shape[0] <= MAX_PARTIALS:
-        launcher = OP.fast.get((parts.shape[1:], parts.get_device()))
+    shape = OP.fast_ok(parts, sums)
+    if shape is not None and 0 < shape[0] <= MAX_PARTIALS:
+        launcher = OP.fast.get((shape[1:], parts.get_device()))
         if launcher is not None:
             OP.launch(launcher, (parts, sums), parts, sums)
             return sums

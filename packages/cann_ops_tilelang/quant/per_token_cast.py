@@ -87,9 +87,9 @@ def _eager(x, fmt, block, x_block_size, tma, round_sf, packed, e4m3_sf, stochast
     args = (x, fmt, block, x_block_size, tma, round_sf, packed, e4m3_sf, stochastic, out)
     launcher = key = None
     supported = out is None and x_block_size is None and fmt == 'e4m3' and not (tma or e4m3_sf or stochastic)
-    if OP.fast_ok(*args) and supported:
-        key = (x.shape[1], x.dtype, x.get_device(), block, round_sf, packed)
-        launcher = OP.fast.get(key) if x.shape[0] else None
+    if (shape := OP.fast_ok(*args)) is not None and supported:
+        key = (shape[1], x.dtype, x.get_device(), block, round_sf, packed)
+        launcher = OP.fast.get(key) if shape[0] else None
     fast = launcher is not None
     if not fast:
         launcher = OP.plan(*args)
