@@ -9,6 +9,7 @@ import inspect
 
 import pytest
 import torch
+from torch._dynamo.backends.common import aot_autograd  # imported: torch._dynamo does not import it
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import cann_ops_tilelang
@@ -411,7 +412,7 @@ def test_compile_functionalizes_the_mutations(emulated_cpu):
         graphs.append(gm)
         return gm.forward
 
-    backend = torch._dynamo.backends.common.aot_autograd(fw_compiler=record)
+    backend = aot_autograd(fw_compiler=record)
     with FakeTensorMode():
         inputs = _step_inputs(emulated_cpu)
         out, grad_x, grad_kv = torch.compile(_training_step, fullgraph=True, backend=backend)(*inputs)
