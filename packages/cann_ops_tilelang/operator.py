@@ -179,7 +179,8 @@ class Operator:
     def public(self, eager: Callable, *, returns: str = '()', result=None, fake: Callable | None = None, traced=None):
         """Decorator of the public function's stub, whose signature (the declared arguments, in order) and docstring
         it keeps; the body is not run. The public function calls `eager` with every argument, positionally, or,
-        while torch traces, `traced` (default: the torch.library forms made here from the declaration, whose
+        while torch traces, after the memory-free check, `traced` (default: the torch.library forms made here
+        from the declaration, whose
         functional form returns `returns`, a schema type, and whose `<name>_out` form takes `out=`). `fake` makes
         the functional form's outputs from the public arguments (after the memory-free check); `result`, a
         NamedTuple type, wraps a tuple that the forms return, or, for `returns='()'`, the written tensors."""
@@ -189,7 +190,7 @@ class Operator:
             names = list(self._signature.parameters)
             if self.args and names != [a.name for a in self.args]:
                 raise ValueError(f'{self.name}: the declared arguments {[a.name for a in self.args]} are not {names}')
-            call = traced or self._define_forms(eager, returns, result, fake)
+            call = self._define_forms(eager, returns, result, fake) if traced is None else self._checked(traced)
             function = _public_function(stub, names, eager, call)
             function.operator = self
             return function
@@ -226,6 +227,15 @@ class Operator:
         self.forms[form] = overload
         return overload
 
+    def _checked(self, traced: Callable) -> Callable:
+        """An operator's own traced call (the forms it defined with `define`), after the memory-free check."""
+
+        def call(*args):
+            self.check(*args, memory=False)
+            return traced(*args)
+
+        return call
+
     def _define_forms(self, eager: Callable, returns: str, result, fake: Callable | None) -> Callable:
         """The functional form (and `<name>_out` with an `out` argument) from the declaration; returns the traced
         call: the memory-free check, then the form the arguments take."""
@@ -240,7 +250,6 @@ class Operator:
         ]
         floats = [i for i, a in enumerate(inputs) if a.kind in ('float', 'positive')]
         written = [i for i, a in enumerate(inputs) if a.written]
-        check = self.check
 
         def form_args(args):
             args = list(args)
@@ -249,14 +258,16 @@ class Operator:
             return args
 
         def fake_outputs(*args):
-            check(*args, *([None] if has_out else []), memory=False)
+            self.check(*args, *([None] if has_out else []), memory=False)
             return None if fake is None else fake(*args, *([None] if has_out else []))
 
         kernel = eager if not has_out else lambda *args: eager(*args, None)
         functional = self.define(self.name, f'({", ".join(params)}) -> {returns}', kernel, fake_outputs)
         if has_out:
             schema = f'({", ".join(params)}, Tensor({next(letters)}!) {self.args[-1].name}) -> ()'
-            into_out = self.define(f'{self.name}_out', schema, eager, lambda *args: check(*args, memory=False) and None)
+            into_out = self.define(
+                f'{self.name}_out', schema, eager, lambda *args: self.check(*args, memory=False) and None
+            )
 
         def call(*args):
             self.check(*args, memory=False)

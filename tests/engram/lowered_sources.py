@@ -28,8 +28,14 @@ import multiprocessing
 import sys
 from collections.abc import Callable
 
-# The lists of parameters are the tests' own generators (tests/testing/generator.py); those defined inside
-# a test module are repeated below (importing a test module would import the operator interfaces too).
+# The lists of parameters are the tests' own (tests/testing/generator.py, tests/engram/lowering_grids.py);
+# no test module is imported (that would import the operator interfaces too).
+from tests.engram.lowering_grids import (
+    FINALIZE_CUDA_VARIANTS,
+    STEP_CUDA_VARIANTS,
+    gen_hash_configs,
+    gen_sinkhorn_head_dim,
+)
 from tests.testing.generator import gen_hc, gen_hidden, generate_samples
 from tests.testing.lowering import ASCEND_950_VECTOR_CORES, CPU_TIER_CUDA_ARCH, H200_SMS
 
@@ -46,40 +52,6 @@ class Entry:
 
 def _cores(backend: str) -> int:
     return ASCEND_950_VECTOR_CORES if backend == 'ascend' else H200_SMS
-
-
-def _sinkhorn_head_dims(level: int) -> list[int]:
-    # tests/engram/test_engram_sinkhorn_step.py: gen_sinkhorn_head_dim (shared by the Sinkhorn tests)
-    core, default, full = [64, 256], [192, 512, 1024, 1088, 5120], [128, 4096, 8192]
-    return list(dict.fromkeys(core + (default if level >= 1 else []) + (full if level >= 2 else [])))
-
-
-def _hash_sizes(level: int) -> list[dict]:
-    # tests/engram/test_engram_hash.py: gen_hash_configs
-    core = [dict(num_layers=2, max_ngram=3, num_tables=8), dict(num_layers=1, max_ngram=2, num_tables=1)]
-    default = [dict(num_layers=1, max_ngram=3, num_tables=5), dict(num_layers=3, max_ngram=4, num_tables=2)]
-    full = [dict(num_layers=32, max_ngram=16, num_tables=17), dict(num_layers=2, max_ngram=2, num_tables=256)]
-    return core + (default if level >= 1 else []) + (full if level >= 2 else [])
-
-
-# tests/engram/test_engram_sinkhorn_step.py / _finalize.py: CUDA_VARIANTS
-_STEP_CUDA_VARIANTS = [
-    {'head_dim': 256, 'group_threads': 32, 'chunks': 2, 'rows_per_task': 8, 'rows_in_flight': 8, 'num_stages': 1},
-    {'head_dim': 256, 'group_threads': 8, 'chunks': 8, 'rows_per_task': 16, 'rows_in_flight': 3, 'num_stages': 1},
-    {'head_dim': 256, 'rows_per_task': 16, 'rows_in_flight': 1, 'num_stages': 2},
-    {'head_dim': 256, 'rows_per_task': 16, 'rows_in_flight': 2, 'num_stages': 1},
-    {'head_dim': 256, 'rows_per_task': 8, 'rows_in_flight': 8, 'num_stages': 1},
-    {'head_dim': 256, 'rows_per_task': 12, 'rows_in_flight': 2, 'num_stages': 2},
-    {'head_dim': 1088, 'rows_per_task': 4, 'rows_in_flight': 2, 'num_stages': 2},
-    {'head_dim': 5120, 'rows_per_task': 1, 'rows_in_flight': 2, 'num_stages': 1},
-]
-_FINALIZE_CUDA_VARIANTS = [
-    {'head_dim': 256, 'group_threads': 32, 'chunks': 2, 'rows_per_task': 8, 'rows_in_flight': 2},
-    {'head_dim': 256, 'rows_per_task': 8, 'rows_in_flight': 2},
-    {'head_dim': 256, 'rows_per_task': 4, 'rows_in_flight': 4},
-    {'head_dim': 1088, 'rows_per_task': 4, 'rows_in_flight': 2},
-    {'head_dim': 5120, 'rows_per_task': 2, 'rows_in_flight': 2},
-]
 
 
 def configurations(level: int = 2) -> list[Entry]:
@@ -191,7 +163,7 @@ def configurations(level: int = 2) -> list[Entry]:
 
     # engram_hash: the compile-time sizes; the mask variant of the first two.
     op, make = 'engram_hash', hk.make_engram_hash_kernel
-    sizes = _hash_sizes(level)
+    sizes = gen_hash_configs(level)
     for b in backends:
         for p in sizes:
             add(op, make, hk.choose_engram_hash_config(backend=b, **p, num_cores=_cores(b)))
@@ -199,19 +171,19 @@ def configurations(level: int = 2) -> list[Entry]:
             add(op, make, hk.choose_engram_hash_config(backend=b, **p, num_cores=_cores(b), has_mask=True))
 
     # The Sinkhorn family: the head_dim grid; the CUDA row layouts of the variant tests.
-    head_dims = _sinkhorn_head_dims(level)
+    head_dims = gen_sinkhorn_head_dim(level)
     for op, choose, make, variants in (
         (
             'engram_sinkhorn_step',
             ss.choose_engram_sinkhorn_step_config,
             ss.make_engram_sinkhorn_step_kernel,
-            _STEP_CUDA_VARIANTS,
+            STEP_CUDA_VARIANTS,
         ),
         (
             'engram_sinkhorn_finalize',
             sf.choose_engram_sinkhorn_finalize_config,
             sf.make_engram_sinkhorn_finalize_kernel,
-            _FINALIZE_CUDA_VARIANTS,
+            FINALIZE_CUDA_VARIANTS,
         ),
         (
             'engram_sinkhorn_step_reduce',

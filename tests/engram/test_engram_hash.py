@@ -13,6 +13,7 @@ from cann_ops_tilelang import operator as ops_operator
 from cann_ops_tilelang.engram.engram_hash_kernel import choose_engram_hash_config, make_engram_hash_kernel
 from tests.engram._extras import config_extras
 from tests.engram.engram_hash_ref import engram_hash_ref
+from tests.engram.lowering_grids import gen_hash_configs
 from tests.testing.bench import make_param_id
 from tests.testing.contract import assert_rejects_extra_dimension, assert_rejects_non_tensor_and_dtype
 from tests.testing.generator import BENCHMARK_NUM_TOKENS, gen_num_tokens, generate_samples, get_test_level
@@ -27,14 +28,6 @@ from tests.testing.numeric import assert_equal, count_bytes
 KERNEL_NAME = 'engram_hash_kernel'
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
-
-
-def gen_hash_configs(level: int) -> list[dict]:
-    """(L, N, E): the compile-time sizes. Core: the Engram setting and the minimum; full: the maxima."""
-    core = [dict(num_layers=2, max_ngram=3, num_tables=8), dict(num_layers=1, max_ngram=2, num_tables=1)]
-    default = [dict(num_layers=1, max_ngram=3, num_tables=5), dict(num_layers=3, max_ngram=4, num_tables=2)]
-    full = [dict(num_layers=32, max_ngram=16, num_tables=17), dict(num_layers=2, max_ngram=2, num_tables=256)]
-    return core + (default if level >= 1 else []) + (full if level >= 2 else [])
 
 
 LEVEL = get_test_level()

@@ -17,6 +17,7 @@ from cann_ops_tilelang.engram.engram_sinkhorn_finalize_kernel import (
 from cann_ops_tilelang.engram.engram_sinkhorn_step_kernel import choose_engram_sinkhorn_step_config
 from tests.engram._extras import config_extras
 from tests.engram.engram_sinkhorn_finalize_ref import engram_sinkhorn_finalize_ref
+from tests.engram.lowering_grids import FINALIZE_CUDA_VARIANTS as CUDA_VARIANTS
 from tests.engram.test_engram_sinkhorn_step import (
     EPS,
     MAX_VALUE_ELEMS,
@@ -96,17 +97,6 @@ def test_engram_sinkhorn_finalize_cuda_lowers(params):
         lambda: make_engram_sinkhorn_finalize_kernel(cfg), key=cfg, kernel_name=KERNEL_NAME
     )
     assert 'float4' in lowered.source
-
-
-# Variants the chooser does not pick by default (the H200 sweep tries them): one or several rows per
-# group, several groups wider than a warp per block (the barrier outside the row conditions, `guard`).
-CUDA_VARIANTS = [
-    {'head_dim': 256, 'group_threads': 32, 'chunks': 2, 'rows_per_task': 8, 'rows_in_flight': 2},
-    {'head_dim': 256, 'rows_per_task': 8, 'rows_in_flight': 2},
-    {'head_dim': 256, 'rows_per_task': 4, 'rows_in_flight': 4},
-    {'head_dim': 1088, 'rows_per_task': 4, 'rows_in_flight': 2},
-    {'head_dim': 5120, 'rows_per_task': 2, 'rows_in_flight': 2},
-]
 
 
 @pytest.mark.parametrize('variant', CUDA_VARIANTS, ids=make_param_id)

@@ -18,6 +18,8 @@ from cann_ops_tilelang.engram.engram_sinkhorn_step_kernel import (
 )
 from tests.engram._extras import config_extras
 from tests.engram.engram_sinkhorn_step_ref import col_sumsq_for_scale, engram_sinkhorn_step_ref
+from tests.engram.lowering_grids import STEP_CUDA_VARIANTS as CUDA_VARIANTS
+from tests.engram.lowering_grids import gen_sinkhorn_head_dim
 from tests.testing.bench import make_param_id
 from tests.testing.contract import assert_rejects_extra_dimension, assert_rejects_non_tensor_and_dtype
 from tests.testing.generator import by_level, generate_samples, get_test_level
@@ -41,16 +43,6 @@ def gen_sinkhorn_rows(level: int) -> list[int]:
     core = [0, 1, 130]
     default = [7, 1001, 10001]
     full = [100001]
-    return list(dict.fromkeys(core + (default if level >= 1 else []) + (full if level >= 2 else [])))
-
-
-def gen_sinkhorn_head_dim(level: int) -> list[int]:
-    """head_dim (multiples of 64 up to 8192): minimum, the benchmark sizes, widths whose chunks do not fill
-    the CUDA row groups (192, 1088), one of each CUDA row layout (512: two rows in flight per warp; 1024:
-    several multi-warp row groups per block), the maximum."""
-    core = [64, 256]
-    default = [192, 512, 1024, 1088, 5120]
-    full = [128, 4096, 8192]
     return list(dict.fromkeys(core + (default if level >= 1 else []) + (full if level >= 2 else [])))
 
 
@@ -154,21 +146,6 @@ def test_engram_sinkhorn_step_cuda_lowers(params):
     lowered = assert_cuda_kernel_lowers(lambda: make_engram_sinkhorn_step_kernel(cfg), key=cfg, kernel_name=KERNEL_NAME)
     assert 'float4' in lowered.source  # 16-byte row loads
     assert 'atomic' not in lowered.source  # one partial per block
-
-
-# Variants the chooser does not pick by default (the H200 sweep tries them): several rows in flight with
-# and without prefetch, groups of a whole warp or of 8 threads per row, row groups wider than a warp with
-# several groups per block (barriers, `guard`).
-CUDA_VARIANTS = [
-    {'head_dim': 256, 'group_threads': 32, 'chunks': 2, 'rows_per_task': 8, 'rows_in_flight': 8, 'num_stages': 1},
-    {'head_dim': 256, 'group_threads': 8, 'chunks': 8, 'rows_per_task': 16, 'rows_in_flight': 3, 'num_stages': 1},
-    {'head_dim': 256, 'rows_per_task': 16, 'rows_in_flight': 1, 'num_stages': 2},
-    {'head_dim': 256, 'rows_per_task': 16, 'rows_in_flight': 2, 'num_stages': 1},
-    {'head_dim': 256, 'rows_per_task': 8, 'rows_in_flight': 8, 'num_stages': 1},
-    {'head_dim': 256, 'rows_per_task': 12, 'rows_in_flight': 2, 'num_stages': 2},
-    {'head_dim': 1088, 'rows_per_task': 4, 'rows_in_flight': 2, 'num_stages': 2},
-    {'head_dim': 5120, 'rows_per_task': 1, 'rows_in_flight': 2, 'num_stages': 1},
-]
 
 
 @pytest.mark.parametrize('variant', CUDA_VARIANTS, ids=make_param_id)

@@ -7,7 +7,7 @@ from typing import NamedTuple
 
 import torch
 
-from cann_ops_tilelang.config import get_num_cores
+from cann_ops_tilelang.config import backend_of, get_num_cores
 from cann_ops_tilelang.engram._contract import check_hc_hidden, kv_alignment_bits
 from cann_ops_tilelang.operator import Operator, scalar, tensor
 from cann_ops_tilelang.validation import ALIGN_BYTES
@@ -124,13 +124,12 @@ def _eager(grad_out, x, kv, w, dot, gate_score, rstd_x, rstd_k, clamp, mask) -> 
 
 def _fake(grad_out, x, kv, w, dot, gate_score, rstd_x, rstd_k, clamp, mask) -> tuple:
     """Contiguous grads and (P, hc, H) partials, P the device's (a device query on the first trace for a device)."""
-    backend = OP.check(grad_out, x, kv, w, dot, gate_score, rstd_x, rstd_k, clamp, mask, memory=False)
     (num_tokens, hc, hidden), device = x.shape, x.device
     # int(): sizes may be symbolic while torch traces with dynamic shapes; P depends on none of them.
     # (P is the same with fixed token ranges or claimed ones, so a symbolic T is not compared.)
     fixed_ranges = torch.are_deterministic_algorithms_enabled()
     choice = {'hc': int(hc), 'hidden': int(hidden), 'deterministic': fixed_ranges, 'has_mask': mask is not None}
-    num_blocks = OP.launcher(backend, device, **choice).cfg.num_blocks
+    num_blocks = OP.launcher(backend_of(device), device, **choice).cfg.num_blocks  # device checked before
     grad_kv = torch.empty((num_tokens, hc + 1, hidden), dtype=torch.bfloat16, device=device)
     return torch.empty_like(x), grad_kv, torch.empty((num_blocks, hc, hidden), dtype=torch.float32, device=device)
 

@@ -6,6 +6,7 @@ from typing import NamedTuple
 
 import torch
 
+from cann_ops_tilelang.config import backend_of
 from cann_ops_tilelang.operator import Operator, scalar, tensor
 
 from ._sinkhorn_contract import MAX_NUMEL, check_matrix_size
@@ -55,8 +56,8 @@ def _eager(matrix, row_scale, col_scale, eps) -> EngramSinkhornStepResult:
 
 def _fake(matrix, row_scale, col_scale, eps) -> tuple[torch.Tensor, torch.Tensor]:
     """(rows,) and (P, head_dim) fp32, P the device's (a device query on the first trace for a device)."""
-    backend = OP.check(matrix, row_scale, col_scale, eps, memory=False)
-    num_partials = OP.launcher(backend, matrix.device, head_dim=int(matrix.shape[1])).cfg.num_partials
+    # (after the mechanism's memory-free check, so the device has a backend)
+    num_partials = OP.launcher(backend_of(matrix.device), matrix.device, head_dim=int(matrix.shape[1])).cfg.num_partials
     return matrix.new_empty(matrix.shape[:1]), matrix.new_empty((num_partials, matrix.shape[1]))
 
 

@@ -8,10 +8,15 @@ from cann_ops_tilelang.operator import Operator, scalar, tensor
 from cann_ops_tilelang.validation import check_out
 
 from ._quant_tensor import QuantTensor
-from .per_token_cast_kernel import BLOCK_SIZES, UE8M0_PACK, choose_per_token_cast_config, get_per_token_cast_kernel
+from .per_token_cast_kernel import (
+    BLOCK_SIZES,
+    UE8M0_PACK,
+    choose_per_token_cast_config,
+    get_per_token_cast_kernel,
+    hidden_multiple,
+)
 
 MAX_NUMEL = 2**31 - 1  # int32 element indices
-_LANES = 64  # H is a multiple of the kernels' vector width
 _NOT_YET = ('use_tma_aligned_col_major_sf', 'use_e4m3_sf', 'stochastic_cast')  # TileKernels' options not supported
 
 
@@ -40,7 +45,7 @@ def _options(name, x, fmt, num_per_channels, x_block_size, use_tma_aligned_col_m
     if use_packed_ue8m0 and not round_sf:
         raise ValueError(f'{name}: use_packed_ue8m0=True needs round_sf=True (UE8M0 holds powers of two only)')
     num_tokens, hidden = x.shape
-    unit = max(_LANES, num_per_channels)
+    unit = hidden_multiple(num_per_channels)
     if hidden <= 0 or hidden % unit:
         raise ValueError(f'{name}: hidden size must be a positive multiple of {unit} for num_per_channels '
                          f'{num_per_channels}, got {hidden}')  # fmt: skip
@@ -111,36 +116,36 @@ def _eager(x, fmt, block, x_block_size, tma, round_sf, packed, e4m3_sf, stochast
     return QuantTensor(data, sf)
 
 
+def _public_args(x, fmt, block, round_sf, packed, out=None) -> tuple:
+    """A form's arguments as the public call's: TileKernels' other options at their defaults, the only values
+    supported yet (so the forms do not carry them)."""
+    return (x, fmt, block, None, False, round_sf, packed, False, False, out)
+
+
 def _fake(x, fmt, block, round_sf, packed) -> tuple[torch.Tensor, torch.Tensor]:
-    OP.check(x, fmt, block, None, False, round_sf, packed, False, False, None, memory=False)
+    OP.check(*_public_args(x, fmt, block, round_sf, packed), memory=False)
     sf_shape, sf_dtype = sf_layout(*x.shape, block, packed)
     return x.new_empty(x.shape, dtype=torch.float8_e4m3fn), x.new_empty(sf_shape, dtype=sf_dtype)
 
 
-def _write_out(x, fmt, block, round_sf, packed, data, sf) -> None:
-    _eager(x, fmt, block, None, False, round_sf, packed, False, False, (data, sf))
-
-
-def _fake_out(x, fmt, block, round_sf, packed, data, sf) -> None:
-    OP.check(x, fmt, block, None, False, round_sf, packed, False, False, (data, sf), memory=False)
-
-
 # The forms carry the options a valid call can have (the others are refused before a form is called).
 _SCHEMA = 'Tensor x, str fmt, int num_per_channels, bool round_sf, bool use_packed_ue8m0'
-
-
-def _functional_kernel(x, fmt, block, round_sf, packed) -> tuple[torch.Tensor, torch.Tensor]:
-    return tuple(_eager(x, fmt, block, None, False, round_sf, packed, False, False, None))
-
-
-_functional = OP.define('per_token_cast', f'({_SCHEMA}) -> (Tensor, Tensor)', _functional_kernel, _fake)
-_into_out = OP.define(
-    'per_token_cast_out', f'({_SCHEMA}, Tensor(a!) out_data, Tensor(b!) out_sf) -> ()', _write_out, _fake_out
+_functional = OP.define(
+    'per_token_cast',
+    f'({_SCHEMA}) -> (Tensor, Tensor)',
+    lambda x, fmt, block, round_sf, packed: tuple(_eager(*_public_args(x, fmt, block, round_sf, packed))),
+    _fake,
 )
+_into_out = OP.define(
+    'per_token_cast_out',
+    f'({_SCHEMA}, Tensor(a!) out_data, Tensor(b!) out_sf) -> ()',
+    lambda x, fmt, block, round_sf, packed, *out: _eager(*_public_args(x, fmt, block, round_sf, packed, out)),
+    lambda x, fmt, block, round_sf, packed, *out: OP.check(*_public_args(x, fmt, block, round_sf, packed, out),
+                                                          memory=False) and None,
+)  # fmt: skip
 
 
 def _traced(x, fmt, block, x_block_size, tma, round_sf, packed, e4m3_sf, stochastic, out) -> QuantTensor:
-    OP.check(x, fmt, block, x_block_size, tma, round_sf, packed, e4m3_sf, stochastic, out, memory=False)
     if out is None:
         return QuantTensor(*_functional(x, fmt, block, round_sf, packed))
     _into_out(x, fmt, block, round_sf, packed, *out)

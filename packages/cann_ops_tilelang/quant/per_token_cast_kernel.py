@@ -51,6 +51,11 @@ _ASCEND_MAX_ROW = 8192  # a whole row in one task: the packed-scale rows whose z
 _CUDA_MAX_BLOCK_K = 2048
 
 
+def hidden_multiple(block_size: int) -> int:
+    """What H must be a positive multiple of: whole scale blocks and whole vector registers."""
+    return max(_LANES, block_size)
+
+
 @dataclasses.dataclass(frozen=True)
 class PerTokenCastConfig:
     backend: Backend
@@ -73,7 +78,7 @@ class PerTokenCastConfig:
             raise ValueError(f'block_size must be one of {BLOCK_SIZES}, got {self.block_size}')
         if self.packed_ue8m0 and not self.round_sf:
             raise ValueError('packed_ue8m0 needs round_sf (UE8M0 holds powers of two only)')
-        unit = max(_LANES, self.block_size)
+        unit = hidden_multiple(self.block_size)
         if self.hidden <= 0 or self.hidden % unit != 0:
             raise ValueError(
                 f'hidden must be a positive multiple of {unit} (block_size {self.block_size}), got {self.hidden}'
@@ -138,7 +143,7 @@ def choose_per_token_cast_config(
     dtype = _IN_DTYPES[in_dtype]
     if block_size not in BLOCK_SIZES:
         raise ValueError(f'block_size must be one of {BLOCK_SIZES}, got {block_size}')
-    unit = max(_LANES, block_size)
+    unit = hidden_multiple(block_size)
     if hidden <= 0 or hidden % unit != 0:
         raise ValueError(f'hidden must be a positive multiple of {unit} (block_size {block_size}), got {hidden}')
     make = functools.partial(PerTokenCastConfig, backend, hidden, dtype, block_size, round_sf, packed_ue8m0, num_cores)
