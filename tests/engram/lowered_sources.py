@@ -32,6 +32,8 @@ from collections.abc import Callable
 # no test module is imported (that would import the operator interfaces too).
 from tests.engram.lowering_grids import (
     FINALIZE_CUDA_VARIANTS,
+    GATE_BWD_CHUNKED_CUDA_SHAPES,
+    GATE_BWD_CLUSTER_CUDA_SHAPES,
     STEP_CUDA_VARIANTS,
     gen_hash_configs,
     gen_sinkhorn_head_dim,
@@ -66,7 +68,6 @@ def configurations(level: int = 2) -> list[Entry]:
     import cann_ops_tilelang.engram.engram_sinkhorn_momentum_update_kernel as sm
     import cann_ops_tilelang.engram.engram_sinkhorn_step_kernel as ss
     import cann_ops_tilelang.engram.engram_sinkhorn_step_reduce_kernel as sr
-    from cann_ops_tilelang.engram._contract import MAX_HIDDEN
 
     entries: list[Entry] = []
 
@@ -122,8 +123,8 @@ def configurations(level: int = 2) -> list[Entry]:
             ),
         )
 
-    # engram_gate_bwd: the grid; fixed token ranges beside claimed ones (resident CUDA); the chunked CUDA
-    # shapes; the mask variant and its plain twin; the emulator's shape.
+    # engram_gate_bwd: the grid; fixed token ranges beside claimed ones (resident CUDA); the split (cluster) and
+    # chunked CUDA shapes; the mask variant and its plain twin; the emulator's shape.
     op, make = 'engram_gate_bwd', gb.make_engram_gate_bwd_kernel
     for b in backends:
         for p in shapes:
@@ -131,13 +132,13 @@ def configurations(level: int = 2) -> list[Entry]:
             add(op, make, cfg)
             if b == 'cuda' and cfg.variant == 'resident':
                 add(op, make, gb.choose_engram_gate_bwd_config(backend=b, **p, num_cores=_cores(b), deterministic=True))
-    chunked = [{'hc': 8, 'hidden': MAX_HIDDEN}, {'hc': 3, 'hidden': 12288}]
-    for p in chunked:
+    for p in GATE_BWD_CLUSTER_CUDA_SHAPES + GATE_BWD_CHUNKED_CUDA_SHAPES:
         add(op, make, gb.choose_engram_gate_bwd_config(backend='cuda', **p, num_cores=H200_SMS))
     mask_cases = [
         ('cuda', {'hc': 4, 'hidden': 4096}),
         ('cuda', {'hc': 3, 'hidden': 192}),
-        ('cuda', chunked[0]),
+        ('cuda', GATE_BWD_CHUNKED_CUDA_SHAPES[0]),
+        *(('cuda', p) for p in GATE_BWD_CLUSTER_CUDA_SHAPES),
         ('ascend', {'hc': 4, 'hidden': 4096}),
         ('ascend', {'hc': 3, 'hidden': 1088}),
     ]

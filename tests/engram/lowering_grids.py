@@ -46,3 +46,10 @@ FINALIZE_CUDA_VARIANTS = [
     {'head_dim': 1088, 'rows_per_task': 4, 'rows_in_flight': 2},
     {'head_dim': 5120, 'rows_per_task': 2, 'rows_in_flight': 2},
 ]
+
+
+# engram_gate_bwd on CUDA beyond one resident CTA per token (16384: _contract.MAX_HIDDEN). Split over a cluster
+# of 2 CTAs: the weight slice in shared memory, and read through L2.
+GATE_BWD_CLUSTER_CUDA_SHAPES = [{'hc': 4, 'hidden': 8256}, {'hc': 4, 'hidden': 16384}]
+# Wider than a split plan fits: the chunked variant (grad_out read twice).
+GATE_BWD_CHUNKED_CUDA_SHAPES = [{'hc': 8, 'hidden': 16384}, {'hc': 5, 'hidden': 12288}]

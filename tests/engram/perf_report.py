@@ -40,6 +40,7 @@ from collections.abc import Callable
 
 import torch
 
+from tests.engram import width_sweep
 from tests.engram.engram_gate_bwd_ref import engram_gate_bwd_ref
 from tests.engram.engram_gate_fwd_ref import engram_gate_fwd_ref
 from tests.engram.engram_grad_w_reduce_ref import engram_grad_w_reduce_ref
@@ -446,17 +447,18 @@ register(
 # ---------------------------------------------------------------- timing and report
 
 
-def bench_us(fn: Callable[[], object]) -> tuple[float, str]:
-    """Median device time of fn() in microseconds, and the do_bench backend that measured it."""
+def bench_us(fn: Callable[[], object], *, warmup: int = 25, rep: int = 100) -> tuple[float, str]:
+    """Median device time of fn() in microseconds, and the do_bench backend that measured it (`warmup`, `rep`:
+    do_bench's milliseconds of warm-up and of timed calls)."""
     from tilelang.profiler.bench import do_bench
 
     try:
-        ms = do_bench(fn, warmup=25, rep=100, backend='cupti', return_mode='median')
+        ms = do_bench(fn, warmup=warmup, rep=rep, backend='cupti', return_mode='median')
         if ms > 0:
             return ms * 1e3, 'cupti'
     except Exception as exc:  # CUPTI missing or unusable in this torch build
         print(f'(CUPTI unavailable: {type(exc).__name__}: {exc}; using CUDA events)', file=sys.stderr)
-    return do_bench(fn, warmup=25, rep=100, backend='event', return_mode='median') * 1e3, 'event'
+    return do_bench(fn, warmup=warmup, rep=rep, backend='event', return_mode='median') * 1e3, 'event'
 
 
 def _device_activities(prof) -> list:
@@ -554,17 +556,19 @@ def _fmt_shape(shape: dict) -> str:
     return ', '.join(f'{k}={v}' for k, v in shape.items())
 
 
-def _timed(fn: Callable[[], object]) -> tuple[float | None, str]:
+def _timed(fn: Callable[[], object], **timing) -> tuple[float | None, str]:
     try:
-        return bench_us(fn)
+        return bench_us(fn, **timing)
     except Exception as exc:
         return None, f'{type(exc).__name__}: {exc}'
 
 
-def alternating_medians(fns: list[Callable[[], object] | None], rounds: int) -> list[tuple[float | None, str]]:
+def alternating_medians(
+    fns: list[Callable[[], object] | None], rounds: int, **timing
+) -> list[tuple[float | None, str]]:
     """(median us, timer) of each fn over `rounds` rounds that time every fn in turn, so that a drift of the
     device's speed during the row falls on all of them alike; (None, why) for a fn that is None or fails
-    (a failed fn is not timed again)."""
+    (a failed fn is not timed again). `timing`: bench_us's warm-up and repeat times."""
     times: list[list[float]] = [[] for _ in fns]
     failed: dict[int, str] = {i: 'not timed' for i, fn in enumerate(fns) if fn is None}
     timer = 'n/a'
@@ -572,7 +576,7 @@ def alternating_medians(fns: list[Callable[[], object] | None], rounds: int) -> 
         for i, fn in enumerate(fns):
             if i in failed:
                 continue
-            us, timer = _timed(fn)
+            us, timer = _timed(fn, **timing)
             if us is None:
                 failed[i] = timer
             else:
@@ -796,6 +800,8 @@ def report(args, device: torch.device) -> str:
         report_mask_cost(args, device, tk, out)
     if args.host:
         report_host(device, tk, out)
+    if args.width_sweep:
+        width_sweep.report(args, device, ceiling_gbs, out)
     return '\n'.join(lines)
 
 
@@ -826,6 +832,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument('--no-host', dest='host', action='store_false', help='skip the host-time table')
     parser.add_argument('--no-clean-l2', dest='clean_l2', action='store_false', help='skip the clean-L2 columns')
     parser.add_argument('--no-mask-cost', dest='mask_cost', action='store_false', help='skip the mask-cost table')
+    parser.add_argument('--width-sweep', action='store_true', help='end with the gate width sweep (width_sweep.py)')
+    width_sweep.add_arguments(parser, prefix='sweep-')
     parser.add_argument('--output', help='also write the report (markdown) to this file')
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():

@@ -20,12 +20,14 @@ from cann_ops_tilelang.engram._contract import HIDDEN_ALIGN, MAX_HC, MAX_HIDDEN
 from cann_ops_tilelang.engram.engram_gate_bwd_kernel import (
     COUNTER_WORDS,
     choose_engram_gate_bwd_config,
+    cuda_plan_widths,
     fixed_range_max_tokens,
     make_engram_gate_bwd_kernel,
 )
 from tests.engram._extras import config_extras
 from tests.engram.engram_gate_bwd_ref import engram_gate_bwd_autograd_ref, engram_gate_bwd_ref
 from tests.engram.engram_gate_fwd_ref import engram_gate_fwd_ref
+from tests.engram.lowering_grids import GATE_BWD_CHUNKED_CUDA_SHAPES, GATE_BWD_CLUSTER_CUDA_SHAPES
 from tests.testing.bench import make_param_id
 from tests.testing.contract import assert_rejects_extra_dimension, assert_rejects_non_tensor_and_dtype
 from tests.testing.generator import (
@@ -63,8 +65,10 @@ SHAPES = generate_samples(LEVEL, hc=gen_hc, hidden=gen_hidden)
 VALUE_PARAMS = generate_samples(
     LEVEL, hc=gen_hc, hidden=gen_hidden, num_tokens=gen_num_tokens, where=lambda p: p['num_tokens'] > 0
 )
-# hc * H too large for the register-resident CUDA kernel: the chunked variant (grad_out read twice).
-CHUNKED_CUDA_SHAPES = [{'hc': 8, 'hidden': MAX_HIDDEN}, {'hc': 3, 'hidden': 12288}]
+CHUNKED_CUDA_SHAPES = GATE_BWD_CHUNKED_CUDA_SHAPES
+CLUSTER_CUDA_SHAPES = GATE_BWD_CLUSTER_CUDA_SHAPES
+# Both sides of every width where the CUDA plan changes class, every hc (the device tests of level 1).
+PLAN_WIDTHS = [{'hc': hc, 'hidden': h} for hc in range(1, MAX_HC + 1) for h in cuda_plan_widths(hc, H200_SMS)]
 
 
 def _inputs(num_tokens: int, hc: int, hidden: int, device, *, clamp_value: float = CLAMP):
@@ -206,13 +210,14 @@ def test_engram_gate_bwd_ascend_lowers(params):
 @pytest.mark.parametrize('params', SHAPES, ids=make_param_id)
 def test_engram_gate_bwd_cuda_lowers(params):
     cfg = choose_engram_gate_bwd_config(backend='cuda', **params, num_cores=H200_SMS)
-    assert (cfg.backend, cfg.hc, cfg.hidden, cfg.num_blocks) == ('cuda', params['hc'], params['hidden'], H200_SMS)
+    assert (cfg.backend, cfg.hc, cfg.hidden) == ('cuda', params['hc'], params['hidden'])
+    assert cfg.num_blocks == H200_SMS // cfg.cluster  # one slice of grad_w_partial per token's block or cluster
     if params['hc'] * params['hidden'] <= 4 * 7168:
         assert cfg.variant == 'resident'  # the one-pass kernel up to the benchmark's hc * H at least
     lowered = assert_cuda_kernel_lowers(lambda: make_engram_gate_bwd_kernel(cfg), key=cfg, kernel_name=KERNEL_NAME)
     assert 'num_tokens' in lowered.source
     assert 'cp_async' in lowered.source  # 16-byte asynchronous staging
-    if cfg.variant == 'resident':
+    if cfg.variant == 'resident' and cfg.cluster == 1:
         # The prologue stages x / k of the first token only once its grad_out / v have arrived.
         first_x_k = lowered.source.index('((bfloat16_t*)x_s)[')
         assert 0 <= lowered.source.find('tl::cp_async_wait<0>();') < first_x_k, 'x / k staged with grad_out / v'
@@ -234,6 +239,28 @@ def test_engram_gate_bwd_cuda_lowers(params):
         )
         assert 'Atomic' not in lowered.source  # fixed token ranges: nothing to claim
         assert 'token_counter[' not in lowered.source  # nor to reset
+
+
+@pytest.mark.parametrize('params', CLUSTER_CUDA_SHAPES, ids=make_param_id)
+@pytest.mark.parametrize('has_mask', [False, True], ids=['plain', 'mask'])
+def test_engram_gate_bwd_cuda_cluster_lowers(params, has_mask):
+    """A token split over 2 CTAs: each stages half its columns, pushes its per-warp dL/dg partials into both
+    CTAs' shared memory and waits at the cluster barrier before reading them; fixed token ranges per cluster
+    (no claims, no counter), and one grad_w_partial slice per cluster (P = SMs / 2)."""
+    cfg = choose_engram_gate_bwd_config(backend='cuda', **params, num_cores=H200_SMS, has_mask=has_mask)
+    assert (cfg.variant, cfg.cluster, cfg.num_blocks, cfg.dynamic_tokens) == ('resident', 2, H200_SMS // 2, False)
+    lowered = assert_cuda_kernel_lowers(lambda: make_engram_gate_bwd_kernel(cfg), key=cfg, kernel_name=KERNEL_NAME)
+    source = lowered.source
+    assert source.count('map_shared_rank(') == 1  # the partials, into each CTA of the cluster
+    arrive, wait = source.index('__cluster_barrier_arrive()'), source.index('__cluster_barrier_wait()')
+    assert source.index('map_shared_rank(') < arrive < wait < source.index('((float*)xred_s)[', wait)
+    assert 'token_counter[' not in source
+    assert 'Atomic' not in source
+    assert lowered.ub_bytes <= 224 * 1024
+    with pytest.raises(ValueError, match='claims tokens'):
+        dataclasses.replace(cfg, dynamic_tokens=True)
+    with pytest.raises(ValueError, match='cluster'):
+        dataclasses.replace(cfg, cluster=3)
 
 
 @pytest.mark.parametrize('params', CHUNKED_CUDA_SHAPES, ids=make_param_id)
@@ -311,14 +338,20 @@ def test_engram_gate_bwd_config_covers_supported_range():
         for hidden in range(HIDDEN_ALIGN, MAX_HIDDEN + 1, HIDDEN_ALIGN):
             cfg = choose_engram_gate_bwd_config(backend='cuda', hc=hc, hidden=hidden, num_cores=H200_SMS)
             if cfg.variant == 'resident':
-                covered = cfg.threads * cfg.groups_per_thread * 8
-                assert hidden <= covered < hidden + 32 * 8 * cfg.groups_per_thread
-                assert (3 * hc + 1) * covered * 2 <= 200 * 1024  # thread-private staging slots
+                covered = cfg.threads * cfg.groups_per_thread * 8  # columns of each CTA
+                cols = hidden // cfg.cluster
+                assert cols <= covered < cols + 32 * 8 * cfg.groups_per_thread
+                assert (3 * hc + 1) * covered * 2 <= 224 * 1024  # thread-private staging slots
+                assert cfg.groups_per_thread * hc <= 8
+            else:  # the chunked kernel only where neither plan fits: never at hc <= 4
+                assert hc > 4
+                assert hc * hidden > 32768
             asc = choose_engram_gate_bwd_config(backend='ascend', hc=hc, hidden=hidden, num_cores=64)
             assert hidden % asc.tile_cols == 0
             assert (18 * hc + 4) * asc.tile_cols <= 180 * 1024
-    for hidden in BENCHMARK_HIDDEN:  # the benchmark shapes take the one-pass kernel
-        assert choose_engram_gate_bwd_config(backend='cuda', hc=4, hidden=hidden, num_cores=132).variant == 'resident'
+    for hidden in BENCHMARK_HIDDEN:  # the benchmark shapes take the one-pass kernel, one CTA per token
+        cfg = choose_engram_gate_bwd_config(backend='cuda', hc=4, hidden=hidden, num_cores=132)
+        assert (cfg.variant, cfg.cluster) == ('resident', 1)
     with pytest.raises(ValueError, match='backend'):
         dataclasses.replace(choose_engram_gate_bwd_config(backend='cuda', hc=4, hidden=64, num_cores=1), backend='x')
 
@@ -709,9 +742,13 @@ def _check_result(result, inputs, *, clamp_value, num_cores, image_token_mask=No
     grad_out, x, k, v, w, dot, g, rx, rk = _split(inputs)
     num_tokens, hc, hidden = x.shape
     assert isinstance(result, EngramGateBwdResult)
+    num_partials = num_cores  # P: a slice per persistent block ...
+    if x.is_cuda:  # ... or per cluster, where the CUDA kernel splits a token over 2 CTAs
+        num_partials = engram_gate_bwd_config(*inputs, clamp_value, image_token_mask).num_blocks
+        assert num_partials in (num_cores, num_cores // 2)
     for t, shape, dtype in zip(
         result,
-        ((num_tokens, hc, hidden), (num_tokens, hc + 1, hidden), (num_cores, hc, hidden)),
+        ((num_tokens, hc, hidden), (num_tokens, hc + 1, hidden), (num_partials, hc, hidden)),
         (torch.bfloat16, torch.bfloat16, torch.float32),
         strict=True,
     ):
@@ -875,16 +912,47 @@ def test_engram_gate_bwd_empty(device):
 
 
 @pytest.mark.npu
-@pytest.mark.cuda_only  # the CUDA kernel's chunked variant (the Ascend kernel is chunked at every shape)
-def test_engram_gate_bwd_chunked_values(device):
-    """hc * H beyond the register-resident CUDA kernel: the chunked variant, with T large enough that a
-    block handles several chunks (132 SMs: 33 tokens per block > 32 per chunk) and adds its tiles to its
-    partial slice more than once."""
-    num_tokens, hc, hidden = 132 * 32 + 5, 3, 12288
-    inputs = _inputs(num_tokens, hc, hidden, device)
+@pytest.mark.cuda_only  # the CUDA kernel's split and chunked variants (the Ascend kernel is chunked at every shape)
+@pytest.mark.parametrize('params', [{'hc': 3, 'hidden': 12288}, CHUNKED_CUDA_SHAPES[1]], ids=['cluster', 'chunked'])
+def test_engram_gate_bwd_wide_values(params, device):
+    """hc * H beyond one resident CTA: a cluster of 2 CTAs per token (fixed token ranges of ~64 tokens per
+    cluster), and beyond that the chunked variant, with T large enough that a block handles several chunks
+    (132 SMs: 33 tokens per block > 32 per chunk) and adds its tiles to its partial slice more than once."""
+    num_tokens = 132 * 32 + 5
+    inputs = _inputs(num_tokens, params['hc'], params['hidden'], device)
     num_cores = get_num_cores(device)
     result = cann_ops_tilelang.engram_gate_bwd(*inputs, CLAMP)
     _check_result(result, inputs, clamp_value=CLAMP, num_cores=num_cores)
+    cfg = engram_gate_bwd_config(*inputs, CLAMP)
+    assert (cfg.variant, cfg.cluster) == (('resident', 2) if params['hc'] == 3 else ('chunked', 1))
+    assert result.grad_w_partial.shape[0] == cfg.num_blocks
+
+
+@pytest.mark.npu
+@pytest.mark.cuda_only  # the plans are the CUDA chooser's (the Ascend kernel has one scheme)
+@pytest.mark.parametrize('params', by_level(LEVEL, core=[], default=PLAN_WIDTHS), ids=make_param_id)
+def test_engram_gate_bwd_plan_widths(params, device):
+    """Both sides of every width where the CUDA plan changes (cuda_plan_widths: cluster, groups per thread,
+    weight in shared memory or L2, the shared-memory tier; chunked), every hc: claimed tokens (one-CTA plans)
+    and fixed ranges give the same grads bit for bit and the reference's values; the mask variant with image
+    tokens too."""
+    hc, hidden = params['hc'], params['hidden']
+    num_cores = get_num_cores(device)
+    num_tokens = fixed_range_max_tokens(num_cores) + 45  # past the fixed ranges: the claiming kernel where it is
+    inputs = _inputs(num_tokens, hc, hidden, device)
+    result = cann_ops_tilelang.engram_gate_bwd(*inputs, CLAMP)
+    _check_result(result, inputs, clamp_value=CLAMP, num_cores=num_cores)
+    with _deterministic_algorithms():
+        fixed = cann_ops_tilelang.engram_gate_bwd(*inputs, CLAMP)
+    for a, b in zip(result[:2], fixed[:2], strict=True):
+        assert torch.equal(a, b)
+    mask = torch.rand(num_tokens, device=device) < 0.3
+    masked = cann_ops_tilelang.engram_gate_bwd(*inputs, CLAMP, mask)
+    text = ~mask
+    assert torch.equal(masked.grad_hidden_states[text], result.grad_hidden_states[text])
+    assert torch.equal(masked.grad_kv[text], result.grad_kv[text])
+    assert torch.equal(masked.grad_hidden_states[mask], inputs[0][mask])
+    assert not bool(masked.grad_kv[mask].any())
 
 
 @pytest.mark.npu
@@ -1008,9 +1076,18 @@ def test_engram_gate_bwd_clamp_region(params, device):
     assert bool(grad_k[~clamped].any())
 
 
+# The grid, and at T = 4001 both sides of every width where the CUDA plan of hc = 4 changes (so that each plan
+# has a baseline: issue #36's cliff sat between the grid's widths).
+BENCHMARK_SHAPES = gen_benchmark_shapes() + [
+    {'num_tokens': 4001, 'hidden': h, 'hc': BENCHMARK_HC}
+    for h in cuda_plan_widths(BENCHMARK_HC, H200_SMS)
+    if h not in BENCHMARK_HIDDEN
+]
+
+
 @pytest.mark.npu
 @pytest.mark.benchmark
-@pytest.mark.parametrize('params', gen_benchmark_shapes(), ids=make_param_id)
+@pytest.mark.parametrize('params', BENCHMARK_SHAPES, ids=make_param_id)
 def test_engram_gate_bwd_benchmark(params, device, benchmark_timer, benchmark_record):
     assert params['hc'] == BENCHMARK_HC
     inputs = _inputs(params['num_tokens'], params['hc'], params['hidden'], device)

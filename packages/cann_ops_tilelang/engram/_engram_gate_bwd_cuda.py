@@ -23,19 +23,30 @@ the block's i-th token: wait grad_out/v(c_i) -> dL/dg partials and grad_v (grad_
 packed bf16 pairs) -> issue grad_out/v(c_(i+1)) and the saved scalars of c_(i+2) -> block reduction -> r
 -> wait x/k(c_i) -> grad_x, grad_k, weight-gradient slice -> issue x/k(c_(i+1)). About one token of loads
 is in flight while the current one is computed. The staging slots take (3 hc + 1) * H * 2 bytes of shared
-memory and the registers ~12 * hc * H / threads per thread, which bounds this variant to hc * H of ~32K
+memory and the registers ~12 * hc * H / threads per thread, which bounds one CTA to hc * H of ~32K
 (choose_engram_gate_bwd_config checks both).
 Where the weight slice does not fit (hc = 4, H = 7168: 182 KB of slots), two ways to keep it on chip were
 measured and dropped (README, Performance): x/k staged per (group, branch) unit in a ring of 2-3 slots (the
 weight in shared memory; slower: the shorter x/k prefetch costs more than the L2 reads of the weight save)
-and H split over the two CTAs of a cluster with the dL/dg partials exchanged through DSMEM (no faster). The
-whole-token prefetch depth is what this kernel's bandwidth rests on.
+and H split over the two CTAs of a cluster (no faster there). The whole-token prefetch depth is what this
+kernel's bandwidth rests on.
 
-CUDA, variant 'chunked' (hc * H beyond that), also the scheme of the Ascend kernel: tokens in chunks of
-`token_chunk`; phase A computes dL/dg (and grad_v) of every token of the chunk, phase B walks the column tiles and, per
-tile, the chunk's tokens, keeping the tile's weight-gradient accumulator on chip and adding it to the
-block's slice of grad_w_partial once per chunk. grad_out is read in both phases, so this path moves
-hc * H * 2 more bytes per token (~20 % more traffic).
+Split tokens (cfg.cluster = 2, wider tokens): the same body on a cluster of 2 CTAs per token, each with half
+of every branch's column groups (rank r: groups r * G .. (r + 1) * G - 1 of the token, G = H / 16), so slots
+and registers per CTA halve and hc * H reaches 64K on one pass over memory. After its block reduction each
+CTA pushes its per-warp dL/dg partials into both CTAs' shared memory (distributed shared memory stores), and
+a cluster barrier (arrive with release, wait with acquire) publishes them; every thread then sums all
+2 x warps partials, so both CTAs compute the same r. Slot sl % 2 is safe to rewrite: a CTA writes it for
+token i + 2 only after the cluster barrier of token i + 1, which its peer reaches after reading it for token
+i. Clusters take fixed token ranges (cluster p: the T // P or T // P + 1 tokens of _token_range, P = the
+clusters): claimed tokens measured slower there (docs/engram.md, "Gate backward: wide tokens"); grad_w_partial
+has one slice per cluster, each CTA writing its half of the columns.
+
+CUDA, variant 'chunked' (where neither fits: hc >= 5 at the widest H), also the scheme of the Ascend kernel:
+tokens in chunks of `token_chunk`; phase A computes dL/dg (and grad_v) of every token of the chunk, phase B
+walks the column tiles and, per tile, the chunk's tokens, keeping the tile's weight-gradient accumulator on
+chip and adding it to the block's slice of grad_w_partial once per chunk. grad_out is read in both phases, so
+this path moves hc * H * 2 more bytes per token (~20 % more traffic).
 """
 
 # No `from __future__ import annotations`: TileLang evaluates the prim_func annotations, which refer to
@@ -67,7 +78,8 @@ def cuda_resident_kernel(cfg, prim_func):
 
     hc, hidden, P, has_mask = cfg.hc, cfg.hidden, cfg.num_blocks, cfg.has_mask
     threads, g, w_in_smem, dynamic = cfg.threads, cfg.groups_per_thread, cfg.w_in_smem, cfg.dynamic_tokens
-    groups = hidden // VEC
+    C = cfg.cluster  # CTAs per token; each holds groups = 1 / C of the token's column groups
+    groups = hidden // VEC // C
     nw = threads // 32
     tv = threads * VEC
     scale = hidden**-0.5
@@ -95,10 +107,10 @@ def cuda_resident_kernel(cfg, prim_func):
             T.ptx_cp_async(T.access_ptr(sc_s[sl, 3, tid], 'w', 1), T.access_ptr(rstd_k[tt, tid], 'r', 1), 1)
 
     @T.macro
-    def issue_go_v(tt, tid, go_s, v_s, grad_out, kv):
+    def issue_go_v(tt, tid, gid, go_s, v_s, grad_out, kv):
         for j in T.unroll(g):
             if j * threads + tid < groups:
-                col = (j * threads + tid) * VEC
+                col = (j * threads + gid) * VEC
                 for h in T.unroll(hc):
                     T.ptx_cp_async(
                         T.access_ptr(go_s[j, h, tid * VEC], 'w', VEC),
@@ -108,10 +120,10 @@ def cuda_resident_kernel(cfg, prim_func):
                 T.ptx_cp_async(T.access_ptr(v_s[j, tid * VEC], 'w', VEC), T.access_ptr(kv[tt, hc, col], 'r', VEC), VEC)
 
     @T.macro
-    def issue_x_k(tt, tid, x_s, k_s, hidden_states, kv):
+    def issue_x_k(tt, tid, gid, x_s, k_s, hidden_states, kv):
         for j in T.unroll(g):
             if j * threads + tid < groups:
-                col = (j * threads + tid) * VEC
+                col = (j * threads + gid) * VEC
                 for h in T.unroll(hc):
                     T.ptx_cp_async(
                         T.access_ptr(x_s[j, h, tid * VEC], 'w', VEC),
@@ -126,15 +138,16 @@ def cuda_resident_kernel(cfg, prim_func):
 
     @T.macro
     def phase_b(
-        tok, tid, x_s, k_s, w_s, go_r, gw, rr, cx, ck, xb, kb, wf, xf, kf, ox, ok, weight_fused, grad_x, grad_kv, img
-    ):
+        tok, tid, gid, x_s, k_s, w_s, go_r, gw, rr, cx, ck, xb, kb, wf, xf, kf, ox, ok,
+        weight_fused, grad_x, grad_kv, img,
+    ):  # fmt: skip
         # Phase B of one token: grad_x, grad_k and this thread's weight-gradient slice. The mask variant
         # (img: the token's mask, None without one) selects an image token's results instead of branching
         # around the text path: a second copy of the phase spilled registers at H = 7168 (docs/engram.md,
         # "Image tokens").
         for j in T.unroll(g):
             if j * threads + tid < groups:
-                col = (j * threads + tid) * VEC
+                col = (j * threads + gid) * VEC
                 for h in T.unroll(hc):
                     for e in T.vectorized(VEC):
                         xb[e] = x_s[j, h, tid * VEC + e]
@@ -194,10 +207,13 @@ def cuda_resident_kernel(cfg, prim_func):
         clamp_value,
         token_counter,
     ):
-        with T.Kernel(P, threads=threads) as pid:
+        with T.Kernel(P * C, threads=threads, cluster_dims=C if C > 1 else None) as bid:
             tid = T.get_thread_binding()
             lane = tid % 32
             wid = tid // 32
+            # pid: the token's block (the cluster where split); gid: the thread's first global column group
+            pid, rank = (bid // C, bid % C) if C > 1 else (bid, 0)
+            gid = rank * groups + tid if C > 1 else tid
             # Thread-private staging slots (slot [j, h, tid * 8 : tid * 8 + 8]): conflict-free 16-byte accesses.
             go_s = T.alloc_shared((g, hc, tv), T.bfloat16)
             go_u = T.view(go_s, (g, hc, threads * 4), T.uint32)
@@ -209,6 +225,8 @@ def cuda_resident_kernel(cfg, prim_func):
             # visible to all after the barrier of the token in between.
             sc_s = T.alloc_shared((4, 4, hc), T.float32)
             red_s = T.alloc_shared((2, nw, hc), T.float32)  # per-warp dL/dg partials (ring of 2)
+            # Split tokens: every CTA's per-warp partials, pushed by each CTA into all CTAs of its cluster.
+            xred_s = T.alloc_shared((2, C, nw, hc) if C > 1 else (4,), T.float32)
 
             go_r = T.alloc_local((g, hc, 4), T.uint32)  # grad_out of the current token, packed bf16 pairs
             gw = T.alloc_local((g, hc, VEC), T.float32)  # this thread's slice of the weight gradient
@@ -262,7 +280,7 @@ def cuda_resident_kernel(cfg, prim_func):
             # are [grad_out/v(c_i) (+ scalars(c_(i + 1)))], [x/k(c_i)], in that order (at i = 0 the first has
             # arrived).
             if has_c0:
-                issue_go_v(c0, tid, go_s, v_s, grad_out, kv)
+                issue_go_v(c0, tid, gid, go_s, v_s, grad_out, kv)
                 issue_scalars(c0, 0 if dynamic else c0 % 4, tid, sc_s, dot, gate_score, rstd_x, rstd_k)
                 if w_in_smem:
                     for j in T.unroll(g):
@@ -271,7 +289,7 @@ def cuda_resident_kernel(cfg, prim_func):
                                 for q in T.unroll(2):
                                     T.ptx_cp_async(
                                         T.access_ptr(w_s[j, h, tid * VEC + q * 4], 'w', 4),
-                                        T.access_ptr(weight_fused[h, (j * threads + tid) * VEC + q * 4], 'r', 4),
+                                        T.access_ptr(weight_fused[h, (j * threads + gid) * VEC + q * 4], 'r', 4),
                                         4,
                                     )
             if has_c1:
@@ -279,7 +297,7 @@ def cuda_resident_kernel(cfg, prim_func):
             T.ptx_commit_group()
             if has_c0:
                 T.ptx_wait_group(0)
-                issue_x_k(c0, tid, x_s, k_s, hidden_states, kv)
+                issue_x_k(c0, tid, gid, x_s, k_s, hidden_states, kv)
             T.ptx_commit_group()
 
             for t in T.serial(num_tokens) if dynamic else T.serial(t0, t1):
@@ -295,9 +313,10 @@ def cuda_resident_kernel(cfg, prim_func):
                     sl, sl2, first = t % 4, (t + 2) % 4, t == t0
                 if has_mask:
                     img = T.Cast('int32', image_token_mask[tok])  # first used after phase A: latency hidden
-                if dynamic and tid == 0:
-                    # Issued first, used at the barrier: the atomic's round trip overlaps phase A.
-                    claim = T.atomic_add(token_counter[0], 1, return_prev=True)
+                if dynamic and tid == 0:  # noqa: SIM102
+                    if rank == 0:
+                        # Issued first, used at the barrier: the atomic's round trip overlaps phase A.
+                        claim = T.atomic_add(token_counter[0], 1, return_prev=True)
                 # ---- phase A: dL/dg partials and grad_v from grad_out and v of token c_i
                 T.ptx_wait_group(1)
                 if first:
@@ -306,7 +325,7 @@ def cuda_resident_kernel(cfg, prim_func):
                     part[h] = 0.0
                 for j in T.unroll(g):
                     if j * threads + tid < groups:
-                        col = (j * threads + tid) * VEC
+                        col = (j * threads + gid) * VEC
                         for e in T.vectorized(VEC):
                             vb[e] = v_s[j, tid * VEC + e]
                         for e in T.unroll(VEC):
@@ -329,29 +348,49 @@ def cuda_resident_kernel(cfg, prim_func):
                 # ---- prefetch grad_out/v of c_(i + 1) (slots consumed above) and the scalars of c_(i + 2)
                 # (ring slot (i + 2) % 4 was last read in iteration i - 2, before barrier i - 1)
                 if has1:
-                    issue_go_v(tok1, tid, go_s, v_s, grad_out, kv)
+                    issue_go_v(tok1, tid, gid, go_s, v_s, grad_out, kv)
                 if has2:
                     issue_scalars(tok2, sl2, tid, sc_s, dot, gate_score, rstd_x, rstd_k)
                 T.ptx_commit_group()
-                # ---- block reduction of dL/dg: the only barrier per token (it also publishes c_(i + 3))
+                # ---- block reduction of dL/dg: the only barrier per token (it also publishes c_(i + 3)); split
+                # tokens add the cluster barrier of the exchange
                 for h in T.unroll(hc):
                     part[h] = T.warp_reduce_sum(part[h])
                 if lane == 0:
                     for h in T.unroll(hc):
                         red_s[sl % 2, wid, h] = part[h]
-                if dynamic and tid == 0:
-                    # The atomic's value, first needed here. The last of the T claims resets the counter.
-                    if claim == num_tokens - 1:
-                        token_counter[0] = 0
-                    tok_s[sl % 2] = claim + 3 * P
+                if dynamic and tid == 0:  # noqa: SIM102 (a Python-level switch around a device-side condition)
+                    if rank == 0:
+                        # The atomic's value, first needed here. The last of the T claims resets the counter.
+                        if claim == num_tokens - 1:
+                            token_counter[0] = 0
+                        tok_s[sl % 2] = claim + 3 * P
                 T.sync_threads()
+                if C > 1:
+                    # Split tokens: this CTA's per-warp partials (and rank 0's claim) into every CTA of the
+                    # cluster, itself included; the cluster barrier publishes them (slot sl % 2 is rewritten
+                    # only after the next cluster barrier, which every CTA reaches after reading it).
+                    for q in T.unroll(C):
+                        T.copy_cluster(red_s[sl % 2, :, :], xred_s[sl % 2, rank, :, :], dst_block=q)
+                    if dynamic and tid == 0:  # noqa: SIM102
+                        if rank == 0:
+                            for q in T.unroll(1, C):
+                                T.copy_cluster(tok_s[sl % 2 : sl % 2 + 1], tok_s[sl % 2 : sl % 2 + 1], dst_block=q)
+                    T.evaluate(T.call_extern('handle', '__cluster_barrier_arrive'))  # release
+                    T.evaluate(T.call_extern('handle', '__cluster_barrier_wait'))  # acquire
                 if dynamic:
                     claim = tok_s[sl % 2]  # read before barrier i + 1; rewritten after it
                 for h in T.unroll(hc):
                     part[h] = 0.0
-                for q in T.unroll(nw):
-                    for h in T.unroll(hc):
-                        part[h] += red_s[sl % 2, q, h]
+                if C > 1:
+                    for c in T.unroll(C):
+                        for q in T.unroll(nw):
+                            for h in T.unroll(hc):
+                                part[h] += xred_s[sl % 2, c, q, h]
+                else:
+                    for q in T.unroll(nw):
+                        for h in T.unroll(hc):
+                            part[h] += red_s[sl % 2, q, h]
                 for h in T.unroll(hc):
                     dv = sc_s[sl, 0, h]
                     gv = sc_s[sl, 1, h]
@@ -369,6 +408,7 @@ def cuda_resident_kernel(cfg, prim_func):
                 phase_b(
                     tok,
                     tid,
+                    gid,
                     x_s,
                     k_s,
                     w_s,
@@ -391,7 +431,7 @@ def cuda_resident_kernel(cfg, prim_func):
                 )
                 # ---- prefetch x, k of c_(i + 1) (slots consumed above)
                 if has1:
-                    issue_x_k(tok1, tid, x_s, k_s, hidden_states, kv)
+                    issue_x_k(tok1, tid, gid, x_s, k_s, hidden_states, kv)
                 T.ptx_commit_group()
                 if dynamic:
                     cur = nx1
@@ -404,7 +444,7 @@ def cuda_resident_kernel(cfg, prim_func):
                 if j * threads + tid < groups:
                     for h in T.unroll(hc):
                         for e in T.vectorized(VEC):
-                            grad_w_partial[pid, h, (j * threads + tid) * VEC + e] = gw[j, h, e]
+                            grad_w_partial[pid, h, (j * threads + gid) * VEC + e] = gw[j, h, e]
 
     return prim_func(
         T,

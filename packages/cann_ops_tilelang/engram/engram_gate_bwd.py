@@ -174,11 +174,13 @@ def engram_gate_bwd(
     Returns:
         EngramGateBwdResult(grad_hidden_states, grad_kv, grad_w_partial), a tuple: grad_hidden_states (T, hc, H)
         and grad_kv (T, hc + 1, H) bf16, contiguous (the kernels write the key and value gradients straight into
-        it); grad_w_partial (P, hc, H) fp32, one slice per persistent block (P = the device's SMs / vector cores).
+        it); grad_w_partial (P, hc, H) fp32, one slice per persistent block (P = the device's SMs / vector cores;
+        on CUDA, tokens too wide for one SM are split over clusters of 2 and P is half the SMs).
         d/d(weight_fused) is grad_w_partial.sum(0); engram_grad_w_reduce finishes the RMSNorm weight gradients.
-        On CUDA (hc * H up to about 32K) the blocks of a call of more than FIXED_RANGE_MAX_TOKENS_PER_BLOCK (8) x P
-        tokens claim tokens at run time, so which tokens a slice sums, and the last bits of the weight gradient,
-        can differ between runs; the other grads never do. Smaller calls, and every call under
-        torch.use_deterministic_algorithms(True), give each block a fixed token range: the same bits every run.
+        On CUDA (a token on one SM: hc * H up to about 32K) the blocks of a call of more than
+        FIXED_RANGE_MAX_TOKENS_PER_BLOCK (8) x P tokens claim tokens at run time, so which tokens a slice sums,
+        and the last bits of the weight gradient, can differ between runs; the other grads never do. Smaller
+        calls, every call under torch.use_deterministic_algorithms(True) and the split tokens give each block a
+        fixed token range: the same bits every run.
         For T == 0 nothing is launched: empty grads, and grad_w_partial zeros with the P a launch would use.
     """

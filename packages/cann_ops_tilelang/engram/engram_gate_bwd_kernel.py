@@ -10,13 +10,16 @@ Per token t and branch h (vectors over H, fp32 math, s = H ** -0.5):
     grad_v[t]         = sum_h grad_out[t, h] * g[t, h]
     grad_w_partial[p] = sum over the tokens of block p of r * x * k        (one slice per block, no float atomics)
 
-Every kernel launches `num_cores` persistent blocks (P = cfg.num_blocks = grad_w_partial.shape[0]). The
-CUDA kernels write each block's whole slice of grad_w_partial (zeros when the block handles no token); the
+Every kernel launches `num_cores` persistent blocks, one slice of grad_w_partial each, or on CUDA for wide
+tokens `num_cores // 2` clusters of 2 CTAs, one slice per cluster (P = cfg.num_blocks = grad_w_partial.shape[0]).
+The CUDA kernels write each block's whole slice of grad_w_partial (zeros when the block handles no token); the
 Ascend kernel adds into it, so the caller passes it zero-filled (cfg.accumulates_into_partials).
 
 Kernels (one prim_func signature, `_engram_gate_bwd_prim_func`, around each backend's body):
-- CUDA (_engram_gate_bwd_cuda.py): variant 'resident', one pass over memory, where the per-thread
-  slice of the weight gradient fits in registers (hc * H up to ~32K), else variant 'chunked'.
+- CUDA (_engram_gate_bwd_cuda.py): variant 'resident', one pass over memory, with a CTA per token where
+  the token's staging slots and the per-thread slice of the weight gradient fit (hc * H up to ~32K), else
+  with a cluster of 2 CTAs per token (cfg.cluster = 2, hc * H up to 64K at hc <= 4 and hc = 8), else
+  variant 'chunked'.
 - Ascend 950 (_engram_gate_bwd_ascend.py): the chunked scheme on the vector cores.
 
 Summation orders (fp32) differ from torch's, so grads agree with an fp32 reference to rounding.
@@ -46,10 +49,18 @@ COUNTER_WORDS = 1
 # they need no counter (one per stream, engram_gate_bwd._token_counter: host time a launch-bound call pays).
 FIXED_RANGE_MAX_TOKENS_PER_BLOCK = 8
 _CUDA_SMEM_BUDGET = 200 * 1024  # bytes of shared memory a resident block may use (227 KB max, keep L1)
+# Slots that fit nowhere else may take the whole opt-in maximum (227 KB) less the small rings (scalars, dL/dg
+# partials, claims); the weight slice is then read through L2 (hc = 4, H = 8192: 97 % of copy, docs/engram.md).
+_CUDA_SMEM_MAX = 224 * 1024
+# CTAs of a cluster that split a token's H between them (one token per cluster, dL/dg partials exchanged through
+# distributed shared memory), tried in this order: 2 keeps hc * H up to 65536 on the one-pass kernel. Clusters
+# of 4 measured slower than the chunked kernel (fewer of them are resident at once than SMs / 4).
+_CUDA_CLUSTER_SIZES = (1, 2)
 # Resident blocks wider than this were slower: at H = 5120 one group per thread takes 640 threads and
 # reached 83-86 % of copy, two groups per thread on 320 threads 95-99 % (README, Performance).
 _CUDA_RESIDENT_PREFERRED_THREADS = 512
 _CUDA_REGS = 65536  # 32-bit registers per SM
+_CUDA_MAX_UNITS_PER_THREAD = 8  # resident: column groups x branches per thread (_cuda_block_plan)
 _CUDA_REG_BASE = 20  # registers per thread besides the per-branch scalars, packed grad_out and weight-gradient slice
 _CUDA_REG_SLACK = 8  # at >= 128 registers a few spilled ones cost less than halving the threads
 _ASCEND_UB_BUDGET = 180 * 1024  # bytes of UB for the chunked Ascend kernel (248 KB physical)
@@ -80,6 +91,7 @@ class EngramGateBwdConfig:
     token_chunk: int  # chunked: tokens per chunk
     dynamic_tokens: bool = False  # resident: blocks claim tokens from a counter (else a fixed contiguous range)
     has_mask: bool = False  # the kernel takes image_token_mask (T,) bool (mask=None is its own variant)
+    cluster: int = 1  # resident: CTAs of a cluster splitting each token's H (1: a block per token)
 
     def __post_init__(self):
         if self.backend not in ('ascend', 'cuda'):
@@ -97,13 +109,19 @@ class EngramGateBwdConfig:
                 raise ValueError(f'bad Ascend tiling: tile_cols={self.tile_cols}, token_chunk={self.token_chunk}')
         if self.backend == 'cuda' and (self.threads % 32 != 0 or not 32 <= self.threads <= 1024):
             raise ValueError(f'CUDA threads must be a multiple of 32 in 32..1024, got {self.threads}')
-        if self.dynamic_tokens and self.variant != 'resident':
-            raise ValueError('only the resident CUDA kernel claims tokens dynamically')
+        if self.dynamic_tokens and (self.variant != 'resident' or self.cluster > 1):
+            raise ValueError('only the resident CUDA kernel without clusters claims tokens dynamically')
+        if self.cluster != 1 and (
+            self.variant != 'resident' or self.cluster not in (2, 4) or self.num_cores < self.cluster
+        ):
+            raise ValueError(f'cluster={self.cluster}: only the resident CUDA kernel splits tokens, over 2 or 4 CTAs')
+        if self.variant == 'resident' and self.hidden // VEC % self.cluster:
+            raise ValueError(f'hidden={self.hidden} does not split into {self.cluster} CTAs of 16-byte groups')
 
     @property
     def num_blocks(self) -> int:
-        """P: the first dimension of grad_w_partial."""
-        return self.num_cores
+        """P: the first dimension of grad_w_partial, one slice per persistent block (per cluster where split)."""
+        return self.num_cores // self.cluster
 
     @property
     def accumulates_into_partials(self) -> bool:
@@ -125,15 +143,30 @@ def _cuda_reg_cap(threads: int) -> int:
     return min(255, _CUDA_REGS // _round_up(threads, 128) // 8 * 8)
 
 
-def _cuda_resident_plan(hc: int, hidden: int) -> tuple[int, int, bool] | None:
-    """(threads, groups_per_thread, w_in_smem) of the resident kernel, or None where it does not fit."""
-    groups = hidden // VEC
+def _cuda_resident_plan(hc: int, hidden: int) -> tuple[int, int, bool, int] | None:
+    """(threads, groups_per_thread, w_in_smem, cluster) of the resident kernel, or None where it does not fit.
+
+    One CTA per token where it fits, else a cluster of CTAs, each with 1 / cluster of the token's columns.
+    """
+    for cluster in _CUDA_CLUSTER_SIZES:
+        for budget in (_CUDA_SMEM_BUDGET, _CUDA_SMEM_MAX):
+            plan = _cuda_block_plan(hc, hidden // cluster, budget)
+            if plan is not None:
+                return (*plan, cluster)
+    return None
+
+
+def _cuda_block_plan(hc: int, cols: int, smem_budget: int) -> tuple[int, int, bool] | None:
+    """(threads, groups_per_thread, w_in_smem) of a resident CTA holding `cols` columns of each branch."""
+    groups = cols // VEC
     # Blocks of at most _CUDA_RESIDENT_PREFERRED_THREADS first (more column groups per thread where needed),
     # wider blocks only where no such plan fits (README, Performance: H = 5120).
     candidates = [(g, _round_up(-(-groups // g), 32)) for g in (1, 2, 4)]
     candidates.sort(key=lambda gt: gt[1] > _CUDA_RESIDENT_PREFERRED_THREADS)  # stable: fewest groups first
     for g, threads in candidates:
-        if threads > 1024:
+        # More than 8 (branch, group) units per thread (hc = 8 at 2 groups: 256 threads of 255 registers)
+        # reached 55-68 % of copy on the H200, below a split or the chunked kernel.
+        if threads > 1024 or g * hc > _CUDA_MAX_UNITS_PER_THREAD:
             continue
         # registers: the weight-gradient slice (fp32), grad_out held across the reduction (packed bf16),
         # r and the two rstd terms per branch, and the rest (addresses, loop state, temporaries)
@@ -141,7 +174,7 @@ def _cuda_resident_plan(hc: int, hidden: int) -> tuple[int, int, bool] | None:
         if 12 * g * hc + 4 * hc + _CUDA_REG_BASE > cap + (_CUDA_REG_SLACK if cap >= 128 else 0):
             continue
         slots = (3 * hc + 1) * g * threads * VEC * 2  # grad_out, x, k (hc rows each) and v, one token
-        if slots > _CUDA_SMEM_BUDGET:
+        if slots > smem_budget:
             continue
         w_in_smem = slots + hc * g * threads * VEC * 4 <= _CUDA_SMEM_BUDGET
         return threads, g, w_in_smem
@@ -192,7 +225,7 @@ def choose_engram_gate_bwd_config(
         )
     plan = _cuda_resident_plan(hc, hidden)
     if plan is not None:
-        threads, g, w_in_smem = plan
+        threads, g, w_in_smem, cluster = plan
         return EngramGateBwdConfig(
             backend,
             hc,
@@ -204,8 +237,10 @@ def choose_engram_gate_bwd_config(
             w_in_smem=w_in_smem,
             tile_cols=_LANES,
             token_chunk=1,
-            dynamic_tokens=not deterministic,
+            # Clusters keep fixed token ranges: claims measured slower there (docs/engram.md, "Wide tokens").
+            dynamic_tokens=not deterministic and cluster == 1,
             has_mask=has_mask,
+            cluster=cluster,
         )
     threads = 256
     return EngramGateBwdConfig(
@@ -221,6 +256,26 @@ def choose_engram_gate_bwd_config(
         token_chunk=32,
         has_mask=has_mask,
     )
+
+
+def _cuda_plan_class(cfg: EngramGateBwdConfig) -> tuple:
+    """What the CUDA chooser decides beyond sizes: variant, cluster, groups per thread, where the weight lives,
+    and the shared-memory tier of the staging slots."""
+    slots = (3 * cfg.hc + 1) * cfg.groups_per_thread * cfg.threads * VEC * 2
+    return cfg.variant, cfg.cluster, cfg.groups_per_thread, cfg.w_in_smem, slots > _CUDA_SMEM_BUDGET
+
+
+def cuda_plan_widths(hc: int, num_cores: int, *, step: int = 64, max_hidden: int = 16384) -> list[int]:
+    """Both sides of every hidden size (multiples of `step`) at which the CUDA plan of `hc` changes class
+    (_cuda_plan_class): the widths the device tests and the benchmark grid take so that no plan goes untested."""
+    widths: list[int] = []
+    previous = None
+    for hidden in range(step, max_hidden + 1, step):
+        cls = _cuda_plan_class(choose_engram_gate_bwd_config(backend='cuda', hc=hc, hidden=hidden, num_cores=num_cores))
+        if previous is not None and cls != previous:
+            widths += [hidden - step, hidden]
+        previous = cls
+    return list(dict.fromkeys(widths))
 
 
 def _engram_gate_bwd_prim_func(T, body, *, hc, hidden, num_blocks, has_mask, num_tokens, strides):
