@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import re
+import shutil
 
 import cann_ops_ascend_emu as emu
 import pytest
@@ -15,6 +16,7 @@ import torch
 from cann_ops_tilelang.engram import engram_fused_weight_kernel as fw_k
 from cann_ops_tilelang.engram import engram_grad_w_reduce_kernel as gw_k
 from cann_ops_tilelang.engram import engram_hash_kernel as hk_k
+from tests.ascend_emu import test_fp8_conversion as fp8
 
 HC, HIDDEN = 4, 256  # fused_weight: one 256-element row per core, 4 cores
 
@@ -178,3 +180,88 @@ def test_broken_tail_lets_poison_reach_gm():
         r'runs .*a never-written UB value reached GM',
     ):
         _run_hash(src)
+
+
+# ---------------------------------------------------------------- mutations of the emulator itself
+# Each builds FP8_MORE_SNIPPET against a copy of the emulator's headers with one documented behaviour broken, and the
+# unit test's own check of that behaviour (tests/ascend_emu/test_fp8_conversion.py) must fail on the result.
+EMULATOR_MUTATIONS = {
+    'fp8 widening reads byte 0 whatever the part': (
+        'vector.h',
+        'int b = 4 * i + c.part;',
+        'int b = 4 * i;',
+        fp8.check_e4m3_to_f32,
+        False,
+    ),
+    'fp8 widening masked by the destination lane': (
+        'vector.h',
+        'if (emu::on<S>(mask, b))',
+        'if (emu::on<vector_f32>(mask, i))',
+        fp8.check_widening_mask_is_the_source_bytes,
+        False,
+    ),
+    'e4m3 widening takes S.1111.xxx for NaN': (
+        'types.h',
+        'if (ex == 0xf && man == 7) return fp8_nan(b);',
+        'if (ex == 0xf) return fp8_nan(b);',
+        fp8.check_e4m3_to_f32,
+        False,
+    ),
+    'e5m2 widening subnormals off by one binade': (
+        'types.h',
+        'std::ldexp(float(man), -16)',
+        'std::ldexp(float(man), -17)',
+        fp8.check_e5m2_to_f32,
+        False,
+    ),
+    'fp32->fp8 rounding ties away from zero': (
+        'types.h',
+        'double q = std::nearbyint(',
+        'double q = std::round(',
+        fp8.check_e5m2_nearest_even,
+        False,
+    ),
+    'fp32->e5m2 writes byte 0 whatever the part': (
+        'vector.h',
+        'else r.v[4 * i + c.part] = emu::f32_to_e5m2(src.v[i], sat);',
+        'else r.v[4 * i] = emu::f32_to_e5m2(src.v[i], sat);',
+        fp8.check_e5m2_nearest_even,
+        False,
+    ),
+    'fp32->e5m2 saturation overflows to inf': (
+        'types.h',
+        'if (code > 0x7b) return uint8_t(sign | (sat ? 0x7b : 0x7c));',
+        'if (code > 0x7b) return uint8_t(sign | 0x7c);',
+        fp8.check_e5m2_saturation,
+        True,
+    ),
+    'deintlv swaps dst0 and dst1': (
+        'vector.h',
+        'dst0 = even;\n    dst1 = odd;',
+        'dst0 = odd;\n    dst1 = even;',
+        fp8.check_deintlv,
+        False,
+    ),
+    'deintlv reads src1 before src0': (
+        'vector.h',
+        'const V &s = k < half ? src0 : src1;',
+        'const V &s = k < half ? src1 : src0;',
+        fp8.check_deintlv,
+        False,
+    ),
+}
+
+
+@pytest.mark.parametrize('name', list(EMULATOR_MUTATIONS))
+def test_broken_emulated_behaviour_fails_its_unit_test(name, monkeypatch, tmp_path):
+    header, old, new, check, saturate = EMULATOR_MUTATIONS[name]
+    check(fp8.fp8_more(saturate))  # the emulator as it is passes
+    include = tmp_path / 'include'
+    shutil.copytree(emu.driver.INCLUDE_DIR, include)
+    path = include / 'emu' / header
+    path.write_text(_mutate(path.read_text(), old, new))
+    monkeypatch.setattr(emu.driver, 'INCLUDE_DIR', include)
+    monkeypatch.setattr(emu.driver, '_EMU_HASH', None)  # a new build-cache key for the mutated headers
+    run = fp8.fp8_more_run(emu.SourceKernel(fp8.FP8_MORE_SNIPPET, grid=1), saturate)
+    with pytest.raises(AssertionError):
+        check(run)

@@ -34,26 +34,59 @@ inline uint16_t f32_to_bf16(float f, char mode, bool sat) {
   return h;
 }
 inline float bf16_to_f32(uint16_t h) { return bits_to_f32(uint32_t(h) << 16); }
-// fp8_e4m3fn <- fp32, RINT (to nearest, ties to even; the only mode asc_float2e4m3 has), following asc-devkit
-// reg_vector/asc_float2e4m3.md. Saturating: beyond the largest finite value (448) and +-inf -> +-448, NaN -> 0.
-// Non-saturating: beyond 448 and +-inf -> the type's "inf"; e4m3fn has no inf, so its one non-finite encoding,
-// S.1111.111 (NaN), is what that can be; NaN -> NaN. Subnormals (steps of 2**-9) are rounded, not flushed.
+// fp8 <- fp32 rounding shared by fp8_e4m3fn and fp8_e5m2 (M mantissa bits, exponent bias B): the magnitude code
+// of a finite |f| rounded by RINT (to nearest, ties to even). Subnormals (steps of 2**(1-B-M)) are rounded, not
+// flushed. The code can pass the format's largest finite one: overflow is the caller's to handle.
+template <int M, int B> inline int fp8_rint_code(double a) {
+  int e;
+  std::frexp(a, &e);  // a = m * 2**e, m in [0.5, 1): the leading bit is 2**(e-1)
+  int unbiased = std::max(e - 1, 1 - B);  // below the smallest normal the quantum stays 2**(1-B-M)
+  double q = std::nearbyint(std::ldexp(a, M - unbiased));  // significand in steps of the quantum, ties to even
+  if (q >= (2 << M)) {  // rounded up into the next binade
+    q = 1 << M;
+    unbiased += 1;
+  }
+  return q < (1 << M) ? int(q) : ((unbiased + B) << M) | (int(q) - (1 << M));  // q < 2**M only when subnormal
+}
+// fp8_e4m3fn <- fp32, RINT (the only mode asc_float2e4m3 has), following asc-devkit
+// data_type_convert/asc_float2e4m3_deprecated.md (was reg_vector/asc_float2e4m3.md) and rounding_mode.md.
+// Saturating: beyond the largest finite value (448) and +-inf -> +-448, NaN -> 0. Non-saturating: beyond 448 and
+// +-inf -> NaN, S.1111.111 (basic-API Cast.md: e4m3fn has no inf, so the output is NaN); NaN -> NaN.
 inline uint8_t f32_to_e4m3(float f, bool sat) {
   uint8_t sign = uint8_t((f32_to_bits(f) >> 24) & 0x80);
   if (std::isnan(f)) return sat ? 0 : uint8_t(sign | 0x7f);
-  double a = std::fabs((double)f);
   if (std::isinf(f)) return uint8_t(sign | (sat ? 0x7e : 0x7f));
-  int e;
-  std::frexp(a, &e);  // a = m * 2**e, m in [0.5, 1): the leading bit is 2**(e-1)
-  int unbiased = std::max(e - 1, -6);  // below 2**-6 the quantum stays 2**-9 (subnormals)
-  double q = std::nearbyint(std::ldexp(a, 3 - unbiased));  // significand in steps of the quantum, ties to even
-  if (q >= 16) {  // rounded up into the next binade
-    q = 8;
-    unbiased += 1;
-  }
-  int code = q < 8 ? int(q) : ((unbiased + 7) << 3) | (int(q) - 8);  // q < 8 only in the subnormal range
+  int code = fp8_rint_code<3, 7>(std::fabs((double)f));
   if (code > 0x7e) return uint8_t(sign | (sat ? 0x7e : 0x7f));
   return uint8_t(sign | code);
+}
+// fp8_e5m2 <- fp32 (data_type_convert/asc_float2e5m2_deprecated.md: RINT only; rounding_mode.md, Cast.md):
+// saturating: beyond the largest finite value (57344) and +-inf -> +-57344, NaN -> 0 (Cast.md's default; its
+// CTRL[50] NaN-keeping option is not emulated). Non-saturating: beyond 57344 -> +-inf, +-inf -> +-inf, NaN -> NaN;
+// which NaN encoding is not documented: S.11111.11 here (tests check NaN-ness, not bits).
+inline uint8_t f32_to_e5m2(float f, bool sat) {
+  uint8_t sign = uint8_t((f32_to_bits(f) >> 24) & 0x80);
+  if (std::isnan(f)) return sat ? 0 : uint8_t(sign | 0x7f);
+  if (std::isinf(f)) return uint8_t(sign | (sat ? 0x7b : 0x7c));
+  int code = fp8_rint_code<2, 15>(std::fabs((double)f));
+  if (code > 0x7b) return uint8_t(sign | (sat ? 0x7b : 0x7c));
+  return uint8_t(sign | code);
+}
+// fp32 <- fp8 (data_type_convert/asc_e4m32float_deprecated.md, asc_e5m22float_deprecated.md): exact, as every
+// e4m3fn / e5m2 value, subnormals included, is an fp32 value; Cast.md: fp32 output is non-saturating only, so
+// +-inf -> +-inf and NaN -> NaN. The NaN's payload is not documented: a quiet NaN with the source's sign here.
+inline float fp8_nan(uint8_t b) { return bits_to_f32(uint32_t(b & 0x80) << 24 | 0x7fc00000u); }
+inline float e4m3_to_f32(uint8_t b) {
+  int ex = (b >> 3) & 0xf, man = b & 7;
+  if (ex == 0xf && man == 7) return fp8_nan(b);  // e4m3fn: S.1111.111 is its only non-finite encoding
+  float mag = ex == 0 ? std::ldexp(float(man), -9) : std::ldexp(float(8 + man), ex - 10);
+  return (b & 0x80) ? -mag : mag;
+}
+inline float e5m2_to_f32(uint8_t b) {
+  int ex = (b >> 2) & 0x1f, man = b & 3;
+  if (ex == 0x1f) return man ? fp8_nan(b) : ((b & 0x80) ? -INFINITY : INFINITY);
+  float mag = ex == 0 ? std::ldexp(float(man), -16) : std::ldexp(float(4 + man), ex - 17);
+  return (b & 0x80) ? -mag : mag;
 }
 inline uint16_t f32_to_f16_rn(float f) { return std::bit_cast<uint16_t>((_Float16)f); }  // IEEE RNE
 inline float f16_to_f32(uint16_t h) { return (float)std::bit_cast<_Float16>(h); }
@@ -104,7 +137,8 @@ inline constexpr emu_tag<K_MODE, 1> MODE_MERGING{};
 inline constexpr emu_tag<K_MODE, 2> MODE_UNKNOWN{};
 inline constexpr emu_tag<K_PART, 0> PART_EVEN{};
 inline constexpr emu_tag<K_PART, 1> PART_ODD{};
-// The 4:1 narrowing conversions (fp32 -> fp8) write byte `part` of each 4-byte group (reg_vector/asc_float2e4m3.md).
+// The 4:1 conversions write (fp32 -> fp8) or read (fp8 -> fp32) byte `part` of each 4-byte group (basic-API
+// RegLayout.md: cast_b32_to_b8 / cast_b8_to_b32, dst[layout:256:4] / src[layout:256:4]).
 inline constexpr emu_tag<K_PART, 0> PART_P0{};
 inline constexpr emu_tag<K_PART, 1> PART_P1{};
 inline constexpr emu_tag<K_PART, 2> PART_P2{};

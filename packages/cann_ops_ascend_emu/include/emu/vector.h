@@ -471,6 +471,32 @@ template <emu::calc_vreg V, class S> inline void asc_arange_descend(V &dst, S in
   for (int i = 0; i < V::lanes; ++i) emu::set(dst, i, emu::wrap_sub(C(index), C(i)));
 }
 
+// ---------------------------------------------------------------- rearrangement (data_rearrange/*.md)
+// asc_deintlv (data_rearrange/asc_deintlv.md): its lane order is given only by a figure, so this follows the text
+// for the same operation elsewhere: src0 then src1 as one sequence of 2N elements, the even-indexed ones to dst0 and
+// the odd-indexed ones to dst1 (reg_load/asc_loadalign_v1_deprecated.md, DEINTLV load mode; the example of basic-API
+// 数据重排（ISASI）/DeInterleave.md: src0 1..512 and src1 513..1024 give dst0 1, 3, .., 1023 and dst1 2, 4, .., 1024).
+// dst0 and dst1 may not be one register; sources may alias the destinations. Documented for 8/16/32-bit lanes only.
+template <emu::vreg V> inline void asc_deintlv(V &dst0, V &dst1, V src0, V src1) {
+  constexpr bool fp4 = std::is_same_v<V, vector_f4e2m1x2> || std::is_same_v<V, vector_f4e1m2x2>;
+  if constexpr (fp4 || V::lane_bytes > 4) {
+    emu::unemulated("asc_deintlv (fp4 / 64-bit lanes: not documented)");
+  } else {
+    if (&dst0 == &dst1) emu::fail("PIPE_V", "asc_deintlv: dst0 and dst1 are one register (asc_deintlv.md forbids it)");
+    emu::count_vec();
+    constexpr int half = V::lanes / 2;
+    V even, odd;
+    for (int k = 0; k < V::lanes; ++k) {
+      const V &s = k < half ? src0 : src1;
+      int j = 2 * (k % half);
+      even.v[k] = s.v[j];
+      odd.v[k] = s.v[j + 1];
+    }
+    dst0 = even;
+    dst1 = odd;
+  }
+}
+
 // ---------------------------------------------------------------- reductions (reduce_compute/asc_reduce_sum.md)
 // Binary tree over the register positions (lane 2k + lane 2k+1, then pairs of those, ...), lanes the mask
 // leaves out contribute +0; the sum lands in lane 0, every other lane is 0. 16-bit integer sources widen
@@ -564,7 +590,8 @@ template <emu::calc_vreg V, class M> inline void vmadd(V &dst, V a, V b, vector_
 
 // vcvt: conversion with trailing control tags (part, round, saturation, mode in any order) as simd_inst.h passes
 // them. Emulated pairs: fp32 <- bf16/half (PART_EVEN/ODD picks the even/odd source lanes), bf16/half <- fp32
-// (PART_* picks the even/odd destination lanes; asc-devkit data_type_convert/asc_float2bfloat16.md), fp32 <-> s32.
+// (PART_* picks the even/odd destination lanes; asc-devkit data_type_convert/asc_float2bfloat16.md), fp32 <-> s32,
+// fp8_e4m3fn / fp8_e5m2 <-> fp32 (PART_P0..P3 picks byte `part` of each 4-byte group, types.h).
 // RS_ENABLE saturates only when emu.set_saturation(True) (README "Saturation").
 namespace emu {
 struct CvtCtl {
@@ -572,11 +599,13 @@ struct CvtCtl {
   char round = 'r';
   bool rs = false;
   bool merge = false;
+  bool has_round = false, has_rs = false;  // given at all (the widening fp8 conversions take neither)
 };
+template <class V> concept fp8_vreg = std::is_same_v<V, vector_f8e4m3> || std::is_same_v<V, vector_f8e5m2>;
 template <class T> inline void cvt_ctl(CvtCtl &c, T) {
   if constexpr (T::kind == K_PART) c.part = T::value;
-  else if constexpr (T::kind == K_ROUND) c.round = (char)T::value;
-  else if constexpr (T::kind == K_RS) c.rs = T::value != 0;
+  else if constexpr (T::kind == K_ROUND) c.round = (char)T::value, c.has_round = true;
+  else if constexpr (T::kind == K_RS) c.rs = T::value != 0, c.has_rs = true;
   else if constexpr (T::kind == K_MODE) c.merge = T::value == 1;
   else static_assert(T::kind == K_PART, "vcvt: unknown control");
 }
@@ -629,16 +658,30 @@ template <emu::vreg D, emu::vreg S, class... C> inline void vcvt(D &dst, S src, 
   } else if constexpr (std::is_same_v<D, vector_s32> && std::is_same_v<S, vector_f32>) {
     for (int i = 0; i < 64; ++i)
       if (emu::on<vector_f32>(mask, i)) r.v[i] = emu::f32_to_s32(src.v[i], c.round, c.rs && emu::st.saturate);
-  } else if constexpr (std::is_same_v<D, vector_f8e4m3> && std::is_same_v<S, vector_f32>) {
-    // reg_vector/asc_float2e4m3.md: fp32 lane i -> byte 4i + part; the other bytes of a zeroing result are 0.
-    if (c.round != 'r') emu::fail("PIPE_V", "vcvt fp32->fp8_e4m3: only ROUND_R (RINT) is documented");
+  } else if constexpr (emu::fp8_vreg<D> && std::is_same_v<S, vector_f32>) {
+    // asc_float2e4m3_deprecated.md / asc_float2e5m2_deprecated.md: fp32 lane i -> byte 4i + part (the lane's own
+    // mask bit, 4i); the other bytes of a zeroing result are 0 (RegLayout.md cast_b32_to_b8).
+    if (c.round != 'r') emu::fail("PIPE_V", "vcvt fp32->fp8: only ROUND_R (RINT) is documented");
     bool sat = c.rs && emu::st.saturate;
     for (int i = 0; i < 64; ++i)
       if (emu::on<vector_f32>(mask, i)) {
         if (!c.merge)
           for (int k = 0; k < 4; ++k) r.v[4 * i + k] = 0;
-        r.v[4 * i + c.part] = emu::f32_to_e4m3(src.v[i], sat);
+        if constexpr (std::is_same_v<D, vector_f8e4m3>) r.v[4 * i + c.part] = emu::f32_to_e4m3(src.v[i], sat);
+        else r.v[4 * i + c.part] = emu::f32_to_e5m2(src.v[i], sat);
       }
+  } else if constexpr (std::is_same_v<D, vector_f32> && emu::fp8_vreg<S>) {
+    // asc_e4m32float_deprecated.md / asc_e5m22float_deprecated.md: lane i <- byte 4i + part (RegLayout.md
+    // cast_b8_to_b32). The mask is the source operand's (RegLayout.md: one bit per b8 element), so lane i
+    // converts when the bit of byte 4i + part is set; the other lanes are 0. Cast.md lists only zeroing, no
+    // rounding or saturation for these pairs: anything else is left open, so it fails.
+    if (c.merge || c.has_round || c.has_rs)
+      emu::fail("PIPE_V", "vcvt fp8->fp32: only PART_P0..P3 with MODE_ZEROING is documented");
+    for (int i = 0; i < 64; ++i) {
+      int b = 4 * i + c.part;
+      if (emu::on<S>(mask, b))
+        r.v[i] = std::is_same_v<S, vector_f8e4m3> ? emu::e4m3_to_f32(src.v[b]) : emu::e5m2_to_f32(src.v[b]);
+    }
   } else {
     emu::unemulated("vcvt (this pair of register types)");
   }
