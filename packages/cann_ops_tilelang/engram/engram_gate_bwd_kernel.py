@@ -33,6 +33,8 @@ import functools
 from cann_ops_tilelang.config import Backend
 from cann_ops_tilelang.kernel_target import compile_kernel
 
+from ._contract import HIDDEN_ALIGN, MAX_HIDDEN
+
 # The backend bodies. They do not import this module (no import circle): the constants both sides use live
 # there (VEC: bf16 elements per 16-byte CUDA access; LANES: fp32 lanes of an Ascend vector register), and
 # they get the prim_func signature (_engram_gate_bwd_prim_func) as an argument.
@@ -112,9 +114,9 @@ class EngramGateBwdConfig:
         if self.dynamic_tokens and (self.variant != 'resident' or self.cluster > 1):
             raise ValueError('only the resident CUDA kernel without clusters claims tokens dynamically')
         if self.cluster != 1 and (
-            self.variant != 'resident' or self.cluster not in (2, 4) or self.num_cores < self.cluster
+            self.variant != 'resident' or self.cluster not in _CUDA_CLUSTER_SIZES or self.num_cores < self.cluster
         ):
-            raise ValueError(f'cluster={self.cluster}: only the resident CUDA kernel splits tokens, over 2 or 4 CTAs')
+            raise ValueError(f'cluster={self.cluster}: only the resident CUDA kernel splits tokens, over 2 CTAs')
         if self.variant == 'resident' and self.hidden // VEC % self.cluster:
             raise ValueError(f'hidden={self.hidden} does not split into {self.cluster} CTAs of 16-byte groups')
 
@@ -237,7 +239,8 @@ def choose_engram_gate_bwd_config(
             w_in_smem=w_in_smem,
             tile_cols=_LANES,
             token_chunk=1,
-            # Clusters keep fixed token ranges: claims measured slower there (docs/engram.md, "Wide tokens").
+            # Clusters keep fixed token ranges: claims measured slower there (docs/engram.md, "Gate backward:
+            # wide tokens").
             dynamic_tokens=not deterministic and cluster == 1,
             has_mask=has_mask,
             cluster=cluster,
@@ -265,15 +268,15 @@ def _cuda_plan_class(cfg: EngramGateBwdConfig) -> tuple:
     return cfg.variant, cfg.cluster, cfg.groups_per_thread, cfg.w_in_smem, slots > _CUDA_SMEM_BUDGET
 
 
-def cuda_plan_widths(hc: int, num_cores: int, *, step: int = 64, max_hidden: int = 16384) -> list[int]:
-    """Both sides of every hidden size (multiples of `step`) at which the CUDA plan of `hc` changes class
-    (_cuda_plan_class): the widths the device tests and the benchmark grid take so that no plan goes untested."""
+def cuda_plan_widths(hc: int, num_cores: int) -> list[int]:
+    """Both sides of every supported hidden size at which the CUDA plan of `hc` changes class (_cuda_plan_class):
+    the widths the device tests and the benchmark grid take so that no plan goes untested."""
     widths: list[int] = []
     previous = None
-    for hidden in range(step, max_hidden + 1, step):
+    for hidden in range(HIDDEN_ALIGN, MAX_HIDDEN + 1, HIDDEN_ALIGN):
         cls = _cuda_plan_class(choose_engram_gate_bwd_config(backend='cuda', hc=hc, hidden=hidden, num_cores=num_cores))
         if previous is not None and cls != previous:
-            widths += [hidden - step, hidden]
+            widths += [hidden - HIDDEN_ALIGN, hidden]
         previous = cls
     return list(dict.fromkeys(widths))
 
