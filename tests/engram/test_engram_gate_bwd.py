@@ -16,6 +16,7 @@ import cann_ops_tilelang
 from cann_ops_tilelang import config, engram_gate_bwd, operator
 from cann_ops_tilelang.config import get_num_cores
 from cann_ops_tilelang.engram import EngramGateBwdResult, _gate_bwd_counters
+from cann_ops_tilelang.engram import engram_gate_bwd_kernel as gb_k
 from cann_ops_tilelang.engram._contract import HIDDEN_ALIGN, MAX_HC, MAX_HIDDEN
 from cann_ops_tilelang.engram.engram_gate_bwd_kernel import (
     COUNTER_WORDS,
@@ -354,6 +355,23 @@ def test_engram_gate_bwd_config_covers_supported_range():
         assert (cfg.variant, cfg.cluster) == ('resident', 1)
     with pytest.raises(ValueError, match='backend'):
         dataclasses.replace(choose_engram_gate_bwd_config(backend='cuda', hc=4, hidden=64, num_cores=1), backend='x')
+
+
+def test_engram_gate_bwd_plan_widths_are_the_class_changes():
+    """cuda_plan_widths lists both sides of each width where the chooser's plan class changes (cluster, groups per
+    thread, where the weight lives, the shared-memory tier, chunked), and no other width."""
+    for hc in range(1, MAX_HC + 1):
+        widths = set(cuda_plan_widths(hc, H200_SMS))
+        classes = {
+            hidden: gb_k._cuda_plan_class(
+                choose_engram_gate_bwd_config(backend='cuda', hc=hc, hidden=hidden, num_cores=H200_SMS)
+            )
+            for hidden in range(HIDDEN_ALIGN, MAX_HIDDEN + 1, HIDDEN_ALIGN)
+        }
+        changes = {h for h in classes if h > HIDDEN_ALIGN and classes[h] != classes[h - HIDDEN_ALIGN]}
+        assert widths == changes | {h - HIDDEN_ALIGN for h in changes}
+    assert 8192 in cuda_plan_widths(4, H200_SMS)  # one CTA up to 8192, a cluster from 8256
+    assert 8256 in cuda_plan_widths(4, H200_SMS)
 
 
 def test_engram_gate_bwd_config_token_schedule():
