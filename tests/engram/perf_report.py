@@ -40,7 +40,6 @@ from collections.abc import Callable
 
 import torch
 
-from tests.engram import width_sweep
 from tests.engram.engram_gate_bwd_ref import engram_gate_bwd_ref
 from tests.engram.engram_gate_fwd_ref import engram_gate_fwd_ref
 from tests.engram.engram_grad_w_reduce_ref import engram_grad_w_reduce_ref
@@ -801,6 +800,8 @@ def report(args, device: torch.device) -> str:
     if args.host:
         report_host(device, tk, out)
     if args.width_sweep:
+        from tests.engram import width_sweep  # (it imports this module)
+
         width_sweep.report(args, device, ceiling_gbs, out)
     return '\n'.join(lines)
 
@@ -832,6 +833,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument('--no-host', dest='host', action='store_false', help='skip the host-time table')
     parser.add_argument('--no-clean-l2', dest='clean_l2', action='store_false', help='skip the clean-L2 columns')
     parser.add_argument('--no-mask-cost', dest='mask_cost', action='store_false', help='skip the mask-cost table')
+    from tests.engram import width_sweep
+
     parser.add_argument('--width-sweep', action='store_true', help='end with the gate width sweep (width_sweep.py)')
     width_sweep.add_arguments(parser, prefix='sweep-')
     parser.add_argument('--output', help='also write the report (markdown) to this file')

@@ -66,8 +66,6 @@ SHAPES = generate_samples(LEVEL, hc=gen_hc, hidden=gen_hidden)
 VALUE_PARAMS = generate_samples(
     LEVEL, hc=gen_hc, hidden=gen_hidden, num_tokens=gen_num_tokens, where=lambda p: p['num_tokens'] > 0
 )
-CHUNKED_CUDA_SHAPES = GATE_BWD_CHUNKED_CUDA_SHAPES
-CLUSTER_CUDA_SHAPES = GATE_BWD_CLUSTER_CUDA_SHAPES
 # Both sides of every width where the CUDA plan changes class, every hc (the device tests of level 1).
 PLAN_WIDTHS = [{'hc': hc, 'hidden': h} for hc in range(1, MAX_HC + 1) for h in cuda_plan_widths(hc, H200_SMS)]
 
@@ -242,7 +240,7 @@ def test_engram_gate_bwd_cuda_lowers(params):
         assert 'token_counter[' not in lowered.source  # nor to reset
 
 
-@pytest.mark.parametrize('params', CLUSTER_CUDA_SHAPES, ids=make_param_id)
+@pytest.mark.parametrize('params', GATE_BWD_CLUSTER_CUDA_SHAPES, ids=make_param_id)
 @pytest.mark.parametrize('has_mask', [False, True], ids=['plain', 'mask'])
 def test_engram_gate_bwd_cuda_cluster_lowers(params, has_mask):
     """A token split over 2 CTAs: each stages half its columns, pushes its per-warp dL/dg partials into both
@@ -264,7 +262,7 @@ def test_engram_gate_bwd_cuda_cluster_lowers(params, has_mask):
         dataclasses.replace(cfg, cluster=3)
 
 
-@pytest.mark.parametrize('params', CHUNKED_CUDA_SHAPES, ids=make_param_id)
+@pytest.mark.parametrize('params', GATE_BWD_CHUNKED_CUDA_SHAPES, ids=make_param_id)
 def test_engram_gate_bwd_cuda_chunked_lowers(params):
     cfg = choose_engram_gate_bwd_config(backend='cuda', **params, num_cores=H200_SMS)
     assert cfg.variant == 'chunked'
@@ -277,7 +275,7 @@ def test_engram_gate_bwd_cuda_chunked_lowers(params):
     [
         ('cuda', {'hc': 4, 'hidden': 4096}),  # resident, claimed tokens
         ('cuda', {'hc': 3, 'hidden': 192}),
-        ('cuda', CHUNKED_CUDA_SHAPES[0]),  # chunked
+        ('cuda', GATE_BWD_CHUNKED_CUDA_SHAPES[0]),  # chunked
         ('ascend', {'hc': 4, 'hidden': 4096}),
         ('ascend', {'hc': 3, 'hidden': 1088}),
     ],
@@ -307,7 +305,7 @@ def _kernel_params(prim_func) -> list[str]:
     [
         ('cuda', {'hc': 4, 'hidden': 4096}, False),  # resident, claimed tokens
         ('cuda', {'hc': 4, 'hidden': 4096}, True),  # resident, fixed ranges
-        ('cuda', CHUNKED_CUDA_SHAPES[0], False),  # chunked
+        ('cuda', GATE_BWD_CHUNKED_CUDA_SHAPES[0], False),  # chunked
         ('ascend', {'hc': 4, 'hidden': 4096}, False),
     ],
     ids=['cuda-resident', 'cuda-resident-deterministic', 'cuda-chunked', 'ascend'],
@@ -380,7 +378,7 @@ def test_engram_gate_bwd_config_token_schedule():
     assert (resident.variant, resident.dynamic_tokens) == ('resident', True)
     fixed = choose_engram_gate_bwd_config(backend='cuda', hc=4, hidden=7168, num_cores=132, deterministic=True)
     assert (fixed.variant, fixed.dynamic_tokens) == ('resident', False)
-    for params in CHUNKED_CUDA_SHAPES:
+    for params in GATE_BWD_CHUNKED_CUDA_SHAPES:
         for deterministic in (False, True):
             chunked = choose_engram_gate_bwd_config(
                 backend='cuda', **params, num_cores=132, deterministic=deterministic
@@ -931,7 +929,9 @@ def test_engram_gate_bwd_empty(device):
 
 @pytest.mark.npu
 @pytest.mark.cuda_only  # the CUDA kernel's split and chunked variants (the Ascend kernel is chunked at every shape)
-@pytest.mark.parametrize('params', [{'hc': 3, 'hidden': 12288}, CHUNKED_CUDA_SHAPES[1]], ids=['cluster', 'chunked'])
+@pytest.mark.parametrize(
+    'params', [{'hc': 3, 'hidden': 12288}, GATE_BWD_CHUNKED_CUDA_SHAPES[1]], ids=['cluster', 'chunked']
+)
 def test_engram_gate_bwd_wide_values(params, device):
     """hc * H beyond one resident CTA: a cluster of 2 CTAs per token (fixed token ranges of ~64 tokens per
     cluster), and beyond that the chunked variant, with T large enough that a block handles several chunks

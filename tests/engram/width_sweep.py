@@ -26,13 +26,13 @@ from collections.abc import Callable
 
 import torch
 
+from tests.engram import perf_report
+from tests.engram.perf_report import CLAMP, EPS
+
 SWEEP_HC = (1, 2, 4, 6, 8)
 SWEEP_HIDDEN = tuple(sorted({*range(1024, 16385, 1024), 2560, 5120, 7168}))
 SWEEP_TOKENS = (4001, 32768)
-EPS = 1e-6
-CLAMP = 1e-6
 WARMUP_MS, REP_MS = 5, 20
-_COMPILE_TOKENS = 8 * 132 + 1  # past the H200's fixed token ranges: the claiming kernel, as at T = 4001
 
 
 def _inputs(num_tokens: int, hc: int, hidden: int, device) -> dict:
@@ -87,12 +87,16 @@ def _libraries(with_tk: bool) -> dict:
 
 def _compile_shape(job: tuple[int, int, bool]) -> str | None:
     """Compile (into TileLang's disk cache) every kernel the sweep times at (hc, H): one small call of each."""
+    from cann_ops_tilelang.config import get_num_cores
+    from cann_ops_tilelang.engram.engram_gate_bwd_kernel import fixed_range_max_tokens
+
     hc, hidden, with_tk = job
     device = torch.device('cuda', 0)
-    inp = _inputs(_COMPILE_TOKENS, hc, hidden, device)
+    num_tokens = fixed_range_max_tokens(get_num_cores(device)) + 1  # the claiming kernel, as at T = 4001
+    inp = _inputs(num_tokens, hc, hidden, device)
     errors = []
     for name, lib in _libraries(with_tk and hc == 4).items():
-        for mask in (None, torch.zeros(_COMPILE_TOKENS, dtype=torch.bool, device=device)):
+        for mask in (None, torch.zeros(num_tokens, dtype=torch.bool, device=device)):
             for op, call in _calls(lib, inp, mask).items():
                 try:
                     call()
@@ -117,8 +121,6 @@ def _cell(value, fmt='{:.0f}') -> str:
 
 def report(args, device, ceiling_gbs: float, out: Callable[[str], None]) -> None:
     """The sweep's table over args.sweep_hc x args.sweep_hidden x args.sweep_tokens."""
-    from tests.engram.perf_report import alternating_medians  # (perf_report imports this module)
-
     libs = _libraries(args.tilekernels)
     compile_all(args.sweep_hc, args.sweep_hidden, with_tk='tk' in libs, jobs=args.jobs)
     out(f'### Gate width sweep (copy ceiling {ceiling_gbs:.0f} GB/s; do_bench CUPTI medians, L2 flushed)')
@@ -141,7 +143,7 @@ def report(args, device, ceiling_gbs: float, out: Callable[[str], None]) -> None
                     fns.append(_calls(tk, inp, None)[op] if tk is not None else None)
                     rounds = args.rounds if tk is not None else 1
                     timing = {'warmup': WARMUP_MS, 'rep': REP_MS}
-                    plain, masked, theirs = (us for us, _ in alternating_medians(fns, rounds, **timing))
+                    plain, masked, theirs = (us for us, _ in perf_report.alternating_medians(fns, rounds, **timing))
                     gbs = _bytes(op, num_tokens, hc, hidden, num_partials) / plain / 1e3 if plain else None
                     cells += [
                         _cell(gbs),
@@ -166,8 +168,6 @@ def add_arguments(parser: argparse.ArgumentParser, *, prefix: str = '') -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from tests.engram.perf_report import copy_ceiling
-
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_arguments(parser)
     parser.add_argument('--rounds', type=int, default=3, help='alternating rounds where TileKernels runs')
@@ -184,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
         lines.append(line)
         print(line, flush=True)
 
-    ceiling_gbs, _ = copy_ceiling(device)
+    ceiling_gbs, _ = perf_report.copy_ceiling(device)
     report(args, device, ceiling_gbs, out)
     if args.output:
         with open(args.output, 'w', encoding='utf-8') as f:

@@ -56,3 +56,14 @@ def per_token_cast_ref(
     scaled = (blocks * inverse.unsqueeze(-1)).reshape(num_tokens, hidden)
     out = scaled.clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
     return out, sf
+
+
+def padded_hidden(block_size: int) -> int:
+    """A hidden size whose UE8M0 scale rows end in padding on both backends: 17, 34 or 9 blocks of 64, 32 or 128."""
+    return 1088 if block_size <= 64 else 1152
+
+
+def scaled_rows(num_tokens: int, hidden: int, dtype: str, device) -> torch.Tensor:
+    """Test input: rows of very different magnitudes, so that the scales span many binades."""
+    scale = torch.exp2(torch.randint(-20, 20, (num_tokens, 1)).float())
+    return (torch.randn(num_tokens, hidden) * scale).to(getattr(torch, dtype)).to(device)

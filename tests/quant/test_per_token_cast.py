@@ -10,7 +10,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from cann_ops_tilelang import config
 from cann_ops_tilelang.quant import QuantTensor, per_token_cast
-from tests.quant.per_token_cast_ref import per_token_cast_ref
+from tests.quant.per_token_cast_ref import padded_hidden, per_token_cast_ref, scaled_rows
 from tests.testing.bench import make_param_id
 from tests.testing.generator import by_level, generate_samples, get_test_level
 from tests.testing.numeric import assert_equal
@@ -146,19 +146,11 @@ def test_per_token_cast_fake_tensors(monkeypatch):
 # ---------------------------------------------------------------- device tier
 
 
-def _input(num_tokens: int, hidden: int, dtype: str, device) -> torch.Tensor:
-    # Rows of very different magnitudes, so that the scales span many binades.
-    scale = torch.exp2(torch.randint(-20, 20, (num_tokens, 1)).float())
-    return (torch.randn(num_tokens, hidden) * scale).to(getattr(torch, dtype)).to(device)
-
-
 @pytest.mark.npu
 @pytest.mark.parametrize('variant', VARIANTS, ids=make_param_id)
 @pytest.mark.parametrize('num_tokens', NUM_TOKENS)
 def test_per_token_cast_values(variant, num_tokens, device):
-    # 1088 / 1152: rows of 17 / 34 / 9 blocks, whose packed scale rows end in padding
-    hidden = 1088 if variant['block'] <= 64 else 1152
-    x = _input(num_tokens, hidden, variant['dtype'], device)
+    x = scaled_rows(num_tokens, padded_hidden(variant['block']), variant['dtype'], device)
     result = _cast(x, variant['block'], variant['sf'])
     _assert_matches(result, x, variant['block'], variant['sf'])
     poisoned = (torch.full_like(result.data.view(torch.uint8), 0x7F), torch.full_like(result.sf, -1))

@@ -15,7 +15,13 @@ from cann_ops_tilelang.quant.per_token_cast_kernel import (
     get_per_token_cast_kernel,
     make_per_token_cast_kernel,
 )
-from tests.quant.per_token_cast_ref import INV_FP8_MAX, per_token_cast_ref, round_up_pow2_bits
+from tests.quant.per_token_cast_ref import (
+    INV_FP8_MAX,
+    padded_hidden,
+    per_token_cast_ref,
+    round_up_pow2_bits,
+    scaled_rows,
+)
 from tests.testing.bench import make_param_id
 from tests.testing.generator import by_level, generate_samples, get_test_level
 from tests.testing.lowering import (
@@ -223,29 +229,18 @@ def _check(x: torch.Tensor, variant: dict, device) -> None:
     assert_equal(out.cpu().view(torch.uint8), ref_out.view(torch.uint8))
 
 
-def _padded_hidden(block_size: int) -> int:
-    """A hidden size whose UE8M0 row needs padding on both backends: 17, 34 or 9 blocks of 64, 32 or 128."""
-    return 1088 if block_size <= 64 else 1152
-
-
-def _inputs(num_tokens: int, hidden: int, dtype: str, device) -> torch.Tensor:
-    # Rows of very different magnitudes, so that scales span many binades.
-    scale = torch.exp2(torch.randint(-20, 20, (num_tokens, 1)).float())
-    return (torch.randn(num_tokens, hidden) * scale).to(getattr(torch, dtype)).to(device)
-
-
 @pytest.mark.npu
 @pytest.mark.parametrize('variant', VARIANTS, ids=make_param_id)
 @pytest.mark.parametrize('num_tokens', NUM_TOKENS)
 def test_per_token_cast_kernel_values(variant, num_tokens, device):
-    _check(_inputs(num_tokens, _padded_hidden(variant['block_size']), variant['in_dtype'], device), variant, device)
+    _check(scaled_rows(num_tokens, padded_hidden(variant['block_size']), variant['in_dtype'], device), variant, device)
 
 
 @pytest.mark.npu
 @pytest.mark.parametrize('hidden', [h for h in HIDDEN if h != 1088])
 def test_per_token_cast_kernel_hidden_sizes(hidden, device):
     variant = _CORE_VARIANTS[0]  # a level-0 kernel configuration class, new hidden sizes
-    _check(_inputs(5, hidden, variant['in_dtype'], device), variant, device)
+    _check(scaled_rows(5, hidden, variant['in_dtype'], device), variant, device)
 
 
 @pytest.mark.npu
@@ -254,7 +249,7 @@ def test_per_token_cast_kernel_special_values(variant, device):
     """Signed zeros, all-zero blocks (the amax floor), bf16/fp32 subnormals, e4m3 ties, values at +-448 after
     scaling, and infinities: the block of an inf gets scale inf, its finite values +-0 and the inf NaN."""
     bs = variant['block_size']
-    hidden = _padded_hidden(bs)
+    hidden = padded_hidden(bs)
     dtype = getattr(torch, variant['in_dtype'])
     tiny = torch.finfo(dtype).tiny
     pool = torch.tensor([0.0, -0.0, tiny, -tiny / 4, 1.0, -1.0625, 1.1875, 3.0, -448.0, 1e-30, 1e30])

@@ -140,6 +140,11 @@ def fixed_range_max_tokens(num_cores: int) -> int:
     return FIXED_RANGE_MAX_TOKENS_PER_BLOCK * num_cores
 
 
+def _cuda_slot_bytes(hc: int, groups_per_thread: int, threads: int) -> int:
+    """Shared memory of a resident CTA's staging slots: grad_out, x, k (hc rows each) and v of one token."""
+    return (3 * hc + 1) * groups_per_thread * threads * VEC * 2
+
+
 def _cuda_reg_cap(threads: int) -> int:
     """Registers per thread ptxas may use with __launch_bounds__(threads, 1) (allocation granularity 8)."""
     return min(255, _CUDA_REGS // _round_up(threads, 128) // 8 * 8)
@@ -175,7 +180,7 @@ def _cuda_block_plan(hc: int, cols: int, smem_budget: int) -> tuple[int, int, bo
         cap = _cuda_reg_cap(threads)
         if 12 * g * hc + 4 * hc + _CUDA_REG_BASE > cap + (_CUDA_REG_SLACK if cap >= 128 else 0):
             continue
-        slots = (3 * hc + 1) * g * threads * VEC * 2  # grad_out, x, k (hc rows each) and v, one token
+        slots = _cuda_slot_bytes(hc, g, threads)
         if slots > smem_budget:
             continue
         w_in_smem = slots + hc * g * threads * VEC * 4 <= _CUDA_SMEM_BUDGET
@@ -264,7 +269,7 @@ def choose_engram_gate_bwd_config(
 def _cuda_plan_class(cfg: EngramGateBwdConfig) -> tuple:
     """What the CUDA chooser decides beyond sizes: variant, cluster, groups per thread, where the weight lives,
     and the shared-memory tier of the staging slots."""
-    slots = (3 * cfg.hc + 1) * cfg.groups_per_thread * cfg.threads * VEC * 2
+    slots = _cuda_slot_bytes(cfg.hc, cfg.groups_per_thread, cfg.threads)
     return cfg.variant, cfg.cluster, cfg.groups_per_thread, cfg.w_in_smem, slots > _CUDA_SMEM_BUDGET
 
 
