@@ -4,9 +4,13 @@ An operator's `<op>.py` declares, in one `Operator(...)`:
 
 - its arguments in the public signature's order, each with its contract: `tensor(name, dtype, dims, ...)`
   (dtype or dtypes, shape symbols such as 'T, hc + 1, H', layout, alignment, optional, written in place),
-  `out(...)` for an optional output buffer, `scalar(name, kind)`;
+  `quant(name, dtype, dims, sf_dtype=...)` for a quantised tensor, the tuple (data, sf); `out(...)` for an
+  optional output buffer, or `outs(name, *parts)` for a tuple of them, whose shapes and dtypes `results` gives;
+  `scalar(name, kind)`;
 - `limits` (a function raising ValueError on sizes the kernels do not take: its parameters name shape symbols),
   `extra` (plain-code checks the table cannot say: its parameters name arguments, symbols, `memory`);
+  `results` ((shape, dtype) of each output buffer: its parameters name arguments; the out= check, the fake
+  kernels and the eager path's allocation read it);
 - `choice` (the keyword arguments of `choose_config` besides backend and num_cores: its parameters name
   arguments, `backend`, `device`), `choose_config` and `get_kernel` from `<op>_kernel.py`.
 
@@ -24,7 +28,8 @@ interpretation of the table, so the host time is what hand-written code costs):
   first tensor's shape (for the operator's key), or None where the full path must decide.
 - with `@OP.public(eager, returns=..., fake=...)` on the public function's stub (signature and math
   docstring): the public function (traced calls take the torch.library ops, the others `eager`), its
-  torch.library forms (functional, and `<name>_out` with `out=`; mutated arguments from `written`), and
+  torch.library forms (functional, and `<name>_out` with `out=`; mutated arguments from `written`; a quantised
+  tensor is two tensors of the forms, a tuple of buffers one written tensor each), and
   `config(...)`, the configuration any call launches (what the tests ask for).
 
 The eager path stays in the operator's file, in plain code: the fast path's key, the allocation of outputs, the
@@ -58,10 +63,16 @@ _SCALAR_CHECKS = {
     'bool': 'check_bool',
     'int': 'check_int',
     'str': 'check_str',
+    'ints': 'check_ints',
     'any': None,
 }
-_SCHEMA_TYPES = {'float': 'float', 'positive': 'float', 'bool': 'bool', 'int': 'int', 'str': 'str'}
-_FAST_TESTS = {'bool': 'type({0}) is bool', 'int': 'type({0}) is int', 'str': 'type({0}) is str'}
+_SCHEMA_TYPES = {'float': 'float', 'positive': 'float', 'bool': 'bool', 'int': 'int', 'str': 'str', 'ints': 'int[]'}
+_FAST_TESTS = {
+    'bool': 'type({0}) is bool',
+    'int': 'type({0}) is int',
+    'str': 'type({0}) is str',
+    'ints': 'type({0}) is tuple and all(type(v) is int for v in {0})',
+}
 
 
 def traced(tensor) -> bool:
@@ -70,8 +81,11 @@ def traced(tensor) -> bool:
     True under torch.compile (Dynamo folds is_compiling() to True, so the other tests, which it could not
     trace, are never reached), for tensor subclasses other than nn.Parameter (FakeTensor, functional
     tensors) and while a dispatch mode is active (make_fx, FakeTensorMode, opcheck's schema check). A
-    non-tensor first argument takes the eager route, whose validation raises the TypeError.
+    non-tensor first argument takes the eager route, whose validation raises the TypeError; a quantised tensor
+    (data, sf) is judged by its data.
     """
+    if type(tensor) is not torch.Tensor and isinstance(tensor, tuple) and tensor:
+        tensor = tensor[0]
     return torch.compiler.is_compiling() or (
         isinstance(tensor, torch.Tensor)
         and (type(tensor) not in PLAIN_TENSOR_TYPES or torch._C._len_torch_dispatch_stack() > 0)
@@ -83,7 +97,7 @@ class Arg:
     """One public argument and its contract (made by `tensor`, `out` and `scalar`)."""
 
     name: str
-    kind: str  # 'tensor', 'out', or a scalar kind: 'float' (finite), 'positive' (finite, > 0), 'bool'
+    kind: str  # 'tensor', 'quant', 'out', or a scalar kind: 'float' (finite), 'positive' (finite, > 0), 'bool', ...
     dtype: torch.dtype | tuple[torch.dtype, ...] | None = None
     dims: tuple[str, ...] | None = None  # shape symbols or expressions of them; None: any shape
     like: str | None = None  # the shape of that argument
@@ -91,6 +105,13 @@ class Arg:
     aligned: bool | str = False  # True: 16-byte aligned, else ValueError; 'copied': the eager path copies it
     optional: bool = False  # None allowed (image_token_mask)
     written: str | None = None  # 'updated' or 'written' in place: the schema's (a!)
+    parts: tuple[str, ...] | None = None  # a tuple argument's items: a quantised tensor's or out's ('data', 'sf')
+    label: str | None = None  # the name in messages where it is not `name` (an item of a tuple: 'x[0]')
+    sf_dtype: torch.dtype | tuple[torch.dtype, ...] | None = None  # a quantised tensor's scale dtype(s)
+
+    @property
+    def shown(self) -> str:
+        return self.label or self.name
 
 
 def tensor(name, dtype, dims=None, *, like=None, layout='contiguous', aligned=False, optional=False, written=None):
@@ -104,12 +125,38 @@ def out(name, dtype=None, dims=None, *, like=None, aligned=False):
     return Arg(name, 'out', dtype, _dims(dims), like, 'contiguous', aligned, optional=True)
 
 
-def scalar(name, kind):
+def outs(name, *parts):
+    """The optional output buffers (the public signature's last argument), a tuple such as (data, sf): each
+    contiguous, apart from every input and from the others, of the shape and dtype the operator's `results`
+    gives."""
+    return Arg(name, 'out', layout='contiguous', optional=True, parts=parts)
+
+
+def quant(name, dtype, dims=None, *, sf_dtype, parts=('data', 'sf')):
+    """A quantised tensor, the tuple (data, sf): data of `dtype` and `dims`, contiguous; sf of `sf_dtype` (or
+    dtypes), its last dimension contiguous, its shape the operator's `extra` checks (it depends on options)."""
+    return Arg(name, 'quant', dtype, _dims(dims), parts=parts, sf_dtype=sf_dtype)
+
+
+def scalar(name, kind, *, optional=False):
     """A Python value: kind 'float' (finite; ints converted), 'positive' (finite and > 0), 'bool', 'int', 'str',
-    or 'any' (checked by the operator's `extra`, such as a tuple of output buffers)."""
+    'ints' (a tuple of ints), or 'any' (checked by the operator's `extra`; no torch.library form carries it).
+    optional: None allowed."""
     if kind not in _SCALAR_CHECKS:
         raise ValueError(f'scalar kind must be one of {sorted(_SCALAR_CHECKS)}, got {kind!r}')
-    return Arg(name, kind)
+    return Arg(name, kind, optional=optional)
+
+
+def _items(a: Arg) -> list[Arg]:
+    """The tensor arguments the check sees for a declared tensor or quantised tensor (its data and sf, named
+    `<name>_<part>` in the generated code and `<name>[i]` in messages)."""
+    if a.kind != 'quant':
+        return [a]
+    data, sf = (f'{a.name}_{p}' for p in a.parts)
+    return [
+        Arg(data, 'tensor', a.dtype, a.dims, layout='contiguous', label=f'{a.name}[0]'),
+        Arg(sf, 'tensor', a.sf_dtype, layout='rows', label=f'{a.name}[1]'),
+    ]
 
 
 def _dims(dims: str | None) -> tuple[str, ...] | None:
@@ -129,11 +176,13 @@ class Operator:
         limits: Callable | None = None,
         extra: Callable | None = None,
         shape_from: str | None = None,
+        results: Callable | None = None,
     ) -> None:
         if name in OPERATORS:
             raise ValueError(f'operator {name!r} is declared twice')
         self.name = name
         self.args = args
+        self._results = results
         self._choose_config = choose_config
         self._get_kernel = get_kernel
         self._launchers: dict[tuple, Launcher] = {}
@@ -142,7 +191,7 @@ class Operator:
         self.forms: dict[str, torch._ops.OpOverload] = {}
         self._signature: inspect.Signature | None = None
         if args:
-            _generate(self, choice, limits, extra, shape_from)
+            _generate(self, choice, limits, extra, shape_from, results)
         OPERATORS[name] = self
 
     def launcher(self, backend: str, device: torch.device, **choice) -> Launcher:
@@ -238,49 +287,95 @@ class Operator:
 
     def _define_forms(self, eager: Callable, returns: str, result, fake: Callable | None) -> Callable:
         """The functional form (and `<name>_out` with an `out` argument) from the declaration; returns the traced
-        call: the memory-free check, then the form the arguments take."""
-        has_out = self.args[-1].kind == 'out'
-        inputs = self.args[:-1] if has_out else self.args
+        call: the memory-free check, then the form the arguments take. A quantised tensor (data, sf) is two tensor
+        arguments of the forms, a tuple of output buffers one written tensor each; the functional form of an
+        operator with such buffers returns their tuple."""
+        out_arg = self.args[-1] if self.args[-1].kind == 'out' else None
+        inputs = self.args[:-1] if out_arg else self.args
+        opaque = [a.name for a in inputs if a.kind == 'any']
+        if opaque:
+            raise ValueError(f'{self.name}: no torch.library form can carry {opaque} (kind "any"): pass `traced`')
         letters = iter('abcdefgh')
-        params = [
-            f'Tensor{"?" if a.optional else ""}{f"({next(letters)}!)" if a.written else ""} {a.name}'
-            if a.kind == 'tensor'
-            else f'{_SCHEMA_TYPES[a.kind]} {a.name}'
-            for a in inputs
-        ]
-        floats = [i for i, a in enumerate(inputs) if a.kind in ('float', 'positive')]
+        params = []
+        for a in inputs:
+            if a.kind in ('tensor', 'quant'):
+                params += [
+                    f'Tensor{"?" if t.optional else ""}{f"({next(letters)}!)" if t.written else ""} {t.name}'
+                    for t in _items(a)
+                ]
+            else:
+                params.append(f'{_SCHEMA_TYPES[a.kind]}{"?" if a.optional else ""} {a.name}')
+        parts = out_arg.parts if out_arg else None
+        if parts:
+            returns = f'({", ".join(["Tensor"] * len(parts))})'
+        floats = {i for i, a in enumerate(inputs) if a.kind in ('float', 'positive')}
+        pairs = {i for i, a in enumerate(inputs) if a.kind == 'quant'}
         written = [i for i, a in enumerate(inputs) if a.written]
 
-        def form_args(args):
-            args = list(args)
-            for i in floats:  # the schemas take floats; the check accepted ints
-                args[i] = float(args[i])
+        def flat(args) -> list:
+            """The public inputs as the forms' arguments."""
+            values = []
+            for i, value in enumerate(args):
+                if i in pairs:
+                    values += value
+                else:
+                    values.append(float(value) if i in floats else value)  # the check accepted ints
+            return values
+
+        def public(values) -> list:
+            """The forms' arguments as the public inputs (a pair where the public call has a quantised tensor)."""
+            if not pairs:
+                return list(values)
+            values, args = iter(values), []
+            for i in range(len(inputs)):
+                args.append((next(values), next(values)) if i in pairs else next(values))
             return args
 
-        def fake_outputs(*args):
-            self.check(*args, *([None] if has_out else []), memory=False)
-            return None if fake is None else fake(*args, *([None] if has_out else []))
+        def fake_outputs(*values):
+            args = [*public(values), *([None] if out_arg else [])]
+            self.check(*args, memory=False)
+            if parts:
+                first = next(t for t in values if isinstance(t, torch.Tensor))
+                return tuple(first.new_empty(shape, dtype=dtype) for shape, dtype in self.results(*args))
+            return None if fake is None else fake(*args)
 
-        kernel = eager if not has_out else lambda *args: eager(*args, None)
+        def kernel(*values):
+            value = eager(*public(values), *([None] if out_arg else []))
+            return tuple(value) if parts else value
+
         functional = self.define(self.name, f'({", ".join(params)}) -> {returns}', kernel, fake_outputs)
-        if has_out:
-            schema = f'({", ".join(params)}, Tensor({next(letters)}!) {self.args[-1].name}) -> ()'
-            into_out = self.define(
-                f'{self.name}_out', schema, eager, lambda *args: self.check(*args, memory=False) and None
-            )
+        if out_arg:
+            names = [f'{out_arg.name}_{p}' for p in parts] if parts else [out_arg.name]
+            buffers = ', '.join(f'Tensor({next(letters)}!) {n}' for n in names)
+            count = len(names)
+
+            def into(*values):
+                args, buffers = public(values[:-count]), values[-count:]
+                return eager(*args, buffers if parts else buffers[0])
+
+            def into_fake(*values):
+                self.check(*public(values[:-count]), values[-count:] if parts else values[-1], memory=False)
+
+            into_out = self.define(f'{self.name}_out', f'({", ".join(params)}, {buffers}) -> ()', into, into_fake)
 
         def call(*args):
             self.check(*args, memory=False)
-            if has_out and args[-1] is not None:
-                into_out(*form_args(args))
-                return args[-1]
-            value = functional(*form_args(args[:-1] if has_out else args))
+            if out_arg and args[-1] is not None:
+                buffers = args[-1]
+                into_out(*flat(args[:-1]), *(buffers if parts else (buffers,)))
+                return result(*buffers) if parts and result is not None else buffers
+            value = functional(*flat(args[:-1] if out_arg else args))
             if returns == '()':
                 value = tuple(args[i] for i in written)
                 return value[0] if result is None and len(value) == 1 else result(*value)
             return result(*value) if result is not None else value
 
         return call
+
+    def results(self, *args, **kwargs) -> tuple:
+        """((shape, dtype), ...) of the output buffers of a call with these public arguments, from the declaration's
+        `results` (the operator's eager path allocates from it, the fake kernels and the out= check read it)."""
+        return _call_injected(self._results, dict(zip((a.name for a in self.args), args, strict=False)) | kwargs)
 
 
 def _public_function(stub: Callable, names: list[str], eager: Callable, call: Callable) -> Callable:
@@ -311,6 +406,11 @@ def _public_function(stub: Callable, names: list[str], eager: Callable, call: Ca
     return function
 
 
+def _call_injected(function: Callable, arguments: dict):
+    """`function` called with the arguments its parameters name."""
+    return function(**{p: arguments[p] for p in inspect.signature(function).parameters})
+
+
 def _injected(function: Callable, available: dict[str, str], what: str, op: str) -> str:
     """'p=<expression>, ...' for each parameter of `function` (a declared hook), from `available`."""
     parts = []
@@ -321,14 +421,16 @@ def _injected(function: Callable, available: dict[str, str], what: str, op: str)
     return ', '.join(parts)
 
 
-def _generate(op: Operator, choice, limits, extra, shape_from) -> None:
+def _generate(op: Operator, choice, limits, extra, shape_from, results) -> None:
     """op.check, op.plan and op.fast_ok from op.args (see the module docstring)."""
     args = op.args
     names = [a.name for a in args]
-    tensors = [a for a in args if a.kind == 'tensor']
+    tensors = [t for a in args if a.kind in ('tensor', 'quant') for t in _items(a)]
     outputs = [a for a in args if a.kind == 'out']
     if (outputs and args[-1].kind != 'out') or len(outputs) > 1:
         raise ValueError(f'{op.name}: one out argument at most, the last one')
+    if outputs and outputs[0].parts and results is None:
+        raise ValueError(f'{op.name}: a tuple of output buffers needs `results`, their shapes and dtypes')
     first = tensors[0].name
     namespace = {
         '_op': op,
@@ -336,6 +438,7 @@ def _generate(op: Operator, choice, limits, extra, shape_from) -> None:
         '_limits': limits,
         '_extra': extra,
         '_choice': choice,
+        '_results': results,
         '_PLAIN': PLAIN_TENSOR_TYPES,
         '_INF': math.inf,
         '_config': config,  # its require_accelerator looked up per call (tests fake a device there)
@@ -351,11 +454,14 @@ def _generate(op: Operator, choice, limits, extra, shape_from) -> None:
             return f'if {a.name} is not None and {statement[3:]}'
         return f'if {a.name} is not None: {statement}'
 
-    # types, dtypes and ranks
+    # quantised tensors' items; types, dtypes and ranks
+    for a in args:
+        if a.kind == 'quant':
+            body.append(f'{", ".join(t.name for t in _items(a))} = check_parts({a.name!r}, {a.name}, {a.parts!r})')
     for a in tensors:
         namespace[f'_dtype_{a.name}'] = a.dtype
         ndim = None if a.dims is None else len(a.dims)
-        body.append(guarded(a, f'check_tensor({a.name!r}, {a.name}, dtype=_dtype_{a.name}, ndim={ndim})'))
+        body.append(guarded(a, f'check_tensor({a.shown!r}, {a.name}, dtype=_dtype_{a.name}, ndim={ndim})'))
     # shape symbols, bound from shape_from first, then from the tensors in order; the limits on them
     symbols, bound_whole = {}, set()
     for a in sorted(tensors, key=lambda a: a.name != shape_from):
@@ -378,13 +484,13 @@ def _generate(op: Operator, choice, limits, extra, shape_from) -> None:
     for a in tensors:
         shape = shape_of(a)
         if shape is not None and a.name not in bound_whole:
-            body.append(guarded(a, f'if {a.name}.shape != {shape}: check_shape({a.name!r}, {a.name}, {shape})'))
+            body.append(guarded(a, f'if {a.name}.shape != {shape}: check_shape({a.shown!r}, {a.name}, {shape})'))
     # layouts, alignment, scalars
     for a in tensors:
         if a.layout == 'contiguous':
-            body.append(guarded(a, f'if not {a.name}.is_contiguous(): check_contiguous({a.name!r}, {a.name})'))
+            body.append(guarded(a, f'if not {a.name}.is_contiguous(): check_contiguous({a.shown!r}, {a.name})'))
         elif a.layout == 'rows':
-            body.append(guarded(a, f'check_last_dim_contiguous({a.name!r}, {a.name})'))
+            body.append(guarded(a, f'check_last_dim_contiguous({a.shown!r}, {a.name})'))
     # (Addresses are read once; a check function runs only to raise. Fake tensors, memory=False, have none.)
     spans = [a for a in tensors if (a.aligned is True or any(t.written for t in tensors)) and not a.optional]
     if spans:
@@ -393,22 +499,33 @@ def _generate(op: Operator, choice, limits, extra, shape_from) -> None:
     for a in tensors:
         if a.aligned is True:
             test = f'{a.name}_at % {ALIGN_BYTES}' if a in spans else f'{a.name}.data_ptr() % {ALIGN_BYTES}'
-            body.append(guarded(a, f'if memory and {test}: check_aligned({a.name!r}, {a.name})'))
+            body.append(guarded(a, f'if memory and {test}: check_aligned({a.shown!r}, {a.name})'))
     for a in args:
         if _SCALAR_CHECKS.get(a.kind):
-            body.append(f'{a.name} = {_SCALAR_CHECKS[a.kind]}({a.name!r}, {a.name})')
+            body.append(guarded(a, f'{a.name} = {_SCALAR_CHECKS[a.kind]}({a.name!r}, {a.name})'))
     available = {n: n for n in names} | symbols | {'memory': 'memory', 'name': '_name'}
     if extra is not None:
         body.append(f'_extra({_injected(extra, available, "extra", op.name)})')
     # out=, then the tensors written in place apart from the others
-    inputs = '{' + ', '.join(f'{a.name!r}: {a.name}' for a in tensors) + '}'
+    inputs = '{' + ', '.join(f'{a.shown!r}: {a.name}' for a in tensors)
     for a in outputs:
+        body.append(f'if {a.name} is not None:')
+        if a.parts:  # a tuple of buffers, each of the shape and dtype `results` gives, apart from the ones before
+            items = [f'{a.name}_{p}' for p in a.parts]
+            body.append(f'    {", ".join(items)} = check_parts({a.name!r}, {a.name}, {a.parts!r})')
+            body.append(f'    _layout = _results({_injected(results, {n: n for n in names}, "results", op.name)})')
+            for i, item in enumerate(items):
+                body.append(
+                    f'    check_out({f"{a.name}[{i}]"!r}, {item}, shape=_layout[{i}][0], dtype=_layout[{i}][1], '
+                    f'device={first}.device, inputs={inputs}}}, memory=memory)'
+                )
+                inputs += f', {f"{a.name}[{i}]"!r}: {item}'
+            continue
         namespace[f'_dtype_{a.name}'] = a.dtype
         dtype = f'_dtype_{a.name}' if a.dtype is not None else f'{a.like}.dtype'
-        body.append(f'if {a.name} is not None:')
         body.append(
             f'    check_out({a.name!r}, {a.name}, shape={shape_of(a)}, dtype={dtype}, device={first}.device, '
-            f'inputs={inputs}, memory=memory)'
+            f'inputs={inputs}}}, memory=memory)'
         )
         if a.aligned is True:
             body.append(f'    check_aligned({a.name!r}, {a.name}, memory=memory)')
@@ -418,9 +535,9 @@ def _generate(op: Operator, choice, limits, extra, shape_from) -> None:
             if o is w or (o.written and tensors.index(o) < tensors.index(w)):
                 continue
             if o.written:
-                message = f'{{_name}}: {w.name} and {o.name} must not overlap'
+                message = f'{{_name}}: {w.shown} and {o.shown} must not overlap'
             else:
-                message = f'{{_name}}: {w.name} ({w.written} in place) must not alias the input {o.name}'
+                message = f'{{_name}}: {w.shown} ({w.written} in place) must not alias the input {o.shown}'
             if o in spans and w.layout == o.layout == 'contiguous':  # checked contiguous: one span each
                 w_at, o_at = f'{w.name}_at', f'{o.name}_at'
                 meet = f'{w_at} < {o_at} + {o.name}.nbytes and {o_at} < {w_at} + {w.name}.nbytes'
@@ -429,7 +546,11 @@ def _generate(op: Operator, choice, limits, extra, shape_from) -> None:
                 test = f'{o.name} is not None and ' if o.optional else ''
                 test += f'may_overlap({w.name}, {o.name}, memory=memory)'
             body.append(f'if {test}: raise ValueError(f{message!r})')
-    devices = [f'*(() if {a.name} is None else ({a.name},))' if a.optional else a.name for a in tensors + outputs]
+    devices = [f'*(() if {a.name} is None else ({a.name},))' if a.optional else a.name for a in tensors]
+    devices += [
+        f'*(() if {a.name} is None else {a.name})' if a.parts else f'*(() if {a.name} is None else ({a.name},))'
+        for a in outputs
+    ]
     body.append(f'backend = _config.require_accelerator({", ".join(devices)})')
 
     source = f'def check({params}, *, memory=True):\n' + ''.join(f'    {line}\n' for line in body)
@@ -439,6 +560,8 @@ def _generate(op: Operator, choice, limits, extra, shape_from) -> None:
     if choice is not None:
         choose = f', **_choice({_injected(choice, {n: n for n in names} | device, "choice", op.name)})'
     source += f'def plan({params}):\n    backend = _op.check({params})\n'
+    if args[0].kind == 'quant':
+        source += f'    {first} = {args[0].name}[0]\n'
     source += f'    return _op.launcher(backend, {first}.device{choose})\n'
     source += _fast_ok_source(args, tensors, outputs, written, params)
     exec(source, namespace)  # generated from the declaration's names only
@@ -460,11 +583,21 @@ def _fast_ok_source(args, tensors, outputs, written, params) -> str:
         tests.append(f'{first.name}.dim() == {len(first.dims)}')
     for a in args:
         if a.kind in _FAST_TESTS:
-            tests.append(_FAST_TESTS[a.kind].format(a.name))
+            test = _FAST_TESTS[a.kind].format(a.name)
+            tests.append(f'({a.name} is None or {test})' if a.optional else test)
         elif a.kind in ('float', 'positive'):
             low = '0.0' if a.kind == 'positive' else '-_INF'
             tests.append(f'type({a.name}) is float and {low} < {a.name} < _INF')
-    lines = [f'def fast_ok({params}):', f'    if not ({" and ".join(tests)}):', '        return None']
+    lines = [f'def fast_ok({params}):']
+    for a in args:  # a quantised tensor: a pair, unpacked into its items
+        if a.kind == 'quant':
+            items = [t.name for t in _items(a)]
+            lines += [
+                f'    if not isinstance({a.name}, tuple) or len({a.name}) != {len(items)}:',
+                '        return None',
+            ]
+            lines.append(f'    {", ".join(items)} = {a.name}')
+    lines += [f'    if not ({" and ".join(tests)}):', '        return None']
     lines.append(f'    shape = {first.name}.shape')
     # addresses: of the aligned tensors, and with a written tensor, of every tensor it must stay apart from
     used = [a for a in tensors if a.aligned or (written and not a.optional)]

@@ -81,6 +81,24 @@ def check_str(name: str, value) -> str:
     return value
 
 
+def check_ints(name: str, value) -> tuple[int, ...]:
+    """A tuple or list of Python ints (bools are not), returned as a tuple."""
+    if not isinstance(value, (tuple, list)) or any(isinstance(v, bool) or not isinstance(v, int) for v in value):
+        raise TypeError(f'{name} must be a tuple of ints, got {value!r}')
+    return tuple(value)
+
+
+def check_parts(name: str, value, parts: Sequence[str]) -> tuple:
+    """A tuple (or list) of len(parts) items, such as a quantised tensor (data, sf); each item's own checks come
+    after, naming it `name[i]`."""
+    if not isinstance(value, (tuple, list)) or len(value) != len(parts):
+        raise TypeError(
+            f'{name} must be a tuple ({", ".join(parts)}) of {len(parts)} tensors, got {type(value).__name__}'
+            + (f' of length {len(value)}' if isinstance(value, (tuple, list)) else '')
+        )
+    return tuple(value)
+
+
 def check_positive_float(name: str, value) -> float:
     """A finite float > 0 (ints are accepted and converted)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import inspect
 import uuid
+from typing import NamedTuple
 
 import pytest
 import torch
@@ -213,3 +214,128 @@ def test_public_function_forms_and_config(monkeypatch):
     assert toy.operator.config(x, y, 3) == {'backend': 'cuda', 'num_cores': 7, 'n': 4, 'backend_seen': 'cuda'}
     with pytest.raises(ValueError, match='the declared arguments'):
         declared.public(eager)(lambda x, y, out=None: None)
+
+
+class _Pair(NamedTuple):
+    """A result type, as QuantTensor is (a tuple subclass)."""
+
+    first: torch.Tensor
+    second: torch.Tensor
+
+
+def _dequant(name: str) -> operator.Operator:
+    """A toy dequantisation: q a quantised tensor (data (T, n) int8, sf (T, *) fp32 or int32), a block of ints,
+    a tuple (y, z) of output buffers whose layout depends on `wide`."""
+    return operator.Operator(
+        name,
+        operator.quant('q', torch.int8, 'T, n', sf_dtype=(torch.float32, torch.int32)),
+        operator.scalar('block', 'ints', optional=True),
+        operator.scalar('wide', 'bool'),
+        operator.outs('out', 'y', 'z'),
+        extra=lambda name, q, T: q[1].shape[0] == T or (_ for _ in ()).throw(ValueError(f'{name}: sf rows')),
+        results=lambda q, wide: ((q[0].shape, torch.float32), ((q[0].shape[0], 2 if wide else 1), torch.int32)),
+        choose_config=lambda **choice: choice,
+        get_kernel=None,
+    )
+
+
+_DATA, _SF = torch.zeros(3, 4, dtype=torch.int8), torch.zeros(3, 1)
+
+
+@pytest.mark.parametrize(
+    ('args', 'error', 'match'),
+    [
+        (([_DATA], None, False), TypeError, r'q must be a tuple \(data, sf\) of 2 tensors, got list of length 1'),
+        ((_DATA, None, False), TypeError, r'q must be a tuple \(data, sf\) of 2 tensors, got Tensor'),
+        (((_DATA.float(), _SF), None, False), TypeError, r'q\[0\] must have dtype torch.int8'),
+        (((_DATA, _SF.half()), None, False), TypeError, r'q\[1\] must have dtype torch.float32 or torch.int32'),
+        (((_DATA.t().contiguous().t(), _SF), None, False), ValueError, r'q\[0\] must be contiguous'),
+        (((_DATA, torch.zeros(2, 3).t()), None, False), ValueError, r'q\[1\] must have a contiguous last dimension'),
+        (((_DATA, _SF[:2]), None, False), ValueError, 'sf rows'),
+        (((_DATA, _SF), (1, 2.0), False), TypeError, r'block must be a tuple of ints, got \(1, 2.0\)'),
+        (((_DATA, _SF), 4, False), TypeError, 'block must be a tuple of ints, got 4'),
+        (((_DATA, _SF), None, 1), TypeError, 'wide must be a bool'),
+    ],
+)
+def test_a_quantised_input_is_checked_item_by_item(args, error, match):
+    with pytest.raises(error, match=match):
+        _dequant('dq_rejects').check(*args, None)
+
+
+def test_tuple_outputs_take_the_layout_results_gives():
+    declared = _dequant('dq_outs')
+    q = _Pair(torch.zeros(3, 4, dtype=torch.int8), torch.zeros(3, 1))
+    y, z = torch.zeros(3, 4), torch.zeros(3, 2, dtype=torch.int32)
+    with pytest.raises(RuntimeError, match="no kernels for 'cpu' tensors"):
+        declared.check(q, (1, 32), True, (y, z))  # valid: the device decides
+    with pytest.raises(TypeError, match=r'out must be a tuple \(y, z\) of 2 tensors, got tuple of length 1'):
+        declared.check(q, None, True, (y,))
+    with pytest.raises(ValueError, match=r'out\[1\] must have shape \(3, 1\), got \(3, 2\)'):
+        declared.check(q, None, False, (y, z))  # the layout follows `wide`
+    with pytest.raises(TypeError, match=r'out\[0\] must have dtype torch.float32'):
+        declared.check(q, None, True, (y.int(), z))
+    with pytest.raises(ValueError, match=r'out\[0\] must not alias the input q\[1\]'):
+        declared.check((q[0], y.view(-1)[:3].view(3, 1)), None, True, (y, z))
+    with pytest.raises(ValueError, match=r'out\[1\] must not alias the input out\[0\]'):
+        declared.check(q, None, True, (y, y.view(torch.int32).view(-1)[:6].view(3, 2)))
+    assert declared.fast_ok(q, None, True, None) is None  # CPU tensors
+    assert 'if not isinstance(q, tuple) or len(q) != 2:' in declared.source
+    assert '(block is None or type(block) is tuple and all(type(v) is int for v in block))' in declared.source
+    with pytest.raises(ValueError, match='a tuple of output buffers needs `results`'):
+        operator.Operator(
+            'dq_no_results',
+            operator.tensor('x', torch.float32, 'n'),
+            operator.outs('out', 'y', 'z'),
+            choose_config=None,
+            get_kernel=None,
+        )
+
+
+def test_forms_flatten_quantised_inputs_and_tuple_outputs(monkeypatch):
+    name = f'dq_{uuid.uuid4().hex[:8]}'
+    declared = _dequant(name)
+    calls = []
+
+    def eager(q, block, wide, out):
+        calls.append((q, block, wide, out))
+        return out if out is not None else tuple(torch.zeros(s, dtype=d) for s, d in declared.results(q, block, wide))
+
+    @declared.public(eager, result=_Pair)
+    def dequant(q, block=None, wide=False, *, out=None):
+        """Toy."""
+
+    schemas = [str(form._schema) for form in declared.forms.values()]
+    assert schemas == [
+        f'cann_ops_tilelang::{name}(Tensor q_data, Tensor q_sf, int[]? block, bool wide) -> (Tensor, Tensor)',
+        f'cann_ops_tilelang::{name}_out(Tensor q_data, Tensor q_sf, int[]? block, bool wide, Tensor(a!) out_y, '
+        'Tensor(b!) out_z) -> ()',
+    ]
+    monkeypatch.setattr(config, 'require_accelerator', lambda *tensors: 'cuda')
+    q = (torch.zeros(3, 4, dtype=torch.int8), torch.zeros(3, 1))
+    # The functional form on real tensors: the eager path gets the pair back; its tuple comes back as `result`.
+    value = declared.forms[name](*q, [1, 32], True)
+    assert [tuple(t.shape) for t in value] == [(3, 4), (3, 2)]
+    assert calls[-1][:2] == (q, [1, 32])
+    assert calls[-1][3] is None
+    y, z = torch.zeros(3, 4), torch.zeros(3, 1, dtype=torch.int32)
+    declared.forms[f'{name}_out'](*q, None, False, y, z)
+    assert calls[-1][3] == (y, z)
+    # While torch traces (fake tensors), the public call takes the forms; the fake outputs follow `results`.
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        fq = (torch.zeros(5, 4, dtype=torch.int8), torch.zeros(5, 1))
+        result = dequant(fq, (1, 4), True)
+        assert isinstance(result, _Pair)
+        assert [(tuple(t.shape), t.dtype) for t in result] == [((5, 4), torch.float32), ((5, 2), torch.int32)]
+        buffers = (torch.zeros(5, 4), torch.zeros(5, 1, dtype=torch.int32))
+        assert tuple(dequant(fq, out=buffers)) == buffers
+    assert len(calls) == 2  # traced calls never reached the eager path
+    with pytest.raises(ValueError, match=r"no torch.library form can carry \['anything'\]"):
+        operator.Operator(
+            f'{name}_any',
+            operator.tensor('x', torch.float32, 'n'),
+            operator.scalar('anything', 'any'),
+            choose_config=None,
+            get_kernel=None,
+        ).public(lambda x, anything: x)(lambda x, anything: None)

@@ -10,7 +10,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from cann_ops_tilelang import config
 from cann_ops_tilelang.quant import QuantTensor, per_token_cast
-from tests.quant.per_token_cast_ref import padded_hidden, per_token_cast_ref, scaled_rows
+from tests.quant.cast_ref import padded_hidden, per_token_cast_ref, scaled_rows
 from tests.testing.bench import make_param_id
 from tests.testing.generator import by_level, generate_samples, get_test_level
 from tests.testing.numeric import assert_equal
@@ -96,7 +96,7 @@ def test_per_token_cast_rejects(args, kwargs, error, match):
 
 def test_per_token_cast_rejects_out_buffers():
     data, scales = torch.empty(4, 256, dtype=torch.float8_e4m3fn), torch.empty(4, 2)
-    with pytest.raises(TypeError, match=r'out must be a tuple \(data, sf\) of two tensors, got Tensor'):
+    with pytest.raises(TypeError, match=r'out must be a tuple \(data, sf\) of 2 tensors, got Tensor'):
         _cast(X, out=data)
     with pytest.raises(TypeError, match=r'out\[0\] must have dtype torch.float8_e4m3fn'):
         _cast(X, out=(data.view(torch.uint8), scales))
@@ -135,11 +135,13 @@ def test_per_token_cast_fake_tensors(monkeypatch):
         with pytest.raises(ValueError, match='use_packed_ue8m0=True needs round_sf=True'):
             per_token_cast(x, 'e4m3', 32, use_packed_ue8m0=True)
     schemas = [str(op._schema) for op in per_token_cast.operator.forms.values()]
+    options = (
+        'str fmt, int num_per_channels, int[]? x_block_size, bool use_tma_aligned_col_major_sf, bool round_sf, '
+        'bool use_packed_ue8m0, bool use_e4m3_sf, bool stochastic_cast'
+    )
     assert schemas == [
-        'cann_ops_tilelang::per_token_cast(Tensor x, str fmt, int num_per_channels, bool round_sf, '
-        'bool use_packed_ue8m0) -> (Tensor, Tensor)',
-        'cann_ops_tilelang::per_token_cast_out(Tensor x, str fmt, int num_per_channels, bool round_sf, '
-        'bool use_packed_ue8m0, Tensor(a!) out_data, Tensor(b!) out_sf) -> ()',
+        f'cann_ops_tilelang::per_token_cast(Tensor x, {options}) -> (Tensor, Tensor)',
+        f'cann_ops_tilelang::per_token_cast_out(Tensor x, {options}, Tensor(a!) out_data, Tensor(b!) out_sf) -> ()',
     ]
 
 

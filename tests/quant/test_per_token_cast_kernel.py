@@ -15,7 +15,7 @@ from cann_ops_tilelang.quant.per_token_cast_kernel import (
     get_per_token_cast_kernel,
     make_per_token_cast_kernel,
 )
-from tests.quant.per_token_cast_ref import (
+from tests.quant.cast_ref import (
     INV_FP8_MAX,
     padded_hidden,
     per_token_cast_ref,

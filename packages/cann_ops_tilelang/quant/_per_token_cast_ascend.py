@@ -9,12 +9,11 @@ per register, then x * inverse narrowed to float8_e4m3fn. The fp8 row and the sc
 # No `from __future__ import annotations`: TileLang evaluates the prim_func annotations, which
 # refer to the generator's local shape variables.
 
-# Imported by per_token_cast_kernel.py, never the other way round (no import circle): the config comes
-# as `cfg`, the constants of the math as arguments, and the lane width, which the config checks too, lives here.
-LANES = 64  # fp32 lanes of one 256-byte Ascend vector register
+# Imported by per_token_cast_kernel.py, never the other way round (no import circle): the config comes as `cfg`.
+from ._scale_rules import LANES, ascend_scales_macro
 
 
-def ascend_per_token_cast_kernel(cfg, *, amax_floor: float, fp8_max: float):
+def ascend_per_token_cast_kernel(cfg):
     """`cfg` is a PerTokenCastConfig (backend "ascend")."""
     import tilelang.ascend.language as T
 
@@ -28,7 +27,7 @@ def ascend_per_token_cast_kernel(cfg, *, amax_floor: float, fp8_max: float):
     sf_len = groups + cfg.sf_padding  # scale elements one task stores (padding only when it owns the row)
     chunks = bk // LANES
     grid = cfg.num_cores
-    inv_fp8_max = 1.0 / fp8_max  # rounded to fp32 where it is used, as the reference's constant
+    scales = ascend_scales_macro(T, round_sf=cfg.round_sf, packed_ue8m0=cfg.packed_ue8m0)
 
     num_tokens = T.dynamic('num_tokens')
 
@@ -58,28 +57,8 @@ def ascend_per_token_cast_kernel(cfg, *, amax_floor: float, fp8_max: float):
                         S.vsts(amax_ub[2 * c], S.vcmax(a, low), dist='ONEPT_B32')
                         S.vsts(amax_ub[2 * c + 1], S.vcmax(a, high), dist='ONEPT_B32')
             S.mem_bar('VST_VLD')
-            # Pass 2: scales and inverses, 64 blocks per register. Lanes past `groups` compute on whatever
-            # amax_ub holds there and are never stored to GM (packed padding lanes are zeroed first).
-            for q in T.serial(groups_padded // LANES):
-                clamped = S.vmaxs(S.vld(amax_ub[q * LANES]), amax_floor)
-                if cfg.round_sf:
-                    bits = T.reinterpret(S.vmuls(clamped, inv_fp8_max), 'uint32x64')
-                    # Round up to a power of two: carry any mantissa bit into the exponent, drop the mantissa.
-                    pow2 = S.vand(S.vadds(bits, 0x7FFFFF), S.vdup(0x7F800000, T.uint32))
-                    biased = S.vshrs(pow2, 23)
-                    # 1 / 2**e has biased exponent 254 - (e + 127); an inf scale (255) gets inverse +0.
-                    inv_exp = S.vmaxs(S.vsub(S.vdup(254, T.int32), T.reinterpret(biased, 'int32x64')), 0)
-                    S.vsts(inv_ub[q * LANES], T.reinterpret(S.vshls(inv_exp, 23), 'float32x64'))
-                    if cfg.packed_ue8m0:
-                        valid = S.update_mask(groups - q * LANES, 32)
-                        exp_bytes = S.vsel(biased, S.vdup(0, T.uint32), valid)
-                        S.vsts(sf_ub[q * LANES], T.reinterpret(exp_bytes, 'uint8x256'), dist='PK4_B32')
-                    else:
-                        S.vsts(sf_ub[q * LANES], T.reinterpret(pow2, 'float32x64'))
-                else:
-                    fmax = S.vdup(fp8_max, f32)
-                    S.vsts(sf_ub[q * LANES], S.vdiv(clamped, fmax))
-                    S.vsts(inv_ub[q * LANES], S.vdiv(fmax, clamped))
+            # Pass 2: scales and inverses, 64 blocks per register (packed padding lanes zeroed).
+            scales(amax_ub, sf_ub, inv_ub, groups)
             S.mem_bar('VST_VLD')
             # Pass 3: x * inverse -> e4m3 (nearest even, saturating), one byte per fp32 lane, packed.
             for c in T.serial(chunks):

@@ -7,11 +7,13 @@ exactly), reduced to one |x| maximum per block, and each element is scaled and n
 # No `from __future__ import annotations`: TileLang evaluates the prim_func annotations, which
 # refer to the generator's local shape variables.
 
-# Imported by per_token_cast_kernel.py, never the other way round (no import circle): the config comes
-# as `cfg`, the constants of the math as arguments.
+# Imported by per_token_cast_kernel.py, never the other way round (no import circle): the config comes as `cfg`.
+import functools
+
+from ._scale_rules import cuda_scale_and_inverse
 
 
-def cuda_per_token_cast_kernel(cfg, *, amax_floor: float, fp8_max: float):
+def cuda_per_token_cast_kernel(cfg):
     """`cfg` is a PerTokenCastConfig (backend "cuda")."""
     import tilelang.language as T
 
@@ -19,7 +21,9 @@ def cuda_per_token_cast_kernel(cfg, *, amax_floor: float, fp8_max: float):
     groups, n_tiles = cfg.groups_per_tile, cfg.num_col_tiles
     padding, num_blocks = cfg.sf_padding, cfg.num_blocks
     in_dtype, sf_dtype = cfg.in_dtype, cfg.sf_dtype
-    inv_fp8_max = 1.0 / fp8_max  # rounded to fp32 where it is used, as the reference's constant
+    scale_and_inverse = functools.partial(
+        cuda_scale_and_inverse, T, round_sf=cfg.round_sf, packed_ue8m0=cfg.packed_ue8m0
+    )
 
     num_tokens = T.dynamic('num_tokens')
 
@@ -38,22 +42,7 @@ def cuda_per_token_cast_kernel(cfg, *, amax_floor: float, fp8_max: float):
                 xf[g, k] = T.cast(x[t, j * bk + g * bs + k], T.float32)
             T.reduce_absmax(xf, amax, dim=1)
             for g in T.Parallel(groups):
-                clamped = T.max(amax[g], T.float32(amax_floor))
-                if cfg.round_sf:
-                    bits = T.reinterpret(clamped * T.float32(inv_fp8_max), T.uint32)
-                    # Round up to a power of two: carry any mantissa bit into the exponent, drop the mantissa.
-                    pow2 = (bits + T.uint32(0x7FFFFF)) & T.uint32(0x7F800000)
-                    biased = T.cast(pow2 >> T.uint32(23), T.int32)
-                    # 1 / 2**e has biased exponent 254 - (e + 127); an inf scale (255) gets inverse +0.
-                    inv_exp = T.max(T.int32(254) - biased, T.int32(0))
-                    inverse[g] = T.reinterpret(T.cast(inv_exp, T.uint32) << T.uint32(23), T.float32)
-                    if cfg.packed_ue8m0:
-                        out_sf[t, j * groups + g] = T.cast(biased, T.uint8)
-                    else:
-                        out_sf[t, j * groups + g] = T.reinterpret(pow2, T.float32)
-                else:
-                    out_sf[t, j * groups + g] = clamped / T.float32(fp8_max)
-                    inverse[g] = T.float32(fp8_max) / clamped
+                out_sf[t, j * groups + g], inverse[g] = scale_and_inverse(amax[g])
             for g, k in T.Parallel(groups, bs):
                 # __nv_fp8_e4m3's conversion: nearest even, saturating to +-448, NaN kept.
                 out[t, j * bk + g * bs + k] = T.cast(xf[g, k] * inverse[g], T.float8_e4m3fn)

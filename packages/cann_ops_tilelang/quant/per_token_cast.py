@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from cann_ops_tilelang.operator import Operator, scalar, tensor
-from cann_ops_tilelang.validation import check_out
+from cann_ops_tilelang.operator import Operator, outs, scalar, tensor
 
 from ._quant_tensor import QuantTensor
 from .per_token_cast_kernel import (
@@ -31,8 +30,13 @@ def sf_layout(num_tokens: int, hidden: int, block: int, packed: bool) -> tuple[t
     return ((num_tokens, -(-blocks // UE8M0_PACK)), torch.int32) if packed else ((num_tokens, blocks), torch.float32)
 
 
-def _options(name, x, fmt, num_per_channels, x_block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0,
-             use_e4m3_sf, stochastic_cast, out, memory):  # fmt: skip
+def _results(x, num_per_channels, use_packed_ue8m0):
+    """(shape, dtype) of data and sf."""
+    return (tuple(x.shape), torch.float8_e4m3fn), sf_layout(*x.shape, num_per_channels, use_packed_ue8m0)
+
+
+def _options(name, H, fmt, num_per_channels, x_block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0,
+             use_e4m3_sf, stochastic_cast):  # fmt: skip
     if fmt != 'e4m3':
         raise ValueError(f"{name}: fmt must be 'e4m3' (the FP4 format 'e2m1' is not supported yet), got {fmt!r}")
     if num_per_channels not in BLOCK_SIZES:
@@ -44,20 +48,10 @@ def _options(name, x, fmt, num_per_channels, x_block_size, use_tma_aligned_col_m
             raise ValueError(f'{name}: {option}=True is not supported yet')
     if use_packed_ue8m0 and not round_sf:
         raise ValueError(f'{name}: use_packed_ue8m0=True needs round_sf=True (UE8M0 holds powers of two only)')
-    num_tokens, hidden = x.shape
     unit = hidden_multiple(num_per_channels)
-    if hidden <= 0 or hidden % unit:
+    if H <= 0 or H % unit:
         raise ValueError(f'{name}: hidden size must be a positive multiple of {unit} for num_per_channels '
-                         f'{num_per_channels}, got {hidden}')  # fmt: skip
-    if out is not None:
-        if not isinstance(out, (tuple, list)) or len(out) != 2:
-            raise TypeError(f'out must be a tuple (data, sf) of two tensors, got {type(out).__name__}')
-        data, sf = out
-        check_out('out[0]', data, shape=x.shape, dtype=torch.float8_e4m3fn, device=x.device, inputs={'x': x},
-                  memory=memory)  # fmt: skip
-        shape, dtype = sf_layout(num_tokens, hidden, num_per_channels, use_packed_ue8m0)
-        inputs = {'x': x, 'out[0]': data}
-        check_out('out[1]', sf, shape=shape, dtype=dtype, device=x.device, inputs=inputs, memory=memory)
+                         f'{num_per_channels}, got {H}')  # fmt: skip
 
 
 OP = Operator(
@@ -65,13 +59,13 @@ OP = Operator(
     tensor('x', (torch.bfloat16, torch.float32), 'T, H'),
     scalar('fmt', 'str'),
     scalar('num_per_channels', 'int'),
-    scalar('x_block_size', 'any'),
+    scalar('x_block_size', 'ints', optional=True),
     scalar('use_tma_aligned_col_major_sf', 'bool'),
     scalar('round_sf', 'bool'),
     scalar('use_packed_ue8m0', 'bool'),
     scalar('use_e4m3_sf', 'bool'),
     scalar('stochastic_cast', 'bool'),
-    scalar('out', 'any'),
+    outs('out', 'data', 'sf'),
     limits=_limits,
     extra=_options,
     choice=lambda x, num_per_channels, round_sf, use_packed_ue8m0: {
@@ -81,6 +75,7 @@ OP = Operator(
         'round_sf': round_sf,
         'packed_ue8m0': use_packed_ue8m0,
     },
+    results=_results,
     choose_config=choose_per_token_cast_config,
     get_kernel=get_per_token_cast_kernel,
 )
@@ -98,61 +93,22 @@ def _eager(x, fmt, block, x_block_size, tma, round_sf, packed, e4m3_sf, stochast
     fast = launcher is not None
     if not fast:
         launcher = OP.plan(*args)
-    num_tokens, hidden = x.shape
     if out is None:
-        data = x.new_empty((num_tokens, hidden), dtype=torch.float8_e4m3fn)
-        sf_shape, sf_dtype = sf_layout(num_tokens, hidden, block, packed)
-        sf = x.new_empty(sf_shape, dtype=sf_dtype)
+        data, sf = (x.new_empty(shape, dtype=dtype) for shape, dtype in _results(x, block, packed))
     else:
         data, sf = out
     # The kernels write UE8M0 scales as bytes.
     launch_args = (x, data, sf.view(torch.uint8) if packed else sf)
     if fast:
         OP.launch(launcher, launch_args, *args)
-    elif num_tokens:  # T = 0: nothing to launch
+    elif x.shape[0]:  # T = 0: nothing to launch
         launcher.launch(*launch_args)
         if key is not None:
             OP.remember(key, launcher)
     return QuantTensor(data, sf)
 
 
-def _public_args(x, fmt, block, round_sf, packed, out=None) -> tuple:
-    """A form's arguments as the public call's: TileKernels' other options at their defaults, the only values
-    supported yet (so the forms do not carry them)."""
-    return (x, fmt, block, None, False, round_sf, packed, False, False, out)
-
-
-def _fake(x, fmt, block, round_sf, packed) -> tuple[torch.Tensor, torch.Tensor]:
-    OP.check(*_public_args(x, fmt, block, round_sf, packed), memory=False)
-    sf_shape, sf_dtype = sf_layout(*x.shape, block, packed)
-    return x.new_empty(x.shape, dtype=torch.float8_e4m3fn), x.new_empty(sf_shape, dtype=sf_dtype)
-
-
-# The forms carry the options a valid call can have (the others are refused before a form is called).
-_SCHEMA = 'Tensor x, str fmt, int num_per_channels, bool round_sf, bool use_packed_ue8m0'
-_functional = OP.define(
-    'per_token_cast',
-    f'({_SCHEMA}) -> (Tensor, Tensor)',
-    lambda x, fmt, block, round_sf, packed: tuple(_eager(*_public_args(x, fmt, block, round_sf, packed))),
-    _fake,
-)
-_into_out = OP.define(
-    'per_token_cast_out',
-    f'({_SCHEMA}, Tensor(a!) out_data, Tensor(b!) out_sf) -> ()',
-    lambda x, fmt, block, round_sf, packed, *out: _eager(*_public_args(x, fmt, block, round_sf, packed, out)),
-    lambda x, fmt, block, round_sf, packed, *out: OP.check(*_public_args(x, fmt, block, round_sf, packed, out),
-                                                          memory=False) and None,
-)  # fmt: skip
-
-
-def _traced(x, fmt, block, x_block_size, tma, round_sf, packed, e4m3_sf, stochastic, out) -> QuantTensor:
-    if out is None:
-        return QuantTensor(*_functional(x, fmt, block, round_sf, packed))
-    _into_out(x, fmt, block, round_sf, packed, *out)
-    return QuantTensor(*out)
-
-
-@OP.public(_eager, traced=_traced)
+@OP.public(_eager, result=QuantTensor)
 def per_token_cast(
     x: torch.Tensor,
     fmt: str,

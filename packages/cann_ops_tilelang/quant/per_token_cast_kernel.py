@@ -22,7 +22,7 @@ pre-quantised inputs, e4m3 / column-major scales and e2m1 output; these kernels 
 
 One generator builds the Ascend 950 kernel (vector cores, SIMD: _per_token_cast_ascend.py) or the CUDA kernel
 (_per_token_cast_cuda.py), chosen by `cfg.backend`; both take (x, out, out_sf) and are bit-exact against
-tests/quant/per_token_cast_ref.py where divisions are IEEE (the emulator, CUDA without fast math).
+tests/quant/cast_ref.py where divisions are IEEE (the emulator, CUDA without fast math).
 """
 
 # No `from __future__ import annotations`: TileLang evaluates the prim_func annotations, which
@@ -35,16 +35,12 @@ import torch
 from cann_ops_tilelang.config import Backend
 from cann_ops_tilelang.kernel_target import compile_kernel
 
-# The backend kernels (they do not import this module: no import circle; the lane width the config checks
-# lives with the Ascend kernel).
-from ._per_token_cast_ascend import LANES as _LANES
+# The backend kernels (they do not import this module: no import circle).
 from ._per_token_cast_ascend import ascend_per_token_cast_kernel
 from ._per_token_cast_cuda import cuda_per_token_cast_kernel
+from ._scale_rules import LANES, UE8M0_PACK
 
 BLOCK_SIZES = (32, 64, 128)  # 32 first: the only block the peer's Ascend kernel takes
-FP8_MAX = 448.0  # largest finite float8_e4m3fn
-AMAX_FLOOR = 1e-4  # TileKernels' default amax clamp for e4m3 with fp32 / UE8M0 scales
-UE8M0_PACK = 4  # UE8M0 bytes per int32 of the interface's view, on both backends
 _IN_DTYPES = {torch.bfloat16: 'bfloat16', torch.float32: 'float32', 'bfloat16': 'bfloat16', 'float32': 'float32'}
 _ASCEND_MAX_BLOCK_K = 4096  # elements per task: fp32 input tile 16 KiB, two buffer versions
 _ASCEND_MAX_ROW = 8192  # a whole row in one task: the packed-scale rows whose zero padding ends a task's bytes
@@ -53,7 +49,7 @@ _CUDA_MAX_BLOCK_K = 2048
 
 def hidden_multiple(block_size: int) -> int:
     """What H must be a positive multiple of: whole scale blocks and whole vector registers."""
-    return max(_LANES, block_size)
+    return max(LANES, block_size)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -174,8 +170,8 @@ def make_per_token_cast_kernel(cfg: PerTokenCastConfig):
     dynamic and must be >= 1.
     """
     if cfg.backend == 'ascend':
-        return ascend_per_token_cast_kernel(cfg, amax_floor=AMAX_FLOOR, fp8_max=FP8_MAX)
-    return cuda_per_token_cast_kernel(cfg, amax_floor=AMAX_FLOOR, fp8_max=FP8_MAX)
+        return ascend_per_token_cast_kernel(cfg)
+    return cuda_per_token_cast_kernel(cfg)
 
 
 @functools.cache

@@ -1,4 +1,5 @@
-"""Pure-PyTorch oracle of per_token_cast (semantics: packages/cann_ops_tilelang/quant/per_token_cast_kernel.py).
+"""Pure-PyTorch oracles of the domain's casts: the scale rule they share (packages/cann_ops_tilelang/quant/
+_scale_rules.py), the e4m3 narrowing, and per_token_cast (semantics: quant/per_token_cast_kernel.py).
 
 Tests only; never imported at run time, and it imports no kernel module. Every step is one fp32 operation as
 the kernels do it, so the kernels are compared bit for bit. Divisions are tensor / tensor: torch's
@@ -20,6 +21,36 @@ def round_up_pow2_bits(scale: torch.Tensor) -> torch.Tensor:
     return (bits + 0x7FFFFF) & 0x7F800000
 
 
+def scale_and_inverse_ref(
+    amax: torch.Tensor, *, round_sf: bool = False, packed_ue8m0: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(stored scale, inverse) of fp32 block maxima, the scale rule every cast of the domain shares: the scale
+    fp32 (a power of two with `round_sf`), or with `packed_ue8m0` the biased exponent as uint8 (UE8M0)."""
+    if packed_ue8m0 and not round_sf:
+        raise ValueError('packed_ue8m0 needs round_sf')
+    clamped = amax.clamp(min=AMAX_FLOOR)
+    fmax = torch.full_like(clamped, FP8_MAX)
+    if not round_sf:
+        return clamped / fmax, fmax / clamped
+    pow2 = round_up_pow2_bits(clamped * INV_FP8_MAX)
+    biased = pow2 >> 23
+    inverse = ((254 - biased).clamp(min=0) << 23).view(torch.float32)  # 1 / 2**e exactly; 1 / inf = 0
+    return (biased.to(torch.uint8) if packed_ue8m0 else pow2.view(torch.float32)), inverse
+
+
+def pack_ue8m0_rows(ue8m0: torch.Tensor, pack: int = 4) -> torch.Tensor:
+    """UE8M0 bytes (R, B) uint8 padded with zero bytes to (R, B rounded up to `pack`)."""
+    rows, blocks = ue8m0.shape
+    padded = torch.zeros(rows, -(-blocks // pack) * pack, dtype=torch.uint8)
+    padded[:, :blocks] = ue8m0
+    return padded
+
+
+def e4m3_ref(scaled: torch.Tensor) -> torch.Tensor:
+    """fp32 -> float8_e4m3fn as the kernels narrow: to nearest even, saturating at +-448 (NaN stays NaN)."""
+    return scaled.clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+
+
 def per_token_cast_ref(
     x: torch.Tensor,
     block_size: int = 32,
@@ -33,29 +64,13 @@ def per_token_cast_ref(
     out_sf: (T, H // block_size) fp32 (the scale, a power of two with `round_sf`), or with `packed_ue8m0` the
     biased exponent bytes, (T, H // block_size rounded up to `ue8m0_pack`) uint8 with zero padding.
     """
-    if packed_ue8m0 and not round_sf:
-        raise ValueError('packed_ue8m0 needs round_sf')
     num_tokens, hidden = x.shape
     blocks = x.float().reshape(num_tokens, hidden // block_size, block_size)
     amax = blocks.abs().amax(dim=-1)
-    clamped = amax.clamp(min=AMAX_FLOOR)
-    fmax = torch.full_like(clamped, FP8_MAX)
-    if round_sf:
-        pow2 = round_up_pow2_bits(clamped * INV_FP8_MAX)
-        biased = pow2 >> 23
-        inverse = ((254 - biased).clamp(min=0) << 23).view(torch.float32)  # 1 / 2**e exactly; 1 / inf = 0
-        if packed_ue8m0:
-            padded = -(-biased.shape[1] // ue8m0_pack) * ue8m0_pack
-            sf = torch.zeros(num_tokens, padded, dtype=torch.uint8)
-            sf[:, : biased.shape[1]] = biased.to(torch.uint8)
-        else:
-            sf = pow2.view(torch.float32)
-    else:
-        sf = clamped / fmax
-        inverse = fmax / clamped
+    stored, inverse = scale_and_inverse_ref(amax, round_sf=round_sf, packed_ue8m0=packed_ue8m0)
+    sf = pack_ue8m0_rows(stored, ue8m0_pack) if packed_ue8m0 else stored
     scaled = (blocks * inverse.unsqueeze(-1)).reshape(num_tokens, hidden)
-    out = scaled.clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
-    return out, sf
+    return e4m3_ref(scaled), sf
 
 
 def padded_hidden(block_size: int) -> int:

@@ -1,0 +1,66 @@
+"""The scale rules every e4m3 cast of the domain shares, for both backends (one home: the casts differ only in
+which elements share a block).
+
+For a block with absolute maximum a, c = max(a, AMAX_FLOOR):
+
+    fp32 scales:  sf = c / 448, inverse = 448 / c                  (two IEEE divisions)
+    round_sf:     sf = 2 ** ceil(log2(c * fp32(1/448))), inverse = 1 / sf (exact: a power of two)
+    packed_ue8m0: the rounded scale's biased exponent byte (UE8M0), four bytes per int32 of the interface's view
+
+The power of two is found on the bits: any mantissa bit carries into the exponent, then the mantissa is dropped.
+Its inverse has biased exponent 254 - biased(sf); an inf scale (255) gets inverse +0.
+
+The functions here build expressions (CUDA) or a SIMD macro (Ascend) inside a kernel generator; they import
+nothing at module level, so importing the domain compiles nothing.
+"""
+
+FP8_MAX = 448.0  # largest finite float8_e4m3fn
+AMAX_FLOOR = 1e-4  # TileKernels' default amax clamp for e4m3 with fp32 / UE8M0 scales
+INV_FP8_MAX = 1.0 / FP8_MAX  # rounded to fp32 where it is used, as the references' constant
+UE8M0_PACK = 4  # UE8M0 bytes per int32 of the interface's view, on both backends
+LANES = 64  # fp32 lanes of one 256-byte Ascend vector register
+
+
+def cuda_scale_and_inverse(T, amax, *, round_sf: bool, packed_ue8m0: bool):
+    """(stored scale, inverse) of one block's |x| maximum `amax` (fp32 PrimExprs): the stored scale is fp32, or
+    with `packed_ue8m0` the uint8 UE8M0 byte."""
+    clamped = T.max(amax, T.float32(AMAX_FLOOR))
+    if not round_sf:
+        return clamped / T.float32(FP8_MAX), T.float32(FP8_MAX) / clamped
+    pow2 = (T.reinterpret(clamped * T.float32(INV_FP8_MAX), T.uint32) + T.uint32(0x7FFFFF)) & T.uint32(0x7F800000)
+    biased = T.cast(pow2 >> T.uint32(23), T.int32)
+    inverse = T.reinterpret(T.cast(T.max(T.int32(254) - biased, T.int32(0)), T.uint32) << T.uint32(23), T.float32)
+    stored = T.cast(biased, T.uint8) if packed_ue8m0 else T.reinterpret(pow2, T.float32)
+    return stored, inverse
+
+
+def ascend_scales_macro(T, *, round_sf: bool, packed_ue8m0: bool):
+    """A SIMD macro `scales(amax_ub, sf_ub, inv_ub, count)` for inside a `T.SimdVF()`: for `count` block maxima
+    in amax_ub (fp32), the stored scales into sf_ub (fp32, or UE8M0 bytes packed from the low byte of each
+    lane, the lanes past `count` zeroed) and the inverses into inv_ub, 64 blocks per register. The buffers hold
+    `count` rounded up to 64; lanes past `count` compute on whatever amax_ub holds there."""
+    S = T.simd
+    f32 = T.float32
+
+    @T.macro
+    def scales(amax_ub, sf_ub, inv_ub, count):
+        for q in T.serial(-(-count // LANES)):
+            clamped = S.vmaxs(S.vld(amax_ub[q * LANES]), AMAX_FLOOR)
+            if round_sf:
+                bits = T.reinterpret(S.vmuls(clamped, INV_FP8_MAX), 'uint32x64')
+                pow2 = S.vand(S.vadds(bits, 0x7FFFFF), S.vdup(0x7F800000, T.uint32))
+                biased = S.vshrs(pow2, 23)
+                inv_exp = S.vmaxs(S.vsub(S.vdup(254, T.int32), T.reinterpret(biased, 'int32x64')), 0)
+                S.vsts(inv_ub[q * LANES], T.reinterpret(S.vshls(inv_exp, 23), 'float32x64'))
+                if packed_ue8m0:
+                    valid = S.update_mask(count - q * LANES, 32)
+                    exp_bytes = S.vsel(biased, S.vdup(0, T.uint32), valid)
+                    S.vsts(sf_ub[q * LANES], T.reinterpret(exp_bytes, 'uint8x256'), dist='PK4_B32')
+                else:
+                    S.vsts(sf_ub[q * LANES], T.reinterpret(pow2, 'float32x64'))
+            else:
+                fmax = S.vdup(FP8_MAX, f32)
+                S.vsts(sf_ub[q * LANES], S.vdiv(clamped, fmax))
+                S.vsts(inv_ub[q * LANES], S.vdiv(fmax, clamped))
+
+    return scales
