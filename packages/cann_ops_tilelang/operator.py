@@ -121,7 +121,7 @@ def tensor(name, dtype, dims=None, *, like=None, layout='contiguous', aligned=Fa
 
 def out(name, dtype=None, dims=None, *, like=None, aligned=False):
     """The optional output buffer (the public signature's last argument): contiguous, apart from every input;
-    dtype None: that of `like`."""
+    dtype None: that of `like`; neither dims nor like: the shape and dtype the operator's `results` gives."""
     return Arg(name, 'out', dtype, _dims(dims), like, 'contiguous', aligned, optional=True)
 
 
@@ -132,10 +132,11 @@ def outs(name, *parts):
     return Arg(name, 'out', layout='contiguous', optional=True, parts=parts)
 
 
-def quant(name, dtype, dims=None, *, sf_dtype, parts=('data', 'sf')):
+def quant(name, dtype, dims=None, *, sf_dtype, plain=False, parts=('data', 'sf')):
     """A quantised tensor, the tuple (data, sf): data of `dtype` and `dims`, contiguous; sf of `sf_dtype` (or
-    dtypes), its last dimension contiguous, its shape the operator's `extra` checks (it depends on options)."""
-    return Arg(name, 'quant', dtype, _dims(dims), parts=parts, sf_dtype=sf_dtype)
+    dtypes), its last dimension contiguous, its shape the operator's `extra` checks (it depends on options).
+    plain: a tensor alone is accepted too, as data with sf None (`extra` checks which dtypes go with which)."""
+    return Arg(name, 'quant', dtype, _dims(dims), optional=plain, parts=parts, sf_dtype=sf_dtype)
 
 
 def scalar(name, kind, *, optional=False):
@@ -154,8 +155,8 @@ def _items(a: Arg) -> list[Arg]:
         return [a]
     data, sf = (f'{a.name}_{p}' for p in a.parts)
     return [
-        Arg(data, 'tensor', a.dtype, a.dims, layout='contiguous', label=f'{a.name}[0]'),
-        Arg(sf, 'tensor', a.sf_dtype, layout='rows', label=f'{a.name}[1]'),
+        Arg(data, 'tensor', a.dtype, a.dims, layout='contiguous', label=f'{a.name}[0]' if not a.optional else a.name),
+        Arg(sf, 'tensor', a.sf_dtype, layout='rows', optional=a.optional, label=f'{a.name}[1]'),
     ]
 
 
@@ -210,6 +211,25 @@ class Operator:
         checks every tensor argument (Launcher.checks_arguments; known once it has launched)."""
         if launcher.checks_arguments:
             self.fast[key] = launcher if value is None else value
+
+    def prepare(self, key, args: tuple) -> tuple[Launcher, bool]:
+        """(launcher, fast) of a call with the public arguments `args`: the fast path's launcher remembered under
+        `key` (None: the call may not take the fast path), else the checked plan's. For eager paths that follow
+        the common shape: prepare, allocate, `finish`."""
+        launcher = self.fast.get(key) if key is not None else None
+        if launcher is not None:
+            return launcher, True
+        return self.plan(*args), False
+
+    def finish(self, launcher: Launcher, fast: bool, key, launch_args: tuple, args: tuple, *, empty: bool) -> None:
+        """Launch what `prepare` gave: the fast path's checked launch, or the planned launch (none for an empty
+        input), remembered under `key` for the next call."""
+        if fast:
+            self.launch(launcher, launch_args, *args)
+        elif not empty:
+            launcher.launch(*launch_args)
+            if key is not None:
+                self.remember(key, launcher)
 
     def launch(self, launcher: Launcher, args: tuple, *check_args) -> None:
         """The fast path's launch, which left the layout checks to a launcher whose entry checks its arguments:
@@ -317,7 +337,7 @@ class Operator:
             values = []
             for i, value in enumerate(args):
                 if i in pairs:
-                    values += value
+                    values += (value, None) if isinstance(value, torch.Tensor) else value
                 else:
                     values.append(float(value) if i in floats else value)  # the check accepted ints
             return values
@@ -328,15 +348,20 @@ class Operator:
                 return list(values)
             values, args = iter(values), []
             for i in range(len(inputs)):
-                args.append((next(values), next(values)) if i in pairs else next(values))
+                if i in pairs:
+                    data, sf = next(values), next(values)
+                    args.append(data if sf is None else (data, sf))
+                else:
+                    args.append(next(values))
             return args
 
         def fake_outputs(*values):
             args = [*public(values), *([None] if out_arg else [])]
             self.check(*args, memory=False)
-            if parts:
+            if fake is None and self._results is not None:
                 first = next(t for t in values if isinstance(t, torch.Tensor))
-                return tuple(first.new_empty(shape, dtype=dtype) for shape, dtype in self.results(*args))
+                outputs = tuple(first.new_empty(shape, dtype=dtype) for shape, dtype in self.results(*args))
+                return outputs if parts else outputs[0]
             return None if fake is None else fake(*args)
 
         def kernel(*values):
@@ -429,8 +454,8 @@ def _generate(op: Operator, choice, limits, extra, shape_from, results) -> None:
     outputs = [a for a in args if a.kind == 'out']
     if (outputs and args[-1].kind != 'out') or len(outputs) > 1:
         raise ValueError(f'{op.name}: one out argument at most, the last one')
-    if outputs and outputs[0].parts and results is None:
-        raise ValueError(f'{op.name}: a tuple of output buffers needs `results`, their shapes and dtypes')
+    if outputs and results is None and (outputs[0].parts or (outputs[0].dims is None and outputs[0].like is None)):
+        raise ValueError(f'{op.name}: output buffers without dims need `results`, their shapes and dtypes')
     first = tensors[0].name
     namespace = {
         '_op': op,
@@ -439,6 +464,7 @@ def _generate(op: Operator, choice, limits, extra, shape_from, results) -> None:
         '_extra': extra,
         '_choice': choice,
         '_results': results,
+        'torch': torch,
         '_PLAIN': PLAIN_TENSOR_TYPES,
         '_INF': math.inf,
         '_config': config,  # its require_accelerator looked up per call (tests fake a device there)
@@ -457,7 +483,12 @@ def _generate(op: Operator, choice, limits, extra, shape_from, results) -> None:
     # quantised tensors' items; types, dtypes and ranks
     for a in args:
         if a.kind == 'quant':
-            body.append(f'{", ".join(t.name for t in _items(a))} = check_parts({a.name!r}, {a.name}, {a.parts!r})')
+            items = ', '.join(t.name for t in _items(a))
+            if a.optional:  # a tensor alone is the data, without sf
+                body.append(f'if isinstance({a.name}, torch.Tensor): {items} = {a.name}, None')
+                body.append(f'else: {items} = check_parts({a.name!r}, {a.name}, {a.parts!r})')
+            else:
+                body.append(f'{items} = check_parts({a.name!r}, {a.name}, {a.parts!r})')
     for a in tensors:
         namespace[f'_dtype_{a.name}'] = a.dtype
         ndim = None if a.dims is None else len(a.dims)
@@ -503,7 +534,9 @@ def _generate(op: Operator, choice, limits, extra, shape_from, results) -> None:
     for a in args:
         if _SCALAR_CHECKS.get(a.kind):
             body.append(guarded(a, f'{a.name} = {_SCALAR_CHECKS[a.kind]}({a.name!r}, {a.name})'))
-    available = {n: n for n in names} | symbols | {'memory': 'memory', 'name': '_name'}
+    available = (
+        {n: n for n in names} | {t.name: t.name for t in tensors} | symbols | {'memory': 'memory', 'name': '_name'}
+    )
     if extra is not None:
         body.append(f'_extra({_injected(extra, available, "extra", op.name)})')
     # out=, then the tensors written in place apart from the others
@@ -523,8 +556,14 @@ def _generate(op: Operator, choice, limits, extra, shape_from, results) -> None:
             continue
         namespace[f'_dtype_{a.name}'] = a.dtype
         dtype = f'_dtype_{a.name}' if a.dtype is not None else f'{a.like}.dtype'
+        shape = shape_of(a)
+        if shape is None:  # neither dims nor like: the layout `results` gives
+            body.append(
+                f'    (_shape, _dtype), = _results({_injected(results, {n: n for n in names}, "results", op.name)})'
+            )
+            shape, dtype = '_shape', '_dtype'
         body.append(
-            f'    check_out({a.name!r}, {a.name}, shape={shape_of(a)}, dtype={dtype}, device={first}.device, '
+            f'    check_out({a.name!r}, {a.name}, shape={shape}, dtype={dtype}, device={first}.device, '
             f'inputs={inputs}}}, memory=memory)'
         )
         if a.aligned is True:
@@ -561,7 +600,7 @@ def _generate(op: Operator, choice, limits, extra, shape_from, results) -> None:
         choose = f', **_choice({_injected(choice, {n: n for n in names} | device, "choice", op.name)})'
     source += f'def plan({params}):\n    backend = _op.check({params})\n'
     if args[0].kind == 'quant':
-        source += f'    {first} = {args[0].name}[0]\n'
+        source += f'    {first} = {args[0].name} if isinstance({args[0].name}, torch.Tensor) else {args[0].name}[0]\n'
     source += f'    return _op.launcher(backend, {first}.device{choose})\n'
     source += _fast_ok_source(args, tensors, outputs, written, params)
     exec(source, namespace)  # generated from the declaration's names only
@@ -591,12 +630,13 @@ def _fast_ok_source(args, tensors, outputs, written, params) -> str:
     lines = [f'def fast_ok({params}):']
     for a in args:  # a quantised tensor: a pair, unpacked into its items
         if a.kind == 'quant':
-            items = [t.name for t in _items(a)]
-            lines += [
-                f'    if not isinstance({a.name}, tuple) or len({a.name}) != {len(items)}:',
-                '        return None',
-            ]
-            lines.append(f'    {", ".join(items)} = {a.name}')
+            items = ', '.join(t.name for t in _items(a))
+            test = f'if not isinstance({a.name}, tuple) or len({a.name}) != 2:'
+            if a.optional:  # a plain tensor is the data alone
+                lines += [f'    if type({a.name}) in _PLAIN:', f'        {items} = {a.name}, None', '    else:']
+                lines += [f'        {test}', '            return None', f'        {items} = {a.name}']
+            else:
+                lines += [f'    {test}', '        return None', f'    {items} = {a.name}']
     lines += [f'    if not ({" and ".join(tests)}):', '        return None']
     lines.append(f'    shape = {first.name}.shape')
     # addresses: of the aligned tensors, and with a written tensor, of every tensor it must stay apart from

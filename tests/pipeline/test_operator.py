@@ -281,7 +281,7 @@ def test_tuple_outputs_take_the_layout_results_gives():
     assert declared.fast_ok(q, None, True, None) is None  # CPU tensors
     assert 'if not isinstance(q, tuple) or len(q) != 2:' in declared.source
     assert '(block is None or type(block) is tuple and all(type(v) is int for v in block))' in declared.source
-    with pytest.raises(ValueError, match='a tuple of output buffers needs `results`'):
+    with pytest.raises(ValueError, match='output buffers without dims need `results`'):
         operator.Operator(
             'dq_no_results',
             operator.tensor('x', torch.float32, 'n'),

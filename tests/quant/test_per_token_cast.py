@@ -77,7 +77,7 @@ X = torch.zeros(4, 256, dtype=torch.bfloat16)
         ((X, 'e4m3', 16), {}, ValueError, r'num_per_channels must be one of \(32, 64, 128\), got 16'),
         ((X, 'e4m3', 128), {'round_sf': 1}, TypeError, 'round_sf must be a bool, got int'),
         ((X, 'e4m3', 128), {'use_packed_ue8m0': True}, ValueError, 'use_packed_ue8m0=True needs round_sf=True'),
-        ((X, 'e4m3', 128), {'x_block_size': (1, 128)}, ValueError, r'pre-quantised inputs \(x_block_size\)'),
+        ((X, 'e4m3', 128), {'x_block_size': (1, 128)}, ValueError, r'x_block_size=\(1, 128\) is not supported yet'),
         ((X, 'e4m3', 128), {'use_e4m3_sf': True}, ValueError, 'use_e4m3_sf=True is not supported yet'),
         ((X, 'e4m3', 128), {'stochastic_cast': True}, ValueError, 'stochastic_cast=True is not supported yet'),
         ((X, 'e4m3', 128), {'use_tma_aligned_col_major_sf': True}, ValueError, 'use_tma_aligned_col_major_sf=True'),

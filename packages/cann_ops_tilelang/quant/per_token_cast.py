@@ -6,28 +6,14 @@ import torch
 
 from cann_ops_tilelang.operator import Operator, outs, scalar, tensor
 
+from . import _contract as contract
 from ._quant_tensor import QuantTensor
-from .per_token_cast_kernel import (
-    BLOCK_SIZES,
-    UE8M0_PACK,
-    choose_per_token_cast_config,
-    get_per_token_cast_kernel,
-    hidden_multiple,
-)
-
-MAX_NUMEL = 2**31 - 1  # int32 element indices
-_NOT_YET = ('use_tma_aligned_col_major_sf', 'use_e4m3_sf', 'stochastic_cast')  # TileKernels' options not supported
-
-
-def _limits(name, T, H):
-    if T * H > MAX_NUMEL:
-        raise ValueError(f'{name}: x must have at most 2**31 - 1 elements, got {T * H}')
+from .per_token_cast_kernel import BLOCK_SIZES, choose_per_token_cast_config, get_per_token_cast_kernel, hidden_multiple
 
 
 def sf_layout(num_tokens: int, hidden: int, block: int, packed: bool) -> tuple[tuple[int, int], torch.dtype]:
     """(shape, dtype) of the scale factors: fp32 (T, H / block), or UE8M0 bytes packed four per int32."""
-    blocks = hidden // block
-    return ((num_tokens, -(-blocks // UE8M0_PACK)), torch.int32) if packed else ((num_tokens, blocks), torch.float32)
+    return contract.row_sf_layout(num_tokens, hidden // block, packed)
 
 
 def _results(x, num_per_channels, use_packed_ue8m0):
@@ -37,21 +23,14 @@ def _results(x, num_per_channels, use_packed_ue8m0):
 
 def _options(name, H, fmt, num_per_channels, x_block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0,
              use_e4m3_sf, stochastic_cast):  # fmt: skip
-    if fmt != 'e4m3':
-        raise ValueError(f"{name}: fmt must be 'e4m3' (the FP4 format 'e2m1' is not supported yet), got {fmt!r}")
-    if num_per_channels not in BLOCK_SIZES:
-        raise ValueError(f'{name}: num_per_channels must be one of {BLOCK_SIZES}, got {num_per_channels}')
-    if x_block_size is not None:
-        raise ValueError(f'{name}: pre-quantised inputs (x_block_size) are not supported yet: pass x_block_size=None')
-    for option, value in zip(_NOT_YET, (use_tma_aligned_col_major_sf, use_e4m3_sf, stochastic_cast), strict=True):
-        if value:
-            raise ValueError(f'{name}: {option}=True is not supported yet')
-    if use_packed_ue8m0 and not round_sf:
-        raise ValueError(f'{name}: use_packed_ue8m0=True needs round_sf=True (UE8M0 holds powers of two only)')
-    unit = hidden_multiple(num_per_channels)
-    if H <= 0 or H % unit:
-        raise ValueError(f'{name}: hidden size must be a positive multiple of {unit} for num_per_channels '
-                         f'{num_per_channels}, got {H}')  # fmt: skip
+    contract.check_format(name, fmt)
+    contract.check_block(name, 'num_per_channels', num_per_channels, BLOCK_SIZES)
+    contract.check_unsupported(
+        name, x_block_size=x_block_size, use_tma_aligned_col_major_sf=use_tma_aligned_col_major_sf,
+        use_e4m3_sf=use_e4m3_sf, stochastic_cast=stochastic_cast,
+    )  # fmt: skip
+    contract.check_scale_flags(name, round_sf, use_packed_ue8m0)
+    contract.check_hidden(name, H, hidden_multiple(num_per_channels), f'num_per_channels {num_per_channels}')
 
 
 OP = Operator(
@@ -66,7 +45,7 @@ OP = Operator(
     scalar('use_e4m3_sf', 'bool'),
     scalar('stochastic_cast', 'bool'),
     outs('out', 'data', 'sf'),
-    limits=_limits,
+    limits=lambda name, T, H: contract.check_numel(name, T, H),
     extra=_options,
     choice=lambda x, num_per_channels, round_sf, use_packed_ue8m0: {
         'hidden': x.shape[1],
@@ -85,26 +64,17 @@ def _eager(x, fmt, block, x_block_size, tma, round_sf, packed, e4m3_sf, stochast
     """Every check, then the launch. Fast path, without out= and TileKernels' options that are not supported: by
     (H, dtype, CUDA index, block, round_sf, packed)."""
     args = (x, fmt, block, x_block_size, tma, round_sf, packed, e4m3_sf, stochastic, out)
-    launcher = key = None
+    key = None
     supported = out is None and x_block_size is None and fmt == 'e4m3' and not (tma or e4m3_sf or stochastic)
-    if (shape := OP.fast_ok(*args)) is not None and supported:
+    if supported and (shape := OP.fast_ok(*args)) is not None and shape[0]:
         key = (shape[1], x.dtype, x.get_device(), block, round_sf, packed)
-        launcher = OP.fast.get(key) if shape[0] else None
-    fast = launcher is not None
-    if not fast:
-        launcher = OP.plan(*args)
+    launcher, fast = OP.prepare(key, args)
     if out is None:
         data, sf = (x.new_empty(shape, dtype=dtype) for shape, dtype in _results(x, block, packed))
     else:
         data, sf = out
     # The kernels write UE8M0 scales as bytes.
-    launch_args = (x, data, sf.view(torch.uint8) if packed else sf)
-    if fast:
-        OP.launch(launcher, launch_args, *args)
-    elif x.shape[0]:  # T = 0: nothing to launch
-        launcher.launch(*launch_args)
-        if key is not None:
-            OP.remember(key, launcher)
+    OP.finish(launcher, fast, key, (x, data, sf.view(torch.uint8) if packed else sf), args, empty=not x.shape[0])
     return QuantTensor(data, sf)
 
 

@@ -1,0 +1,52 @@
+"""The contract the domain's operators share: the element limit, the format and option rules, and the scale
+layouts of the interface (docs/quant.md)."""
+
+from __future__ import annotations
+
+import torch
+
+from ._scale_rules import UE8M0_PACK
+
+MAX_NUMEL = 2**31 - 1  # int32 element indices in the kernels
+FP8_FORMAT = 'e4m3'  # the only narrow format yet (TileKernels' FP4 'e2m1' is not supported)
+PACKED_SF_DTYPE = torch.int32  # four UE8M0 bytes, the interface's view on both backends
+
+
+def check_numel(name: str, T: int, H: int) -> None:
+    if T * H > MAX_NUMEL:
+        raise ValueError(f'{name}: x must have at most 2**31 - 1 elements, got {T * H}')
+
+
+def check_format(name: str, fmt: str) -> None:
+    if fmt != FP8_FORMAT:
+        raise ValueError(f"{name}: fmt must be 'e4m3' (the FP4 format 'e2m1' is not supported yet), got {fmt!r}")
+
+
+def check_unsupported(name: str, **options) -> None:
+    """TileKernels' options these kernels do not have yet: each must be False (or None)."""
+    for option, value in options.items():
+        if value:
+            raise ValueError(f'{name}: {option}={value!r} is not supported yet')
+
+
+def check_scale_flags(name: str, round_sf: bool, use_packed_ue8m0: bool) -> None:
+    if use_packed_ue8m0 and not round_sf:
+        raise ValueError(f'{name}: use_packed_ue8m0=True needs round_sf=True (UE8M0 holds powers of two only)')
+
+
+def check_block(name: str, what: str, value: int, allowed: tuple[int, ...]) -> None:
+    if value not in allowed:
+        raise ValueError(f'{name}: {what} must be one of {allowed}, got {value}')
+
+
+def check_hidden(name: str, hidden: int, unit: int, why: str) -> None:
+    if hidden <= 0 or hidden % unit:
+        raise ValueError(f'{name}: hidden size must be a positive multiple of {unit} for {why}, got {hidden}')
+
+
+def row_sf_layout(rows: int, blocks: int, packed: bool) -> tuple[tuple[int, int], torch.dtype]:
+    """(shape, dtype) of scale factors with one row per token (block) and one column per channel block: fp32
+    (rows, blocks), or UE8M0 bytes, byte k of a row for block k, packed four per int32 (zero padding)."""
+    if packed:
+        return (rows, -(-blocks // UE8M0_PACK)), PACKED_SF_DTYPE
+    return (rows, blocks), torch.float32
