@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import statistics
 import sys
 from collections.abc import Callable
 
@@ -44,11 +43,19 @@ from tests.engram.engram_gate_bwd_ref import engram_gate_bwd_ref
 from tests.engram.engram_gate_fwd_ref import engram_gate_fwd_ref
 from tests.engram.engram_grad_w_reduce_ref import engram_grad_w_reduce_ref
 from tests.engram.engram_hash_ref import engram_hash_ref
+from tests.testing.device_timing import (
+    COPY_BYTES,
+    CleanL2Flush,
+    alternating_medians,
+    clean_l2_bench_us,
+    copy_ceiling,
+    same_size_copy_us,
+    same_traffic_floors,
+)
+from tests.testing.device_timing import _timed as _timed
 from tests.testing.generator import BENCHMARK_HC, BENCHMARK_HIDDEN, BENCHMARK_NUM_TOKENS
 from tests.testing.numeric import count_bytes
 
-COPY_BYTES = 1 << 30  # 1 GiB source: far beyond the L2 cache
-FLUSH_BYTES = 256 << 20  # do_bench's flush buffer: several times the H200's L2
 EPS = 1e-6
 CLAMP = 1e-6
 HASH_SIZES = {'num_layers': 2, 'max_ngram': 3, 'num_tables': 8}  # the Engram setting
@@ -446,101 +453,6 @@ register(
 # ---------------------------------------------------------------- timing and report
 
 
-def bench_us(fn: Callable[[], object], *, warmup: int = 25, rep: int = 100) -> tuple[float, str]:
-    """Median device time of fn() in microseconds, and the do_bench backend that measured it (`warmup`, `rep`:
-    do_bench's milliseconds of warm-up and of timed calls)."""
-    from tilelang.profiler.bench import do_bench
-
-    try:
-        ms = do_bench(fn, warmup=warmup, rep=rep, backend='cupti', return_mode='median')
-        if ms > 0:
-            return ms * 1e3, 'cupti'
-    except Exception as exc:  # CUPTI missing or unusable in this torch build
-        print(f'(CUPTI unavailable: {type(exc).__name__}: {exc}; using CUDA events)', file=sys.stderr)
-    return do_bench(fn, warmup=warmup, rep=rep, backend='event', return_mode='median') * 1e3, 'event'
-
-
-def _device_activities(prof) -> list:
-    """The device-side events (kernels, copies) a torch profiler recorded, without user annotations."""
-    return [
-        e
-        for e in prof.events()
-        if getattr(getattr(e, 'device_type', None), 'name', '') == 'CUDA' and not e.is_user_annotation
-    ]
-
-
-def _profiled(calls: Callable[[], None]):
-    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
-    with torch.profiler.profile(activities=activities) as prof:
-        calls()
-        torch.cuda.synchronize()
-    return prof
-
-
-class CleanL2Flush:
-    """A flush that leaves the L2 full of clean lines: it reads FLUSH_BYTES (evicting, and so writing back,
-    whatever the previous call left dirty) instead of zeroing them. `kernel_names` are its kernels, which
-    clean_l2_bench_us leaves out of the time (found by profiling it alone, which also starts CUPTI)."""
-
-    def __init__(self, device: torch.device) -> None:
-        self._buf = torch.ones(FLUSH_BYTES // 4, dtype=torch.int32, device=device)
-        self._sum = torch.empty((), dtype=torch.int64, device=device)
-        self.kernel_names = frozenset(e.name for e in _device_activities(_profiled(self.flush)))
-
-    def flush(self) -> None:
-        torch.sum(self._buf, dim=0, dtype=torch.int64, out=self._sum)
-
-
-def clean_l2_bench_us(fn: Callable[[], object], flush: CleanL2Flush) -> float:
-    """Mean device time (CUPTI, through the torch profiler) of fn() in microseconds, each call after
-    `flush`: every device event of the profiled calls but the flush's kernels, over the calls (do_bench's
-    warm-up and repeat counts: 25 ms and 100 ms worth of calls)."""
-    fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(5):
-        flush.flush()
-        fn()
-    end.record()
-    end.synchronize()
-    estimate_ms = start.elapsed_time(end) / 5
-    for _ in range(max(1, int(25 / estimate_ms))):
-        fn()
-    repeat = max(1, int(100 / estimate_ms))
-
-    def calls() -> None:
-        for _ in range(repeat):
-            flush.flush()
-            fn()
-
-    events = _device_activities(_profiled(calls))
-    us = sum(e.self_device_time_total for e in events if e.name not in flush.kernel_names) / repeat
-    if not us > 0:
-        raise RuntimeError(f'the profiler recorded {us} us of device time for the call')
-    return us
-
-
-def _copy_moving(nbytes: int, device: torch.device) -> Callable[[], object]:
-    """A device-to-device copy that moves `nbytes` (half read, half written)."""
-    src = torch.ones(max(1, nbytes // 2), dtype=torch.uint8, device=device)
-    dst = torch.empty_like(src)
-    return lambda: dst.copy_(src)
-
-
-def same_size_copy_us(nbytes: int, device: torch.device, flush: CleanL2Flush) -> float:
-    """Clean-L2 time of a device-to-device copy moving `nbytes` (half read, half written)."""
-    return clean_l2_bench_us(_copy_moving(nbytes, device), flush)
-
-
-def copy_ceiling(device: torch.device) -> tuple[float, float]:
-    """(GB/s, us) of a device-to-device copy of COPY_BYTES, counting bytes read + written."""
-    src = torch.empty(COPY_BYTES // 2, dtype=torch.bfloat16, device=device).normal_()
-    dst = torch.empty_like(src)
-    us, _ = bench_us(lambda: dst.copy_(src))
-    return 2 * COPY_BYTES / us / 1e3, us
-
-
 def import_tile_kernels():
     """(module, None) or (None, why it is not there)."""
     try:
@@ -553,44 +465,6 @@ def import_tile_kernels():
 
 def _fmt_shape(shape: dict) -> str:
     return ', '.join(f'{k}={v}' for k, v in shape.items())
-
-
-def _timed(fn: Callable[[], object], **timing) -> tuple[float | None, str]:
-    try:
-        return bench_us(fn, **timing)
-    except Exception as exc:
-        return None, f'{type(exc).__name__}: {exc}'
-
-
-def alternating_medians(
-    fns: list[Callable[[], object] | None], rounds: int, **timing
-) -> list[tuple[float | None, str]]:
-    """(median us, timer) of each fn over `rounds` rounds that time every fn in turn, so that a drift of the
-    device's speed during the row falls on all of them alike; (None, why) for a fn that is None or fails
-    (a failed fn is not timed again). `timing`: bench_us's warm-up and repeat times."""
-    times: list[list[float]] = [[] for _ in fns]
-    failed: dict[int, str] = {i: 'not timed' for i, fn in enumerate(fns) if fn is None}
-    timer = 'n/a'
-    for _ in range(rounds):
-        for i, fn in enumerate(fns):
-            if i in failed:
-                continue
-            us, timer = _timed(fn, **timing)
-            if us is None:
-                failed[i] = timer
-            else:
-                times[i].append(us)
-    return [(None, failed[i]) if i in failed else (statistics.median(times[i]), timer) for i in range(len(fns))]
-
-
-def same_traffic_floors(nbytes: int, device: torch.device) -> tuple[float, float]:
-    """(us of a copy moving `nbytes`, half read and half written; us of a read of `nbytes` by torch.sum),
-    both under do_bench's flush: what plain kernels that move the same bytes take under the same timer."""
-    copy_us, _ = bench_us(_copy_moving(nbytes, device))
-    data = torch.ones(max(1, nbytes // 4), dtype=torch.float32, device=device)
-    total = torch.empty((), dtype=torch.float32, device=device)
-    read_us, _ = bench_us(lambda: torch.sum(data, dim=0, out=total))
-    return copy_us, read_us
 
 
 def _cell(value: float | None, fmt: str = '{:.1f}') -> str:

@@ -5,11 +5,12 @@ reported and not timed again), its usage errors, and its host table on host_over
 import pytest
 
 from tests.engram import perf_report
+from tests.testing import device_timing
 
 
 @pytest.fixture
 def fake_timer(monkeypatch):
-    """perf_report._timed replaced: each call's name is logged and its next planned time returned."""
+    """device_timing._timed replaced: each call's name is logged and its next planned time returned."""
     log, planned = [], {}
 
     def timed(fn):
@@ -18,7 +19,7 @@ def fake_timer(monkeypatch):
         us = planned[name].pop(0)
         return (None, f'{name} failed') if us is None else (us, 'cupti')
 
-    monkeypatch.setattr(perf_report, '_timed', timed)
+    monkeypatch.setattr(device_timing, '_timed', timed)
     return log, planned
 
 
