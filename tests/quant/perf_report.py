@@ -1,76 +1,166 @@
-"""per_token_cast against TileKernels 2.1.0 on one GPU, in one process: whether data and scale bytes are equal,
-and the time of each (CUDA events around one call, medians of rounds under a 256 MiB L2 flush; two alternating
-passes, the better of each kept) with our bandwidth.
+"""The quantisation operators against TileKernels 2.1.0 on one GPU, in one process: whether the bytes are equal,
+the time of each (do_bench medians under its L2 flush, CUPTI, rounds alternating between ours and the peer's
+call), the copy that moves the same bytes, and our bandwidth.
 
-    PYTHONPATH=<tile_kernels 2.1.0> python -m tests.quant.perf_report [--rounds 30]
+    PYTHONPATH=<tile_kernels 2.1.0> python -m tests.quant.perf_report [--rounds 5] [--sweep] [--ops a,b]
+
+--sweep: every operator's main configuration over H = 1024 .. 16384 (every 1024, and 7168) at T = 4096 (a
+multiple of 128, which the peer's per-block and per-channel kernels need) instead of the fixed table.
+Our calls go through the public operators with out= buffers (no allocation), the peer's as it is called.
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
+import dataclasses
 
 import torch
 
-from cann_ops_tilelang.quant import per_token_cast
-
-_FORMATS = {'fp32': (False, False), 'ue8m0': (True, True)}
-CASES = [
-    (torch.bfloat16, shape, variant)
-    for shape in ((4001, 7168), (8001, 7168), (8001, 4096), (1, 7168))
-    for variant in ((128, 'fp32'), (32, 'ue8m0'))
-] + [(torch.float32, (4001, 7168), (128, 'fp32'))]
+from cann_ops_tilelang import quant
+from tests.testing.device_timing import alternating_medians, same_traffic_floors
 
 
-def _timed(fn, flush: torch.Tensor, rounds: int) -> float:
-    """Median us of `fn` between two CUDA events, each round after an L2 flush."""
-    times = []
-    for _ in range(rounds):
-        flush.zero_()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) * 1e3)
-    return statistics.median(times)
+@dataclasses.dataclass(frozen=True)
+class Case:
+    op: str
+    label: str  # block and scale format
+    num_tokens: int
+    hidden: int
+    dtype: torch.dtype = torch.bfloat16
+
+
+def _input(case: Case, device) -> torch.Tensor:
+    torch.manual_seed(0)
+    scale = torch.exp2(torch.randint(-8, 8, (case.num_tokens, 1), device=device).float())
+    return (torch.randn(case.num_tokens, case.hidden, device=device) * scale).to(case.dtype)
+
+
+def _flags(sf: str) -> dict:
+    return {'round_sf': sf == 'ue8m0', 'use_packed_ue8m0': sf == 'ue8m0'}
+
+
+def _buffers(result):
+    return tuple(torch.empty_like(t) for t in result) if isinstance(result, tuple) else torch.empty_like(result)
+
+
+def _calls(case: Case, tk, x: torch.Tensor):
+    """(ours: () -> result into fixed buffers, peer: () -> result, moved bytes) of a case."""
+    kind, block, sf = case.label.split(':')
+    block = tuple(int(b) for b in block.split('x'))
+    flags = _flags(sf)
+    if case.op == 'per_token_cast':
+        args = (x, 'e4m3', block[1])
+        ours, peer = quant.per_token_cast, tk.per_token_cast
+    elif case.op == 'per_block_cast':
+        args = (x, 'e4m3', block)
+        ours, peer = quant.per_block_cast, tk.per_block_cast
+    elif case.op == 'per_block_cast_with_sf_only':
+        args = (x, 'e4m3', block)
+        ours, peer = quant.per_block_cast_with_sf_only, tk.per_block_cast_with_sf_only
+    elif case.op == 'per_block_cast_with_precomputed_sf':
+        sf_tensor = quant.per_block_cast_with_sf_only(x, 'e4m3', block)
+        args, flags = (x, 'e4m3', block, sf_tensor), {}
+        ours, peer = quant.per_block_cast_with_precomputed_sf, tk.per_block_cast_with_precomputed_sf
+    elif case.op == 'per_channel_cast':
+        if kind == 'rescale':  # a per-token quantised x (128-channel fp32 scales) cast per channel
+            x = quant.per_token_cast(x, 'e4m3', 128)
+            return _pair(quant.per_channel_cast, tk.per_channel_cast, (x, 'e4m3', block[0], False, 128), {}, x)
+        args = (x, 'e4m3', block[0])
+        ours, peer = quant.per_channel_cast, tk.per_channel_cast
+        flags = {'round_sf': flags['round_sf'], 'use_packed_ue8m0': flags['use_packed_ue8m0']}
+    elif case.op in ('cast_back', 'per_token_cast_back'):
+        if block[0] == 1:
+            q = quant.per_token_cast(x, 'e4m3', block[1], **flags)
+        elif block[1] == 1:
+            q = quant.per_channel_cast(x, 'e4m3', block[0], **flags)
+        else:
+            q = quant.per_block_cast(x, 'e4m3', block, **flags)
+        fmt = 'fp32' if kind == 'fp32' else 'bf16'
+        if case.op == 'per_token_cast_back':
+            return _pair(quant.per_token_cast_back, tk.per_token_cast_back, (tuple(q), fmt, block[1]), {}, q)
+        return _pair(quant.cast_back, tk.cast_back, (tuple(q), fmt, block), {}, q)
+    else:
+        raise ValueError(f'unknown operator {case.op!r}')
+    return _pair(ours, peer, args, flags, x)
+
+
+def _pair(ours, peer, args, flags, inputs):
+    result = ours(*args, **flags)
+    buffers = _buffers(result)
+    inputs = inputs if isinstance(inputs, tuple) else (inputs,)
+    moved = sum(t.nbytes for t in (*inputs, *(result if isinstance(result, tuple) else (result,))))
+    return (lambda: ours(*args, **flags, out=buffers)), (lambda: peer(*args, **flags)), result, moved
+
+
+def _same(ours, theirs) -> bool:
+    ours = ours if isinstance(ours, tuple) else (ours,)
+    theirs = theirs if isinstance(theirs, tuple) else (theirs,)
+    return len(ours) == len(theirs) and all(
+        a.shape == b.shape and torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
+        for a, b in zip(ours, theirs, strict=True)
+    )
+
+
+TABLE = [
+    Case('per_token_cast', 'plain:1x128:fp32', 4001, 7168),
+    Case('per_token_cast', 'plain:1x32:ue8m0', 4001, 7168),
+    Case('per_token_cast', 'plain:1x128:fp32', 8001, 4096),
+    Case('per_token_cast', 'plain:1x128:fp32', 4001, 7168, torch.float32),
+    Case('per_token_cast', 'plain:1x128:fp32', 1, 7168),
+    Case('per_block_cast', 'plain:128x128:fp32', 4096, 7168),
+    Case('per_block_cast', 'plain:32x32:ue8m0', 4096, 7168),
+    Case('per_block_cast_with_sf_only', 'plain:128x128:fp32', 4096, 7168),
+    Case('per_block_cast_with_precomputed_sf', 'plain:128x128:fp32', 4096, 7168),
+    Case('per_channel_cast', 'plain:128x1:fp32', 4096, 7168),
+    Case('per_channel_cast', 'plain:32x1:ue8m0', 4096, 7168),
+    Case('per_channel_cast', 'rescale:128x1:fp32', 4096, 7168),
+    Case('cast_back', 'bf16:1x128:fp32', 4001, 7168),
+    Case('cast_back', 'bf16:1x32:ue8m0', 4001, 7168),
+    Case('cast_back', 'fp32:128x128:fp32', 4096, 7168),
+    Case('cast_back', 'bf16:128x1:fp32', 4096, 7168),
+    Case('per_token_cast_back', 'bf16:1x128:fp32', 8001, 4096),
+]
+SWEEP_HIDDEN = sorted({*range(1024, 16385, 1024), 7168})
+SWEEP_LABELS = {
+    'per_token_cast': 'plain:1x128:fp32',
+    'per_block_cast': 'plain:128x128:fp32',
+    'per_channel_cast': 'plain:128x1:fp32',
+    'cast_back': 'bf16:1x128:fp32',
+}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument('--rounds', type=int, default=30)
-    rounds = parser.parse_args().rounds
-    from tile_kernels.quant import per_token_cast as peer_cast  # the peer, where it is installed
+    parser.add_argument('--rounds', type=int, default=5)
+    parser.add_argument('--sweep', action='store_true')
+    parser.add_argument('--ops', default='', help='comma-separated operator names (default: all)')
+    args = parser.parse_args()
+    import tile_kernels.quant as tk  # the peer, where it is installed
 
     device = torch.device('cuda')
-    flush = torch.empty(256 * 2**20, dtype=torch.uint8, device=device)
-    print('| T | H | dtype | block | sf | equal data / sf | ours us | TK us | ours / TK | ours GB/s |')
-    print('| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |')
-    for dtype, (num_tokens, hidden), (block, sf) in CASES:
-        round_sf, packed = _FORMATS[sf]
-        torch.manual_seed(0)
-        scale = torch.exp2(torch.randint(-8, 8, (num_tokens, 1)).float())
-        x = (torch.randn(num_tokens, hidden) * scale).to(dtype).to(device)
-        kwargs = {'round_sf': round_sf, 'use_packed_ue8m0': packed}
-        data, scales = per_token_cast(x, 'e4m3', block, **kwargs)
-
-        def ours(data=data, scales=scales, x=x, block=block, kwargs=kwargs):
-            per_token_cast(x, 'e4m3', block, **kwargs, out=(data, scales))
-
-        def peer(x=x, block=block, kwargs=kwargs):
-            return peer_cast(x, 'e4m3', block, **kwargs)
-
-        peer_data, peer_scales = peer()
-        same_data = torch.equal(data.view(torch.uint8), peer_data.view(torch.uint8))
-        same_sf = scales.shape == peer_scales.shape and torch.equal(
-            scales.view(torch.uint8), peer_scales.view(torch.uint8)
-        )
-        mine = min(_timed(ours, flush, rounds), _timed(ours, flush, rounds))
-        theirs = min(_timed(peer, flush, rounds), _timed(peer, flush, rounds))
-        nbytes = x.nbytes + data.nbytes + scales.nbytes
+    cases = (
+        [Case(op, label, 4096, h) for op, label in SWEEP_LABELS.items() for h in SWEEP_HIDDEN] if args.sweep else TABLE
+    )
+    if args.ops:
+        cases = [c for c in cases if c.op in args.ops.split(',')]
+    print('| operator | case | T | H | dtype | equal | ours us | TK us | copy us | ours / TK | % of copy | GB/s |')
+    print('| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |')
+    for case in cases:
+        x = _input(case, device)
+        ours, peer, result, moved = _calls(case, tk, x)
+        try:
+            same = _same(result, peer())
+        except Exception as exc:  # the peer refuses the shape: ours alone
+            same, peer = f'TK: {type(exc).__name__}', None
+        (ours_us, _), (tk_us, _) = alternating_medians([ours, peer], args.rounds)
+        copy_us, _ = same_traffic_floors(moved, device)
+        ratio = f'{ours_us / tk_us:.2f}' if tk_us else 'n/a'
+        tk_text = f'{tk_us:.1f}' if tk_us else 'n/a'
         print(
-            f'| {num_tokens} | {hidden} | {str(dtype)[6:]} | {block} | {sf} | {same_data} / {same_sf} | {mine:.1f} | '
-            f'{theirs:.1f} | {mine / theirs:.2f} | {nbytes / mine / 1e3:.0f} |'
+            f'| {case.op} | {case.label} | {case.num_tokens} | {case.hidden} | {str(case.dtype)[6:]} | {same} | '
+            f'{ours_us:.1f} | {tk_text} | {copy_us:.1f} | {ratio} | {100 * copy_us / ours_us:.0f} | '
+            f'{moved / ours_us / 1e3:.0f} |',
+            flush=True,
         )
 
 

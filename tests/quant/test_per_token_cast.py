@@ -9,8 +9,13 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from cann_ops_tilelang import config
-from cann_ops_tilelang.quant import QuantTensor, per_token_cast
-from tests.quant.cast_ref import padded_hidden, per_token_cast_ref, scaled_rows
+from cann_ops_tilelang.quant import (
+    QuantTensor,
+    per_token_cast,
+    per_token_cast_with_precomputed_sf,
+    per_token_cast_with_sf_only,
+)
+from tests.quant.cast_ref import e4m3_ref, padded_hidden, per_token_cast_ref, scaled_rows
 from tests.testing.bench import make_param_id
 from tests.testing.generator import by_level, generate_samples, get_test_level
 from tests.testing.numeric import assert_equal
@@ -174,3 +179,37 @@ def test_per_token_cast_special_values(device):
     x = x.to(device)
     for block, sf in ((64, 'pow2'), (32, 'ue8m0')):
         _assert_matches(_cast(x, block, sf), x, block, sf)
+
+
+def test_per_token_cast_halves_reject():
+    with pytest.raises(ValueError, match=r'out_sf must have shape \(4, 2\), got \(4, 1\)'):
+        per_token_cast_with_sf_only(X, 'e4m3', 128, out_sf=torch.empty(4, 1))
+    with pytest.raises(ValueError, match='use_e4m3_sf=True is not supported yet'):
+        per_token_cast_with_sf_only(X, 'e4m3', 128, use_e4m3_sf=True)
+    with pytest.raises(ValueError, match=r'sf must have shape \(4, 2\) \(one per token and block of 128\)'):
+        per_token_cast_with_precomputed_sf(X, 'e4m3', 128, torch.ones(4, 4))
+    with pytest.raises(ValueError, match='precomputed scales are fp32: use_packed_ue8m0=True is not supported'):
+        per_token_cast_with_precomputed_sf(X, 'e4m3', 128, torch.ones(4, 2), round_sf=True, use_packed_ue8m0=True)
+    with pytest.raises(RuntimeError, match="no kernels for 'cpu' tensors"):
+        per_token_cast_with_precomputed_sf(X, 'e4m3', 128, torch.ones(4, 2))
+
+
+@pytest.mark.npu
+@pytest.mark.parametrize('variant', VARIANTS, ids=make_param_id)
+def test_per_token_cast_halves_values(variant, device):
+    """The scales alone are per_token_cast's; its data again from fp32 scales, including scales the kernel did not
+    compute (zero, tiny: products past e4m3's range saturate, zeros times inf are NaN)."""
+    x = scaled_rows(37, padded_hidden(variant['block']), variant['dtype'], device)
+    round_sf, packed = _FORMATS[variant['sf']]
+    full = _cast(x, variant['block'], variant['sf'])
+    scales = per_token_cast_with_sf_only(x, 'e4m3', variant['block'], round_sf=round_sf, use_packed_ue8m0=packed)
+    assert_equal(scales.cpu(), full.sf.cpu())
+    if packed:
+        return
+    given = scales.clone()
+    given[0, 0], given[1, 1] = 0.0, 1e-30
+    data = per_token_cast_with_precomputed_sf(x, 'e4m3', variant['block'], given)
+    blocks = x.cpu().float().reshape(37, -1, variant['block'])
+    inverse = torch.ones_like(given.cpu()) / given.cpu()
+    expected = e4m3_ref((blocks * inverse.unsqueeze(-1)).reshape(37, -1))
+    assert_equal(_nan_as_positive(data.cpu().view(torch.uint8)), _nan_as_positive(expected.view(torch.uint8)))

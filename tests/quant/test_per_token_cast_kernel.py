@@ -271,3 +271,46 @@ def test_per_token_cast_kernel_special_values(variant, device):
     assert torch.equal(got[~nan], want[~nan])
     assert int(nan.sum()) == 2  # the two infinities
     assert want[0, :bs].eq(0x80).all()
+
+
+@pytest.mark.parametrize('backend', ['ascend', 'cuda'])
+@pytest.mark.parametrize(('mode', 'variant'), [('sf_only', _CORE_VARIANTS[2]), ('precomputed', _CORE_VARIANTS[0])])
+def test_per_token_cast_halves_lower(backend, mode, variant):
+    """per_token_cast_with_sf_only ('sf_only': no fp8 stores) and _with_precomputed_sf ('precomputed': the scales
+    read, their reciprocals, no reduction)."""
+    round_sf, packed = FORMATS[variant['sf']]
+    cfg = choose_per_token_cast_config(
+        backend=backend, num_cores=ASCEND_950_VECTOR_CORES if backend == 'ascend' else H200_SMS,
+        hidden=padded_hidden(variant['block_size']),
+        in_dtype=variant['in_dtype'], block_size=variant['block_size'], round_sf=round_sf, packed_ue8m0=packed,
+        mode=mode,
+    )  # fmt: skip
+    lower = assert_ascend_kernel_lowers if backend == 'ascend' else assert_cuda_kernel_lowers
+    source = lower(lambda: make_per_token_cast_kernel(cfg), key=cfg, kernel_name=KERNEL_NAME).source
+    if backend == 'cuda':
+        assert ('__frcp_rn' in source) == (mode == 'precomputed')
+        assert ('fp8_e4_t* __restrict__ out' in source) == (mode == 'precomputed')
+
+
+def test_per_token_cast_config_modes():
+    cfg = choose_per_token_cast_config(
+        backend='cuda',
+        num_cores=132,
+        hidden=256,
+        in_dtype='bfloat16',
+        block_size=128,
+        round_sf=True,
+        mode='precomputed',
+    )
+    assert (cfg.round_sf, cfg.writes_data, cfg.computes_sf) == (
+        False,
+        True,
+        False,
+    )  # round_sf dropped: 1 / sf either way
+    with pytest.raises(ValueError, match='packed_ue8m0 is not supported there'):
+        choose_per_token_cast_config(
+            backend='cuda', num_cores=132, hidden=256, in_dtype='bfloat16', round_sf=True, packed_ue8m0=True,
+            mode='precomputed',
+        )  # fmt: skip
+    with pytest.raises(ValueError, match='mode must be one of'):
+        choose_per_token_cast_config(backend='cuda', num_cores=132, hidden=256, in_dtype='bfloat16', mode='both')

@@ -1,6 +1,20 @@
 """Quantisation: FP8 casts with per-block scale factors (experimental: not exported from the root package yet)."""
 
 from ._quant_tensor import QuantTensor
-from .per_token_cast import per_token_cast
+from .cast_back import cast_back, per_token_cast_back
+from .per_block_cast import per_block_cast, per_block_cast_with_precomputed_sf, per_block_cast_with_sf_only
+from .per_channel_cast import per_channel_cast
+from .per_token_cast import per_token_cast, per_token_cast_with_precomputed_sf, per_token_cast_with_sf_only
 
-__all__: list[str] = ['QuantTensor', 'per_token_cast']
+__all__: list[str] = [
+    'QuantTensor',
+    'cast_back',
+    'per_block_cast',
+    'per_block_cast_with_precomputed_sf',
+    'per_block_cast_with_sf_only',
+    'per_channel_cast',
+    'per_token_cast',
+    'per_token_cast_back',
+    'per_token_cast_with_precomputed_sf',
+    'per_token_cast_with_sf_only',
+]

@@ -64,3 +64,32 @@ def ascend_scales_macro(T, *, round_sf: bool, packed_ue8m0: bool):
                 S.vsts(inv_ub[q * LANES], S.vdiv(fmax, clamped))
 
     return scales
+
+
+def cuda_inverse_of(T, sf):
+    """The inverse of a given fp32 scale (the precomputed-scale casts): IEEE 1 / sf, correctly rounded whatever
+    the fast-math flags (__frcp_rn). The narrowing (__nv_fp8_e4m3's, saturating) caps the overflow such a scale
+    can cause."""
+    return T.call_extern(T.float32, '__frcp_rn', sf)
+
+
+def ascend_precomputed_macros(T):
+    """SIMD macros of the precomputed-scale casts, for inside a `T.SimdVF()`: `inverses(sf_ub, inv_ub, count)`
+    writes IEEE 1 / sf of `count` fp32 scales (64 per register), and `saturate(v)` clamps a product to +-448 by
+    compare and select (NaN stays NaN). A scale the kernel did not compute can overflow e4m3, and the kernels
+    do not rely on the conversion's saturation setting; the computed scales cannot overflow."""
+    S = T.simd
+    f32 = T.float32
+
+    @T.macro
+    def inverses(sf_ub, inv_ub, count):
+        one = S.vdup(1.0, f32)
+        for q in T.serial(-(-count // LANES)):
+            S.vsts(inv_ub[q * LANES], S.vdiv(one, S.vld(sf_ub[q * LANES])))
+
+    @T.macro
+    def saturate(v):
+        capped = S.vsel(S.vdup(FP8_MAX, f32), v, S.vcmps(v, FP8_MAX, op='gt'))
+        return S.vsel(S.vdup(-FP8_MAX, f32), capped, S.vcmps(capped, -FP8_MAX, op='lt'))
+
+    return inverses, saturate

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from cann_ops_tilelang.operator import Operator, outs, scalar, tensor
+from cann_ops_tilelang.operator import Operator, out, outs, scalar, tensor
 
 from . import _contract as contract
 from ._quant_tensor import QuantTensor
@@ -33,9 +33,44 @@ def _options(name, H, fmt, num_per_channels, x_block_size, use_tma_aligned_col_m
     contract.check_hidden(name, H, hidden_multiple(num_per_channels), f'num_per_channels {num_per_channels}')
 
 
+def _choice(mode):
+    def choice(x, num_per_channels, round_sf, use_packed_ue8m0):
+        return {
+            'hidden': x.shape[1],
+            'in_dtype': x.dtype,
+            'block_size': num_per_channels,
+            'round_sf': round_sf,
+            'packed_ue8m0': use_packed_ue8m0,
+            'mode': mode,
+        }
+
+    return choice
+
+
+def _half_options(name, H, fmt, num_per_channels, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0,
+                  use_e4m3_sf):  # fmt: skip
+    _options(name, H, fmt, num_per_channels, None, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0,
+             use_e4m3_sf, False)  # fmt: skip
+
+
+def _precomputed_options(name, x, fmt, num_per_channels, sf, use_tma_aligned_col_major_sf, round_sf,
+                         use_packed_ue8m0, use_e4m3_sf):  # fmt: skip
+    _half_options(name, x.shape[1], fmt, num_per_channels, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0,
+                  use_e4m3_sf)  # fmt: skip
+    if use_packed_ue8m0:
+        raise ValueError(f'{name}: precomputed scales are fp32: use_packed_ue8m0=True is not supported')
+    shape, _ = sf_layout(*x.shape, num_per_channels, False)
+    if sf.shape != shape:
+        raise ValueError(f'{name}: sf must have shape {shape} (one per token and block of {num_per_channels}), '
+                         f'got {tuple(sf.shape)}')  # fmt: skip
+
+
+X = tensor('x', (torch.bfloat16, torch.float32), 'T, H')
+_LIMITS = {'limits': lambda name, T, H: contract.check_numel(name, T, H)}
+_KERNEL = {'choose_config': choose_per_token_cast_config, 'get_kernel': get_per_token_cast_kernel}
 OP = Operator(
     'per_token_cast',
-    tensor('x', (torch.bfloat16, torch.float32), 'T, H'),
+    X,
     scalar('fmt', 'str'),
     scalar('num_per_channels', 'int'),
     scalar('x_block_size', 'ints', optional=True),
@@ -45,18 +80,44 @@ OP = Operator(
     scalar('use_e4m3_sf', 'bool'),
     scalar('stochastic_cast', 'bool'),
     outs('out', 'data', 'sf'),
-    limits=lambda name, T, H: contract.check_numel(name, T, H),
     extra=_options,
-    choice=lambda x, num_per_channels, round_sf, use_packed_ue8m0: {
-        'hidden': x.shape[1],
-        'in_dtype': x.dtype,
-        'block_size': num_per_channels,
-        'round_sf': round_sf,
-        'packed_ue8m0': use_packed_ue8m0,
-    },
+    choice=_choice('cast'),
     results=_results,
-    choose_config=choose_per_token_cast_config,
-    get_kernel=get_per_token_cast_kernel,
+    **_LIMITS,
+    **_KERNEL,
+)
+SF_ONLY = Operator(
+    'per_token_cast_with_sf_only',
+    X,
+    scalar('fmt', 'str'),
+    scalar('num_per_channels', 'int'),
+    scalar('use_tma_aligned_col_major_sf', 'bool'),
+    scalar('round_sf', 'bool'),
+    scalar('use_packed_ue8m0', 'bool'),
+    scalar('use_e4m3_sf', 'bool'),
+    out('out_sf'),
+    extra=_half_options,
+    choice=_choice('sf_only'),
+    results=lambda x, num_per_channels, use_packed_ue8m0: (sf_layout(*x.shape, num_per_channels, use_packed_ue8m0),),
+    **_LIMITS,
+    **_KERNEL,
+)
+PRECOMPUTED = Operator(
+    'per_token_cast_with_precomputed_sf',
+    X,
+    scalar('fmt', 'str'),
+    scalar('num_per_channels', 'int'),
+    tensor('sf', torch.float32, None),
+    scalar('use_tma_aligned_col_major_sf', 'bool'),
+    scalar('round_sf', 'bool'),
+    scalar('use_packed_ue8m0', 'bool'),
+    scalar('use_e4m3_sf', 'bool'),
+    out('out'),
+    extra=_precomputed_options,
+    choice=_choice('precomputed'),
+    results=lambda x: ((tuple(x.shape), torch.float8_e4m3fn),),
+    **_LIMITS,
+    **_KERNEL,
 )
 
 
@@ -76,6 +137,37 @@ def _eager(x, fmt, block, x_block_size, tma, round_sf, packed, e4m3_sf, stochast
     # The kernels write UE8M0 scales as bytes.
     OP.finish(launcher, fast, key, (x, data, sf.view(torch.uint8) if packed else sf), args, empty=not x.shape[0])
     return QuantTensor(data, sf)
+
+
+def _half_key(op: Operator, args: tuple, x, fmt, block, tma, round_sf, packed, e4m3_sf):
+    """The halves' fast-path key (without out= and unsupported options): (H, dtype, CUDA index, block, scales)."""
+    if fmt != contract.FP8_FORMAT or tma or e4m3_sf or args[-1] is not None:
+        return None
+    shape = op.fast_ok(*args)
+    return None if shape is None or not shape[0] else (shape[1], x.dtype, x.get_device(), block, round_sf, packed)
+
+
+def _eager_sf_only(x, fmt, block, tma, round_sf, packed, e4m3_sf, out_sf) -> torch.Tensor:
+    args = (x, fmt, block, tma, round_sf, packed, e4m3_sf, out_sf)
+    key = _half_key(SF_ONLY, args, x, fmt, block, tma, round_sf, packed, e4m3_sf)
+    launcher, fast = SF_ONLY.prepare(key, args)
+    if out_sf is None:
+        shape, dtype = sf_layout(*x.shape, block, packed)
+        out_sf = x.new_empty(shape, dtype=dtype)
+    launch_args = (x, out_sf.view(torch.uint8) if packed else out_sf)
+    SF_ONLY.finish(launcher, fast, key, launch_args, args, empty=not x.shape[0])
+    return out_sf
+
+
+def _eager_precomputed(x, fmt, block, sf, tma, round_sf, packed, e4m3_sf, out) -> torch.Tensor:
+    args = (x, fmt, block, sf, tma, round_sf, packed, e4m3_sf, out)
+    # round_sf does not change the kernel (the inverse is 1 / sf either way): one fast-path entry for both.
+    key = _half_key(PRECOMPUTED, args, x, fmt, block, tma, False, packed, e4m3_sf)
+    launcher, fast = PRECOMPUTED.prepare(key, args)
+    if out is None:
+        out = torch.empty_like(x, dtype=torch.float8_e4m3fn)
+    PRECOMPUTED.finish(launcher, fast, key, (x, sf, out), args, empty=not x.shape[0])
+    return out
 
 
 @OP.public(_eager, result=QuantTensor)
@@ -117,3 +209,37 @@ def per_token_cast(
         input. -0.0 stays -0.0; an inf in a block makes its scale inf and its values NaN (of either sign) and
         +-0; NaN in a block gives unspecified values (as TileKernels).
     """
+
+
+@SF_ONLY.public(_eager_sf_only, returns='Tensor')
+def per_token_cast_with_sf_only(
+    x: torch.Tensor,
+    fmt: str,
+    num_per_channels: int,
+    use_tma_aligned_col_major_sf: bool = False,
+    round_sf: bool = False,
+    use_packed_ue8m0: bool = False,
+    use_e4m3_sf: bool = False,
+    out_sf: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The scale factors of per_token_cast (same arguments and rules; TileKernels 2.1.0's call), without the
+    data: x is read once and only sf is written. out_sf: an optional buffer of sf's shape and dtype."""
+
+
+@PRECOMPUTED.public(_eager_precomputed, returns='Tensor')
+def per_token_cast_with_precomputed_sf(
+    x: torch.Tensor,
+    fmt: str,
+    num_per_channels: int,
+    sf: torch.Tensor,
+    use_tma_aligned_col_major_sf: bool = False,
+    round_sf: bool = False,
+    use_packed_ue8m0: bool = False,
+    use_e4m3_sf: bool = False,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The data of per_token_cast from given scale factors (TileKernels 2.1.0's call): data = e4m3(x * (1 / sf))
+    per block (IEEE reciprocal, to nearest even, saturating at +-448), for sf (T, H / num_per_channels) fp32,
+    contiguous. round_sf does not change the result; use_packed_ue8m0 is not supported (ValueError). A scale of
+    0 gives inverse inf: the block's values become +-448 and its zeros NaN. out: an optional (T, H)
+    float8_e4m3fn buffer."""

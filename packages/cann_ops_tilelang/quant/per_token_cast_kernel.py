@@ -41,6 +41,7 @@ from ._per_token_cast_cuda import cuda_per_token_cast_kernel
 from ._scale_rules import LANES, UE8M0_PACK
 
 BLOCK_SIZES = (32, 64, 128)  # 32 first: the only block the peer's Ascend kernel takes
+MODES = ('cast', 'sf_only', 'precomputed')  # per_token_cast, _with_sf_only, _with_precomputed_sf
 _IN_DTYPES = {torch.bfloat16: 'bfloat16', torch.float32: 'float32', 'bfloat16': 'bfloat16', 'float32': 'float32'}
 _ASCEND_MAX_BLOCK_K = 4096  # elements per task: fp32 input tile 16 KiB, two buffer versions
 _ASCEND_MAX_ROW = 8192  # a whole row in one task: the packed-scale rows whose zero padding ends a task's bytes
@@ -64,6 +65,7 @@ class PerTokenCastConfig:
     block_k: int  # columns of one row handled per task (Ascend) / per thread block (CUDA); divides hidden
     threads: int  # CUDA threads per block (unused on Ascend)
     num_stages: int  # Ascend buffer versions of the persistent loop (unused on CUDA)
+    mode: str = 'cast'  # 'cast', 'sf_only' or 'precomputed' (MODES)
 
     def __post_init__(self):
         if self.backend not in ('ascend', 'cuda'):
@@ -83,6 +85,20 @@ class PerTokenCastConfig:
             raise ValueError(f'block_k {self.block_k} must be a multiple of {unit} dividing hidden {self.hidden}')
         if self.sf_padding and self.num_col_tiles > 1 and self.backend == 'ascend':
             raise ValueError('Ascend: a padded UE8M0 row must be handled by one task (block_k == hidden)')
+        if self.mode not in MODES:
+            raise ValueError(f'mode must be one of {MODES}, got {self.mode!r}')
+        if self.mode == 'precomputed' and self.round_sf:
+            raise ValueError('mode "precomputed" reads fp32 scales: round_sf and packed_ue8m0 do not apply there')
+
+    @property
+    def writes_data(self) -> bool:
+        """Whether the kernel writes the fp8 data (not in 'sf_only')."""
+        return self.mode != 'sf_only'
+
+    @property
+    def computes_sf(self) -> bool:
+        """Whether the kernel computes (and writes) the scales (not in 'precomputed', which reads them)."""
+        return self.mode != 'precomputed'
 
     @property
     def num_blocks(self) -> int:
@@ -131,9 +147,11 @@ def choose_per_token_cast_config(
     block_size: int = 32,
     round_sf: bool = False,
     packed_ue8m0: bool = False,
+    mode: str = 'cast',
 ) -> PerTokenCastConfig:
     """Pure choice of the compile-time parameters (no device query). `in_dtype`: torch.bfloat16 / torch.float32
-    (or their names). Invalid combinations raise ValueError."""
+    (or their names). In mode 'precomputed' round_sf is dropped (the inverse is 1 / sf either way). Invalid
+    combinations raise ValueError."""
     if in_dtype not in _IN_DTYPES:
         raise ValueError(f'in_dtype must be torch.bfloat16 or torch.float32, got {in_dtype!r}')
     dtype = _IN_DTYPES[in_dtype]
@@ -142,7 +160,14 @@ def choose_per_token_cast_config(
     unit = hidden_multiple(block_size)
     if hidden <= 0 or hidden % unit != 0:
         raise ValueError(f'hidden must be a positive multiple of {unit} (block_size {block_size}), got {hidden}')
-    make = functools.partial(PerTokenCastConfig, backend, hidden, dtype, block_size, round_sf, packed_ue8m0, num_cores)
+    if mode not in MODES:
+        raise ValueError(f'mode must be one of {MODES}, got {mode!r}')
+    if mode == 'precomputed':
+        if packed_ue8m0:
+            raise ValueError('mode "precomputed" reads fp32 scales: packed_ue8m0 is not supported there')
+        round_sf = False
+    make = functools.partial(PerTokenCastConfig, backend, hidden, dtype, block_size, round_sf, packed_ue8m0, num_cores,
+                             mode=mode)  # fmt: skip
     if backend == 'ascend':
         # The largest task that fits the buffers: the op streams x once, so fewer, longer DMAs per core.
         block_k = _divisors(hidden, unit, _ASCEND_MAX_BLOCK_K)[0]

@@ -1,0 +1,145 @@
+"""Ascend 950 kernel of cast_back (math, layouts and config: cast_back_kernel.py).
+
+A persistent loop over (row tile, column tile) tasks on the vector cores, `cfg.num_stages` buffer versions so
+that the DMAs of the next task overlap the vector work of this one. Per task the fp8 tile (block_m x block_k)
+and the slice of the scale rows it needs land in UB; a task holds either one scale row per token (per-token
+scales) or a single token block (block_m <= block_tokens), so its scale rows never straddle a task.
+
+One SIMD VF per task, 64 fp32 lanes per register:
+  - UE8M0 scales first become fp32 in UB: the bytes are widened to 32-bit lanes (an UNPK4_B8 load for the
+    row layout; for the column-packed layout a plain load of four bytes per channel, shifted right by 8 * j
+    for token block j of the pack and masked) and shifted left by 23, so byte b gives the fp32 bits b << 23;
+  - per 64 elements: UNPK4_B8 load of 64 fp8 bytes (byte k to lane k), vcvt e4m3 -> fp32 (exact), one
+    vmul by the block's scale (a broadcast load: two selected by a 32-lane mask for 32-channel blocks; a plain
+    load of 64 per-channel scales for channel blocks), then the fp32 store or vcvt fp32 -> bf16 (ROUND_R,
+    non-saturating: overflow gives inf, NaN stays NaN) and a packing store of the low halves.
+The output tile goes back to GM; rows past the end of the tensor are neither loaded, computed nor stored.
+"""
+
+# No `from __future__ import annotations`: TileLang evaluates the prim_func annotations, which
+# refer to the generator's local shape variables.
+
+# Imported by cast_back_kernel.py, never the other way round (no import circle): the config comes as `cfg`.
+from ._scale_rules import LANES, UE8M0_PACK
+
+_UE8M0_SHIFT = 23  # a UE8M0 byte is the biased exponent of an fp32 scale: its bits are byte << 23
+
+
+def ascend_cast_back_kernel(cfg):
+    """`cfg` is a CastBackConfig (backend "ascend")."""
+    import tilelang.ascend.language as T
+
+    S = T.simd
+    f32 = T.float32
+    hidden, bm, bk, stages = cfg.hidden, cfg.block_m, cfg.block_k, cfg.num_stages
+    bt, bc = cfg.block_tokens, cfg.block_channels
+    out_dtype, sf_dtype = cfg.out_dtype, cfg.sf_dtype
+    packed, channel = cfg.packed_ue8m0, cfg.channel_blocks
+    n_tiles = cfg.num_col_tiles
+    chunks = bk // LANES
+    grid = cfg.num_cores
+    per_token = bt == 1
+    sm = cfg.scale_rows_per_task  # scale rows (token blocks) a task reads: block_m per token, else 1
+    # Scale columns of one task: its blocks (row layout) or its channels (channel blocks), as fp32 in UB.
+    sf_w = bk if channel else bk // bc
+    if packed and not channel:
+        # Widened 64 bytes per register over the flat (sm, sf_w) tile: room for whole registers.
+        flat = -(-sm * sf_w // LANES) * LANES
+        sf_rows_ub = -(-flat // sf_w)
+    else:
+        sf_rows_ub = sm
+    raw_w = UE8M0_PACK * bk if channel and packed else sf_w  # raw scale bytes / fp32 of a row of the task's slice
+
+    num_tokens = T.dynamic('num_tokens')
+    num_token_blocks = num_tokens if per_token else T.ceildiv(num_tokens, bt)
+    sf_shape = (
+        (T.ceildiv(num_token_blocks, UE8M0_PACK), cfg.sf_cols)
+        if packed and channel
+        else (num_token_blocks, cfg.sf_cols)
+    )
+
+    @T.macro
+    def widen_ue8m0(raw_ub, sf_ub, s0):
+        """The task's UE8M0 bytes -> fp32 scales in sf_ub (inside the VF)."""
+        if channel:
+            # Byte [r, 4h + j] is token block 4r + j of channel h: the task's block s0 is byte j = s0 % 4.
+            exp_mask = S.vdup(0xFF, T.uint32)
+            shift = (s0 % UE8M0_PACK) * 8
+            for c in T.serial(chunks):
+                words = T.reinterpret(S.vld(raw_ub[0, c * UE8M0_PACK * LANES]), 'uint32x64')
+                exps = S.vand(S.vshrs(words, shift), exp_mask)
+                S.vsts(sf_ub[0, c * LANES], T.reinterpret(S.vshls(exps, _UE8M0_SHIFT), 'float32x64'))
+        else:
+            # Row layout: the (sm, sf_w) bytes are contiguous; byte k widens to lane k of its register.
+            for q in T.serial(flat // LANES):
+                bytes_ = T.reinterpret(S.vld(raw_ub[q * LANES // sf_w, q * LANES % sf_w], dist='UNPK4_B8'), 'uint32x64')
+                S.vsts(
+                    sf_ub[q * LANES // sf_w, q * LANES % sf_w],
+                    T.reinterpret(S.vshls(bytes_, _UE8M0_SHIFT), 'float32x64'),
+                )
+
+    @T.macro
+    def load_scale(sf_ub, g, c, low):
+        """fp32 scales of the 64 columns of chunk c for scale row g."""
+        if channel:
+            return S.vld(sf_ub[g, c * LANES])
+        if bc == 32:
+            return S.vsel(S.vld(sf_ub[g, 2 * c], dist='BRC_B32'), S.vld(sf_ub[g, 2 * c + 1], dist='BRC_B32'), low)
+        return S.vld(sf_ub[g, c * LANES // bc], dist='BRC_B32')
+
+    @T.macro
+    def store_row(out_ub, row, c, value):
+        if out_dtype == 'float32':
+            S.vsts(out_ub[row, c * LANES], value)
+        else:
+            # bf16 into the low half of each 32-bit lane (PART_EVEN), the low halves packed by the store.
+            S.vsts(out_ub[row, c * LANES], S.vcvt(value, T.bfloat16, sat=False), dist='PK_B32')
+
+    @T.macro
+    def cast_back_vf(x_ub, raw_ub, sf_ub, out_ub, s0, valid):
+        with T.SimdVF():
+            low = S.pset(32, 'PAT_VL32') if bc == 32 else None  # lanes 0..31: the first block of a register
+            if packed:
+                widen_ue8m0(raw_ub, sf_ub, s0)
+                S.mem_bar('VST_VLD')
+            # Per token: one scale row per row (rows = groups). Token blocks: one scale row for all rows.
+            for g in T.serial(valid if per_token else 1):
+                for c in T.serial(chunks):
+                    scale = load_scale(sf_ub, g, c, low)
+                    for r in T.serial(1 if per_token else valid):
+                        row = g + r
+                        x = S.vcvt(S.vld(x_ub[row, c * LANES], dist='UNPK4_B8'), f32)
+                        store_row(out_ub, row, c, S.vmul(x, scale))
+
+    @T.prim_func
+    def cast_back_kernel(
+        x: T.Tensor((num_tokens, hidden), T.float8_e4m3fn),
+        x_sf: T.Tensor(sf_shape, sf_dtype),
+        out: T.Tensor((num_tokens, hidden), out_dtype),
+    ):
+        with T.Kernel(grid) as cid:
+            x_ub = T.alloc_shared((bm, bk), T.float8_e4m3fn)
+            out_ub = T.alloc_shared((bm, bk), out_dtype)
+            if packed:
+                raw_ub = T.alloc_shared((sf_rows_ub, raw_w), T.uint8)
+                sf_ub = T.alloc_shared((sf_rows_ub, sf_w), f32)
+                T.annotate_buffer_versions({x_ub: stages, out_ub: stages, raw_ub: stages, sf_ub: 1})
+            else:
+                raw_ub = T.alloc_shared((sm, raw_w), f32)
+                sf_ub = raw_ub  # fp32 scales are used as they land
+                T.annotate_buffer_versions({x_ub: stages, out_ub: stages, raw_ub: stages})
+            for task in T.Persistent([T.ceildiv(num_tokens, bm) * n_tiles], grid, cid, group_size=1, num_stages=stages):
+                t0 = task // n_tiles * bm
+                j = task % n_tiles
+                valid = T.min(bm, num_tokens - t0)
+                s0 = t0 // bt  # the task's first scale row (token block)
+                T.copy(x[t0 : t0 + bm, j * bk : j * bk + bk], x_ub)  # tail rows clamped by the DMA
+                if channel and packed:
+                    row = s0 // UE8M0_PACK
+                    T.copy(x_sf[row : row + 1, j * raw_w : j * raw_w + raw_w], raw_ub[0:1, :])
+                else:
+                    T.copy(x_sf[s0 : s0 + sm, j * raw_w : j * raw_w + raw_w], raw_ub[0:sm, :])
+                cast_back_vf(x_ub, raw_ub, sf_ub, out_ub, s0, valid)
+                T.copy(out_ub[0:valid, :], out[t0 : t0 + valid, j * bk : j * bk + bk])
+
+    return cast_back_kernel

@@ -1,0 +1,170 @@
+"""Ascend 950 kernel of per_block_cast (math and config: per_block_cast_kernel.py).
+
+A persistent loop over (token block, column tile) tasks on the vector cores: task (b, j) owns the rows
+b * bt .. b * bt + rows - 1 (rows = bt, fewer in the last token block) and the channels j * block_k ..
+(j + 1) * block_k - 1. Its x tile lands in UB (one 2-D DMA, only the rows that exist), and one SIMD VF makes
+up to three passes over it, in fp32 (bf16 widens exactly):
+
+1. block maxima: per 64-lane register column a running |x| maximum over the tile's rows (vmax, one register
+   live per column), then one cross-lane vcmax per channel block (two masked halves for bc = 32, two
+   register columns merged first for bc = 128);
+2. the scales and inverses of the tile's channel blocks, 64 per register (_scale_rules.ascend_scales_macro),
+   or in mode 'precomputed' the inverses 1 / sf of the scales DMA'd in;
+3. x * inverse narrowed to float8_e4m3fn, register column by register column (the inverse broadcast once per
+   column), row by row. In 'precomputed' mode the product is clamped to +-448 first (compare and select, so
+   NaN stays NaN): a scale the kernel did not compute can overflow e4m3, which the narrowing must saturate
+   whatever the conversion's saturation setting; the computed scales cannot overflow.
+
+The fp8 tile and the scale row slice go back to GM; the task of the last column tile also writes the zero
+padding bytes of a packed UE8M0 row (its copy is a few bytes longer).
+"""
+
+# No `from __future__ import annotations`: TileLang evaluates the prim_func annotations, which
+# refer to the generator's local shape variables.
+
+# Imported by per_block_cast_kernel.py, never the other way round (no import circle): the config comes as `cfg`.
+from ._scale_rules import LANES, ascend_precomputed_macros, ascend_scales_macro
+
+
+def ascend_per_block_cast_kernel(cfg):
+    """`cfg` is a PerBlockCastConfig (backend "ascend")."""
+    import tilelang.ascend.language as T
+
+    S = T.simd
+    f32 = T.float32
+    hidden, bk, bt, bc, stages = cfg.hidden, cfg.block_k, cfg.block_tokens, cfg.block_channels, cfg.num_stages
+    in_dtype, sf_dtype, mode = cfg.in_dtype, cfg.sf_dtype, cfg.mode
+    writes_data, computes_sf = cfg.writes_data, cfg.computes_sf
+    n_tiles, groups, padding = cfg.num_col_tiles, cfg.groups_per_tile, cfg.sf_padding
+    sf_ub_len = -(-groups // LANES) * LANES  # whole registers of scales
+    if groups + padding > sf_ub_len:  # the scales macro zeroes the packed padding lanes of its registers only
+        raise ValueError(f'{groups} channel blocks per task leave the UE8M0 padding outside the scale registers')
+    chunks = bk // LANES
+    grid = cfg.num_cores
+    scales = ascend_scales_macro(T, round_sf=cfg.round_sf, packed_ue8m0=cfg.packed_ue8m0)
+    inverses, saturate = ascend_precomputed_macros(T)
+
+    num_tokens = T.dynamic('num_tokens')
+    sf_rows = T.ceildiv(num_tokens, bt)
+
+    @T.macro
+    def load_f32(x_ub, r, c):
+        if in_dtype == 'bfloat16':
+            return S.vcvt(S.vld(x_ub[r, c * LANES], dist='UNPK_B16'), f32)
+        return S.vld(x_ub[r, c * LANES])
+
+    @T.macro
+    def block_maxima(x_ub, amax_ub, rows, low, high):
+        """Pass 1: |x| maxima of the tile's channel blocks over its `rows` rows, into amax_ub[0:groups]."""
+        if bc == 128:
+            for p in T.serial(chunks // 2):
+                acc = S.alloc_var(f32)
+                acc = S.vdup(0.0, f32)
+                for r in T.serial(rows):
+                    acc = S.vmax(acc, S.vmax(S.vabs(load_f32(x_ub, r, 2 * p)), S.vabs(load_f32(x_ub, r, 2 * p + 1))))
+                S.vsts(amax_ub[p], S.vcmax(acc), dist='ONEPT_B32')
+        else:
+            for c in T.serial(chunks):
+                acc = S.alloc_var(f32)
+                acc = S.vdup(0.0, f32)
+                for r in T.serial(rows):
+                    acc = S.vmax(acc, S.vabs(load_f32(x_ub, r, c)))
+                if bc == 64:
+                    S.vsts(amax_ub[c], S.vcmax(acc), dist='ONEPT_B32')
+                else:
+                    S.vsts(amax_ub[2 * c], S.vcmax(acc, low), dist='ONEPT_B32')
+                    S.vsts(amax_ub[2 * c + 1], S.vcmax(acc, high), dist='ONEPT_B32')
+
+    @T.macro
+    def cast_rows(x_ub, inv_ub, out_ub, rows, low):
+        """Pass 3: x * inverse -> e4m3 (nearest even, saturating), one byte per fp32 lane, packed."""
+        for c in T.serial(chunks):
+            if bc == 32:
+                inverse = S.vsel(S.vld(inv_ub[2 * c], dist='BRC_B32'), S.vld(inv_ub[2 * c + 1], dist='BRC_B32'), low)
+            else:
+                inverse = S.vld(inv_ub[c * LANES // bc], dist='BRC_B32')
+            for r in T.serial(rows):
+                scaled = S.vmul(load_f32(x_ub, r, c), inverse)
+                if not computes_sf:
+                    scaled = saturate(scaled)
+                S.vsts(out_ub[r, c * LANES], S.vcvt(scaled, T.float8_e4m3fn), dist='PK4_B32')
+
+    @T.macro
+    def block_vf(x_ub, amax_ub, inv_ub, sf_ub, out_ub, rows):
+        with T.SimdVF():
+            low = S.pset(32, 'PAT_VL32')  # lanes 0..31: the first 32-channel block of a register
+            every = S.pset(32, 'PAT_ALL')  # a mask is bound to a name before it feeds another mask op
+            high = S.pnot(low, every)
+            if computes_sf:
+                block_maxima(x_ub, amax_ub, rows, low, high)
+                S.mem_bar('VST_VLD')
+                # Pass 2: scales and inverses, 64 blocks per register (packed padding lanes zeroed).
+                scales(amax_ub, sf_ub, inv_ub, groups)
+            else:
+                inverses(sf_ub, inv_ub, groups)
+            if writes_data:
+                S.mem_bar('VST_VLD')
+                cast_rows(x_ub, inv_ub, out_ub, rows, low)
+
+    @T.macro
+    def body(x, out, out_sf, sf):
+        with T.Kernel(grid) as cid:
+            x_ub = T.alloc_shared((bt, bk), in_dtype)
+            amax_ub = T.alloc_shared((sf_ub_len,), f32)
+            inv_ub = T.alloc_shared((sf_ub_len,), f32)
+            sf_ub = T.alloc_shared((sf_ub_len,), sf_dtype)
+            versions = {x_ub: stages, sf_ub: stages, amax_ub: 1, inv_ub: 1}
+            out_ub = None
+            if writes_data:
+                out_ub = T.alloc_shared((bt, bk), T.float8_e4m3fn)
+                versions[out_ub] = stages
+            T.annotate_buffer_versions(versions)
+            for task in T.Persistent([sf_rows * n_tiles], grid, cid, group_size=1, num_stages=stages):
+                b = task // n_tiles
+                j = task % n_tiles
+                t0 = b * bt
+                rows = T.min(bt, num_tokens - t0)
+                T.copy(x[t0 : t0 + rows, j * bk : j * bk + bk], x_ub[0:rows, :])
+                if not computes_sf:
+                    T.copy(sf[b, j * groups : j * groups + groups], sf_ub[0:groups])
+                block_vf(x_ub, amax_ub, inv_ub, sf_ub, out_ub, rows)
+                if writes_data:
+                    T.copy(out_ub[0:rows, :], out[t0 : t0 + rows, j * bk : j * bk + bk])
+                if computes_sf:
+                    if padding > 0:
+                        # The last column tile also writes the row's zero padding bytes.
+                        sf_len = T.if_then_else(j == n_tiles - 1, groups + padding, groups)
+                        T.copy(sf_ub[0:sf_len], out_sf[b, j * groups : j * groups + sf_len])
+                    else:
+                        T.copy(sf_ub[0:groups], out_sf[b, j * groups : j * groups + groups])
+
+    if mode == 'cast':
+
+        @T.prim_func
+        def per_block_cast_kernel(
+            x: T.Tensor((num_tokens, hidden), in_dtype),
+            out: T.Tensor((num_tokens, hidden), T.float8_e4m3fn),
+            out_sf: T.Tensor((sf_rows, cfg.sf_cols), sf_dtype),
+        ):
+            body(x, out, out_sf, None)
+
+    elif mode == 'sf_only':
+
+        @T.prim_func
+        def per_block_cast_kernel(
+            x: T.Tensor((num_tokens, hidden), in_dtype),
+            out_sf: T.Tensor((sf_rows, cfg.sf_cols), sf_dtype),
+        ):
+            body(x, None, out_sf, None)
+
+    else:
+
+        @T.prim_func
+        def per_block_cast_kernel(
+            x: T.Tensor((num_tokens, hidden), in_dtype),
+            sf: T.Tensor((sf_rows, cfg.sf_cols), T.float32),
+            out: T.Tensor((num_tokens, hidden), T.float8_e4m3fn),
+        ):
+            body(x, out, None, sf)
+
+    return per_block_cast_kernel

@@ -1,0 +1,168 @@
+"""cast_back and per_token_cast_back: a quantised tensor (data, sf) -> bf16 / fp32, data times its block's scale."""
+
+from __future__ import annotations
+
+import torch
+
+from cann_ops_tilelang.operator import Operator, out, quant, scalar
+
+from . import _contract as contract
+from ._scale_rules import UE8M0_PACK
+from .cast_back_kernel import (
+    CHANNEL_BLOCK_TOKENS,
+    ROW_BLOCK_CHANNELS,
+    ROW_BLOCK_TOKENS,
+    choose_cast_back_config,
+    get_cast_back_kernel,
+    hidden_multiple,
+)
+
+OUT_FORMATS = {'bf16': torch.bfloat16, 'fp32': torch.float32}
+
+
+def sf_layout(num_tokens: int, hidden: int, block_size, packed: bool) -> tuple[int, int]:
+    """The shape of the scales of a (T, H) tensor quantised in blocks of block_size = (bt, bc): per_token_cast's
+    and per_block_cast's (bc > 1: fp32 (ceil(T / bt), H / bc), packed int32 (ceil(T / bt), ceil(H / bc / 4))) or
+    per_channel_cast's (bc = 1: fp32 (ceil(T / bt), H), packed int32 (ceil(ceil(T / bt) / 4), H))."""
+    bt, bc = block_size
+    rows = -(-num_tokens // bt)
+    if bc == 1:
+        return (-(-rows // UE8M0_PACK) if packed else rows), hidden
+    return contract.row_sf_layout(rows, hidden // bc, packed)[0]
+
+
+def _check_blocks(name: str, x_block_size) -> None:
+    if len(x_block_size) != 2:
+        raise ValueError(f'{name}: x_block_size must be (tokens, channels), got {x_block_size}')
+    bt, bc = x_block_size
+    if bc == 1:
+        contract.check_block(name, 'x_block_size[0] with per-channel scales', bt, CHANNEL_BLOCK_TOKENS)
+    else:
+        contract.check_block(name, 'x_block_size[1] (channels per scale)', bc, (1, *ROW_BLOCK_CHANNELS))
+        contract.check_block(name, 'x_block_size[0] (tokens per scale)', bt, ROW_BLOCK_TOKENS)
+
+
+def _options(name, x_sf, T, H, fmt, x_block_size, x_special_fmt):
+    if fmt not in OUT_FORMATS:
+        raise ValueError(f"{name}: fmt must be 'bf16' or 'fp32' (the output format), got {fmt!r}")
+    contract.check_unsupported(name, x_special_fmt=x_special_fmt)
+    _check_blocks(name, x_block_size)
+    contract.check_hidden(name, H, hidden_multiple(x_block_size[1]), f'x_block_size {tuple(x_block_size)}')
+    shape = sf_layout(T, H, x_block_size, x_sf.dtype == contract.PACKED_SF_DTYPE)
+    if x_sf.shape != shape:
+        raise ValueError(f'{name}: x[1] must have shape {shape} ({x_sf.dtype} scales of blocks '
+                         f'{tuple(x_block_size)}), got {tuple(x_sf.shape)}')  # fmt: skip
+    if x_sf.stride(0) != shape[1] and shape[0] > 1:
+        raise ValueError(f'{name}: x[1] must be contiguous (row-major scales), got strides {x_sf.stride()}')
+
+
+def _choice(x, fmt, x_block_size):
+    return {
+        'hidden': x[0].shape[1],
+        'out_dtype': OUT_FORMATS[fmt],
+        'block_tokens': x_block_size[0],
+        'block_channels': x_block_size[1],
+        'packed_ue8m0': x[1].dtype == contract.PACKED_SF_DTYPE,
+    }
+
+
+def _output(x, fmt):
+    return ((tuple(x[0].shape), OUT_FORMATS[fmt]),)
+
+
+X = quant('x', torch.float8_e4m3fn, 'T, H', sf_dtype=(torch.float32, contract.PACKED_SF_DTYPE))
+_COMMON = dict(
+    limits=lambda name, T, H: contract.check_numel(name, T, H),
+    results=_output,
+    choose_config=choose_cast_back_config,
+    get_kernel=get_cast_back_kernel,
+)
+OP = Operator(
+    'cast_back',
+    X,
+    scalar('fmt', 'str'),
+    scalar('x_block_size', 'ints'),
+    scalar('x_special_fmt', 'str', optional=True),
+    out('out'),
+    extra=_options,
+    choice=_choice,
+    **_COMMON,
+)
+PER_TOKEN = Operator(
+    'per_token_cast_back',
+    X,
+    scalar('fmt', 'str'),
+    scalar('num_per_channels', 'int'),
+    scalar('x_special_fmt', 'str', optional=True),
+    out('out'),
+    extra=lambda name, x_sf, T, H, fmt, num_per_channels, x_special_fmt: _options(
+        name, x_sf, T, H, fmt, (1, num_per_channels), x_special_fmt
+    ),
+    choice=lambda x, fmt, num_per_channels: _choice(x, fmt, (1, num_per_channels)),
+    **_COMMON,
+)
+
+
+def _run(op: Operator, args: tuple, x, fmt, block, out) -> torch.Tensor:
+    """Every check, then the launch. Fast path (without out= or x_special_fmt): by (H, CUDA index, fmt, block,
+    scale dtype)."""
+    key = None
+    if out is None and args[3] is None and (shape := op.fast_ok(*args)) is not None and shape[0]:
+        key = (shape[1], x[0].get_device(), fmt, block, x[1].dtype)
+    launcher, fast = op.prepare(key, args)
+    data, sf = x
+    if out is None:
+        out = data.new_empty(data.shape, dtype=OUT_FORMATS[fmt])
+    sf = sf.view(torch.uint8) if sf.dtype == contract.PACKED_SF_DTYPE else sf
+    op.finish(launcher, fast, key, (data, sf, out), args, empty=not data.shape[0])
+    return out
+
+
+def _eager(x, fmt, x_block_size, x_special_fmt, out) -> torch.Tensor:
+    return _run(OP, (x, fmt, x_block_size, x_special_fmt, out), x, fmt, x_block_size, out)
+
+
+def _eager_per_token(x, fmt, num_per_channels, x_special_fmt, out) -> torch.Tensor:
+    return _run(PER_TOKEN, (x, fmt, num_per_channels, x_special_fmt, out), x, fmt, num_per_channels, out)
+
+
+@OP.public(_eager, returns='Tensor')
+def cast_back(
+    x: tuple[torch.Tensor, torch.Tensor],
+    fmt: str,
+    x_block_size: tuple[int, int],
+    x_special_fmt: str | None = None,
+    *,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Dequantise x = (data, sf) to bf16 or fp32 (TileKernels 2.1.0's call): each element times the scale of its
+    block of x_block_size = (bt, bc) tokens by channels, one fp32 product rounded to the output dtype:
+
+        out[t, h] = fmt(fp32(data[t, h]) * sf[t // bt, h // bc])
+
+    Args:
+        x: data (T, H) float8_e4m3fn, contiguous, and sf, contiguous: the result of per_token_cast (bt = 1),
+            per_block_cast (bt, bc in 32, 64, 128; bt also 1) or per_channel_cast (bc = 1, bt 32 or 128), fp32 or
+            packed UE8M0 int32 in those operators' layouts (a UE8M0 byte b is 2 ** (b - 127); 0 gives 0.0, 255 inf).
+            T >= 0 (T = 0: an empty result, no launch), H a positive multiple of max(64, bc), T * H < 2**31.
+        fmt: the output, 'bf16' (to nearest even) or 'fp32'.
+        x_block_size: (bt, bc).
+        x_special_fmt: only None is supported (TileKernels reserves it too).
+        out: an optional (T, H) buffer of the output dtype, contiguous, on x's device, apart from x.
+
+    Returns:
+        (T, H) bf16 or fp32. NaN data stays NaN, inf * 0 is NaN, products beyond bf16's range are +-inf.
+    """
+
+
+@PER_TOKEN.public(_eager_per_token, returns='Tensor')
+def per_token_cast_back(
+    x: tuple[torch.Tensor, torch.Tensor],
+    fmt: str,
+    num_per_channels: int,
+    x_special_fmt: str | None = None,
+    *,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The inverse of per_token_cast: cast_back(x, fmt, (1, num_per_channels)) (TileKernels 2.1.0's call), for
+    num_per_channels 32, 64 or 128 and fp32 or packed UE8M0 scales."""

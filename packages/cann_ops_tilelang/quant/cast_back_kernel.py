@@ -1,0 +1,329 @@
+"""Kernels of cast_back: FP8 dequantisation, data (T, H) float8_e4m3fn and its scales -> out (T, H) bf16 / fp32.
+
+Semantics (those of TileKernels 2.1.0's `cast_back((data, sf), fmt, (block_tokens, block_channels))` for
+e4m3 data and row-major scales): each scale factor covers a block of `block_tokens` (bt) consecutive tokens
+and `block_channels` (bc) consecutive channels, and
+
+    out[t, h] = round_to_out( fp32(data[t, h]) * scale(t // bt, h // bc) )
+
+with one fp32 multiply (the e4m3 -> fp32 widening is exact), then the cast to the output dtype: nearest even
+into bf16, none for fp32.
+
+Scale layouts (the kernel's `x_sf`; G = ceil(T / bt) token blocks, the last one may be partial):
+  row blocks, bt in (1, 32, 128), bc in (32, 64, 128):
+    fp32        (G, H / bc)                  scale(g, k) = x_sf[g, k]
+    UE8M0       (G, 4 * ceil(H / bc / 4))    uint8: byte k of a row is block k, zero padding; the interface
+                                             views four bytes as one int32 (the peer's CUDA layout)
+  channel blocks, bc = 1 (the per_channel_cast layout), bt in (32, 128):
+    fp32        (G, H)                       scale(g, h) = x_sf[g, h]
+    UE8M0       (ceil(G / 4), 4 * H)         uint8 "col-packed": byte [r, 4h + j] is the scale of token block
+                                             4r + j for channel h, zero padding past G
+A UE8M0 byte b is the fp32 whose bits are b << 23: 2 ** (b - 127), byte 0 gives 0.0 and 255 gives +inf (the
+peer's transform_sf). Both backends read the same layouts.
+
+Special values (IEEE fp32 arithmetic on both backends, no flushing of subnormals): NaN data stays NaN (its sign
+and payload are the platform's), inf (or UE8M0 255) times 0 is NaN, times a non-zero value +-inf; a scale 0
+(UE8M0 0) gives +-0 for finite data; -0.0 keeps its sign under a positive scale; an fp32 product above the
+largest bf16 rounds to +-inf, a product in the bf16 subnormal range rounds to nearest even. TileLang's CUDA
+compile uses no fast math (`TL_ENABLE_FAST_MATH` off): with it, products below 2**-126 would flush to +-0.
+
+Supported: data contiguous (T, H), T >= 1 per launch (the interface skips empty inputs), H a positive multiple
+of max(64, bc) (64 for bc = 1), scales contiguous row-major in the layouts above. Not here (the peer has them):
+FP4 (e2m1) data, E4M3 scale factors, column-major (TMA-aligned) scales, strided scale rows.
+
+One generator builds the Ascend 950 kernel (vector cores, SIMD: _cast_back_ascend.py) or the CUDA kernel
+(_cast_back_cuda.py), chosen by `cfg.backend`; both take (x, x_sf, out) and are bit-exact against
+tests/quant/cast_back_ref.py, NaN payloads aside.
+"""
+
+# No `from __future__ import annotations`: TileLang evaluates the prim_func annotations, which
+# refer to the generator's local shape variables.
+import dataclasses
+import functools
+
+import torch
+
+from cann_ops_tilelang.config import Backend
+from cann_ops_tilelang.kernel_target import compile_kernel
+
+# The backend kernels (they do not import this module: no import circle).
+from ._cast_back_ascend import ascend_cast_back_kernel
+from ._cast_back_cuda import VEC_ELEMS, cuda_cast_back_kernel
+from ._scale_rules import LANES, UE8M0_PACK
+
+ROW_BLOCK_TOKENS = (1, 32, 128)  # token extents of a row-layout scale block
+ROW_BLOCK_CHANNELS = (32, 64, 128)  # channel extents of a row-layout scale block
+CHANNEL_BLOCK_TOKENS = (32, 128)  # token extents of a per-channel (bc = 1) scale block
+_OUT_DTYPES = {torch.bfloat16: 'bfloat16', torch.float32: 'float32', 'bfloat16': 'bfloat16', 'float32': 'float32'}
+_OUT_BYTES = {'bfloat16': 2, 'float32': 4}
+
+_ASCEND_TASK_ELEMS = 16384  # elements per task: fp32 out 80 KiB per buffer version, bf16 48 KiB
+_ASCEND_CHANNEL_ROWS = 32  # channel blocks: rows per task, so a task's per-channel scale row serves 32 rows
+_ASCEND_UB_BYTES = 248 * 1024  # Unified Buffer of one Ascend 950 vector core
+_CUDA_THREADS = 256  # target threads per block
+_CUDA_ROWS_PER_THREAD = 4  # 16-byte loads in flight per thread
+_CUDA_ROW_THREADS_K = 256  # row blocks: up to 4096 columns per thread block, whole rows where they fit
+_CUDA_CHANNEL_THREADS_K = 32  # channel blocks: 512 columns, 8 rows of threads sharing the scales through L1
+
+
+def hidden_multiple(block_channels: int) -> int:
+    """What H must be a positive multiple of: whole scale blocks and whole 64-lane vector registers."""
+    return max(LANES, block_channels)
+
+
+def _check_int(name: str, value, minimum: int = 1) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f'{name} must be an int, got {type(value).__name__}')
+    if value < minimum:
+        raise ValueError(f'{name} must be >= {minimum}, got {value}')
+
+
+def _check_block(block_tokens, block_channels) -> None:
+    _check_int('block_tokens', block_tokens)
+    _check_int('block_channels', block_channels)
+    if block_channels == 1:
+        if block_tokens not in CHANNEL_BLOCK_TOKENS:
+            raise ValueError(
+                f'block_tokens must be one of {CHANNEL_BLOCK_TOKENS} with block_channels 1 (per-channel scales), '
+                f'got {block_tokens}'
+            )
+    elif block_channels not in ROW_BLOCK_CHANNELS:
+        raise ValueError(f'block_channels must be 1 or one of {ROW_BLOCK_CHANNELS}, got {block_channels}')
+    elif block_tokens not in ROW_BLOCK_TOKENS:
+        raise ValueError(f'block_tokens must be one of {ROW_BLOCK_TOKENS}, got {block_tokens}')
+
+
+def _check_hidden(hidden, block_channels: int) -> None:
+    if isinstance(hidden, bool) or not isinstance(hidden, int):
+        raise TypeError(f'hidden must be an int, got {type(hidden).__name__}')
+    unit = hidden_multiple(block_channels)
+    if hidden <= 0 or hidden % unit != 0:
+        raise ValueError(
+            f'hidden must be a positive multiple of {unit} (block_channels {block_channels}), got {hidden}'
+        )
+
+
+def _is_pow2(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
+@dataclasses.dataclass(frozen=True)
+class CastBackConfig:
+    backend: Backend
+    hidden: int
+    out_dtype: str  # 'bfloat16' or 'float32'
+    block_tokens: int  # tokens per scale factor (bt)
+    block_channels: int  # channels per scale factor (bc); 1: per-channel scales
+    packed_ue8m0: bool  # scales as UE8M0 bytes (uint8) instead of fp32
+    num_cores: int  # Ascend: vector cores (persistent grid); CUDA: SMs (informational, the grid is the tile count)
+    block_m: int  # rows per task (Ascend) / thread block (CUDA)
+    block_k: int  # columns per task / thread block; divides hidden
+    threads: int  # CUDA threads per block (0 on Ascend)
+    num_stages: int  # Ascend buffer versions of the persistent loop (1 on CUDA)
+
+    def __post_init__(self):
+        if self.backend not in ('ascend', 'cuda'):
+            raise ValueError(f'backend must be "ascend" or "cuda", got {self.backend!r}')
+        if self.out_dtype not in _OUT_BYTES:
+            raise ValueError(f'out_dtype must be "bfloat16" or "float32", got {self.out_dtype!r}')
+        _check_block(self.block_tokens, self.block_channels)
+        if not isinstance(self.packed_ue8m0, bool):
+            raise TypeError(f'packed_ue8m0 must be a bool, got {type(self.packed_ue8m0).__name__}')
+        _check_hidden(self.hidden, self.block_channels)
+        for name in ('num_cores', 'block_m', 'block_k', 'num_stages'):
+            _check_int(name, getattr(self, name))
+        _check_int('threads', self.threads, minimum=0)
+        unit = hidden_multiple(self.block_channels)
+        if self.block_k % unit != 0 or self.hidden % self.block_k != 0:
+            raise ValueError(f'block_k {self.block_k} must be a multiple of {unit} dividing hidden {self.hidden}')
+        if self.backend == 'ascend':
+            self._check_ascend()
+        else:
+            self._check_cuda()
+
+    def _check_ascend(self) -> None:
+        if self.threads != 0:
+            raise ValueError(f'Ascend kernels take no thread count: threads must be 0, got {self.threads}')
+        if not _is_pow2(self.block_m):
+            raise ValueError(f'Ascend: block_m must be a power of two, got {self.block_m}')
+        if self.block_tokens > 1 and self.block_m > self.block_tokens:
+            raise ValueError(
+                f'Ascend: a task holds at most one token block: block_m {self.block_m} > block_tokens '
+                f'{self.block_tokens}'
+            )
+        if self.ascend_ub_bytes > _ASCEND_UB_BYTES:
+            raise ValueError(
+                f'Ascend: the buffers of block_m {self.block_m} x block_k {self.block_k} need '
+                f'{self.ascend_ub_bytes} B of UB, more than {_ASCEND_UB_BYTES} B'
+            )
+
+    def _check_cuda(self) -> None:
+        if self.num_stages != 1:
+            raise ValueError(f'CUDA: num_stages must be 1 (no pipeline), got {self.num_stages}')
+        tk = self.threads_k
+        if not 1 <= self.threads <= 1024 or self.threads % tk != 0:
+            raise ValueError(
+                f'CUDA: threads {self.threads} must be a multiple of block_k / {VEC_ELEMS} = {tk}, at most 1024'
+            )
+        rows_of_threads = self.threads // tk
+        if self.block_m % rows_of_threads != 0 or not 1 <= self.block_m // rows_of_threads <= 16:
+            raise ValueError(
+                f'CUDA: block_m {self.block_m} must be 1..16 rows per thread times the {rows_of_threads} rows of '
+                'threads'
+            )
+        if self.block_tokens > 1 and self.block_tokens % self.rows_per_thread != 0:
+            raise ValueError(
+                f'CUDA: rows_per_thread {self.rows_per_thread} must divide block_tokens {self.block_tokens} (a '
+                "thread's rows share one token block)"
+            )
+
+    @property
+    def channel_blocks(self) -> bool:
+        """Per-channel scales (block_channels 1): one scale row of H per token block."""
+        return self.block_channels == 1
+
+    @property
+    def num_blocks(self) -> int:
+        """Scale factors per scale row (channel blocks: one per channel)."""
+        return self.hidden // self.block_channels
+
+    @property
+    def sf_cols(self) -> int:
+        """Elements of one x_sf row: fp32 scales, or UE8M0 bytes (row layout padded to a multiple of 4;
+        col-packed: 4 per channel)."""
+        if not self.packed_ue8m0:
+            return self.num_blocks
+        if self.channel_blocks:
+            return UE8M0_PACK * self.hidden
+        return -(-self.num_blocks // UE8M0_PACK) * UE8M0_PACK
+
+    @property
+    def sf_dtype(self) -> str:
+        return 'uint8' if self.packed_ue8m0 else 'float32'
+
+    def num_token_blocks(self, num_tokens: int) -> int:
+        """Token blocks of T tokens: ceil(T / block_tokens)."""
+        return -(-num_tokens // self.block_tokens)
+
+    def sf_shape(self, num_tokens: int) -> tuple[int, int]:
+        """The shape of x_sf for T tokens (the kernel's view; the interface may view UE8M0 as int32)."""
+        blocks = self.num_token_blocks(num_tokens)
+        if self.packed_ue8m0 and self.channel_blocks:
+            return -(-blocks // UE8M0_PACK), self.sf_cols
+        return blocks, self.sf_cols
+
+    @property
+    def num_col_tiles(self) -> int:
+        return self.hidden // self.block_k
+
+    @property
+    def scale_rows_per_task(self) -> int:
+        """Ascend: scale rows one task reads (one per token with per-token scales, else its one token block)."""
+        return self.block_m if self.block_tokens == 1 else 1
+
+    @property
+    def ascend_ub_bytes(self) -> int:
+        """UB the Ascend kernel allocates (each buffer rounded up to 32 bytes, as the allocator aligns)."""
+
+        def aligned(n: int) -> int:
+            return -(-n // 32) * 32
+
+        tile = self.block_m * self.block_k
+        data = aligned(tile) + aligned(tile * _OUT_BYTES[self.out_dtype])
+        rows = self.scale_rows_per_task
+        if self.channel_blocks:
+            raw = aligned(self.block_k * (UE8M0_PACK if self.packed_ue8m0 else 4))
+            widened = aligned(self.block_k * 4) if self.packed_ue8m0 else 0
+        else:
+            width = self.block_k // self.block_channels
+            if self.packed_ue8m0:
+                padded_rows = -(-(-(-rows * width // LANES) * LANES) // width)
+                raw, widened = aligned(padded_rows * width), aligned(padded_rows * width * 4)
+            else:
+                raw, widened = aligned(rows * width * 4), 0
+        return self.num_stages * (data + raw) + widened
+
+    @property
+    def threads_k(self) -> int:
+        """CUDA: threads along a row of the tile, 16 columns each."""
+        return self.block_k // VEC_ELEMS
+
+    @property
+    def rows_per_thread(self) -> int:
+        """CUDA: rows each thread handles (its 16-byte loads in flight)."""
+        return self.block_m // max(1, self.threads // self.threads_k)
+
+
+def _divisors(hidden: int, unit: int, limit: int) -> list[int]:
+    """Multiples of `unit` that divide `hidden` and do not exceed `limit`, largest first (unit always: hidden is
+    a multiple of it)."""
+    return [b for b in range(min(hidden, max(limit, unit)) // unit * unit, 0, -unit) if hidden % b == 0]
+
+
+def _pow2_floor(n: int) -> int:
+    return 1 << (max(1, n).bit_length() - 1)
+
+
+def choose_cast_back_config(
+    *,
+    backend: Backend,
+    num_cores: int,
+    hidden: int,
+    out_dtype: torch.dtype | str,
+    block_tokens: int,
+    block_channels: int,
+    packed_ue8m0: bool,
+) -> CastBackConfig:
+    """Pure choice of the compile-time parameters (no device query). `out_dtype`: torch.bfloat16 / torch.float32
+    (or their names); (block_tokens, block_channels) one of the supported blocks; `packed_ue8m0`: UE8M0 bytes
+    instead of fp32 scales. Invalid combinations raise ValueError (TypeError for arguments of the wrong type)."""
+    if not isinstance(out_dtype, torch.dtype | str) or out_dtype not in _OUT_DTYPES:
+        raise ValueError(f'out_dtype must be torch.bfloat16 or torch.float32, got {out_dtype!r}')
+    dtype = _OUT_DTYPES[out_dtype]
+    _check_block(block_tokens, block_channels)
+    if not isinstance(packed_ue8m0, bool):
+        raise TypeError(f'packed_ue8m0 must be a bool, got {type(packed_ue8m0).__name__}')
+    _check_hidden(hidden, block_channels)
+    _check_int('num_cores', num_cores)
+    channel = block_channels == 1
+    unit = hidden_multiple(block_channels)
+    make = functools.partial(
+        CastBackConfig, backend, hidden, dtype, block_tokens, block_channels, packed_ue8m0, num_cores
+    )
+    if backend == 'ascend':
+        # Whole rows where they fit (one DMA burst per row); channel blocks: tasks of 32 rows, so that the
+        # scale row of a task (4 bytes a column) is amortised over 32 rows of data.
+        limit = _ASCEND_TASK_ELEMS // _ASCEND_CHANNEL_ROWS if channel else _ASCEND_TASK_ELEMS
+        block_k = _divisors(hidden, unit, limit)[0]
+        block_m = _pow2_floor(_ASCEND_TASK_ELEMS // block_k)
+        if block_tokens > 1:
+            block_m = min(block_m, block_tokens)  # one token block (one scale row) per task
+        return make(block_m=block_m, block_k=block_k, threads=0, num_stages=2)
+    if backend == 'cuda':
+        threads_k = _CUDA_CHANNEL_THREADS_K if channel else _CUDA_ROW_THREADS_K
+        block_k = _divisors(hidden, unit, threads_k * VEC_ELEMS)[0]
+        rows_of_threads = max(1, _CUDA_THREADS // (block_k // VEC_ELEMS))
+        return make(
+            block_m=rows_of_threads * _CUDA_ROWS_PER_THREAD,
+            block_k=block_k,
+            threads=rows_of_threads * (block_k // VEC_ELEMS),
+            num_stages=1,
+        )
+    raise ValueError(f'backend must be "ascend" or "cuda", got {backend!r}')
+
+
+def make_cast_back_kernel(cfg: CastBackConfig):
+    """The TileLang prim_func `cast_back_kernel(x, x_sf, out)` for `cfg.backend` (no compile).
+
+    x: (T, hidden) float8_e4m3fn; x_sf: cfg.sf_shape(T) of cfg.sf_dtype; out: (T, hidden) cfg.out_dtype. T is
+    dynamic and must be >= 1.
+    """
+    if cfg.backend == 'ascend':
+        return ascend_cast_back_kernel(cfg)
+    return cuda_cast_back_kernel(cfg)
+
+
+@functools.cache
+def get_cast_back_kernel(cfg: CastBackConfig):
+    """Compiled kernel for `cfg` (compiled on first use, for the current device)."""
+    return compile_kernel(make_cast_back_kernel(cfg), cfg.backend)

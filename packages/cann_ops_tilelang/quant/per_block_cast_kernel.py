@@ -1,0 +1,289 @@
+"""Kernels of per_block_cast: x (T, H) bf16 / fp32 -> float8_e4m3fn, one scale factor per 2-D block.
+
+Semantics (those of TileKernels 2.1.0's `per_block_cast(x, 'e4m3', (bt, bc))` and its `_with_sf_only` /
+`_with_precomputed_sf` forms): x is cut into blocks of `block_tokens` (bt) consecutive tokens by
+`block_channels` (bc) consecutive channels, bt and bc each 32, 64 or 128. The last token block may be partial
+(T need not be a multiple of bt): its maximum is over the rows that exist. For a block with absolute maximum a
+the scale rule is the domain's (_scale_rules.py), as in per_token_cast:
+
+    c = max(a, 1e-4)
+    fp32 scales:  sf = c / 448,  inverse = 448 / c     (two IEEE divisions)
+    round_sf:     sf = 2 ** ceil(log2(c * fp32(1/448))), inverse = 1 / sf (exact: a power of two)
+    out = e4m3(float(x) * inverse), to nearest even, saturating at +-448
+
+sf has one row per token block and one column per channel block: (ceil(T / bt), H / bc) fp32, or with
+`packed_ue8m0` the biased exponent bytes, (ceil(T / bt), H / bc rounded up to 4) uint8 with zero padding bytes
+(byte k of a row is channel block k; the interface views the row as int32, TileKernels' CUDA layout).
+
+Three modes (`mode`), one kernel each:
+
+- 'cast' (per_block_cast): writes out and sf. Arguments (x, out, out_sf).
+- 'sf_only' (per_block_cast_with_sf_only): writes only sf. Arguments (x, out_sf).
+- 'precomputed' (per_block_cast_with_precomputed_sf): reads an fp32 sf of the shape above and writes only out,
+  with inverse = 1 / sf (IEEE). Arguments (x, sf, out). As in the peer, not with packed UE8M0 scales; `round_sf`
+  does not apply there (the peer's reference and CUDA kernel take 1 / sf whatever it says, which for the powers
+  of two that round_sf makes is exact), so the chooser drops it and the configuration refuses it.
+
+Special values: -0.0 stays -0.0; bf16 / fp32 subnormals are ordinary values; an inf in a block gives sf inf
+(UE8M0 0xff), inverse 0, so the block's finite values become +-0 and the inf NaN; NaN in a block is unspecified
+(the max reductions of the backends may drop it), as in the peer. In 'precomputed' mode a scale of 0 gives
+inverse inf (values +-448, zeros NaN), a scale of inf inverse 0.
+
+Supported: x contiguous (T, H), T >= 1 per launch (the interface skips empty inputs), H a positive multiple of
+max(64, bc). The peer also takes e2m1 output, E4M3 and column-major TMA-aligned scales, strided scale rows,
+and on Ascend only (32, 32) blocks; these kernels take every (bt, bc) above on both backends and nothing else.
+
+One generator builds the Ascend 950 kernel (vector cores, SIMD: _per_block_cast_ascend.py) or the CUDA kernel
+(_per_block_cast_cuda.py), chosen by `cfg.backend`; both are bit-exact against
+tests/quant/per_block_cast_ref.py where divisions are IEEE (the emulator, CUDA without fast math).
+"""
+
+# No `from __future__ import annotations`: TileLang evaluates the prim_func annotations, which
+# refer to the generator's local shape variables.
+import dataclasses
+import functools
+
+import torch
+
+from cann_ops_tilelang.config import Backend
+from cann_ops_tilelang.kernel_target import compile_kernel
+
+# The backend kernels (they do not import this module: no import circle).
+from ._per_block_cast_ascend import ascend_per_block_cast_kernel
+from ._per_block_cast_cuda import cuda_per_block_cast_kernel
+from ._scale_rules import LANES, UE8M0_PACK
+
+BLOCK_TOKENS = (32, 64, 128)
+BLOCK_CHANNELS = (32, 64, 128)
+MODES = ('cast', 'sf_only', 'precomputed')
+_IN_DTYPES = {torch.bfloat16: 'bfloat16', torch.float32: 'float32', 'bfloat16': 'bfloat16', 'float32': 'float32'}
+_IN_BYTES = {'bfloat16': 2, 'float32': 4}
+_ASCEND_TILE_BYTES = 64 * 1024  # x bytes of one task (bt rows of block_k channels), two buffer versions
+CUDA_VECTOR = 16  # CUDA: consecutive channels of one row per thread (one 16-byte fp8 store)
+_CUDA_TILE_BYTES = 32 * 1024  # x bytes one CUDA thread block aims at
+_CUDA_MAX_THREADS = 256
+
+
+def hidden_multiple(block_channels: int) -> int:
+    """What H must be a positive multiple of: whole channel blocks and whole vector registers."""
+    return max(LANES, block_channels)
+
+
+@dataclasses.dataclass(frozen=True)
+class PerBlockCastConfig:
+    backend: Backend
+    hidden: int
+    in_dtype: str  # 'bfloat16' or 'float32'
+    block_tokens: int  # tokens per scale factor (bt)
+    block_channels: int  # channels per scale factor (bc)
+    round_sf: bool  # power-of-two scales
+    packed_ue8m0: bool  # scales as UE8M0 bytes (needs round_sf)
+    mode: str  # 'cast', 'sf_only' or 'precomputed'
+    num_cores: int  # Ascend: vector cores (persistent grid); CUDA: SMs (informational, the grid is the tile count)
+    block_k: int  # channels of one token block per task (Ascend) / thread block (CUDA); divides hidden
+    threads: int  # CUDA threads per block (unused on Ascend)
+    num_stages: int  # Ascend buffer versions of the persistent loop (unused on CUDA)
+
+    def __post_init__(self):
+        if self.backend not in ('ascend', 'cuda'):
+            raise ValueError(f'backend must be "ascend" or "cuda", got {self.backend!r}')
+        if self.in_dtype not in _IN_BYTES:
+            raise ValueError(f'in_dtype must be "bfloat16" or "float32", got {self.in_dtype!r}')
+        if self.block_tokens not in BLOCK_TOKENS:
+            raise ValueError(f'block_tokens must be one of {BLOCK_TOKENS}, got {self.block_tokens}')
+        if self.block_channels not in BLOCK_CHANNELS:
+            raise ValueError(f'block_channels must be one of {BLOCK_CHANNELS}, got {self.block_channels}')
+        if self.mode not in MODES:
+            raise ValueError(f'mode must be one of {MODES}, got {self.mode!r}')
+        if self.packed_ue8m0 and not self.round_sf:
+            raise ValueError('packed_ue8m0 needs round_sf (UE8M0 holds powers of two only)')
+        if self.mode == 'precomputed' and self.packed_ue8m0:
+            raise ValueError('mode "precomputed" reads fp32 scales: packed_ue8m0 is not supported there')
+        if self.mode == 'precomputed' and self.round_sf:
+            raise ValueError(
+                'mode "precomputed" takes inverse = 1 / sf: round_sf does not apply (the chooser drops it)'
+            )
+        unit = hidden_multiple(self.block_channels)
+        if self.hidden <= 0 or self.hidden % unit != 0:
+            raise ValueError(
+                f'hidden must be a positive multiple of {unit} (block_channels {self.block_channels}), '
+                f'got {self.hidden}'
+            )
+        if self.block_k <= 0 or self.block_k % unit != 0 or self.hidden % self.block_k != 0:
+            raise ValueError(f'block_k {self.block_k} must be a multiple of {unit} dividing hidden {self.hidden}')
+        if self.num_cores < 1:
+            raise ValueError(f'num_cores must be >= 1, got {self.num_cores}')
+        if self.backend == 'ascend':
+            if self.num_stages < 1:
+                raise ValueError(f'num_stages must be >= 1, got {self.num_stages}')
+            if self.block_tokens * self.block_k * _IN_BYTES[self.in_dtype] > _ASCEND_TILE_BYTES:
+                raise ValueError(
+                    f'Ascend: a task of {self.block_tokens} x {self.block_k} {self.in_dtype} exceeds '
+                    f'{_ASCEND_TILE_BYTES} bytes of x'
+                )
+        else:
+            tpr = self.threads_per_row
+            if tpr & (tpr - 1) or tpr > 32:
+                raise ValueError(
+                    f'CUDA: block_k / {CUDA_VECTOR} must be a power of two <= 32, got block_k {self.block_k}'
+                )
+            if self.threads % 32 or not 32 <= self.threads <= 1024 or self.threads % tpr:
+                raise ValueError(
+                    f'CUDA: threads must be a multiple of 32 in [32, 1024] and of block_k / {CUDA_VECTOR}, '
+                    f'got {self.threads}'
+                )
+            if self.block_tokens % self.rows_per_pass:
+                raise ValueError(
+                    f'CUDA: threads {self.threads} cover {self.rows_per_pass} rows per pass, which must divide '
+                    f'block_tokens {self.block_tokens}'
+                )
+
+    @property
+    def num_blocks(self) -> int:
+        """Scale factors per sf row (channel blocks)."""
+        return self.hidden // self.block_channels
+
+    @property
+    def groups_per_tile(self) -> int:
+        """Channel blocks per task / thread block."""
+        return self.block_k // self.block_channels
+
+    @property
+    def num_col_tiles(self) -> int:
+        return self.hidden // self.block_k
+
+    @property
+    def sf_pack(self) -> int:
+        return UE8M0_PACK if self.packed_ue8m0 else 1
+
+    @property
+    def sf_cols(self) -> int:
+        """Elements of one sf row: fp32 scales, or UE8M0 bytes padded to the pack factor."""
+        return -(-self.num_blocks // self.sf_pack) * self.sf_pack
+
+    @property
+    def sf_padding(self) -> int:
+        """Zero bytes after the last UE8M0 byte of a row."""
+        return self.sf_cols - self.num_blocks
+
+    @property
+    def sf_dtype(self) -> str:
+        return 'uint8' if self.packed_ue8m0 else 'float32'
+
+    @property
+    def writes_data(self) -> bool:
+        """Whether the kernel writes the fp8 data (not in 'sf_only')."""
+        return self.mode != 'sf_only'
+
+    @property
+    def computes_sf(self) -> bool:
+        """Whether the kernel computes (and writes) the scales (not in 'precomputed', which reads them)."""
+        return self.mode != 'precomputed'
+
+    @property
+    def threads_per_row(self) -> int:
+        """CUDA: threads sharing one row of a tile, CUDA_VECTOR channels each."""
+        return self.block_k // CUDA_VECTOR
+
+    @property
+    def rows_per_pass(self) -> int:
+        """CUDA: rows a thread block covers at once."""
+        return self.threads // self.threads_per_row
+
+    @property
+    def rows_per_thread(self) -> int:
+        """CUDA: rows of the token block each thread holds."""
+        return self.block_tokens // self.rows_per_pass
+
+    def num_token_blocks(self, num_tokens: int) -> int:
+        """Rows of sf for T = num_tokens."""
+        return -(-num_tokens // self.block_tokens)
+
+    def sf_shape(self, num_tokens: int) -> tuple[int, int]:
+        """Shape of the kernel's sf argument (out_sf, or the precomputed sf) for T = num_tokens."""
+        return self.num_token_blocks(num_tokens), self.sf_cols
+
+
+def _tile_widths(hidden: int, unit: int, limit: int) -> list[int]:
+    """unit * 2**m that divide `hidden` and do not exceed max(unit, limit), largest first (never empty: unit)."""
+    widths = []
+    width = unit
+    while hidden % width == 0 and width <= max(unit, limit):
+        widths.append(width)
+        width *= 2
+    return widths[::-1]
+
+
+def _divisors(hidden: int, unit: int, limit: int) -> list[int]:
+    """Multiples of `unit` that divide `hidden` and do not exceed `limit`, largest first (never empty: unit)."""
+    return [b for b in range(min(hidden, limit) // unit * unit, 0, -unit) if hidden % b == 0] or [unit]
+
+
+def choose_per_block_cast_config(
+    *,
+    backend: Backend,
+    num_cores: int,
+    hidden: int,
+    in_dtype: torch.dtype | str,
+    block_tokens: int = 32,
+    block_channels: int = 32,
+    round_sf: bool = False,
+    packed_ue8m0: bool = False,
+    mode: str = 'cast',
+) -> PerBlockCastConfig:
+    """Pure choice of the compile-time parameters (no device query). `in_dtype`: torch.bfloat16 / torch.float32
+    (or their names). In mode 'precomputed' round_sf is dropped (the inverse is 1 / sf either way). Invalid
+    combinations raise ValueError."""
+    if in_dtype not in _IN_DTYPES:
+        raise ValueError(f'in_dtype must be torch.bfloat16 or torch.float32, got {in_dtype!r}')
+    dtype = _IN_DTYPES[in_dtype]
+    if block_tokens not in BLOCK_TOKENS:
+        raise ValueError(f'block_tokens must be one of {BLOCK_TOKENS}, got {block_tokens}')
+    if block_channels not in BLOCK_CHANNELS:
+        raise ValueError(f'block_channels must be one of {BLOCK_CHANNELS}, got {block_channels}')
+    if mode not in MODES:
+        raise ValueError(f'mode must be one of {MODES}, got {mode!r}')
+    if packed_ue8m0 and not round_sf:
+        raise ValueError('packed_ue8m0 needs round_sf (UE8M0 holds powers of two only)')
+    if mode == 'precomputed':
+        if packed_ue8m0:
+            raise ValueError('mode "precomputed" reads fp32 scales: packed_ue8m0 is not supported there')
+        round_sf = False
+    unit = hidden_multiple(block_channels)
+    if hidden <= 0 or hidden % unit != 0:
+        raise ValueError(
+            f'hidden must be a positive multiple of {unit} (block_channels {block_channels}), got {hidden}'
+        )
+    make = functools.partial(
+        PerBlockCastConfig, backend, hidden, dtype, block_tokens, block_channels, round_sf, packed_ue8m0, mode,
+        num_cores,
+    )  # fmt: skip
+    if backend == 'ascend':
+        # The widest task whose x tile fits its buffer: the op streams x once, so fewer, longer DMAs per core.
+        limit = _ASCEND_TILE_BYTES // (block_tokens * _IN_BYTES[dtype])
+        return make(block_k=_divisors(hidden, unit, limit)[0], threads=0, num_stages=2)
+    if backend == 'cuda':
+        # About 32 KiB of x per thread block, 16 channels of a row per thread: see _per_block_cast_cuda.py.
+        limit = _CUDA_TILE_BYTES // (block_tokens * _IN_BYTES[dtype])
+        block_k = _tile_widths(hidden, unit, limit)[0]
+        threads = min(_CUDA_MAX_THREADS, block_tokens * block_k // CUDA_VECTOR)
+        return make(block_k=block_k, threads=threads, num_stages=1)
+    raise ValueError(f'backend must be "ascend" or "cuda", got {backend!r}')
+
+
+def make_per_block_cast_kernel(cfg: PerBlockCastConfig):
+    """The TileLang prim_func `per_block_cast_kernel` for `cfg.backend` (no compile).
+
+    x: (T, hidden) cfg.in_dtype; out: (T, hidden) float8_e4m3fn; out_sf: cfg.sf_shape(T) cfg.sf_dtype; sf (mode
+    'precomputed'): cfg.sf_shape(T) float32. Arguments: (x, out, out_sf) in mode 'cast', (x, out_sf) in 'sf_only',
+    (x, sf, out) in 'precomputed'. T is dynamic and must be >= 1.
+    """
+    if cfg.backend == 'ascend':
+        return ascend_per_block_cast_kernel(cfg)
+    return cuda_per_block_cast_kernel(cfg)
+
+
+@functools.cache
+def get_per_block_cast_kernel(cfg: PerBlockCastConfig):
+    """Compiled kernel for `cfg` (compiled on first use, for the current device)."""
+    return compile_kernel(make_per_block_cast_kernel(cfg), cfg.backend)

@@ -1,0 +1,98 @@
+"""Pure-PyTorch oracle of cast_back (semantics and scale layouts: packages/cann_ops_tilelang/quant/
+cast_back_kernel.py), and the scale layouts it reads, for the kernel tests.
+
+Tests only; never imported at run time, and it imports no kernel module. As the kernels: the e4m3 data widens
+to fp32 exactly, each element is multiplied once in fp32 by its block's scale, and the product is cast to the
+output dtype (torch rounds to nearest even into bf16), so the kernels are compared bit for bit.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from tests.quant.cast_ref import pack_ue8m0_rows
+
+UE8M0_PACK = 4  # UE8M0 bytes per int32 of the interface's view, on both backends
+
+
+def ue8m0_to_f32(ue8m0: torch.Tensor) -> torch.Tensor:
+    """UE8M0 bytes (uint8) -> the fp32 whose bits are byte << 23: 2 ** (byte - 127), 0.0 for 0, inf for 255."""
+    return (ue8m0.to(torch.int32) << 23).view(torch.float32)
+
+
+def pack_ue8m0_cols(ue8m0: torch.Tensor, pack: int = UE8M0_PACK) -> torch.Tensor:
+    """Per-channel UE8M0 bytes (G, H) -> the col-packed layout (ceil(G / pack), pack * H): byte [r, pack * h + j]
+    is token block pack * r + j of channel h, zero padding past G."""
+    blocks, hidden = ue8m0.shape
+    rows = -(-blocks // pack)
+    padded = torch.zeros(rows * pack, hidden, dtype=torch.uint8)
+    padded[:blocks] = ue8m0
+    return padded.reshape(rows, pack, hidden).permute(0, 2, 1).reshape(rows, pack * hidden).contiguous()
+
+
+def unpack_ue8m0_cols(packed: torch.Tensor, blocks: int, pack: int = UE8M0_PACK) -> torch.Tensor:
+    """The inverse of pack_ue8m0_cols: (ceil(G / pack), pack * H) -> (G, H) bytes."""
+    rows, width = packed.shape
+    hidden = width // pack
+    return packed.reshape(rows, hidden, pack).permute(0, 2, 1).reshape(rows * pack, hidden)[:blocks]
+
+
+def block_scales(
+    sf: torch.Tensor, num_tokens: int, hidden: int, block_tokens: int, block_channels: int
+) -> torch.Tensor:
+    """The fp32 scale of every element, (T, H), from x_sf in the kernels' layouts: fp32 (G, H / bc) or (G, H);
+    uint8 UE8M0 row-packed (G, 4 * ceil(H / bc / 4)) or, for bc = 1, col-packed (ceil(G / 4), 4 * H)."""
+    blocks = -(-num_tokens // block_tokens)
+    per_row = hidden // block_channels
+    if sf.dtype == torch.uint8:
+        # Col-packed bytes of every token block, or the row layout's bytes without the padding.
+        ue8m0 = unpack_ue8m0_cols(sf, blocks) if block_channels == 1 else sf[:, :per_row]
+        scales = ue8m0_to_f32(ue8m0)
+    elif sf.dtype == torch.float32:
+        scales = sf
+    else:
+        raise TypeError(f'x_sf must be float32 or uint8 (UE8M0), got {sf.dtype}')
+    if tuple(scales.shape) != (blocks, per_row):
+        raise ValueError(f'scales of shape {tuple(scales.shape)}, expected {(blocks, per_row)}')
+    expanded = scales.repeat_interleave(block_tokens, dim=0)[:num_tokens]
+    return expanded.repeat_interleave(block_channels, dim=1)
+
+
+def cast_back_ref(
+    data: torch.Tensor,
+    sf: torch.Tensor,
+    out_dtype: torch.dtype,
+    block_tokens: int,
+    block_channels: int,
+) -> torch.Tensor:
+    """out (T, H) of out_dtype: fp32(data) * scale, one fp32 multiply, then the cast (nearest even into bf16)."""
+    if data.dtype != torch.float8_e4m3fn:
+        raise TypeError(f'data must be float8_e4m3fn, got {data.dtype}')
+    num_tokens, hidden = data.shape
+    scales = block_scales(sf.cpu(), num_tokens, hidden, block_tokens, block_channels)
+    return (data.cpu().float() * scales).to(out_dtype)
+
+
+def random_e4m3(num_tokens: int, hidden: int, *, nan: bool = False) -> torch.Tensor:
+    """Every e4m3 bit pattern equally likely (NaN, 0x7f / 0xff, only with `nan`: otherwise redrawn as +-0)."""
+    bits = torch.randint(0, 256, (num_tokens, hidden), dtype=torch.int32).to(torch.uint8)
+    if not nan:
+        bits = torch.where((bits & 0x7F) == 0x7F, bits & 0x80, bits)
+    return bits.view(torch.float8_e4m3fn)
+
+
+def random_scales(
+    num_tokens: int, hidden: int, block_tokens: int, block_channels: int, *, packed_ue8m0: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x_sf in the kernels' layout, the same scales as fp32 (G, H / bc)) with magnitudes over many binades:
+    fp32 scales with random significands (so bf16 outputs need rounding), or UE8M0 bytes 100..154 (finite
+    products for every e4m3 value)."""
+    blocks = -(-num_tokens // block_tokens)
+    per_row = hidden // block_channels
+    if packed_ue8m0:
+        ue8m0 = torch.randint(100, 155, (blocks, per_row), dtype=torch.int32).to(torch.uint8)
+        packed = pack_ue8m0_cols(ue8m0) if block_channels == 1 else pack_ue8m0_rows(ue8m0, UE8M0_PACK)
+        return packed, ue8m0_to_f32(ue8m0)
+    sign = torch.where(torch.rand(blocks, per_row) < 0.25, -1.0, 1.0)
+    scales = sign * (1 + torch.rand(blocks, per_row)) * torch.exp2(torch.randint(-40, 40, (blocks, per_row)).float())
+    return scales, scales

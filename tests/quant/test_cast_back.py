@@ -1,0 +1,130 @@
+"""cast_back and per_token_cast_back, the public operators: argument contract and torch.library forms (CPU tier),
+values through the public calls against the reference, bit for bit, on what the domain's casts produce (device
+tier: an accelerator, or the Ascend kernels on the emulator with --ascend-emulator). The kernels themselves:
+test_cast_back_kernel.py."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from cann_ops_tilelang import config
+from cann_ops_tilelang.quant import cast_back, per_block_cast, per_channel_cast, per_token_cast, per_token_cast_back
+from tests.quant.cast_back_ref import cast_back_ref
+from tests.quant.cast_ref import scaled_rows
+from tests.testing.bench import make_param_id
+from tests.testing.generator import by_level, get_test_level
+from tests.testing.numeric import assert_equal
+
+LEVEL = get_test_level()
+DATA = torch.zeros(4, 256, dtype=torch.float8_e4m3fn)
+Q = (DATA, torch.ones(4, 2))
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """Bit patterns, every NaN as one pattern (the NaN of inf * 0 is the platform's)."""
+    t = t.cpu()
+    bits = t.view(torch.int16 if t.dtype == torch.bfloat16 else torch.int32)
+    return torch.where(torch.isnan(t), -1, bits)
+
+
+def _expected(quantised, fmt: str, block) -> torch.Tensor:
+    data, sf = (t.cpu() for t in quantised)
+    sf = sf.view(torch.uint8) if sf.dtype == torch.int32 else sf
+    return cast_back_ref(data, sf, torch.bfloat16 if fmt == 'bf16' else torch.float32, *block)
+
+
+# ---------------------------------------------------------------- CPU tier: argument contract
+
+
+@pytest.mark.parametrize(
+    ('args', 'kwargs', 'error', 'match'),
+    [
+        ((DATA, 'bf16', (1, 128)), {}, TypeError, r'x must be a tuple \(data, sf\) of 2 tensors, got Tensor'),
+        (((DATA.float(), Q[1]), 'bf16', (1, 128)), {}, TypeError, r'x\[0\] must have dtype torch.float8_e4m3fn'),
+        (((DATA, Q[1].half()), 'bf16', (1, 128)), {}, TypeError, r'x\[1\] must have dtype torch.float32 or'),
+        ((Q, 'e4m3', (1, 128)), {}, ValueError, "fmt must be 'bf16' or 'fp32'"),
+        ((Q, 'bf16', (1, 128), 'ue8m0'), {}, ValueError, "x_special_fmt='ue8m0' is not supported yet"),
+        ((Q, 'bf16', (1, 16)), {}, ValueError, r'x_block_size\[1\] \(channels per scale\) must be one of'),
+        ((Q, 'bf16', (64, 128)), {}, ValueError, r'x_block_size\[0\] \(tokens per scale\) must be one of'),
+        ((Q, 'bf16', (1, 1)), {}, ValueError, r'x_block_size\[0\] with per-channel scales must be one of'),
+        ((Q, 'bf16', (1, 64)), {}, ValueError, r'x\[1\] must have shape \(4, 4\)'),
+        (((DATA, torch.ones(1, 64, dtype=torch.int32)), 'bf16', (32, 1)), {}, ValueError,
+         r'x\[1\] must have shape \(1, 256\)'),
+        (((DATA, torch.ones(2, 4).t()), 'bf16', (1, 128)), {}, ValueError, r'x\[1\] must have a contiguous last'),
+        ((Q, 'bf16', (1, 128)), {'out': torch.empty(4, 256)}, TypeError, 'out must have dtype torch.bfloat16'),
+        ((Q, 'fp32', (1, 128)), {}, RuntimeError, "no kernels for 'cpu' tensors"),
+    ],
+    ids=lambda v: v if isinstance(v, str) and v.isidentifier() else None,
+)  # fmt: skip
+def test_cast_back_rejects(args, kwargs, error, match):
+    with pytest.raises(error, match=match):
+        cast_back(*args, **kwargs)
+
+
+def test_per_token_cast_back_rejects():
+    with pytest.raises(ValueError, match=r'x\[1\] must have shape \(4, 4\)'):
+        per_token_cast_back(Q, 'bf16', 64)
+    with pytest.raises(RuntimeError, match="no kernels for 'cpu' tensors"):
+        per_token_cast_back(Q, 'bf16', 128)
+
+
+def test_cast_back_fake_tensors(monkeypatch):
+    monkeypatch.setattr(config, 'require_accelerator', lambda *tensors: 'ascend')
+    with FakeTensorMode():
+        q = (torch.empty(161, 256, dtype=torch.float8_e4m3fn), torch.empty(161, 2, dtype=torch.int32))
+        out = cast_back(q, 'bf16', (1, 32))
+        assert (tuple(out.shape), out.dtype) == ((161, 256), torch.bfloat16)
+        out = per_token_cast_back((q[0], torch.empty(161, 2)), 'fp32', 128)
+        assert (tuple(out.shape), out.dtype) == ((161, 256), torch.float32)
+
+
+# ---------------------------------------------------------------- device tier
+
+# (producer, its block, scale format): what the domain's casts write, each read back. Level 0 keeps one kernel
+# configuration per layout class (row blocks fp32 / UE8M0, channel blocks).
+ROUND_TRIPS = by_level(
+    LEVEL,
+    core=[
+        ('token', (1, 128), 'fp32', 'bf16'),
+        ('block', (32, 64), 'ue8m0', 'fp32'),
+        ('channel', (32, 1), 'fp32', 'bf16'),
+    ],
+    default=[
+        (producer, block, sf, fmt)
+        for producer, block in (('token', (1, 32)), ('token', (1, 128)), ('block', (128, 128)), ('block', (32, 64)),
+                                ('channel', (32, 1)), ('channel', (128, 1)))
+        for sf in ('fp32', 'ue8m0')
+        for fmt in ('bf16', 'fp32')
+    ],
+)  # fmt: skip
+
+
+def _quantise(x, producer: str, block, sf: str):
+    packed = sf == 'ue8m0'
+    if producer == 'token':
+        return per_token_cast(x, 'e4m3', block[1], round_sf=packed, use_packed_ue8m0=packed)
+    if producer == 'block':
+        return per_block_cast(x, 'e4m3', block, round_sf=packed, use_packed_ue8m0=packed)
+    return per_channel_cast(x, 'e4m3', block[0], packed, use_packed_ue8m0=packed)
+
+
+@pytest.mark.npu
+@pytest.mark.parametrize(('producer', 'block', 'sf', 'fmt'), ROUND_TRIPS, ids=lambda v: make_param_id({'v': v}))
+@pytest.mark.parametrize('num_tokens', by_level(LEVEL, core=(0, 161), default=(1, 300)))
+def test_cast_back_values(producer, block, sf, fmt, num_tokens, device):
+    x = scaled_rows(num_tokens, 1152, 'bfloat16', device)
+    quantised = _quantise(x, producer, block, sf)
+    result = cast_back(quantised, fmt, block)
+    assert_equal(_bits(result), _bits(_expected(quantised, fmt, block)))
+    buffer = torch.full_like(result, float('nan'))
+    assert cast_back(quantised, fmt, block, out=buffer) is buffer
+    assert_equal(_bits(buffer), _bits(result))
+    if producer == 'token':
+        assert_equal(_bits(per_token_cast_back(quantised, fmt, block[1])), _bits(result))
+    # The round trip: within half an e4m3 step of x (2**-4 relative, and 2**-10 of the block's scale where the
+    # value is subnormal in its block), plus bf16's rounding. Each element's scale is cast_back of data 1.0.
+    scale = cast_back((torch.ones_like(quantised[0]), quantised[1]), 'fp32', block)
+    error = (result.float() - x.float()).abs()
+    assert bool((error <= x.float().abs() * (2**-4 + 2**-8) + scale * 2**-10).all())

@@ -1,0 +1,385 @@
+"""cast_back, kernel level (no public interface here): configuration and lowering (CPU tier), the kernels called
+directly in their argument order (x, x_sf, out) against the reference, bit-exact (device tier: an accelerator,
+or the Ascend kernel on the emulator with --ascend-emulator)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from cann_ops_tilelang.config import backend_of, get_num_cores
+from cann_ops_tilelang.kernel_target import launch_kernel
+from cann_ops_tilelang.quant.cast_back_kernel import (
+    UE8M0_PACK,
+    CastBackConfig,
+    choose_cast_back_config,
+    get_cast_back_kernel,
+    make_cast_back_kernel,
+)
+from tests.quant.cast_back_ref import (
+    block_scales,
+    cast_back_ref,
+    pack_ue8m0_cols,
+    random_e4m3,
+    random_scales,
+    ue8m0_to_f32,
+    unpack_ue8m0_cols,
+)
+from tests.quant.cast_ref import pack_ue8m0_rows
+from tests.testing.bench import make_param_id
+from tests.testing.generator import by_level, generate_samples, get_test_level
+from tests.testing.lowering import (
+    ASCEND_950_VECTOR_CORES,
+    H200_SMS,
+    assert_ascend_kernel_lowers,
+    assert_cuda_kernel_lowers,
+)
+from tests.testing.numeric import assert_equal
+
+KERNEL_NAME = 'cast_back_kernel'
+LEVEL = get_test_level()
+OUT_DTYPES = {'bfloat16': torch.bfloat16, 'float32': torch.float32}
+
+# (block_tokens, block_channels): the row layout's blocks, then the per-channel ones (block_channels 1).
+ROW_BLOCKS = [(bt, bc) for bt in (1, 32, 128) for bc in (32, 64, 128)]
+CHANNEL_BLOCKS = [(32, 1), (128, 1)]
+
+# Level 0: four kernel configurations (each compiled once, shared by the values, special-value and padding
+# tests): per-token UE8M0 with two blocks per register, 32-token blocks of 64 channels with fp32 scales,
+# 128 x 128 blocks (a task inside one token block), per-channel col-packed UE8M0. Level 1: the full product.
+_CORE_VARIANTS = [
+    dict(out_dtype='bfloat16', bt=1, bc=32, sf='ue8m0'),
+    dict(out_dtype='float32', bt=32, bc=64, sf='fp32'),
+    dict(out_dtype='bfloat16', bt=128, bc=128, sf='fp32'),
+    dict(out_dtype='float32', bt=32, bc=1, sf='ue8m0'),
+]
+_ALL_VARIANTS = [
+    dict(out_dtype=dtype, bt=bt, bc=bc, sf=sf)
+    for (bt, bc) in ROW_BLOCKS + CHANNEL_BLOCKS
+    for sf in ('fp32', 'ue8m0')
+    for dtype in OUT_DTYPES
+]
+VARIANTS = by_level(LEVEL, core=_CORE_VARIANTS, default=_ALL_VARIANTS)
+# Tokens: one, partial token blocks (67 = 2 * 32 + 3; 129 = 128 + 1), several col-packed UE8M0 rows ending in
+# padding (300: 10 blocks of 32), the benchmark size.
+NUM_TOKENS = by_level(LEVEL, core=(1, 67, 300), default=(5, 129), full=(4001,))
+# Hidden sizes beyond each variant's own (values_hidden), each one more kernel per variant: lowered for every
+# variant (production size, several column tiles), run for the level-0 variants (also the minimum).
+LOWERING_HIDDEN = by_level(LEVEL, core=(), default=(7168,), full=(64, 4096, 16384))
+VALUES_HIDDEN = by_level(LEVEL, core=(), default=(64, 7168), full=(4096, 5120, 16384))
+
+
+def values_hidden(bc: int) -> int:
+    """The hidden size of a variant's values tests: UE8M0 rows ending in padding (34 blocks of 32, 17 of 64, 9
+    of 128), and for channel blocks 17 column tiles of 64 on Ascend."""
+    return 1152 if bc == 128 else 1088
+
+
+def _config(backend: str, num_cores: int, variant: dict, hidden: int) -> CastBackConfig:
+    return choose_cast_back_config(
+        backend=backend,
+        num_cores=num_cores,
+        hidden=hidden,
+        out_dtype=variant['out_dtype'],
+        block_tokens=variant['bt'],
+        block_channels=variant['bc'],
+        packed_ue8m0=variant['sf'] == 'ue8m0',
+    )
+
+
+def _lowering_cases() -> list[dict]:
+    cases = [dict(variant=v, hidden=values_hidden(v['bc'])) for v in VARIANTS]
+    return cases + _sized_cases(VARIANTS, LOWERING_HIDDEN)
+
+
+def _sized_cases(variants: list[dict], hidden_sizes) -> list[dict]:
+    """variant x hidden, where hidden is a multiple of the variant's block."""
+    return generate_samples(
+        variant=variants, hidden=hidden_sizes, where=lambda c: c['hidden'] % max(64, c['variant']['bc']) == 0
+    )
+
+
+def _case_id(case: dict) -> str:
+    return make_param_id({**case['variant'], 'hidden': case['hidden']})
+
+
+# ---------------------------------------------------------------- CPU tier: configuration
+
+
+def test_cast_back_config_is_pure_and_hashable():
+    kwargs = dict(backend='ascend', num_cores=64, hidden=7168, block_tokens=1, block_channels=128, packed_ue8m0=False)
+    a = choose_cast_back_config(out_dtype=torch.bfloat16, **kwargs)
+    b = choose_cast_back_config(out_dtype='bfloat16', **kwargs)
+    assert a == b
+    assert hash(a) == hash(b)
+    assert (a.num_blocks, a.sf_cols, a.sf_dtype, a.sf_shape(5)) == (56, 56, 'float32', (5, 56))
+    assert (a.block_k, a.block_m, a.num_col_tiles, a.num_stages, a.threads) == (7168, 2, 1, 2, 0)
+    assert a.ascend_ub_bytes <= 248 * 1024
+    assert UE8M0_PACK == 4
+
+
+@pytest.mark.parametrize(
+    ('bt', 'bc', 'packed', 'num_tokens', 'shape', 'dtype'),
+    [
+        (1, 32, False, 5, (5, 34), 'float32'),
+        (32, 64, True, 67, (3, 20), 'uint8'),  # 17 blocks padded to 20 bytes, ceil(67 / 32) rows
+        (128, 128, True, 1, (1, 12), 'uint8'),  # 9 blocks padded to 12
+        (32, 1, False, 67, (3, 1088), 'float32'),
+        (32, 1, True, 300, (3, 4 * 1088), 'uint8'),  # 10 token blocks in 3 col-packed rows
+        (128, 1, True, 129, (1, 4 * 1088), 'uint8'),
+    ],
+)
+def test_cast_back_config_scale_layouts(bt, bc, packed, num_tokens, shape, dtype):
+    hidden = 1152 if bc == 128 else 1088
+    for backend in ('ascend', 'cuda'):
+        cfg = choose_cast_back_config(
+            backend=backend, num_cores=64, hidden=hidden, out_dtype='float32', block_tokens=bt,
+            block_channels=bc, packed_ue8m0=packed,
+        )  # fmt: skip
+        assert cfg.sf_shape(num_tokens) == shape
+        assert cfg.sf_dtype == dtype
+        assert cfg.channel_blocks == (bc == 1)
+
+
+_TILING_CASES = _sized_cases(_ALL_VARIANTS, [64, 1088, 1152, 7168, 16384, 64 * 67])
+
+
+@pytest.mark.parametrize('case', _TILING_CASES, ids=_case_id)
+def test_cast_back_config_tiles(case):
+    """Every variant and size gets a valid tiling: Ascend tasks within UB and one token block (bt > 1), channel
+    tasks of at least 32 rows; CUDA thread blocks of <= 256 threads, 4 rows per thread inside a token block."""
+    variant, hidden = case['variant'], case['hidden']
+    asc = _config('ascend', 64, variant, hidden)
+    assert hidden % asc.block_k == 0
+    assert asc.block_m & (asc.block_m - 1) == 0
+    if variant['bt'] > 1:
+        assert asc.block_m <= variant['bt']
+    if variant['bc'] == 1:
+        assert asc.block_m >= 32  # a per-channel scale row serves at least 32 rows
+        assert asc.block_k <= 512
+    assert asc.ascend_ub_bytes <= 248 * 1024
+    cuda = _config('cuda', 132, variant, hidden)
+    assert hidden % cuda.block_k == 0
+    assert cuda.threads <= 256
+    assert cuda.rows_per_thread == 4
+    assert cuda.threads * 16 * cuda.rows_per_thread == cuda.block_m * cuda.block_k  # every element once
+
+
+@pytest.mark.parametrize(
+    ('kwargs', 'error', 'match'),
+    [
+        (dict(backend='cpu'), ValueError, 'backend'),
+        (dict(out_dtype=torch.float16), ValueError, 'out_dtype'),
+        (dict(out_dtype='fp8'), ValueError, 'out_dtype'),
+        (dict(block_tokens=64), ValueError, 'block_tokens'),
+        (dict(block_channels=16), ValueError, 'block_channels'),
+        (dict(block_tokens=1, block_channels=1), ValueError, 'block_tokens must be one of'),
+        (dict(block_tokens=True), TypeError, 'block_tokens'),
+        (dict(block_channels=32.0), TypeError, 'block_channels'),
+        (dict(hidden=96), ValueError, 'multiple of 64'),
+        (dict(hidden=192, block_channels=128), ValueError, 'multiple of 128'),
+        (dict(hidden=0), ValueError, 'positive multiple'),
+        (dict(hidden=-64), ValueError, 'positive multiple'),
+        (dict(packed_ue8m0=1), TypeError, 'packed_ue8m0'),
+        (dict(num_cores=0), ValueError, 'num_cores'),
+    ],
+)
+def test_cast_back_config_rejects(kwargs, error, match):
+    args = dict(
+        backend='ascend', num_cores=64, hidden=256, out_dtype=torch.bfloat16, block_tokens=1, block_channels=32,
+        packed_ue8m0=False,
+    ) | kwargs  # fmt: skip
+    with pytest.raises(error, match=match):
+        choose_cast_back_config(**args)
+
+
+def test_cast_back_config_rejects_bad_tilings():
+    base = choose_cast_back_config(
+        backend='ascend', num_cores=64, hidden=1088, out_dtype='float32', block_tokens=32, block_channels=64,
+        packed_ue8m0=False,
+    )  # fmt: skip
+    with pytest.raises(ValueError, match='at most one token block'):
+        dataclasses.replace(base, block_m=64, block_k=64)
+    with pytest.raises(ValueError, match='power of two'):
+        dataclasses.replace(base, block_m=24)
+    with pytest.raises(ValueError, match='dividing hidden'):
+        dataclasses.replace(base, block_k=128)
+    with pytest.raises(ValueError, match='UB'):
+        dataclasses.replace(base, block_tokens=128, block_m=128)  # 128 x 1088 x 5 bytes x 2
+    cuda = choose_cast_back_config(
+        backend='cuda', num_cores=132, hidden=1088, out_dtype='float32', block_tokens=32, block_channels=64,
+        packed_ue8m0=False,
+    )  # fmt: skip
+    assert (cuda.threads, cuda.block_m, cuda.block_k) == (204, 12, 1088)
+    with pytest.raises(ValueError, match='must divide block_tokens'):
+        dataclasses.replace(cuda, block_m=3 * 3)  # 3 rows per thread
+    with pytest.raises(ValueError, match='multiple of block_k'):
+        dataclasses.replace(cuda, threads=200)
+    with pytest.raises(ValueError, match='threads must be 0'):
+        dataclasses.replace(base, threads=128)
+
+
+# ---------------------------------------------------------------- CPU tier: the reference
+
+
+def test_reference_hand_values():
+    """One fp32 multiply, then the cast: 1.5 * 2 = 3; bf16 rounds to nearest even; UE8M0 byte b is 2 ** (b - 127),
+    0 gives 0.0 and 255 inf; blocks of tokens and channels repeat the scale, a partial last token block too."""
+    data = torch.tensor([[1.5, -0.5, 448.0, -0.0], [0.25, 1.0, -3.0, 2.0], [1.0, 1.0, 1.0, 1.0]])
+    data = data.to(torch.float8_e4m3fn)
+    sf = torch.tensor([[2.0, 0.5], [-1.0, 1.0 + 2.0**-8]])  # bt = 2, bc = 2: rows 0-1 and row 2
+    out = cast_back_ref(data, sf, torch.float32, 2, 2)
+    assert out.tolist() == [[3.0, -1.0, 224.0, -0.0], [0.5, 2.0, -1.5, 1.0], [-1.0, -1.0, 1.0 + 2.0**-8, 1.0 + 2.0**-8]]
+    assert torch.signbit(out[0, 3])  # -0.0 keeps its sign
+    bf16 = cast_back_ref(data, sf, torch.bfloat16, 2, 2)
+    assert bf16[2, 2].item() == 1.0  # 1 + 2**-8 is a tie between 1 and 1 + 2**-7: to even
+    sf_tie = torch.tensor([[1.0, 1.0], [3 * 2.0**-8 + 1.0, 1.0]])
+    assert cast_back_ref(data, sf_tie, torch.bfloat16, 2, 2)[2, 0].item() == 1.0 + 2.0**-6  # 1 + 3 * 2**-8 up
+    ue8m0 = torch.tensor([[127, 128, 0, 255]], dtype=torch.uint8)
+    assert ue8m0_to_f32(ue8m0).tolist() == [[1.0, 2.0, 0.0, float('inf')]]
+    packed = pack_ue8m0_rows(ue8m0[:, :2], UE8M0_PACK)  # 2 blocks of 2 channels, padded to 4 bytes
+    assert cast_back_ref(data[:1], packed, torch.float32, 1, 2).tolist() == [[1.5, -0.5, 896.0, -0.0]]
+
+
+def test_reference_col_packed_layout():
+    """Byte [r, 4h + j] of the col-packed layout is token block 4r + j of channel h; the padding is zero."""
+    ue8m0 = torch.arange(6 * 3, dtype=torch.int32).to(torch.uint8).reshape(6, 3)  # 6 token blocks, 3 channels
+    packed = pack_ue8m0_cols(ue8m0)
+    assert packed.shape == (2, 12)
+    for g in range(6):
+        for h in range(3):
+            assert packed[g // 4, 4 * h + g % 4] == ue8m0[g, h]
+    assert packed[1, 4 * 0 + 2] == 0  # block 6 does not exist
+    assert torch.equal(unpack_ue8m0_cols(packed, 6), ue8m0)
+    scales = block_scales(packed, 6 * 32 - 5, 3, 32, 1)
+    assert scales.shape == (187, 3)
+    assert torch.equal(scales[::32], ue8m0_to_f32(ue8m0))
+
+
+def test_reference_random_inputs():
+    data = random_e4m3(64, 256)
+    bits = data.view(torch.uint8)
+    assert not ((bits & 0x7F) == 0x7F).any()  # no NaN unless asked for
+    assert torch.unique(bits).numel() == 254  # every other pattern occurs
+    for packed in (False, True):
+        for bt, bc in ((1, 32), (32, 1)):
+            sf, scales = random_scales(70, 256, bt, bc, packed_ue8m0=packed)
+            assert torch.equal(block_scales(sf, 70, 256, bt, bc)[::bt, ::bc], scales)
+
+
+# ---------------------------------------------------------------- CPU tier: kernels lower
+
+
+@pytest.mark.parametrize('case', _lowering_cases(), ids=_case_id)
+def test_cast_back_ascend_lowers(case):
+    cfg = _config('ascend', ASCEND_950_VECTOR_CORES, case['variant'], case['hidden'])
+    assert cfg.backend == 'ascend'
+    lowered = assert_ascend_kernel_lowers(lambda: make_cast_back_kernel(cfg), key=cfg, kernel_name=KERNEL_NAME)
+    assert lowered.ub_bytes == cfg.ascend_ub_bytes  # the config's UB estimate is the allocation
+    assert 'vlds_unpack4' in lowered.source  # the fp8 bytes widen one per 32-bit lane
+    if cfg.out_dtype == 'bfloat16':
+        assert 'RS_DISABLE' in lowered.source  # non-saturating fp32 -> bf16: overflow to inf, as torch
+
+
+@pytest.mark.parametrize('case', _lowering_cases(), ids=_case_id)
+def test_cast_back_cuda_lowers(case):
+    cfg = _config('cuda', H200_SMS, case['variant'], case['hidden'])
+    lowered = assert_cuda_kernel_lowers(lambda: make_cast_back_kernel(cfg), key=cfg, kernel_name=KERNEL_NAME)
+    assert lowered.ub_bytes == 0  # no shared memory: registers only
+    assert '*(fp8_e4_16_t*)(xr' in lowered.source  # one 16-byte load of fp8 per row and thread
+    store = '*(uint4*)(out' if cfg.out_dtype == 'bfloat16' else '*(float4*)(out'
+    assert store in lowered.source  # 16-byte stores
+    if cfg.out_dtype == 'bfloat16':
+        assert '__float22bfloat162_rn' in lowered.source  # nearest even
+
+
+# ---------------------------------------------------------------- device tier
+
+
+def _int_view(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.int16 if t.dtype == torch.bfloat16 else torch.int32)
+
+
+def _run(x: torch.Tensor, sf: torch.Tensor, variant: dict, device) -> torch.Tensor:
+    cfg = _config(backend_of(device), get_num_cores(device), variant, x.shape[1])
+    assert tuple(sf.shape) == cfg.sf_shape(x.shape[0])
+    out = torch.full(x.shape, float('nan'), device=device).to(OUT_DTYPES[variant['out_dtype']])  # poisoned
+    launch_kernel(get_cast_back_kernel, cfg, device, x.to(device), sf.to(device), out)
+    return out.cpu()
+
+
+def _check(x: torch.Tensor, sf: torch.Tensor, variant: dict, device) -> None:
+    out = _run(x, sf, variant, device)
+    ref = cast_back_ref(x, sf, OUT_DTYPES[variant['out_dtype']], variant['bt'], variant['bc'])
+    assert_equal(_int_view(out), _int_view(ref))
+
+
+def _inputs(num_tokens: int, hidden: int, variant: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    x = random_e4m3(num_tokens, hidden)
+    sf, _ = random_scales(num_tokens, hidden, variant['bt'], variant['bc'], packed_ue8m0=variant['sf'] == 'ue8m0')
+    return x, sf
+
+
+@pytest.mark.npu
+@pytest.mark.parametrize('variant', VARIANTS, ids=make_param_id)
+@pytest.mark.parametrize('num_tokens', NUM_TOKENS)
+def test_cast_back_kernel_values(variant, num_tokens, device):
+    _check(*_inputs(num_tokens, values_hidden(variant['bc']), variant), variant, device)
+
+
+@pytest.mark.npu
+@pytest.mark.parametrize('case', _sized_cases(_CORE_VARIANTS, VALUES_HIDDEN), ids=_case_id)
+def test_cast_back_kernel_hidden_sizes(case, device):
+    """The level-0 kernel classes at other sizes: minimum rows, several column tiles, production sizes."""
+    _check(*_inputs(131, case['hidden'], case['variant']), case['variant'], device)
+
+
+@pytest.mark.npu
+@pytest.mark.parametrize('variant', _CORE_VARIANTS, ids=make_param_id)
+def test_cast_back_kernel_ignores_padding(variant, device):
+    """The UE8M0 padding (bytes past the last block of a row; token blocks past the last in col-packed rows)
+    is never read: garbage there changes nothing. fp32 variants: a partial last token block of one token."""
+    num_tokens = 2 * variant['bt'] * UE8M0_PACK + 1 if variant['bt'] > 1 else 3
+    hidden = values_hidden(variant['bc'])
+    x, sf = _inputs(num_tokens, hidden, variant)
+    if variant['sf'] == 'ue8m0':
+        blocks = -(-num_tokens // variant['bt'])
+        if variant['bc'] == 1:
+            valid = pack_ue8m0_cols(torch.ones(blocks, hidden, dtype=torch.uint8)).bool()
+        else:
+            valid = pack_ue8m0_rows(torch.ones(blocks, hidden // variant['bc'], dtype=torch.uint8)).bool()
+        assert not valid.all()  # the layout ends in padding
+        sf = torch.where(valid, sf, torch.full_like(sf, 0xA5))
+    _check(x, sf, variant, device)
+
+
+@pytest.mark.npu
+@pytest.mark.parametrize('variant', _CORE_VARIANTS, ids=make_param_id)
+def test_cast_back_kernel_special_values(variant, device):
+    """NaN data, +-0, subnormal e4m3, +-448 against scales 0, 2**-126 (subnormal products), 2**127 (fp32
+    overflow to inf), inf (inf * 0 is NaN) and, for fp32 scales, -0.0, a subnormal scale and NaN: NaN wherever
+    the reference has NaN, every other bit exact."""
+    bt, bc = variant['bt'], variant['bc']
+    num_tokens, hidden = 2 * max(bt, 8) + 3, values_hidden(bc)
+    pool = torch.tensor([0x00, 0x80, 0x7F, 0xFF, 0x01, 0x81, 0x07, 0x7E, 0xFE, 0x38, 0xB9, 0x53], dtype=torch.uint8)
+    x = pool[torch.randint(len(pool), (num_tokens, hidden))].view(torch.float8_e4m3fn)
+    blocks, per_row = -(-num_tokens // bt), hidden // bc
+    if variant['sf'] == 'ue8m0':
+        byte_pool = torch.tensor([0, 1, 2, 100, 127, 200, 254, 255], dtype=torch.uint8)
+        ue8m0 = byte_pool[torch.randint(len(byte_pool), (blocks, per_row))]
+        sf = pack_ue8m0_cols(ue8m0) if bc == 1 else pack_ue8m0_rows(ue8m0, UE8M0_PACK)
+    else:
+        scale_pool = torch.tensor(
+            [0.0, -0.0, 2.0**-126, 2.0**-140, 2.0**127, -(2.0**120), float('inf'), float('nan'), 1.0, 1.0 + 2.0**-8]
+        )
+        sf = scale_pool[torch.randint(len(scale_pool), (blocks, per_row))]
+    out = _run(x, sf, variant, device)
+    ref = cast_back_ref(x, sf, OUT_DTYPES[variant['out_dtype']], bt, bc)
+    nan = ref.isnan()
+    assert torch.equal(out.isnan(), nan)
+    assert torch.equal(_int_view(out)[~nan], _int_view(ref)[~nan])
+    assert nan.any()
+    assert ref.isinf().any()
+    assert (_int_view(ref) == _int_view(torch.tensor(-0.0).to(ref.dtype))).any()  # -0.0 kept

@@ -1,0 +1,148 @@
+"""per_block_cast, per_block_cast_with_sf_only and per_block_cast_with_precomputed_sf, the public operators:
+argument contract and torch.library forms (CPU tier), values through the public calls against the reference, bit
+for bit (device tier: an accelerator, or the Ascend kernels on the emulator with --ascend-emulator). The kernels
+themselves: test_per_block_cast_kernel.py."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from cann_ops_tilelang import config
+from cann_ops_tilelang.quant import (
+    QuantTensor,
+    per_block_cast,
+    per_block_cast_with_precomputed_sf,
+    per_block_cast_with_sf_only,
+)
+from tests.quant.cast_ref import scaled_rows
+from tests.quant.per_block_cast_ref import per_block_cast_precomputed_ref, per_block_cast_ref
+from tests.testing.bench import make_param_id
+from tests.testing.generator import by_level, generate_samples, get_test_level
+from tests.testing.numeric import assert_equal
+
+LEVEL = get_test_level()
+_FORMATS = {'fp32': (False, False), 'pow2': (True, False), 'ue8m0': (True, True)}
+VARIANTS = by_level(
+    LEVEL,
+    # level 0: two kernel configurations per mode, each compiled once per run
+    core=[dict(dtype='bfloat16', block=(128, 128), sf='fp32'), dict(dtype='float32', block=(32, 64), sf='ue8m0')],
+    default=generate_samples(dtype=['bfloat16', 'float32'], block=[(32, 32), (128, 128), (64, 128)], sf=list(_FORMATS)),
+)
+NUM_TOKENS = by_level(LEVEL, core=(0, 1, 161), default=(300,), full=(4001,))
+HIDDEN = 1088  # 17 blocks of 64: a padded UE8M0 row; 128-channel blocks take 1152
+X = torch.zeros(4, 256, dtype=torch.bfloat16)
+
+
+def _hidden(block) -> int:
+    return HIDDEN if block[1] <= 64 else 1152
+
+
+def _cast(x, block=(128, 128), sf='fp32', **kwargs):
+    round_sf, packed = _FORMATS[sf]
+    return per_block_cast(x, 'e4m3', block, round_sf=round_sf, use_packed_ue8m0=packed, **kwargs)
+
+
+def _nan_as_positive(data: torch.Tensor) -> torch.Tensor:
+    """e4m3 bytes with every NaN as 0x7F (the sign of inf * 0 is the hardware's, unspecified by the contract)."""
+    return torch.where(data & 0x7F == 0x7F, 0x7F, data).to(torch.uint8)
+
+
+def _assert_matches(result: QuantTensor, x: torch.Tensor, block, sf: str) -> None:
+    round_sf, packed = _FORMATS[sf]
+    data, scales = per_block_cast_ref(x.cpu(), *block, round_sf=round_sf, packed_ue8m0=packed)
+    assert_equal(_nan_as_positive(result.data.cpu().view(torch.uint8)), _nan_as_positive(data.view(torch.uint8)))
+    assert_equal(result.sf.cpu().view(torch.uint8) if packed else result.sf.cpu(), scales)
+
+
+# ---------------------------------------------------------------- CPU tier: argument contract
+
+
+@pytest.mark.parametrize(
+    ('args', 'kwargs', 'error', 'match'),
+    [
+        ((X.half(), 'e4m3', (32, 32)), {}, TypeError, 'x must have dtype torch.bfloat16 or torch.float32'),
+        ((X, 'e2m1', (32, 32)), {}, ValueError, "fmt must be 'e4m3' .*'e2m1' is not supported yet"),
+        ((X, 'e4m3', 32), {}, TypeError, 'block_size must be a tuple of ints, got 32'),
+        ((X, 'e4m3', (32,)), {}, ValueError, r'block_size must be \(tokens, channels\), got \(32,\)'),
+        ((X, 'e4m3', (16, 32)), {}, ValueError, r'block_size\[0\] \(tokens per scale\) must be one of \(32, 64, 128\)'),
+        ((X, 'e4m3', (32, 256)), {}, ValueError, r'block_size\[1\] \(channels per scale\) must be one of'),
+        ((X, 'e4m3', (32, 32)), {'use_packed_ue8m0': True}, ValueError, 'use_packed_ue8m0=True needs round_sf=True'),
+        ((X, 'e4m3', (32, 32)), {'use_tma_aligned_col_major_sf': True}, ValueError, 'is not supported yet'),
+        ((X[:, :192].clone(), 'e4m3', (32, 128)), {}, ValueError, 'multiple of 128 for 128 channels per scale'),
+        ((X, 'e4m3', (32, 32)), {}, RuntimeError, "no kernels for 'cpu' tensors"),
+    ],
+    ids=lambda v: v if isinstance(v, str) and v.isidentifier() else None,
+)  # fmt: skip
+def test_per_block_cast_rejects(args, kwargs, error, match):
+    with pytest.raises(error, match=match):
+        per_block_cast(*args, **kwargs)
+
+
+def test_per_block_cast_rejects_out_buffers():
+    data, scales = torch.empty(4, 256, dtype=torch.float8_e4m3fn), torch.empty(1, 4)
+    with pytest.raises(ValueError, match=r'out\[1\] must have shape \(1, 4\), got \(1, 2\)'):
+        _cast(X, (32, 64), out=(data, scales[:, :2]))
+    with pytest.raises(TypeError, match=r'out\[1\] must have dtype torch.int32'):
+        _cast(X, (32, 64), 'ue8m0', out=(data, scales))
+    with pytest.raises(RuntimeError, match="no kernels for 'cpu' tensors"):
+        _cast(X, (32, 64), out=(data, scales))
+
+
+def test_per_block_cast_halves_reject():
+    with pytest.raises(ValueError, match=r'out_sf must have shape \(1, 2\), got \(1, 1\)'):
+        per_block_cast_with_sf_only(X, 'e4m3', (128, 128), out_sf=torch.empty(1, 1))
+    with pytest.raises(
+        ValueError, match=r'sf must have shape \(1, 2\) \(one per block of \(128, 128\)\), got \(2, 2\)'
+    ):
+        per_block_cast_with_precomputed_sf(X, 'e4m3', (128, 128), torch.ones(2, 2))
+    with pytest.raises(TypeError, match='sf must have dtype torch.float32'):
+        per_block_cast_with_precomputed_sf(X, 'e4m3', (128, 128), torch.ones(1, 2, dtype=torch.int32))
+    with pytest.raises(ValueError, match='precomputed scales are fp32: use_packed_ue8m0=True is not supported'):
+        per_block_cast_with_precomputed_sf(X, 'e4m3', (128, 128), torch.ones(1, 2), round_sf=True,
+                                           use_packed_ue8m0=True)  # fmt: skip
+    with pytest.raises(RuntimeError, match="no kernels for 'cpu' tensors"):
+        per_block_cast_with_precomputed_sf(X, 'e4m3', (128, 128), torch.ones(1, 2))
+
+
+def test_per_block_cast_fake_tensors(monkeypatch):
+    """While torch traces (fake tensors): the forms' fake kernels give the eager call's outputs."""
+    monkeypatch.setattr(config, 'require_accelerator', lambda *tensors: 'ascend')
+    with FakeTensorMode():
+        x = torch.empty(161, 1088, dtype=torch.float32)
+        result = _cast(x, (64, 64), 'ue8m0')
+        assert isinstance(result, QuantTensor)
+        assert (result.data.shape, result.data.dtype) == ((161, 1088), torch.float8_e4m3fn)
+        assert (tuple(result.sf.shape), result.sf.dtype) == ((3, 5), torch.int32)
+        sf = per_block_cast_with_sf_only(x, 'e4m3', (128, 64))
+        assert (tuple(sf.shape), sf.dtype) == ((2, 17), torch.float32)
+        data = per_block_cast_with_precomputed_sf(x, 'e4m3', (128, 64), sf)
+        assert (tuple(data.shape), data.dtype) == ((161, 1088), torch.float8_e4m3fn)
+
+
+# ---------------------------------------------------------------- device tier
+
+
+@pytest.mark.npu
+@pytest.mark.parametrize('variant', VARIANTS, ids=make_param_id)
+@pytest.mark.parametrize('num_tokens', NUM_TOKENS)
+def test_per_block_cast_values(variant, num_tokens, device):
+    block, sf = variant['block'], variant['sf']
+    x = scaled_rows(num_tokens, _hidden(block), variant['dtype'], device)
+    result = _cast(x, block, sf)
+    _assert_matches(result, x, block, sf)
+    poisoned = (torch.full_like(result.data.view(torch.uint8), 0x7F), torch.full_like(result.sf, -1))
+    buffers = tuple(t.view(r.dtype) for t, r in zip(poisoned, result, strict=True))
+    again = _cast(x, block, sf, out=buffers)
+    assert again.data is buffers[0]
+    assert again.sf is buffers[1]
+    _assert_matches(again, x, block, sf)
+    # The halves: the scales alone are the full cast's; its data again from fp32 scales.
+    round_sf, packed = _FORMATS[sf]
+    scales = per_block_cast_with_sf_only(x, 'e4m3', block, round_sf=round_sf, use_packed_ue8m0=packed)
+    assert_equal(scales.cpu(), result.sf.cpu())
+    if not packed:
+        data = per_block_cast_with_precomputed_sf(x, 'e4m3', block, scales)
+        expected = per_block_cast_precomputed_ref(x.cpu(), scales.cpu(), *block)
+        assert_equal(_nan_as_positive(data.cpu().view(torch.uint8)), _nan_as_positive(expected.view(torch.uint8)))
