@@ -184,6 +184,8 @@ class Operator:
         self.name = name
         self.args = args
         self._results = results
+        self._arg_names = [a.name for a in args]
+        self._results_params = [] if results is None else list(inspect.signature(results).parameters)
         self._choose_config = choose_config
         self._get_kernel = get_kernel
         self._launchers: dict[tuple, Launcher] = {}
@@ -400,7 +402,8 @@ class Operator:
     def results(self, *args, **kwargs) -> tuple:
         """((shape, dtype), ...) of the output buffers of a call with these public arguments, from the declaration's
         `results` (the operator's eager path allocates from it, the fake kernels and the out= check read it)."""
-        return _call_injected(self._results, dict(zip((a.name for a in self.args), args, strict=False)) | kwargs)
+        values = dict(zip(self._arg_names, args, strict=False)) | kwargs
+        return self._results(**{p: values[p] for p in self._results_params})
 
 
 def _public_function(stub: Callable, names: list[str], eager: Callable, call: Callable) -> Callable:
@@ -429,11 +432,6 @@ def _public_function(stub: Callable, names: list[str], eager: Callable, call: Ca
     for attribute in ('__doc__', '__module__', '__qualname__', '__annotations__'):
         setattr(function, attribute, getattr(stub, attribute))
     return function
-
-
-def _call_injected(function: Callable, arguments: dict):
-    """`function` called with the arguments its parameters name."""
-    return function(**{p: arguments[p] for p in inspect.signature(function).parameters})
 
 
 def _injected(function: Callable, available: dict[str, str], what: str, op: str) -> str:

@@ -89,7 +89,8 @@ def _pair(ours, peer, args, flags, inputs):
     buffers = _buffers(result)
     inputs = inputs if isinstance(inputs, tuple) else (inputs,)
     moved = sum(t.nbytes for t in (*inputs, *(result if isinstance(result, tuple) else (result,))))
-    return (lambda: ours(*args, **flags, out=buffers)), (lambda: peer(*args, **flags)), result, moved
+    out_name = ours.operator.args[-1].name  # out, or out_sf for the scales alone
+    return (lambda: ours(*args, **flags, **{out_name: buffers})), (lambda: peer(*args, **flags)), result, moved
 
 
 def _same(ours, theirs) -> bool:
@@ -152,7 +153,10 @@ def main() -> None:
             same = _same(result, peer())
         except Exception as exc:  # the peer refuses the shape: ours alone
             same, peer = f'TK: {type(exc).__name__}', None
-        (ours_us, _), (tk_us, _) = alternating_medians([ours, peer], args.rounds)
+        (ours_us, why), (tk_us, _) = alternating_medians([ours, peer], args.rounds)
+        if ours_us is None:
+            print(f'| {case.op} | {case.label} | {case.num_tokens} | {case.hidden} | failed: {why} |', flush=True)
+            continue
         copy_us, _ = same_traffic_floors(moved, device)
         ratio = f'{ours_us / tk_us:.2f}' if tk_us else 'n/a'
         tk_text = f'{tk_us:.1f}' if tk_us else 'n/a'

@@ -8,6 +8,7 @@ import torch
 from cann_ops_tilelang.operator import Operator, out, outs, scalar, tensor
 
 from . import _contract as contract
+from ._eager import cast_eager
 from ._quant_tensor import QuantTensor
 from .per_block_cast_kernel import (
     BLOCK_CHANNELS,
@@ -115,52 +116,7 @@ PRECOMPUTED = Operator(
 )
 
 
-def _key(op: Operator, args: tuple, x, fmt, block_size, tma, round_sf, packed):
-    """The fast path's key of a call without out= and with TileKernels' options these kernels take: (H, dtype,
-    CUDA index, block, scale format), or None where the full path decides (and for T = 0)."""
-    if fmt != contract.FP8_FORMAT or tma or args[-1] is not None:
-        return None
-    shape = op.fast_ok(*args)
-    return None if shape is None or not shape[0] else (shape[1], x.dtype, x.get_device(), block_size, round_sf, packed)
-
-
-def _eager(x, fmt, block_size, tma, round_sf, packed, out) -> QuantTensor:
-    """Every check, then the launch (fast path: `_key`)."""
-    args = (x, fmt, block_size, tma, round_sf, packed, out)
-    key = _key(OP, args, x, fmt, block_size, tma, round_sf, packed)
-    launcher, fast = OP.prepare(key, args)
-    if out is None:
-        data, sf = (x.new_empty(s, dtype=d) for s, d in OP.results(x, fmt, block_size, tma, round_sf, packed))
-    else:
-        data, sf = out
-    OP.finish(launcher, fast, key, (x, data, sf.view(torch.uint8) if packed else sf), args, empty=not x.shape[0])
-    return QuantTensor(data, sf)
-
-
-def _eager_sf_only(x, fmt, block_size, tma, round_sf, packed, out_sf) -> torch.Tensor:
-    args = (x, fmt, block_size, tma, round_sf, packed, out_sf)
-    key = _key(SF_ONLY, args, x, fmt, block_size, tma, round_sf, packed)
-    launcher, fast = SF_ONLY.prepare(key, args)
-    if out_sf is None:
-        ((shape, dtype),) = SF_ONLY.results(x, fmt, block_size, tma, round_sf, packed)
-        out_sf = x.new_empty(shape, dtype=dtype)
-    launch_args = (x, out_sf.view(torch.uint8) if packed else out_sf)
-    SF_ONLY.finish(launcher, fast, key, launch_args, args, empty=not x.shape[0])
-    return out_sf
-
-
-def _eager_precomputed(x, fmt, block_size, sf, tma, round_sf, packed, out) -> torch.Tensor:
-    args = (x, fmt, block_size, sf, tma, round_sf, packed, out)
-    # round_sf does not change the kernel (the inverse is 1 / sf either way): one fast-path entry for both.
-    key = _key(PRECOMPUTED, args, x, fmt, block_size, tma, False, packed)
-    launcher, fast = PRECOMPUTED.prepare(key, args)
-    if out is None:
-        out = torch.empty_like(x, dtype=torch.float8_e4m3fn)
-    PRECOMPUTED.finish(launcher, fast, key, (x, sf, out), args, empty=not x.shape[0])
-    return out
-
-
-@OP.public(_eager, result=QuantTensor)
+@OP.public(cast_eager(OP, 'cast', 'block_size'), result=QuantTensor)
 def per_block_cast(
     x: torch.Tensor,
     fmt: str,
@@ -196,7 +152,7 @@ def per_block_cast(
     """
 
 
-@SF_ONLY.public(_eager_sf_only, returns='Tensor')
+@SF_ONLY.public(cast_eager(SF_ONLY, 'sf_only', 'block_size'), returns='Tensor')
 def per_block_cast_with_sf_only(
     x: torch.Tensor,
     fmt: str,
@@ -210,7 +166,7 @@ def per_block_cast_with_sf_only(
     only sf is written. out_sf: an optional buffer of sf's shape and dtype."""
 
 
-@PRECOMPUTED.public(_eager_precomputed, returns='Tensor')
+@PRECOMPUTED.public(cast_eager(PRECOMPUTED, 'precomputed', 'block_size'), returns='Tensor')
 def per_block_cast_with_precomputed_sf(
     x: torch.Tensor,
     fmt: str,

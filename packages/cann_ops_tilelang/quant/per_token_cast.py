@@ -7,6 +7,7 @@ import torch
 from cann_ops_tilelang.operator import Operator, out, outs, scalar, tensor
 
 from . import _contract as contract
+from ._eager import cast_eager
 from ._quant_tensor import QuantTensor
 from .per_token_cast_kernel import BLOCK_SIZES, choose_per_token_cast_config, get_per_token_cast_kernel, hidden_multiple
 
@@ -121,56 +122,7 @@ PRECOMPUTED = Operator(
 )
 
 
-def _eager(x, fmt, block, x_block_size, tma, round_sf, packed, e4m3_sf, stochastic, out) -> QuantTensor:
-    """Every check, then the launch. Fast path, without out= and TileKernels' options that are not supported: by
-    (H, dtype, CUDA index, block, round_sf, packed)."""
-    args = (x, fmt, block, x_block_size, tma, round_sf, packed, e4m3_sf, stochastic, out)
-    key = None
-    supported = out is None and x_block_size is None and fmt == 'e4m3' and not (tma or e4m3_sf or stochastic)
-    if supported and (shape := OP.fast_ok(*args)) is not None and shape[0]:
-        key = (shape[1], x.dtype, x.get_device(), block, round_sf, packed)
-    launcher, fast = OP.prepare(key, args)
-    if out is None:
-        data, sf = (x.new_empty(shape, dtype=dtype) for shape, dtype in _results(x, block, packed))
-    else:
-        data, sf = out
-    # The kernels write UE8M0 scales as bytes.
-    OP.finish(launcher, fast, key, (x, data, sf.view(torch.uint8) if packed else sf), args, empty=not x.shape[0])
-    return QuantTensor(data, sf)
-
-
-def _half_key(op: Operator, args: tuple, x, fmt, block, tma, round_sf, packed, e4m3_sf):
-    """The halves' fast-path key (without out= and unsupported options): (H, dtype, CUDA index, block, scales)."""
-    if fmt != contract.FP8_FORMAT or tma or e4m3_sf or args[-1] is not None:
-        return None
-    shape = op.fast_ok(*args)
-    return None if shape is None or not shape[0] else (shape[1], x.dtype, x.get_device(), block, round_sf, packed)
-
-
-def _eager_sf_only(x, fmt, block, tma, round_sf, packed, e4m3_sf, out_sf) -> torch.Tensor:
-    args = (x, fmt, block, tma, round_sf, packed, e4m3_sf, out_sf)
-    key = _half_key(SF_ONLY, args, x, fmt, block, tma, round_sf, packed, e4m3_sf)
-    launcher, fast = SF_ONLY.prepare(key, args)
-    if out_sf is None:
-        shape, dtype = sf_layout(*x.shape, block, packed)
-        out_sf = x.new_empty(shape, dtype=dtype)
-    launch_args = (x, out_sf.view(torch.uint8) if packed else out_sf)
-    SF_ONLY.finish(launcher, fast, key, launch_args, args, empty=not x.shape[0])
-    return out_sf
-
-
-def _eager_precomputed(x, fmt, block, sf, tma, round_sf, packed, e4m3_sf, out) -> torch.Tensor:
-    args = (x, fmt, block, sf, tma, round_sf, packed, e4m3_sf, out)
-    # round_sf does not change the kernel (the inverse is 1 / sf either way): one fast-path entry for both.
-    key = _half_key(PRECOMPUTED, args, x, fmt, block, tma, False, packed, e4m3_sf)
-    launcher, fast = PRECOMPUTED.prepare(key, args)
-    if out is None:
-        out = torch.empty_like(x, dtype=torch.float8_e4m3fn)
-    PRECOMPUTED.finish(launcher, fast, key, (x, sf, out), args, empty=not x.shape[0])
-    return out
-
-
-@OP.public(_eager, result=QuantTensor)
+@OP.public(cast_eager(OP, 'cast', 'num_per_channels'), result=QuantTensor)
 def per_token_cast(
     x: torch.Tensor,
     fmt: str,
@@ -211,7 +163,7 @@ def per_token_cast(
     """
 
 
-@SF_ONLY.public(_eager_sf_only, returns='Tensor')
+@SF_ONLY.public(cast_eager(SF_ONLY, 'sf_only', 'num_per_channels'), returns='Tensor')
 def per_token_cast_with_sf_only(
     x: torch.Tensor,
     fmt: str,
@@ -226,7 +178,7 @@ def per_token_cast_with_sf_only(
     data: x is read once and only sf is written. out_sf: an optional buffer of sf's shape and dtype."""
 
 
-@PRECOMPUTED.public(_eager_precomputed, returns='Tensor')
+@PRECOMPUTED.public(cast_eager(PRECOMPUTED, 'precomputed', 'num_per_channels'), returns='Tensor')
 def per_token_cast_with_precomputed_sf(
     x: torch.Tensor,
     fmt: str,

@@ -46,6 +46,7 @@ _IN_DTYPES = {torch.bfloat16: 'bfloat16', torch.float32: 'float32', 'bfloat16': 
 _ASCEND_MAX_BLOCK_K = 4096  # elements per task: fp32 input tile 16 KiB, two buffer versions
 _ASCEND_MAX_ROW = 8192  # a whole row in one task: the packed-scale rows whose zero padding ends a task's bytes
 _CUDA_MAX_BLOCK_K = 2048
+_CUDA_THREADS = 64
 
 
 def hidden_multiple(block_size: int) -> int:
@@ -181,9 +182,10 @@ def choose_per_token_cast_config(
             block_k = hidden
         return make(block_k=block_k, threads=0, num_stages=2)
     if backend == 'cuda':
-        # One thread block per (token, column tile): 8 elements per thread, 32..256 threads.
+        # One small thread block per (token, column tile), many per SM: each thread has block_k / 64 elements of
+        # 16-byte loads in flight (see docs/quant.md, "per_token_cast on CUDA").
         block_k = _divisors(hidden, unit, _CUDA_MAX_BLOCK_K)[0]
-        threads = max(32, min(256, block_k // 8))
+        threads = 32 * max(1, min(_CUDA_THREADS // 32, block_k // 1024))
         return make(block_k=block_k, threads=threads, num_stages=1)
     raise ValueError(f'backend must be "ascend" or "cuda", got {backend!r}')
 

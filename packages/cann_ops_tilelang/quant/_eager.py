@@ -1,0 +1,55 @@
+"""The eager path every cast of x (T, H) to e4m3 shares (per_token_cast, per_block_cast and their halves): the fast
+path's key, the checked plan otherwise, the outputs (out= or new tensors of the declared layout), the launch.
+
+The three forms differ only in what the kernel takes and writes: 'cast' (x, data, sf), 'sf_only' (x, sf),
+'precomputed' (x, sf, data). UE8M0 scales reach the kernels as bytes (a uint8 view of the int32 words)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from cann_ops_tilelang.operator import Operator
+
+from ._contract import FP8_FORMAT
+from ._quant_tensor import QuantTensor
+
+_UNSUPPORTED = ('x_block_size', 'use_tma_aligned_col_major_sf', 'use_e4m3_sf', 'stochastic_cast')  # if declared
+
+
+def cast_eager(op: Operator, mode: str, block_arg: str) -> Callable:
+    """The eager function of `op`, a cast of mode 'cast', 'sf_only' or 'precomputed' whose arguments are x, fmt,
+    the block (`block_arg`), options, and last the out buffer(s). Fast path, without out= and TileKernels' options
+    these kernels do not have: by (H, dtype, CUDA index, block, round_sf, packed); round_sf does not change a
+    'precomputed' kernel (the inverse is 1 / sf either way), so it is not part of that key."""
+    index = {a.name: i for i, a in enumerate(op.args)}
+    block_at, round_at, packed_at = index[block_arg], index['round_sf'], index['use_packed_ue8m0']
+    unsupported = [index[name] for name in _UNSUPPORTED if name in index]
+    sf_at = index.get('sf')
+
+    def eager(*args):
+        x, fmt, out = args[0], args[1], args[-1]
+        packed = args[packed_at]
+        key = None
+        if out is None and fmt == FP8_FORMAT and not any(args[i] for i in unsupported):
+            shape = op.fast_ok(*args)
+            if shape is not None and shape[0]:
+                round_sf = args[round_at] and mode != 'precomputed'
+                key = (shape[1], x.dtype, x.get_device(), args[block_at], round_sf, packed)
+        launcher, fast = op.prepare(key, args)
+        outputs = tuple(x.new_empty(s, dtype=d) for s, d in op.results(*args)) if out is None else out
+        if mode == 'cast':
+            data, sf = outputs
+            launch_args = (x, data, sf.view(torch.uint8) if packed else sf)
+            result = QuantTensor(data, sf)
+        elif mode == 'sf_only':
+            result = outputs[0] if out is None else out
+            launch_args = (x, result.view(torch.uint8) if packed else result)
+        else:
+            result = outputs[0] if out is None else out
+            launch_args = (x, args[sf_at], result)
+        op.finish(launcher, fast, key, launch_args, args, empty=not x.shape[0])
+        return result
+
+    return eager
