@@ -149,7 +149,8 @@ _TILING_CASES = _sized_cases(_ALL_VARIANTS, [64, 1088, 1152, 7168, 16384, 64 * 6
 @pytest.mark.parametrize('case', _TILING_CASES, ids=_case_id)
 def test_cast_back_config_tiles(case):
     """Every variant and size gets a valid tiling: Ascend tasks within UB and one token block (bt > 1), channel
-    tasks of at least 32 rows; CUDA thread blocks of <= 256 threads, 4 rows per thread inside a token block."""
+    tasks of at least 32 rows; CUDA thread blocks of <= 256 threads, one row each for per-token scales, else 4 rows
+    per thread inside a token block."""
     variant, hidden = case['variant'], case['hidden']
     asc = _config('ascend', 64, variant, hidden)
     assert hidden % asc.block_k == 0
@@ -163,7 +164,7 @@ def test_cast_back_config_tiles(case):
     cuda = _config('cuda', 132, variant, hidden)
     assert hidden % cuda.block_k == 0
     assert cuda.threads <= 256
-    assert cuda.rows_per_thread == 4
+    assert cuda.rows_per_thread == (1 if variant['bt'] == 1 else 4)
     assert cuda.threads * 16 * cuda.rows_per_thread == cuda.block_m * cuda.block_k  # every element once
 
 
