@@ -63,7 +63,8 @@ _ASCEND_UB_BYTES = 248 * 1024  # Unified Buffer of one Ascend 950 vector core
 _CUDA_THREADS = 256  # target threads per block
 _CUDA_ROWS_PER_THREAD = 4  # 16-byte loads in flight per thread
 _CUDA_ROW_THREADS_K = 256  # row blocks: up to 4096 columns per thread block, whole rows where they fit
-_CUDA_TOKEN_THREADS_K = 128  # per-token scales: up to 2048 columns, one row per thread block
+_CUDA_TOKEN_THREADS_K = 128  # per-token scales: up to 2048 columns of a longer row per thread block
+_CUDA_WHOLE_ROW = 4096  # per-token scales: a row up to this many columns is one thread block
 _CUDA_CHANNEL_THREADS_K = 32  # channel blocks: 512 columns, 8 rows of threads sharing the scales through L1
 
 
@@ -302,9 +303,10 @@ def choose_cast_back_config(
         return make(block_m=block_m, block_k=block_k, threads=0, num_stages=2)
     if backend == 'cuda':
         if block_tokens == 1:
-            # Per-token scales: one row per thread block, one 16-byte vector per thread, up to 2048 columns
-            # (faster on the H200 than several rows per thread: docs/quant.md, "Measurements").
-            block_k = _divisors(hidden, unit, _CUDA_TOKEN_THREADS_K * VEC_ELEMS)[0]
+            # Per-token scales: one row per thread block (a whole row up to 4096 columns, else at most 2048), one
+            # 16-byte vector per thread: faster on the H200 than several rows per thread (docs/quant.md).
+            limit = hidden if hidden <= _CUDA_WHOLE_ROW else _CUDA_TOKEN_THREADS_K * VEC_ELEMS
+            block_k = _divisors(hidden, unit, limit)[0]
             return make(block_m=1, block_k=block_k, threads=block_k // VEC_ELEMS, num_stages=1)
         threads_k = _CUDA_CHANNEL_THREADS_K if channel else _CUDA_ROW_THREADS_K
         block_k = _divisors(hidden, unit, threads_k * VEC_ELEMS)[0]
