@@ -10,31 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from tests.quant.cast_ref import pack_ue8m0_rows
-
-UE8M0_PACK = 4  # UE8M0 bytes per int32 of the interface's view, on both backends
-
-
-def ue8m0_to_f32(ue8m0: torch.Tensor) -> torch.Tensor:
-    """UE8M0 bytes (uint8) -> the fp32 whose bits are byte << 23: 2 ** (byte - 127), 0.0 for 0, inf for 255."""
-    return (ue8m0.to(torch.int32) << 23).view(torch.float32)
-
-
-def pack_ue8m0_cols(ue8m0: torch.Tensor, pack: int = UE8M0_PACK) -> torch.Tensor:
-    """Per-channel UE8M0 bytes (G, H) -> the col-packed layout (ceil(G / pack), pack * H): byte [r, pack * h + j]
-    is token block pack * r + j of channel h, zero padding past G."""
-    blocks, hidden = ue8m0.shape
-    rows = -(-blocks // pack)
-    padded = torch.zeros(rows * pack, hidden, dtype=torch.uint8)
-    padded[:blocks] = ue8m0
-    return padded.reshape(rows, pack, hidden).permute(0, 2, 1).reshape(rows, pack * hidden).contiguous()
-
-
-def unpack_ue8m0_cols(packed: torch.Tensor, blocks: int, pack: int = UE8M0_PACK) -> torch.Tensor:
-    """The inverse of pack_ue8m0_cols: (ceil(G / pack), pack * H) -> (G, H) bytes."""
-    rows, width = packed.shape
-    hidden = width // pack
-    return packed.reshape(rows, hidden, pack).permute(0, 2, 1).reshape(rows * pack, hidden)[:blocks]
+from tests.quant.cast_ref import UE8M0_PACK, pack_ue8m0_cols, pack_ue8m0_rows, ue8m0_to_fp32, unpack_ue8m0_cols
 
 
 def block_scales(
@@ -47,7 +23,7 @@ def block_scales(
     if sf.dtype == torch.uint8:
         # Col-packed bytes of every token block, or the row layout's bytes without the padding.
         ue8m0 = unpack_ue8m0_cols(sf, blocks) if block_channels == 1 else sf[:, :per_row]
-        scales = ue8m0_to_f32(ue8m0)
+        scales = ue8m0_to_fp32(ue8m0)
     elif sf.dtype == torch.float32:
         scales = sf
     else:
@@ -92,7 +68,7 @@ def random_scales(
     if packed_ue8m0:
         ue8m0 = torch.randint(100, 155, (blocks, per_row), dtype=torch.int32).to(torch.uint8)
         packed = pack_ue8m0_cols(ue8m0) if block_channels == 1 else pack_ue8m0_rows(ue8m0, UE8M0_PACK)
-        return packed, ue8m0_to_f32(ue8m0)
+        return packed, ue8m0_to_fp32(ue8m0)
     sign = torch.where(torch.rand(blocks, per_row) < 0.25, -1.0, 1.0)
     scales = sign * (1 + torch.rand(blocks, per_row)) * torch.exp2(torch.randint(-40, 40, (blocks, per_row)).float())
     return scales, scales

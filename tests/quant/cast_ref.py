@@ -38,7 +38,32 @@ def scale_and_inverse_ref(
     return (biased.to(torch.uint8) if packed_ue8m0 else pow2.view(torch.float32)), inverse
 
 
-def pack_ue8m0_rows(ue8m0: torch.Tensor, pack: int = 4) -> torch.Tensor:
+UE8M0_PACK = 4  # UE8M0 bytes per int32 word of the interface's view, on both backends
+
+
+def ue8m0_to_fp32(ue8m0: torch.Tensor) -> torch.Tensor:
+    """UE8M0 bytes (uint8) -> the fp32 whose bits are byte << 23: 2 ** (byte - 127), 0.0 for 0, inf for 255."""
+    return (ue8m0.to(torch.int32) << 23).view(torch.float32)
+
+
+def pack_ue8m0_cols(ue8m0: torch.Tensor, pack: int = UE8M0_PACK) -> torch.Tensor:
+    """Per-channel UE8M0 bytes (G, H) of G token blocks -> the column-packed layout (ceil(G / pack), pack * H):
+    byte [r, pack * h + j] is token block pack * r + j of channel h, zero past G."""
+    blocks, hidden = ue8m0.shape
+    rows = -(-blocks // pack)
+    padded = torch.zeros(rows * pack, hidden, dtype=torch.uint8)
+    padded[:blocks] = ue8m0
+    return padded.reshape(rows, pack, hidden).permute(0, 2, 1).reshape(rows, pack * hidden).contiguous()
+
+
+def unpack_ue8m0_cols(packed: torch.Tensor, blocks: int, pack: int = UE8M0_PACK) -> torch.Tensor:
+    """The inverse of pack_ue8m0_cols: (ceil(G / pack), pack * H) -> (G, H) bytes."""
+    rows, width = packed.shape
+    hidden = width // pack
+    return packed.reshape(rows, hidden, pack).permute(0, 2, 1).reshape(rows * pack, hidden)[:blocks]
+
+
+def pack_ue8m0_rows(ue8m0: torch.Tensor, pack: int = UE8M0_PACK) -> torch.Tensor:
     """UE8M0 bytes (R, B) uint8 padded with zero bytes to (R, B rounded up to `pack`)."""
     rows, blocks = ue8m0.shape
     padded = torch.zeros(rows, -(-blocks // pack) * pack, dtype=torch.uint8)

@@ -9,14 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from tests.quant.cast_ref import e4m3_ref, scale_and_inverse_ref
-
-UE8M0_PACK = 4  # token blocks per packed scale word
-
-
-def ue8m0_to_fp32(ue8m0: torch.Tensor) -> torch.Tensor:
-    """UE8M0 bytes -> their fp32 powers of two (byte e: 2 ** (e - 127); 0 gives +0, 255 gives inf)."""
-    return (ue8m0.to(torch.int32) << 23).view(torch.float32)
+from tests.quant.cast_ref import e4m3_ref, pack_ue8m0_cols, scale_and_inverse_ref, ue8m0_to_fp32
 
 
 def decode_prequantised(
@@ -28,16 +21,6 @@ def decode_prequantised(
     blocks = x.shape[1] // in_block_channels
     scale = ue8m0_to_fp32(x_sf[:, :blocks]) if in_packed_ue8m0 else x_sf[:, :blocks].float()
     return x.float() * scale.repeat_interleave(in_block_channels, dim=1)
-
-
-def col_pack_ue8m0(ue8m0: torch.Tensor, pack: int = UE8M0_PACK) -> torch.Tensor:
-    """UE8M0 bytes (B, H) of B token blocks -> the column-packed layout uint8 (ceil(B / pack), pack * H): byte
-    [r, pack * h + j] is block pack * r + j of channel h, the bytes of blocks past B zero."""
-    blocks, hidden = ue8m0.shape
-    rows = -(-blocks // pack)
-    padded = torch.zeros(rows * pack, hidden, dtype=torch.uint8)
-    padded[:blocks] = ue8m0
-    return padded.view(rows, pack, hidden).permute(0, 2, 1).reshape(rows, pack * hidden)
 
 
 def per_channel_cast_ref(
@@ -55,7 +38,7 @@ def per_channel_cast_ref(
 
     One scale per channel and block of `block_tokens` tokens (the last block partial when T is not a multiple):
     out_sf fp32 (ceil(T / block_tokens), H), or with `packed_ue8m0` the UE8M0 bytes column-packed
-    (col_pack_ue8m0): uint8 (ceil(ceil(T / block_tokens) / 4), 4 H).
+    (pack_ue8m0_cols): uint8 (ceil(ceil(T / block_tokens) / 4), 4 H).
     """
     if (x_sf is None) != (in_block_channels is None):
         raise ValueError('x_sf and in_block_channels go together (a pre-quantised x)')
@@ -70,4 +53,4 @@ def per_channel_cast_ref(
     amax = magnitudes.view(blocks, block_tokens, hidden).amax(dim=1)
     stored, inverse = scale_and_inverse_ref(amax, round_sf=round_sf, packed_ue8m0=packed_ue8m0)
     scaled = values * inverse.repeat_interleave(block_tokens, dim=0)[:num_tokens]
-    return e4m3_ref(scaled), (col_pack_ue8m0(stored) if packed_ue8m0 else stored)
+    return e4m3_ref(scaled), (pack_ue8m0_cols(stored) if packed_ue8m0 else stored)

@@ -18,16 +18,8 @@ from cann_ops_tilelang.quant.cast_back_kernel import (
     get_cast_back_kernel,
     make_cast_back_kernel,
 )
-from tests.quant.cast_back_ref import (
-    block_scales,
-    cast_back_ref,
-    pack_ue8m0_cols,
-    random_e4m3,
-    random_scales,
-    ue8m0_to_f32,
-    unpack_ue8m0_cols,
-)
-from tests.quant.cast_ref import pack_ue8m0_rows
+from tests.quant.cast_back_ref import block_scales, cast_back_ref, random_e4m3, random_scales
+from tests.quant.cast_ref import pack_ue8m0_cols, pack_ue8m0_rows, ue8m0_to_fp32, unpack_ue8m0_cols
 from tests.testing.bench import make_param_id
 from tests.testing.generator import by_level, generate_samples, get_test_level
 from tests.testing.lowering import (
@@ -239,7 +231,7 @@ def test_reference_hand_values():
     sf_tie = torch.tensor([[1.0, 1.0], [3 * 2.0**-8 + 1.0, 1.0]])
     assert cast_back_ref(data, sf_tie, torch.bfloat16, 2, 2)[2, 0].item() == 1.0 + 2.0**-6  # 1 + 3 * 2**-8 up
     ue8m0 = torch.tensor([[127, 128, 0, 255]], dtype=torch.uint8)
-    assert ue8m0_to_f32(ue8m0).tolist() == [[1.0, 2.0, 0.0, float('inf')]]
+    assert ue8m0_to_fp32(ue8m0).tolist() == [[1.0, 2.0, 0.0, float('inf')]]
     packed = pack_ue8m0_rows(ue8m0[:, :2], UE8M0_PACK)  # 2 blocks of 2 channels, padded to 4 bytes
     assert cast_back_ref(data[:1], packed, torch.float32, 1, 2).tolist() == [[1.5, -0.5, 896.0, -0.0]]
 
@@ -256,7 +248,7 @@ def test_reference_col_packed_layout():
     assert torch.equal(unpack_ue8m0_cols(packed, 6), ue8m0)
     scales = block_scales(packed, 6 * 32 - 5, 3, 32, 1)
     assert scales.shape == (187, 3)
-    assert torch.equal(scales[::32], ue8m0_to_f32(ue8m0))
+    assert torch.equal(scales[::32], ue8m0_to_fp32(ue8m0))
 
 
 def test_reference_random_inputs():

@@ -19,8 +19,8 @@ from cann_ops_tilelang.quant.per_channel_cast_kernel import (
     get_per_channel_cast_kernel,
     make_per_channel_cast_kernel,
 )
-from tests.quant.cast_ref import per_token_cast_ref, scaled_rows
-from tests.quant.per_channel_cast_ref import col_pack_ue8m0, decode_prequantised, per_channel_cast_ref
+from tests.quant.cast_ref import pack_ue8m0_cols, per_token_cast_ref, scaled_rows
+from tests.quant.per_channel_cast_ref import decode_prequantised, per_channel_cast_ref
 from tests.testing.bench import make_param_id
 from tests.testing.generator import by_level, generate_samples, get_test_level
 from tests.testing.lowering import (
@@ -243,7 +243,7 @@ def test_reference_hand_values():
 def test_reference_col_pack_layout():
     """Byte [r, 4 h + j] is token block 4 r + j of channel h; blocks past the last are zero bytes."""
     blocks = torch.arange(5 * 3, dtype=torch.uint8).view(5, 3) + 1  # 5 token blocks, 3 channels
-    packed = col_pack_ue8m0(blocks)
+    packed = pack_ue8m0_cols(blocks)
     assert packed.shape == (2, 12)
     assert packed[0].tolist() == [1, 4, 7, 10, 2, 5, 8, 11, 3, 6, 9, 12]
     assert packed[1].tolist() == [13, 0, 0, 0, 14, 0, 0, 0, 15, 0, 0, 0]
