@@ -11,9 +11,8 @@ from cann_ops_tilelang.engram.engram_fused_weight_kernel import (
     choose_engram_fused_weight_config,
     make_engram_fused_weight_kernel,
 )
-from tests.engram._extras import config_extras
 from tests.engram.engram_fused_weight_ref import engram_fused_weight_ref
-from tests.testing.bench import make_param_id
+from tests.testing.bench import config_extras, make_param_id
 from tests.testing.generator import (
     BENCHMARK_HC,
     BENCHMARK_HIDDEN,

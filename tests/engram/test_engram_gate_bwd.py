@@ -25,11 +25,10 @@ from cann_ops_tilelang.engram.engram_gate_bwd_kernel import (
     fixed_range_max_tokens,
     make_engram_gate_bwd_kernel,
 )
-from tests.engram._extras import config_extras
 from tests.engram.engram_gate_bwd_ref import engram_gate_bwd_autograd_ref, engram_gate_bwd_ref
 from tests.engram.engram_gate_fwd_ref import engram_gate_fwd_ref
 from tests.engram.lowering_grids import GATE_BWD_CHUNKED_CUDA_SHAPES, GATE_BWD_CLUSTER_CUDA_SHAPES
-from tests.testing.bench import make_param_id
+from tests.testing.bench import config_extras, make_param_id
 from tests.testing.contract import assert_rejects_extra_dimension, assert_rejects_non_tensor_and_dtype
 from tests.testing.generator import (
     BENCHMARK_HC,

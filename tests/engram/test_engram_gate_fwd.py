@@ -16,9 +16,8 @@ from cann_ops_tilelang.engram.engram_gate_fwd_kernel import (
     choose_engram_gate_fwd_config,
     make_engram_gate_fwd_kernel,
 )
-from tests.engram._extras import config_extras
 from tests.engram.engram_gate_fwd_ref import engram_gate_fwd_ref
-from tests.testing.bench import make_param_id
+from tests.testing.bench import config_extras, make_param_id
 from tests.testing.contract import assert_rejects_extra_dimension, assert_rejects_non_tensor_and_dtype
 from tests.testing.generator import (
     by_level,

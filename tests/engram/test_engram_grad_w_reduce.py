@@ -13,9 +13,8 @@ from cann_ops_tilelang.engram.engram_grad_w_reduce_kernel import (
     choose_engram_grad_w_reduce_config,
     make_engram_grad_w_reduce_kernel,
 )
-from tests.engram._extras import config_extras
 from tests.engram.engram_grad_w_reduce_ref import engram_grad_w_reduce_error_scale, engram_grad_w_reduce_ref
-from tests.testing.bench import make_param_id
+from tests.testing.bench import config_extras, make_param_id
 from tests.testing.contract import assert_rejects_extra_dimension, assert_rejects_non_tensor_and_dtype
 from tests.testing.generator import (
     BENCHMARK_HC,

@@ -11,10 +11,9 @@ import cann_ops_tilelang
 from cann_ops_tilelang import config as ops_config
 from cann_ops_tilelang import operator as ops_operator
 from cann_ops_tilelang.engram.engram_hash_kernel import choose_engram_hash_config, make_engram_hash_kernel
-from tests.engram._extras import config_extras
 from tests.engram.engram_hash_ref import engram_hash_ref
 from tests.engram.lowering_grids import gen_hash_configs
-from tests.testing.bench import make_param_id
+from tests.testing.bench import config_extras, make_param_id
 from tests.testing.contract import assert_rejects_extra_dimension, assert_rejects_non_tensor_and_dtype
 from tests.testing.generator import BENCHMARK_NUM_TOKENS, gen_num_tokens, generate_samples, get_test_level
 from tests.testing.lowering import (

@@ -15,7 +15,6 @@ from cann_ops_tilelang.engram.engram_sinkhorn_finalize_kernel import (
     make_engram_sinkhorn_finalize_kernel,
 )
 from cann_ops_tilelang.engram.engram_sinkhorn_step_kernel import choose_engram_sinkhorn_step_config
-from tests.engram._extras import config_extras
 from tests.engram.engram_sinkhorn_finalize_ref import engram_sinkhorn_finalize_ref
 from tests.engram.lowering_grids import FINALIZE_CUDA_VARIANTS as CUDA_VARIANTS
 from tests.engram.test_engram_sinkhorn_step import (
@@ -29,7 +28,7 @@ from tests.engram.test_engram_sinkhorn_step import (
     norm_rel_bound,
     sinkhorn_inputs,
 )
-from tests.testing.bench import make_param_id
+from tests.testing.bench import config_extras, make_param_id
 from tests.testing.contract import assert_rejects_extra_dimension, assert_rejects_non_tensor_and_dtype
 from tests.testing.generator import by_level, generate_samples, get_test_level
 from tests.testing.lowering import (

@@ -14,12 +14,11 @@ from cann_ops_tilelang.engram.engram_sinkhorn_momentum_update_kernel import (
     cuda_wide_block_max_numel,
     make_engram_sinkhorn_momentum_update_kernel,
 )
-from tests.engram._extras import config_extras
 from tests.engram.engram_sinkhorn_momentum_update_ref import (
     engram_sinkhorn_momentum_update_oracle,
     engram_sinkhorn_momentum_update_ref,
 )
-from tests.testing.bench import make_param_id
+from tests.testing.bench import config_extras, make_param_id
 from tests.testing.contract import assert_rejects_non_tensor_and_dtype
 from tests.testing.generator import generate_samples, get_test_level
 from tests.testing.lowering import (

@@ -16,11 +16,10 @@ from cann_ops_tilelang.engram.engram_sinkhorn_step_kernel import (
     choose_engram_sinkhorn_step_config,
     make_engram_sinkhorn_step_kernel,
 )
-from tests.engram._extras import config_extras
 from tests.engram.engram_sinkhorn_step_ref import col_sumsq_for_scale, engram_sinkhorn_step_ref
 from tests.engram.lowering_grids import STEP_CUDA_VARIANTS as CUDA_VARIANTS
 from tests.engram.lowering_grids import gen_sinkhorn_head_dim
-from tests.testing.bench import make_param_id
+from tests.testing.bench import config_extras, make_param_id
 from tests.testing.contract import assert_rejects_extra_dimension, assert_rejects_non_tensor_and_dtype
 from tests.testing.generator import by_level, generate_samples, get_test_level
 from tests.testing.lowering import (

@@ -13,14 +13,13 @@ from cann_ops_tilelang.engram.engram_sinkhorn_step_reduce_kernel import (
     choose_engram_sinkhorn_step_reduce_config,
     make_engram_sinkhorn_step_reduce_kernel,
 )
-from tests.engram._extras import config_extras
 from tests.engram.engram_sinkhorn_step_reduce_ref import (
     engram_sinkhorn_step_reduce_ordered,
     engram_sinkhorn_step_reduce_ref,
 )
 from tests.engram.engram_sinkhorn_step_ref import engram_sinkhorn_step_ref
 from tests.engram.test_engram_sinkhorn_step import EPS, assert_within, gen_sinkhorn_head_dim, sinkhorn_inputs
-from tests.testing.bench import make_param_id
+from tests.testing.bench import config_extras, make_param_id
 from tests.testing.contract import assert_rejects_extra_dimension, assert_rejects_non_tensor_and_dtype
 from tests.testing.generator import generate_samples, get_test_level
 from tests.testing.lowering import (

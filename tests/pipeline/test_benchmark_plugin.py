@@ -657,3 +657,23 @@ def test_xdist_corrupt_baseline_stops_the_run_with_the_reason(pytester, monkeypa
     result = pytester.runpytest(*RUN, '-n', '2', '-p', 'no:benchmark')  # pytest-benchmark warns under xdist
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stdout.fnmatch_lines([f'*Exit: corrupt baseline file {path}: line 1: Expecting value*'])
+
+
+def test_experimental_operators_are_named_with_their_domain():
+    """A domain's operators that the root package does not export are benchmarked as '<domain>.<name>'."""
+    import types
+
+    from tests.testing.timing import experimental_operators
+
+    def operator_function():
+        pass
+
+    operator_function.operator = object()
+    package = types.ModuleType('pkg')
+    package.__all__ = ['stable']
+    stable, trial = types.ModuleType('pkg.stable_domain'), types.ModuleType('pkg.trial')
+    stable.__all__, stable.stable = ['stable'], operator_function
+    trial.__all__, trial.cast, trial.QuantTensor = ['cast', 'QuantTensor'], operator_function, tuple
+    package.stable_domain, package.trial = stable, trial
+    package.elsewhere = types.ModuleType('other.trial')  # not a subpackage of pkg
+    assert experimental_operators(package) == {'trial.cast'}

@@ -13,9 +13,9 @@ from cann_ops_tilelang import config
 from cann_ops_tilelang.quant import cast_back, per_block_cast, per_channel_cast, per_token_cast, per_token_cast_back
 from tests.quant.cast_back_ref import cast_back_ref
 from tests.quant.cast_ref import scaled_rows
-from tests.testing.bench import make_param_id
-from tests.testing.generator import by_level, get_test_level
-from tests.testing.numeric import assert_equal
+from tests.testing.bench import config_extras, make_param_id
+from tests.testing.generator import by_level, generate_samples, get_test_level
+from tests.testing.numeric import assert_equal, count_bytes
 
 LEVEL = get_test_level()
 DATA = torch.zeros(4, 256, dtype=torch.float8_e4m3fn)
@@ -128,3 +128,28 @@ def test_cast_back_values(producer, block, sf, fmt, num_tokens, device):
     scale = cast_back((torch.ones_like(quantised[0]), quantised[1]), 'fp32', block)
     error = (result.float() - x.float()).abs()
     assert bool((error <= x.float().abs() * (2**-4 + 2**-8) + scale * 2**-10).all())
+
+
+# Per-token scales of the peer's shapes (tokens 4001 / 8001, hidden 4096 / 7168): 128-channel fp32 and 32-channel
+# UE8M0, to bf16.
+BENCHMARK_PARAMS = generate_samples(num_tokens=[4001, 8001], hidden=[4096, 7168], block=[128, 32])
+
+
+@pytest.mark.npu
+@pytest.mark.benchmark
+@pytest.mark.parametrize('params', BENCHMARK_PARAMS, ids=make_param_id)
+def test_cast_back_benchmark(params, device, benchmark_timer, benchmark_record):
+    block, sf = (1, params['block']), 'fp32' if params['block'] == 128 else 'ue8m0'
+    x = scaled_rows(params['num_tokens'], params['hidden'], 'bfloat16', device)
+    quantised = _quantise(x, 'token', block, sf)
+    result = cast_back(quantised, 'bf16', block)
+    assert_equal(_bits(result), _bits(_expected(quantised, 'bf16', block)))
+    time_us = benchmark_timer(lambda: cast_back(quantised, 'bf16', block, out=result))
+    benchmark_record(
+        kernel='quant.cast_back',
+        operation='cast_back',
+        params=params,
+        time_us=time_us,
+        bandwidth_gbs=count_bytes(*quantised, result) / time_us / 1e3,
+        extras=config_extras(cast_back.operator.config(tuple(quantised), 'bf16', block)),
+    )

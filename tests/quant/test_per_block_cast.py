@@ -18,9 +18,9 @@ from cann_ops_tilelang.quant import (
 )
 from tests.quant.cast_ref import scaled_rows
 from tests.quant.per_block_cast_ref import per_block_cast_precomputed_ref, per_block_cast_ref
-from tests.testing.bench import make_param_id
+from tests.testing.bench import config_extras, make_param_id
 from tests.testing.generator import by_level, generate_samples, get_test_level
-from tests.testing.numeric import assert_equal
+from tests.testing.numeric import assert_equal, count_bytes
 
 LEVEL = get_test_level()
 _FORMATS = {'fp32': (False, False), 'pow2': (True, False), 'ue8m0': (True, True)}
@@ -146,3 +146,28 @@ def test_per_block_cast_values(variant, num_tokens, device):
         data = per_block_cast_with_precomputed_sf(x, 'e4m3', block, scales)
         expected = per_block_cast_precomputed_ref(x.cpu(), scales.cpu(), *block)
         assert_equal(_nan_as_positive(data.cpu().view(torch.uint8)), _nan_as_positive(expected.view(torch.uint8)))
+
+
+# The peer's shapes (tokens multiples of 128, hidden 4096 / 7168), DeepSeek-V3's 128 x 128 fp32 and 32 x 32 UE8M0.
+BENCHMARK_PARAMS = generate_samples(num_tokens=[4096, 8192], hidden=[4096, 7168], block=[128, 32])
+
+
+@pytest.mark.npu
+@pytest.mark.benchmark
+@pytest.mark.parametrize('params', BENCHMARK_PARAMS, ids=make_param_id)
+def test_per_block_cast_benchmark(params, device, benchmark_timer, benchmark_record):
+    block, sf = (params['block'],) * 2, 'fp32' if params['block'] == 128 else 'ue8m0'
+    x = scaled_rows(params['num_tokens'], params['hidden'], 'bfloat16', device)
+    result = _cast(x, block, sf)
+    _assert_matches(result, x, block, sf)
+    time_us = benchmark_timer(lambda: _cast(x, block, sf, out=result))
+    round_sf, packed = _FORMATS[sf]
+    cfg = per_block_cast.operator.config(x, 'e4m3', block, round_sf=round_sf, use_packed_ue8m0=packed)
+    benchmark_record(
+        kernel='quant.per_block_cast',
+        operation='cast',
+        params=params,
+        time_us=time_us,
+        bandwidth_gbs=count_bytes(x, *result) / time_us / 1e3,
+        extras=config_extras(cfg),
+    )

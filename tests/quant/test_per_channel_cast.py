@@ -13,9 +13,9 @@ from cann_ops_tilelang import config
 from cann_ops_tilelang.quant import QuantTensor, per_channel_cast, per_token_cast
 from tests.quant.cast_ref import scaled_rows
 from tests.quant.per_channel_cast_ref import per_channel_cast_ref
-from tests.testing.bench import make_param_id
+from tests.testing.bench import config_extras, make_param_id
 from tests.testing.generator import by_level, generate_samples, get_test_level
-from tests.testing.numeric import assert_equal
+from tests.testing.numeric import assert_equal, count_bytes
 
 LEVEL = get_test_level()
 _FORMATS = {'fp32': (False, False), 'pow2': (True, False), 'ue8m0': (True, True)}
@@ -121,3 +121,28 @@ def test_per_channel_cast_rescales_a_per_token_cast(in_block, in_sf, device):
         in_packed_ue8m0=in_packed,
     )  # fmt: skip
     _assert_matches(result, expected, True)
+
+
+# The peer's shapes (tokens multiples of 128, hidden 4096 / 7168): 128-token fp32 and 32-token UE8M0 scales.
+BENCHMARK_PARAMS = generate_samples(num_tokens=[4096, 8192], hidden=[4096, 7168], block=[128, 32])
+
+
+@pytest.mark.npu
+@pytest.mark.benchmark
+@pytest.mark.parametrize('params', BENCHMARK_PARAMS, ids=make_param_id)
+def test_per_channel_cast_benchmark(params, device, benchmark_timer, benchmark_record):
+    block, sf = params['block'], 'fp32' if params['block'] == 128 else 'ue8m0'
+    round_sf, packed = _FORMATS[sf]
+    x = scaled_rows(params['num_tokens'], params['hidden'], 'bfloat16', device)
+    result = _cast(x, block, sf)
+    _assert_matches(result, per_channel_cast_ref(x.cpu(), block, round_sf=round_sf, packed_ue8m0=packed), packed)
+    time_us = benchmark_timer(lambda: _cast(x, block, sf, out=result))
+    cfg = per_channel_cast.operator.config(x, 'e4m3', block, round_sf, use_packed_ue8m0=packed)
+    benchmark_record(
+        kernel='quant.per_channel_cast',
+        operation='cast',
+        params=params,
+        time_us=time_us,
+        bandwidth_gbs=count_bytes(x, *result) / time_us / 1e3,
+        extras=config_extras(cfg),
+    )

@@ -16,9 +16,9 @@ from cann_ops_tilelang.quant import (
     per_token_cast_with_sf_only,
 )
 from tests.quant.cast_ref import e4m3_ref, padded_hidden, per_token_cast_ref, scaled_rows
-from tests.testing.bench import make_param_id
+from tests.testing.bench import config_extras, make_param_id
 from tests.testing.generator import by_level, generate_samples, get_test_level
-from tests.testing.numeric import assert_equal
+from tests.testing.numeric import assert_equal, count_bytes
 
 LEVEL = get_test_level()
 # (num_per_channels, round_sf, use_packed_ue8m0): each a kernel of its own per dtype and hidden size.
@@ -213,3 +213,28 @@ def test_per_token_cast_halves_values(variant, device):
     inverse = torch.ones_like(given.cpu()) / given.cpu()
     expected = e4m3_ref((blocks * inverse.unsqueeze(-1)).reshape(37, -1))
     assert_equal(_nan_as_positive(data.cpu().view(torch.uint8)), _nan_as_positive(expected.view(torch.uint8)))
+
+
+# The peer's shapes (tokens 4001 / 8001, hidden 4096 / 7168), 128-channel fp32 and 32-channel UE8M0 scales.
+BENCHMARK_PARAMS = generate_samples(num_tokens=[4001, 8001], hidden=[4096, 7168], block=[128, 32])
+
+
+@pytest.mark.npu
+@pytest.mark.benchmark
+@pytest.mark.parametrize('params', BENCHMARK_PARAMS, ids=make_param_id)
+def test_per_token_cast_benchmark(params, device, benchmark_timer, benchmark_record):
+    block, sf = params['block'], 'fp32' if params['block'] == 128 else 'ue8m0'
+    x = scaled_rows(params['num_tokens'], params['hidden'], 'bfloat16', device)
+    result = _cast(x, block, sf)
+    _assert_matches(result, x, block, sf)
+    time_us = benchmark_timer(lambda: _cast(x, block, sf, out=result))
+    round_sf, packed = _FORMATS[sf]
+    cfg = per_token_cast.operator.config(x, 'e4m3', block, round_sf=round_sf, use_packed_ue8m0=packed)
+    benchmark_record(
+        kernel='quant.per_token_cast',
+        operation='cast',
+        params=params,
+        time_us=time_us,
+        bandwidth_gbs=count_bytes(x, *result) / time_us / 1e3,
+        extras=config_extras(cfg),
+    )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 
 import torch
@@ -34,3 +35,9 @@ def make_param_id(params: Mapping) -> str:
     if not isinstance(params, Mapping):
         raise TypeError(f'make_param_id expects a dict of parameters, got {type(params).__name__}')
     return '-'.join(f'{key}={format_param_value(value)}' for key, value in params.items())
+
+
+def config_extras(cfg) -> dict:
+    """Benchmark `extras`: the fields of the kernel config dataclass the interface chose, as JSON values, without
+    `backend` (the cluster names it)."""
+    return {key: value for key, value in dataclasses.asdict(cfg).items() if key != 'backend'}

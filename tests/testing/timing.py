@@ -22,6 +22,7 @@ import functools
 import importlib.metadata
 import math
 import re
+import types
 import warnings
 from collections.abc import Callable
 
@@ -107,9 +108,10 @@ class DeviceBackend:
         return str(torch.cuda.get_device_name(self.device.index))
 
     def public_operators(self) -> frozenset[str]:
+        """The root package's operators, and those of an experimental domain as '<domain>.<name>'."""
         import cann_ops_tilelang
 
-        return frozenset(cann_ops_tilelang.__all__)
+        return frozenset(cann_ops_tilelang.__all__) | experimental_operators(cann_ops_tilelang)
 
     def cluster(self) -> str:
         return cluster_name(self.backend, self.device_name)
@@ -164,3 +166,15 @@ class DeviceBackend:
             )
             return 'event'
         return 'cupti'
+
+
+def experimental_operators(package) -> frozenset[str]:
+    """'<domain>.<name>' of every operator a domain subpackage exports that the root package does not (an
+    experimental domain's, such as 'quant.per_token_cast'): they are benchmarked under that name."""
+    names = set()
+    for domain, module in vars(package).items():
+        if isinstance(module, types.ModuleType) and module.__name__ == f'{package.__name__}.{domain}':
+            for name in getattr(module, '__all__', ()):
+                if name not in package.__all__ and hasattr(getattr(module, name), 'operator'):
+                    names.add(f'{domain}.{name}')
+    return frozenset(names)
