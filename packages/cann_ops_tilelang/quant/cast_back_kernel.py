@@ -50,11 +50,11 @@ from cann_ops_tilelang.kernel_target import compile_kernel
 from ._cast_back_ascend import ascend_cast_back_kernel
 from ._cast_back_cuda import VEC_ELEMS, cuda_cast_back_kernel
 from ._scale_rules import LANES, UE8M0_PACK
+from ._tiling import FLOAT_DTYPE_NAMES, divisors
 
 ROW_BLOCK_TOKENS = (1, 32, 128)  # token extents of a row-layout scale block
 ROW_BLOCK_CHANNELS = (32, 64, 128)  # channel extents of a row-layout scale block
 CHANNEL_BLOCK_TOKENS = (32, 128)  # token extents of a per-channel (bc = 1) scale block
-_OUT_DTYPES = {torch.bfloat16: 'bfloat16', torch.float32: 'float32', 'bfloat16': 'bfloat16', 'float32': 'float32'}
 _OUT_BYTES = {'bfloat16': 2, 'float32': 4}
 
 _ASCEND_TASK_ELEMS = 16384  # elements per task: fp32 out 80 KiB per buffer version, bf16 48 KiB
@@ -256,12 +256,6 @@ class CastBackConfig:
         return self.block_m // max(1, self.threads // self.threads_k)
 
 
-def _divisors(hidden: int, unit: int, limit: int) -> list[int]:
-    """Multiples of `unit` that divide `hidden` and do not exceed `limit`, largest first (unit always: hidden is
-    a multiple of it)."""
-    return [b for b in range(min(hidden, max(limit, unit)) // unit * unit, 0, -unit) if hidden % b == 0]
-
-
 def _pow2_floor(n: int) -> int:
     return 1 << (max(1, n).bit_length() - 1)
 
@@ -279,9 +273,9 @@ def choose_cast_back_config(
     """Pure choice of the compile-time parameters (no device query). `out_dtype`: torch.bfloat16 / torch.float32
     (or their names); (block_tokens, block_channels) one of the supported blocks; `packed_ue8m0`: UE8M0 bytes
     instead of fp32 scales. Invalid combinations raise ValueError (TypeError for arguments of the wrong type)."""
-    if not isinstance(out_dtype, torch.dtype | str) or out_dtype not in _OUT_DTYPES:
+    if not isinstance(out_dtype, torch.dtype | str) or out_dtype not in FLOAT_DTYPE_NAMES:
         raise ValueError(f'out_dtype must be torch.bfloat16 or torch.float32, got {out_dtype!r}')
-    dtype = _OUT_DTYPES[out_dtype]
+    dtype = FLOAT_DTYPE_NAMES[out_dtype]
     _check_block(block_tokens, block_channels)
     if not isinstance(packed_ue8m0, bool):
         raise TypeError(f'packed_ue8m0 must be a bool, got {type(packed_ue8m0).__name__}')
@@ -296,7 +290,7 @@ def choose_cast_back_config(
         # Whole rows where they fit (one DMA burst per row); channel blocks: tasks of 32 rows, so that the
         # scale row of a task (4 bytes a column) is amortised over 32 rows of data.
         limit = _ASCEND_TASK_ELEMS // _ASCEND_CHANNEL_ROWS if channel else _ASCEND_TASK_ELEMS
-        block_k = _divisors(hidden, unit, limit)[0]
+        block_k = divisors(hidden, unit, limit)[0]
         block_m = _pow2_floor(_ASCEND_TASK_ELEMS // block_k)
         if block_tokens > 1:
             block_m = min(block_m, block_tokens)  # one token block (one scale row) per task
@@ -306,10 +300,10 @@ def choose_cast_back_config(
             # Per-token scales: one row per thread block (a whole row up to 4096 columns, else at most 2048), one
             # 16-byte vector per thread: faster on the H200 than several rows per thread (docs/quant.md).
             limit = hidden if hidden <= _CUDA_WHOLE_ROW else _CUDA_TOKEN_THREADS_K * VEC_ELEMS
-            block_k = _divisors(hidden, unit, limit)[0]
+            block_k = divisors(hidden, unit, limit)[0]
             return make(block_m=1, block_k=block_k, threads=block_k // VEC_ELEMS, num_stages=1)
         threads_k = _CUDA_CHANNEL_THREADS_K if channel else _CUDA_ROW_THREADS_K
-        block_k = _divisors(hidden, unit, threads_k * VEC_ELEMS)[0]
+        block_k = divisors(hidden, unit, threads_k * VEC_ELEMS)[0]
         rows_of_threads = max(1, _CUDA_THREADS // (block_k // VEC_ELEMS))
         return make(
             block_m=rows_of_threads * _CUDA_ROWS_PER_THREAD,

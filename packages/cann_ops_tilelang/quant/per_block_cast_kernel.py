@@ -52,11 +52,10 @@ from cann_ops_tilelang.kernel_target import compile_kernel
 from ._per_block_cast_ascend import ascend_per_block_cast_kernel
 from ._per_block_cast_cuda import cuda_per_block_cast_kernel
 from ._scale_rules import LANES, UE8M0_PACK
+from ._tiling import FLOAT_DTYPE_NAMES, MODES, CastModes, divisors
 
 BLOCK_TOKENS = (32, 64, 128)
 BLOCK_CHANNELS = (32, 64, 128)
-MODES = ('cast', 'sf_only', 'precomputed')
-_IN_DTYPES = {torch.bfloat16: 'bfloat16', torch.float32: 'float32', 'bfloat16': 'bfloat16', 'float32': 'float32'}
 _IN_BYTES = {'bfloat16': 2, 'float32': 4}
 _ASCEND_TILE_BYTES = 64 * 1024  # x bytes of one task (bt rows of block_k channels), two buffer versions
 CUDA_VECTOR = 16  # CUDA: consecutive channels of one row per thread (one 16-byte fp8 store)
@@ -70,7 +69,7 @@ def hidden_multiple(block_channels: int) -> int:
 
 
 @dataclasses.dataclass(frozen=True)
-class PerBlockCastConfig:
+class PerBlockCastConfig(CastModes):
     backend: Backend
     hidden: int
     in_dtype: str  # 'bfloat16' or 'float32'
@@ -171,16 +170,6 @@ class PerBlockCastConfig:
         return 'uint8' if self.packed_ue8m0 else 'float32'
 
     @property
-    def writes_data(self) -> bool:
-        """Whether the kernel writes the fp8 data (not in 'sf_only')."""
-        return self.mode != 'sf_only'
-
-    @property
-    def computes_sf(self) -> bool:
-        """Whether the kernel computes (and writes) the scales (not in 'precomputed', which reads them)."""
-        return self.mode != 'precomputed'
-
-    @property
     def threads_per_row(self) -> int:
         """CUDA: threads sharing one row of a tile, CUDA_VECTOR channels each."""
         return self.block_k // CUDA_VECTOR
@@ -214,11 +203,6 @@ def _tile_widths(hidden: int, unit: int, limit: int) -> list[int]:
     return widths[::-1]
 
 
-def _divisors(hidden: int, unit: int, limit: int) -> list[int]:
-    """Multiples of `unit` that divide `hidden` and do not exceed `limit`, largest first (never empty: unit)."""
-    return [b for b in range(min(hidden, limit) // unit * unit, 0, -unit) if hidden % b == 0] or [unit]
-
-
 def choose_per_block_cast_config(
     *,
     backend: Backend,
@@ -234,9 +218,9 @@ def choose_per_block_cast_config(
     """Pure choice of the compile-time parameters (no device query). `in_dtype`: torch.bfloat16 / torch.float32
     (or their names). In mode 'precomputed' round_sf is dropped (the inverse is 1 / sf either way). Invalid
     combinations raise ValueError."""
-    if in_dtype not in _IN_DTYPES:
+    if in_dtype not in FLOAT_DTYPE_NAMES:
         raise ValueError(f'in_dtype must be torch.bfloat16 or torch.float32, got {in_dtype!r}')
-    dtype = _IN_DTYPES[in_dtype]
+    dtype = FLOAT_DTYPE_NAMES[in_dtype]
     if block_tokens not in BLOCK_TOKENS:
         raise ValueError(f'block_tokens must be one of {BLOCK_TOKENS}, got {block_tokens}')
     if block_channels not in BLOCK_CHANNELS:
@@ -261,7 +245,7 @@ def choose_per_block_cast_config(
     if backend == 'ascend':
         # The widest task whose x tile fits its buffer: the op streams x once, so fewer, longer DMAs per core.
         limit = _ASCEND_TILE_BYTES // (block_tokens * _IN_BYTES[dtype])
-        return make(block_k=_divisors(hidden, unit, limit)[0], threads=0, num_stages=2)
+        return make(block_k=divisors(hidden, unit, limit)[0], threads=0, num_stages=2)
     if backend == 'cuda':
         # About 32 KiB of x per thread block, 16 channels of a row per thread: see _per_block_cast_cuda.py.
         limit = _CUDA_TILE_BYTES // (block_tokens * _IN_BYTES[dtype])

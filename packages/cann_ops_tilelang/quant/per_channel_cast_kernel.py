@@ -54,6 +54,7 @@ from cann_ops_tilelang.kernel_target import compile_kernel
 from ._per_channel_cast_ascend import ascend_per_channel_cast_kernel
 from ._per_channel_cast_cuda import cuda_per_channel_cast_kernel
 from ._scale_rules import LANES, UE8M0_PACK
+from ._tiling import divisors
 
 BLOCK_TOKENS = (32, 128)  # tokens per scale factor (TileKernels' num_per_tokens)
 IN_BLOCK_CHANNELS = (32, 128)  # channels per input scale of a pre-quantised x (TileKernels' num_per_channels)
@@ -220,11 +221,6 @@ def _pow2_tiles(hidden: int, unit: int, limit: int) -> list[int]:
     return tiles[::-1] or [unit]
 
 
-def _divisors(hidden: int, unit: int, limit: int) -> list[int]:
-    """Multiples of `unit` that divide `hidden` and do not exceed `limit`, largest first (never empty: unit)."""
-    return [b for b in range(min(hidden, limit) // unit * unit, 0, -unit) if hidden % b == 0] or [unit]
-
-
 def choose_per_channel_cast_config(
     *,
     backend: Backend,
@@ -265,7 +261,7 @@ def choose_per_channel_cast_config(
     if backend == 'ascend':
         # The widest task that fits the buffers: the op streams x once, so fewer, longer DMA rows per core.
         limit = min(_ASCEND_MAX_BLOCK_K, _ASCEND_MAX_TILE_BYTES // (block_tokens * (in_bytes + 1)))
-        return make(block_k=_divisors(hidden, unit, limit)[0], threads=0, num_stages=2)
+        return make(block_k=divisors(hidden, unit, limit)[0], threads=0, num_stages=2)
     if backend == 'cuda':
         # One thread block per (token block, column tile): one 16-byte load per thread and row, up to a warp per
         # row, 256 threads, each holding at most _CUDA_MAX_VALUES values of its rows.

@@ -39,10 +39,9 @@ from cann_ops_tilelang.kernel_target import compile_kernel
 from ._per_token_cast_ascend import ascend_per_token_cast_kernel
 from ._per_token_cast_cuda import cuda_per_token_cast_kernel
 from ._scale_rules import LANES, UE8M0_PACK
+from ._tiling import FLOAT_DTYPE_NAMES, MODES, CastModes, divisors
 
 BLOCK_SIZES = (32, 64, 128)  # 32 first: the only block the peer's Ascend kernel takes
-MODES = ('cast', 'sf_only', 'precomputed')  # per_token_cast, _with_sf_only, _with_precomputed_sf
-_IN_DTYPES = {torch.bfloat16: 'bfloat16', torch.float32: 'float32', 'bfloat16': 'bfloat16', 'float32': 'float32'}
 _ASCEND_MAX_BLOCK_K = 4096  # elements per task: fp32 input tile 16 KiB, two buffer versions
 _ASCEND_MAX_ROW = 8192  # a whole row in one task: the packed-scale rows whose zero padding ends a task's bytes
 _CUDA_MAX_BLOCK_K = 2048
@@ -55,7 +54,7 @@ def hidden_multiple(block_size: int) -> int:
 
 
 @dataclasses.dataclass(frozen=True)
-class PerTokenCastConfig:
+class PerTokenCastConfig(CastModes):
     backend: Backend
     hidden: int
     in_dtype: str  # 'bfloat16' or 'float32'
@@ -92,16 +91,6 @@ class PerTokenCastConfig:
             raise ValueError('mode "precomputed" reads fp32 scales: round_sf and packed_ue8m0 do not apply there')
 
     @property
-    def writes_data(self) -> bool:
-        """Whether the kernel writes the fp8 data (not in 'sf_only')."""
-        return self.mode != 'sf_only'
-
-    @property
-    def computes_sf(self) -> bool:
-        """Whether the kernel computes (and writes) the scales (not in 'precomputed', which reads them)."""
-        return self.mode != 'precomputed'
-
-    @property
     def num_blocks(self) -> int:
         """Scale factors per row."""
         return self.hidden // self.block_size
@@ -134,11 +123,6 @@ class PerTokenCastConfig:
         return 'uint8' if self.packed_ue8m0 else 'float32'
 
 
-def _divisors(hidden: int, unit: int, limit: int) -> list[int]:
-    """Multiples of `unit` that divide `hidden` and do not exceed `limit`, largest first (never empty: unit)."""
-    return [b for b in range(min(hidden, limit) // unit * unit, 0, -unit) if hidden % b == 0]
-
-
 def choose_per_token_cast_config(
     *,
     backend: Backend,
@@ -153,9 +137,9 @@ def choose_per_token_cast_config(
     """Pure choice of the compile-time parameters (no device query). `in_dtype`: torch.bfloat16 / torch.float32
     (or their names). In mode 'precomputed' round_sf is dropped (the inverse is 1 / sf either way). Invalid
     combinations raise ValueError."""
-    if in_dtype not in _IN_DTYPES:
+    if in_dtype not in FLOAT_DTYPE_NAMES:
         raise ValueError(f'in_dtype must be torch.bfloat16 or torch.float32, got {in_dtype!r}')
-    dtype = _IN_DTYPES[in_dtype]
+    dtype = FLOAT_DTYPE_NAMES[in_dtype]
     if block_size not in BLOCK_SIZES:
         raise ValueError(f'block_size must be one of {BLOCK_SIZES}, got {block_size}')
     unit = hidden_multiple(block_size)
@@ -171,7 +155,7 @@ def choose_per_token_cast_config(
                              mode=mode)  # fmt: skip
     if backend == 'ascend':
         # The largest task that fits the buffers: the op streams x once, so fewer, longer DMAs per core.
-        block_k = _divisors(hidden, unit, _ASCEND_MAX_BLOCK_K)[0]
+        block_k = divisors(hidden, unit, _ASCEND_MAX_BLOCK_K)[0]
         padded = packed_ue8m0 and (hidden // block_size) % UE8M0_PACK != 0
         if padded and block_k != hidden:
             if hidden > _ASCEND_MAX_ROW:
@@ -184,7 +168,7 @@ def choose_per_token_cast_config(
     if backend == 'cuda':
         # One small thread block per (token, column tile), many per SM: each thread has block_k / 64 elements of
         # 16-byte loads in flight (see docs/quant.md, "per_token_cast on CUDA").
-        block_k = _divisors(hidden, unit, _CUDA_MAX_BLOCK_K)[0]
+        block_k = divisors(hidden, unit, _CUDA_MAX_BLOCK_K)[0]
         threads = 32 * max(1, min(_CUDA_THREADS // 32, block_k // 1024))
         return make(block_k=block_k, threads=threads, num_stages=1)
     raise ValueError(f'backend must be "ascend" or "cuda", got {backend!r}')
