@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import torch
 
+from ._scale_rules import UE8M0_PACK
+
 # bf16 / fp32 as torch dtypes or their names -> the names the kernels take
 FLOAT_DTYPE_NAMES = {torch.bfloat16: 'bfloat16', torch.float32: 'float32', 'bfloat16': 'bfloat16', 'float32': 'float32'}
 MODES = ('cast', 'sf_only', 'precomputed')  # <op>, <op>_with_sf_only, <op>_with_precomputed_sf
@@ -30,3 +32,46 @@ class CastModes:
     def computes_sf(self) -> bool:
         """Whether the kernel computes (and writes) the scales (not in 'precomputed', which reads them)."""
         return self.mode != 'precomputed'
+
+
+class RowScales:
+    """Properties of a configuration whose scales are rows of channel blocks, fp32 or UE8M0 bytes padded to whole
+    int32 words (per_token_cast, per_block_cast): from its fields hidden, block_k, packed_ue8m0 and its
+    `block_channels` (channels per scale)."""
+
+    hidden: int
+    block_k: int
+    packed_ue8m0: bool
+    block_channels: int
+
+    @property
+    def num_blocks(self) -> int:
+        """Scale factors per scale row."""
+        return self.hidden // self.block_channels
+
+    @property
+    def groups_per_tile(self) -> int:
+        """Scale factors per task / thread block."""
+        return self.block_k // self.block_channels
+
+    @property
+    def num_col_tiles(self) -> int:
+        return self.hidden // self.block_k
+
+    @property
+    def sf_pack(self) -> int:
+        return UE8M0_PACK if self.packed_ue8m0 else 1
+
+    @property
+    def sf_cols(self) -> int:
+        """Elements of one scale row: fp32 scales, or UE8M0 bytes padded to the pack factor."""
+        return -(-self.num_blocks // self.sf_pack) * self.sf_pack
+
+    @property
+    def sf_padding(self) -> int:
+        """Zero bytes after the last UE8M0 byte of a row."""
+        return self.sf_cols - self.num_blocks
+
+    @property
+    def sf_dtype(self) -> str:
+        return 'uint8' if self.packed_ue8m0 else 'float32'

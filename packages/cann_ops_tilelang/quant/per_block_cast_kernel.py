@@ -51,8 +51,8 @@ from cann_ops_tilelang.kernel_target import compile_kernel
 # The backend kernels (they do not import this module: no import circle).
 from ._per_block_cast_ascend import ascend_per_block_cast_kernel
 from ._per_block_cast_cuda import cuda_per_block_cast_kernel
-from ._scale_rules import LANES, UE8M0_PACK
-from ._tiling import FLOAT_DTYPE_NAMES, MODES, CastModes, divisors
+from ._scale_rules import LANES
+from ._tiling import FLOAT_DTYPE_NAMES, MODES, CastModes, RowScales, divisors
 
 BLOCK_TOKENS = (32, 64, 128)
 BLOCK_CHANNELS = (32, 64, 128)
@@ -69,7 +69,7 @@ def hidden_multiple(block_channels: int) -> int:
 
 
 @dataclasses.dataclass(frozen=True)
-class PerBlockCastConfig(CastModes):
+class PerBlockCastConfig(CastModes, RowScales):
     backend: Backend
     hidden: int
     in_dtype: str  # 'bfloat16' or 'float32'
@@ -136,38 +136,6 @@ class PerBlockCastConfig(CastModes):
                     f'CUDA: threads {self.threads} cover {self.rows_per_pass} rows per pass, which must divide '
                     f'block_tokens {self.block_tokens}'
                 )
-
-    @property
-    def num_blocks(self) -> int:
-        """Scale factors per sf row (channel blocks)."""
-        return self.hidden // self.block_channels
-
-    @property
-    def groups_per_tile(self) -> int:
-        """Channel blocks per task / thread block."""
-        return self.block_k // self.block_channels
-
-    @property
-    def num_col_tiles(self) -> int:
-        return self.hidden // self.block_k
-
-    @property
-    def sf_pack(self) -> int:
-        return UE8M0_PACK if self.packed_ue8m0 else 1
-
-    @property
-    def sf_cols(self) -> int:
-        """Elements of one sf row: fp32 scales, or UE8M0 bytes padded to the pack factor."""
-        return -(-self.num_blocks // self.sf_pack) * self.sf_pack
-
-    @property
-    def sf_padding(self) -> int:
-        """Zero bytes after the last UE8M0 byte of a row."""
-        return self.sf_cols - self.num_blocks
-
-    @property
-    def sf_dtype(self) -> str:
-        return 'uint8' if self.packed_ue8m0 else 'float32'
 
     @property
     def threads_per_row(self) -> int:

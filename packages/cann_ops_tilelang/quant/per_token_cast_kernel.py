@@ -39,7 +39,7 @@ from cann_ops_tilelang.kernel_target import compile_kernel
 from ._per_token_cast_ascend import ascend_per_token_cast_kernel
 from ._per_token_cast_cuda import cuda_per_token_cast_kernel
 from ._scale_rules import LANES, UE8M0_PACK
-from ._tiling import FLOAT_DTYPE_NAMES, MODES, CastModes, divisors
+from ._tiling import FLOAT_DTYPE_NAMES, MODES, CastModes, RowScales, divisors
 
 BLOCK_SIZES = (32, 64, 128)  # 32 first: the only block the peer's Ascend kernel takes
 _ASCEND_MAX_BLOCK_K = 4096  # elements per task: fp32 input tile 16 KiB, two buffer versions
@@ -54,7 +54,7 @@ def hidden_multiple(block_size: int) -> int:
 
 
 @dataclasses.dataclass(frozen=True)
-class PerTokenCastConfig(CastModes):
+class PerTokenCastConfig(CastModes, RowScales):
     backend: Backend
     hidden: int
     in_dtype: str  # 'bfloat16' or 'float32'
@@ -91,36 +91,9 @@ class PerTokenCastConfig(CastModes):
             raise ValueError('mode "precomputed" reads fp32 scales: round_sf and packed_ue8m0 do not apply there')
 
     @property
-    def num_blocks(self) -> int:
-        """Scale factors per row."""
-        return self.hidden // self.block_size
-
-    @property
-    def groups_per_tile(self) -> int:
-        """Scale factors per task / thread block."""
-        return self.block_k // self.block_size
-
-    @property
-    def num_col_tiles(self) -> int:
-        return self.hidden // self.block_k
-
-    @property
-    def sf_pack(self) -> int:
-        return UE8M0_PACK if self.packed_ue8m0 else 1
-
-    @property
-    def sf_cols(self) -> int:
-        """Elements of one out_sf row: fp32 scales, or UE8M0 bytes padded to the pack factor."""
-        return -(-self.num_blocks // self.sf_pack) * self.sf_pack
-
-    @property
-    def sf_padding(self) -> int:
-        """Zero bytes after the last UE8M0 byte of a row."""
-        return self.sf_cols - self.num_blocks
-
-    @property
-    def sf_dtype(self) -> str:
-        return 'uint8' if self.packed_ue8m0 else 'float32'
+    def block_channels(self) -> int:
+        """Channels per scale (RowScales)."""
+        return self.block_size
 
 
 def choose_per_token_cast_config(
