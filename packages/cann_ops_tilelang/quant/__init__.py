@@ -5,6 +5,7 @@ from .cast_back import cast_back, per_token_cast_back
 from .per_block_cast import per_block_cast, per_block_cast_with_precomputed_sf, per_block_cast_with_sf_only
 from .per_channel_cast import per_channel_cast
 from .per_token_cast import per_token_cast, per_token_cast_with_precomputed_sf, per_token_cast_with_sf_only
+from .per_token_cast_and_cast_back import per_token_cast_and_cast_back
 
 __all__: list[str] = [
     'QuantTensor',
@@ -14,6 +15,7 @@ __all__: list[str] = [
     'per_block_cast_with_sf_only',
     'per_channel_cast',
     'per_token_cast',
+    'per_token_cast_and_cast_back',
     'per_token_cast_back',
     'per_token_cast_with_precomputed_sf',
     'per_token_cast_with_sf_only',
