@@ -2,6 +2,7 @@
 
 from ._quant_tensor import QuantTensor
 from .cast_back import cast_back, per_token_cast_back
+from .fp4 import unpack_from_e2m1fn_x2
 from .per_block_cast import per_block_cast, per_block_cast_with_precomputed_sf, per_block_cast_with_sf_only
 from .per_channel_cast import per_channel_cast
 from .per_token_cast import per_token_cast, per_token_cast_with_precomputed_sf, per_token_cast_with_sf_only
@@ -19,4 +20,5 @@ __all__: list[str] = [
     'per_token_cast_back',
     'per_token_cast_with_precomputed_sf',
     'per_token_cast_with_sf_only',
+    'unpack_from_e2m1fn_x2',
 ]
