@@ -44,9 +44,19 @@ def check_hidden(name: str, hidden: int, unit: int, why: str) -> None:
         raise ValueError(f'{name}: hidden size must be a positive multiple of {unit} for {why}, got {hidden}')
 
 
-def row_sf_layout(rows: int, blocks: int, packed: bool) -> tuple[tuple[int, int], torch.dtype]:
-    """(shape, dtype) of scale factors with one row per token (block) and one column per channel block: fp32
-    (rows, blocks), or UE8M0 bytes, byte k of a row for block k, packed four per int32 (zero padding)."""
-    if packed:
-        return (rows, -(-blocks // UE8M0_PACK)), PACKED_SF_DTYPE
-    return (rows, blocks), torch.float32
+def sf_layout(num_tokens: int, hidden: int, block, packed: bool) -> tuple[tuple[int, int], torch.dtype]:
+    """(shape, dtype) of the scale factors of a (T, H) tensor cast in blocks of block = (bt, bc) tokens by
+    channels, one row per token block:
+
+    - bc > 1 (per_token_cast's bt = 1, per_block_cast's): fp32 (ceil(T / bt), H / bc), or UE8M0 bytes, byte k of a
+      row for channel block k, packed four per int32 (ceil(T / bt), ceil(H / bc / 4)), zero padding;
+    - bc = 1 (per_channel_cast's): fp32 (ceil(T / bt), H), or UE8M0 bytes packed along the tokens, byte j of word
+      [r, h] for token block 4 r + j of channel h, (ceil(ceil(T / bt) / 4), H).
+    """
+    bt, bc = block
+    rows = -(-num_tokens // bt)
+    if not packed:
+        return (rows, hidden // bc), torch.float32
+    if bc == 1:
+        return (-(-rows // UE8M0_PACK), hidden), PACKED_SF_DTYPE
+    return (rows, -(-(hidden // bc) // UE8M0_PACK)), PACKED_SF_DTYPE

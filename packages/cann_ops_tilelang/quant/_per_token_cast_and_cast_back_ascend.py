@@ -16,6 +16,7 @@ The round-tripped slice goes back to the same place in GM (x in place: tasks own
 # refer to the generator's local shape variables.
 
 # Imported by per_token_cast_and_cast_back_kernel.py, never the other way round (no import circle).
+from ._per_token_cast_ascend import ascend_row_macros
 from ._scale_rules import LANES, ascend_scales_macro
 
 
@@ -37,18 +38,7 @@ def ascend_per_token_cast_and_cast_back_kernel(cfg):
     num_tokens = T.dynamic('num_tokens')
     x_stride = T.dynamic('x_stride')
 
-    @T.macro
-    def load_f32(x_ub, c):
-        if in_dtype == 'bfloat16':
-            return S.vcvt(S.vld(x_ub[c * LANES], dist='UNPK_B16'), f32)
-        return S.vld(x_ub[c * LANES])
-
-    @T.macro
-    def block_scalar(buf, c, low):
-        """The 64 lanes of chunk c get their block's value of `buf` (one fp32 per block)."""
-        if bs == 32:
-            return S.vsel(S.vld(buf[2 * c], dist='BRC_B32'), S.vld(buf[2 * c + 1], dist='BRC_B32'), low)
-        return S.vld(buf[c * LANES // bs], dist='BRC_B32')
+    load_f32, block_maxima, block_scalar = ascend_row_macros(T, in_dtype=in_dtype, block_size=bs, chunks=chunks)
 
     @T.macro
     def store_f32(out_ub, c, value):
@@ -65,18 +55,7 @@ def ascend_per_token_cast_and_cast_back_kernel(cfg):
             every = S.pset(32, 'PAT_ALL')  # a mask is bound to a name before it feeds another mask op
             high = S.pnot(low, every)
             # Pass 1: |x| maxima, one per block, into amax_ub[0:groups].
-            if bs == 128:
-                for p in T.serial(chunks // 2):
-                    pair_max = S.vmax(S.vabs(load_f32(x_ub, 2 * p)), S.vabs(load_f32(x_ub, 2 * p + 1)))
-                    S.vsts(amax_ub[p], S.vcmax(pair_max), dist='ONEPT_B32')
-            else:
-                for c in T.serial(chunks):
-                    a = S.vabs(load_f32(x_ub, c))
-                    if bs == 64:
-                        S.vsts(amax_ub[c], S.vcmax(a), dist='ONEPT_B32')
-                    else:
-                        S.vsts(amax_ub[2 * c], S.vcmax(a, low), dist='ONEPT_B32')
-                        S.vsts(amax_ub[2 * c + 1], S.vcmax(a, high), dist='ONEPT_B32')
+            block_maxima(x_ub, amax_ub, low, high)
             S.mem_bar('VST_VLD')
             # Pass 2: fp32 scales and inverses (the shared rule), 64 blocks per register.
             scales(amax_ub, sf_ub, inv_ub, groups)

@@ -15,6 +15,49 @@ the first two passes, takes their IEEE reciprocals, and clamps the products to +
 from ._scale_rules import LANES, ascend_precomputed_macros, ascend_scales_macro
 
 
+def ascend_row_macros(T, *, in_dtype: str, block_size: int, chunks: int):
+    """SIMD macros over a row tile of `chunks` 64-lane registers in UB, cut into blocks of `block_size` (32, 64 or
+    128) channels, for the per-token casts (per_token_cast, per_token_cast_and_cast_back):
+
+    - `load_f32(x_ub, c)`: register c as fp32 (bf16 widens exactly);
+    - `block_maxima(x_ub, amax_ub, low, high)`: the |x| maximum of each block into amax_ub[0:blocks] (`low` /
+      `high`: the masks of lanes 0..31 / 32..63);
+    - `block_scalar(buf, c, low)`: the 64 lanes of register c get their block's value of `buf` (one fp32 per block).
+    """
+    S = T.simd
+    f32 = T.float32
+    bs = block_size
+
+    @T.macro
+    def load_f32(x_ub, c):
+        if in_dtype == 'bfloat16':
+            return S.vcvt(S.vld(x_ub[c * LANES], dist='UNPK_B16'), f32)
+        return S.vld(x_ub[c * LANES])
+
+    @T.macro
+    def block_maxima(x_ub, amax_ub, low, high):
+        if bs == 128:
+            for p in T.serial(chunks // 2):
+                pair_max = S.vmax(S.vabs(load_f32(x_ub, 2 * p)), S.vabs(load_f32(x_ub, 2 * p + 1)))
+                S.vsts(amax_ub[p], S.vcmax(pair_max), dist='ONEPT_B32')
+        else:
+            for c in T.serial(chunks):
+                a = S.vabs(load_f32(x_ub, c))
+                if bs == 64:
+                    S.vsts(amax_ub[c], S.vcmax(a), dist='ONEPT_B32')
+                else:
+                    S.vsts(amax_ub[2 * c], S.vcmax(a, low), dist='ONEPT_B32')
+                    S.vsts(amax_ub[2 * c + 1], S.vcmax(a, high), dist='ONEPT_B32')
+
+    @T.macro
+    def block_scalar(buf, c, low):
+        if bs == 32:
+            return S.vsel(S.vld(buf[2 * c], dist='BRC_B32'), S.vld(buf[2 * c + 1], dist='BRC_B32'), low)
+        return S.vld(buf[c * LANES // bs], dist='BRC_B32')
+
+    return load_f32, block_maxima, block_scalar
+
+
 def ascend_per_token_cast_kernel(cfg):
     """`cfg` is a PerTokenCastConfig (backend "ascend")."""
     import tilelang.ascend.language as T
@@ -35,11 +78,7 @@ def ascend_per_token_cast_kernel(cfg):
 
     num_tokens = T.dynamic('num_tokens')
 
-    @T.macro
-    def load_f32(x_ub, c):
-        if in_dtype == 'bfloat16':
-            return S.vcvt(S.vld(x_ub[c * LANES], dist='UNPK_B16'), f32)
-        return S.vld(x_ub[c * LANES])
+    load_f32, block_maxima, block_scalar = ascend_row_macros(T, in_dtype=in_dtype, block_size=bs, chunks=chunks)
 
     @T.macro
     def cast_vf(x_ub, amax_ub, inv_ub, sf_ub, out_ub):
@@ -49,18 +88,7 @@ def ascend_per_token_cast_kernel(cfg):
             high = S.pnot(low, every)
             if computes_sf:
                 # Pass 1: |x| maxima, one per block, into amax_ub[0:groups].
-                if bs == 128:
-                    for p in T.serial(chunks // 2):
-                        pair_max = S.vmax(S.vabs(load_f32(x_ub, 2 * p)), S.vabs(load_f32(x_ub, 2 * p + 1)))
-                        S.vsts(amax_ub[p], S.vcmax(pair_max), dist='ONEPT_B32')
-                else:
-                    for c in T.serial(chunks):
-                        a = S.vabs(load_f32(x_ub, c))
-                        if bs == 64:
-                            S.vsts(amax_ub[c], S.vcmax(a), dist='ONEPT_B32')
-                        else:
-                            S.vsts(amax_ub[2 * c], S.vcmax(a, low), dist='ONEPT_B32')
-                            S.vsts(amax_ub[2 * c + 1], S.vcmax(a, high), dist='ONEPT_B32')
+                block_maxima(x_ub, amax_ub, low, high)
                 S.mem_bar('VST_VLD')
                 # Pass 2: scales and inverses, 64 blocks per register (packed padding lanes zeroed).
                 scales(amax_ub, sf_ub, inv_ub, groups)
@@ -70,12 +98,7 @@ def ascend_per_token_cast_kernel(cfg):
                 S.mem_bar('VST_VLD')
                 # Pass 3: x * inverse -> e4m3 (nearest even, saturating), one byte per fp32 lane, packed.
                 for c in T.serial(chunks):
-                    if bs == 32:
-                        inverse = S.vsel(
-                            S.vld(inv_ub[2 * c], dist='BRC_B32'), S.vld(inv_ub[2 * c + 1], dist='BRC_B32'), low
-                        )
-                    else:
-                        inverse = S.vld(inv_ub[c * LANES // bs], dist='BRC_B32')
+                    inverse = block_scalar(inv_ub, c, low)
                     scaled = S.vmul(load_f32(x_ub, c), inverse)
                     if not computes_sf:
                         scaled = saturate(scaled)

@@ -7,7 +7,6 @@ import torch
 from cann_ops_tilelang.operator import Operator, out, quant, scalar
 
 from . import _contract as contract
-from ._scale_rules import UE8M0_PACK
 from .cast_back_kernel import (
     CHANNEL_BLOCK_TOKENS,
     ROW_BLOCK_CHANNELS,
@@ -18,17 +17,6 @@ from .cast_back_kernel import (
 )
 
 OUT_FORMATS = {'bf16': torch.bfloat16, 'fp32': torch.float32}
-
-
-def sf_layout(num_tokens: int, hidden: int, block_size, packed: bool) -> tuple[int, int]:
-    """The shape of the scales of a (T, H) tensor quantised in blocks of block_size = (bt, bc): per_token_cast's
-    and per_block_cast's (bc > 1: fp32 (ceil(T / bt), H / bc), packed int32 (ceil(T / bt), ceil(H / bc / 4))) or
-    per_channel_cast's (bc = 1: fp32 (ceil(T / bt), H), packed int32 (ceil(ceil(T / bt) / 4), H))."""
-    bt, bc = block_size
-    rows = -(-num_tokens // bt)
-    if bc == 1:
-        return (-(-rows // UE8M0_PACK) if packed else rows), hidden
-    return contract.row_sf_layout(rows, hidden // bc, packed)[0]
 
 
 def _check_blocks(name: str, x_block_size) -> None:
@@ -48,7 +36,7 @@ def _options(name, x_sf, T, H, fmt, x_block_size, x_special_fmt):
     contract.check_unsupported(name, x_special_fmt=x_special_fmt)
     _check_blocks(name, x_block_size)
     contract.check_hidden(name, H, hidden_multiple(x_block_size[1]), f'x_block_size {tuple(x_block_size)}')
-    shape = sf_layout(T, H, x_block_size, x_sf.dtype == contract.PACKED_SF_DTYPE)
+    shape, _ = contract.sf_layout(T, H, x_block_size, x_sf.dtype == contract.PACKED_SF_DTYPE)
     if x_sf.shape != shape:
         raise ValueError(f'{name}: x[1] must have shape {shape} ({x_sf.dtype} scales of blocks '
                          f'{tuple(x_block_size)}), got {tuple(x_sf.shape)}')  # fmt: skip

@@ -21,8 +21,7 @@ from .per_block_cast_kernel import (
 
 def sf_layout(num_tokens: int, hidden: int, block_size, packed: bool) -> tuple[tuple[int, int], torch.dtype]:
     """(shape, dtype) of the scale factors: fp32 (ceil(T / bt), H / bc), or UE8M0 bytes packed four per int32."""
-    bt, bc = block_size
-    return contract.row_sf_layout(-(-num_tokens // bt), hidden // bc, packed)
+    return contract.sf_layout(num_tokens, hidden, block_size, packed)
 
 
 def _options(name, H, fmt, block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0):

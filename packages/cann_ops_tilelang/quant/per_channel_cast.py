@@ -9,14 +9,12 @@ from cann_ops_tilelang.operator import Operator, outs, quant, scalar
 
 from . import _contract as contract
 from ._quant_tensor import QuantTensor
-from ._scale_rules import UE8M0_PACK
 from .per_channel_cast_kernel import (
     BLOCK_TOKENS,
     IN_BLOCK_CHANNELS,
     choose_per_channel_cast_config,
     get_per_channel_cast_kernel,
     hidden_multiple,
-    num_token_blocks,
 )
 
 _PLAIN_DTYPES = (torch.bfloat16, torch.float32)
@@ -25,10 +23,7 @@ _PLAIN_DTYPES = (torch.bfloat16, torch.float32)
 def sf_layout(num_tokens: int, hidden: int, block_tokens: int, packed: bool) -> tuple[tuple[int, int], torch.dtype]:
     """(shape, dtype) of the scale factors: fp32 (ceil(T / bt), H); or UE8M0 bytes packed along the tokens, four
     token blocks per int32 word of a channel (ceil(ceil(T / bt) / 4), H)."""
-    rows = num_token_blocks(num_tokens, block_tokens)
-    if packed:
-        return (-(-rows // UE8M0_PACK), hidden), contract.PACKED_SF_DTYPE
-    return (rows, hidden), torch.float32
+    return contract.sf_layout(num_tokens, hidden, (block_tokens, 1), packed)
 
 
 def _results(x, num_per_tokens, use_packed_ue8m0):
@@ -53,7 +48,7 @@ def _options(name, x_data, x_sf, H, T, fmt, num_per_tokens, round_sf, num_per_ch
         raise ValueError(f'{name}: a quantised x (data, sf) needs num_per_channels, its scale block')
     contract.check_block(name, 'num_per_channels', num_per_channels, IN_BLOCK_CHANNELS)
     contract.check_hidden(name, H, hidden_multiple(num_per_channels), f'num_per_channels {num_per_channels}')
-    shape, _ = contract.row_sf_layout(T, H // num_per_channels, x_sf.dtype == contract.PACKED_SF_DTYPE)
+    shape, _ = contract.sf_layout(T, H, (1, num_per_channels), x_sf.dtype == contract.PACKED_SF_DTYPE)
     if x_sf.shape != shape:
         raise ValueError(f'{name}: x[1] must have shape {shape} ({x_sf.dtype} scales), got {tuple(x_sf.shape)}')
     if x_sf.stride(0) != shape[1] and shape[0] > 1:

@@ -14,7 +14,7 @@ from .per_token_cast_kernel import BLOCK_SIZES, choose_per_token_cast_config, ge
 
 def sf_layout(num_tokens: int, hidden: int, block: int, packed: bool) -> tuple[tuple[int, int], torch.dtype]:
     """(shape, dtype) of the scale factors: fp32 (T, H / block), or UE8M0 bytes packed four per int32."""
-    return contract.row_sf_layout(num_tokens, hidden // block, packed)
+    return contract.sf_layout(num_tokens, hidden, (1, block), packed)
 
 
 def _results(x, num_per_channels, use_packed_ue8m0):
