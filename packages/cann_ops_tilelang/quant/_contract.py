@@ -60,3 +60,13 @@ def sf_layout(num_tokens: int, hidden: int, block, packed: bool) -> tuple[tuple[
     if bc == 1:
         return (-(-rows // UE8M0_PACK), hidden), PACKED_SF_DTYPE
     return (rows, -(-(hidden // bc) // UE8M0_PACK)), PACKED_SF_DTYPE
+
+
+def check_given_scales(name: str, sf: torch.Tensor, x_shape, block, use_packed_ue8m0: bool, blocks_are: str) -> None:
+    """The fp32 scales a `_with_precomputed_sf` cast takes: of sf_layout's shape (`blocks_are` says what one
+    scale covers, for the message); packed UE8M0 is not taken there."""
+    if use_packed_ue8m0:
+        raise ValueError(f'{name}: precomputed scales are fp32: use_packed_ue8m0=True is not supported')
+    shape, _ = sf_layout(*x_shape, block, False)
+    if sf.shape != shape:
+        raise ValueError(f'{name}: sf must have shape {shape} ({blocks_are}), got {tuple(sf.shape)}')

@@ -19,11 +19,6 @@ from .per_block_cast_kernel import (
 )
 
 
-def sf_layout(num_tokens: int, hidden: int, block_size, packed: bool) -> tuple[tuple[int, int], torch.dtype]:
-    """(shape, dtype) of the scale factors: fp32 (ceil(T / bt), H / bc), or UE8M0 bytes packed four per int32."""
-    return contract.sf_layout(num_tokens, hidden, block_size, packed)
-
-
 def _options(name, H, fmt, block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0):
     contract.check_format(name, fmt)
     if len(block_size) != 2:
@@ -38,12 +33,8 @@ def _options(name, H, fmt, block_size, use_tma_aligned_col_major_sf, round_sf, u
 
 def _precomputed_options(name, x, fmt, block_size, sf, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0):
     _options(name, x.shape[1], fmt, block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0)
-    if use_packed_ue8m0:
-        raise ValueError(f'{name}: precomputed scales are fp32: use_packed_ue8m0=True is not supported')
-    shape, _ = sf_layout(*x.shape, block_size, False)
-    if sf.shape != shape:
-        raise ValueError(f'{name}: sf must have shape {shape} (one per block of {tuple(block_size)}), got '
-                         f'{tuple(sf.shape)}')  # fmt: skip
+    contract.check_given_scales(name, sf, x.shape, block_size, use_packed_ue8m0,
+                                f'one per block of {tuple(block_size)}')  # fmt: skip
 
 
 def _choice(mode):
@@ -85,7 +76,10 @@ OP = Operator(
     outs('out', 'data', 'sf'),
     extra=_options,
     choice=_choice('cast'),
-    results=lambda x, block_size, use_packed_ue8m0: (_data(x), sf_layout(*x.shape, block_size, use_packed_ue8m0)),
+    results=lambda x, block_size, use_packed_ue8m0: (
+        _data(x),
+        contract.sf_layout(*x.shape, block_size, use_packed_ue8m0),
+    ),
     **_COMMON,
 )
 SF_ONLY = Operator(
@@ -97,7 +91,7 @@ SF_ONLY = Operator(
     out('out_sf'),
     extra=_options,
     choice=_choice('sf_only'),
-    results=lambda x, block_size, use_packed_ue8m0: (sf_layout(*x.shape, block_size, use_packed_ue8m0),),
+    results=lambda x, block_size, use_packed_ue8m0: (contract.sf_layout(*x.shape, block_size, use_packed_ue8m0),),
     **_COMMON,
 )
 PRECOMPUTED = Operator(

@@ -58,12 +58,8 @@ def _precomputed_options(name, x, fmt, num_per_channels, sf, use_tma_aligned_col
                          use_packed_ue8m0, use_e4m3_sf):  # fmt: skip
     _half_options(name, x.shape[1], fmt, num_per_channels, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0,
                   use_e4m3_sf)  # fmt: skip
-    if use_packed_ue8m0:
-        raise ValueError(f'{name}: precomputed scales are fp32: use_packed_ue8m0=True is not supported')
-    shape, _ = sf_layout(*x.shape, num_per_channels, False)
-    if sf.shape != shape:
-        raise ValueError(f'{name}: sf must have shape {shape} (one per token and block of {num_per_channels}), '
-                         f'got {tuple(sf.shape)}')  # fmt: skip
+    contract.check_given_scales(name, sf, x.shape, (1, num_per_channels), use_packed_ue8m0,
+                                f'one per token and block of {num_per_channels}')  # fmt: skip
 
 
 X = tensor('x', (torch.bfloat16, torch.float32), 'T, H')
