@@ -322,7 +322,8 @@ class Operator:
         for a in inputs:
             if a.kind in ('tensor', 'quant'):
                 params += [
-                    f'Tensor{"?" if t.optional else ""}{f"({next(letters)}!)" if t.written else ""} {t.name}'
+                    # torch's schema grammar: the alias annotation before the '?' of an optional tensor
+                    f'Tensor{f"({next(letters)}!)" if t.written else ""}{"?" if t.optional else ""} {t.name}'
                     for t in _items(a)
                 ]
             else:
@@ -575,12 +576,12 @@ def _generate(op: Operator, choice, limits, extra, shape_from, results) -> None:
                 message = f'{{_name}}: {w.shown} and {o.shown} must not overlap'
             else:
                 message = f'{{_name}}: {w.shown} ({w.written} in place) must not alias the input {o.shown}'
-            if o in spans and w.layout == o.layout == 'contiguous':  # checked contiguous: one span each
+            if o in spans and w in spans and w.layout == o.layout == 'contiguous':  # checked contiguous: one span each
                 w_at, o_at = f'{w.name}_at', f'{o.name}_at'
                 meet = f'{w_at} < {o_at} + {o.name}.nbytes and {o_at} < {w_at} + {w.name}.nbytes'
                 test = f'({meet} and {w.name}.device == {o.name}.device if memory else {w.name} is {o.name})'
             else:
-                test = f'{o.name} is not None and ' if o.optional else ''
+                test = ''.join(f'{t.name} is not None and ' for t in (w, o) if t.optional)
                 test += f'may_overlap({w.name}, {o.name}, memory=memory)'
             body.append(f'if {test}: raise ValueError(f{message!r})')
     devices = [f'*(() if {a.name} is None else ({a.name},))' if a.optional else a.name for a in tensors]
@@ -611,6 +612,8 @@ def _fast_ok_source(args, tensors, outputs, written, params) -> str:
     where the fast path may go on (the operator's key reads it), None otherwise."""
     first = tensors[0]
     tests = [f'{a.name} is None' for a in outputs]
+    # An optional tensor written in place, when given, takes the full path (its overlap checks).
+    tests += [f'{a.name} is None' for a in written if a.optional]
     tests += [
         f'({a.name} is None or type({a.name}) in _PLAIN)' if a.optional else f'type({a.name}) in _PLAIN'
         for a in tensors
@@ -656,7 +659,7 @@ def _fast_ok_source(args, tensors, outputs, written, params) -> str:
         faults.append(f'({" | ".join(f"{n}_at" for n in aligned)}) % {ALIGN_BYTES}')
     for w in written:
         for o in tensors:
-            if o is w or o.optional or (o.written and tensors.index(o) < tensors.index(w)):
+            if o is w or w.optional or o.optional or (o.written and tensors.index(o) < tensors.index(w)):
                 continue
             faults.append(f'({w.name}_at < {o.name}_end and {o.name}_at < {w.name}_end)')
     lines.append(f'    return None if {" or ".join(faults)} else shape' if faults else '    return shape')

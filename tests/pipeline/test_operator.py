@@ -216,6 +216,34 @@ def test_public_function_forms_and_config(monkeypatch):
         declared.public(eager)(lambda x, y, out=None: None)
 
 
+def test_an_optional_written_tensor_is_checked_when_given_and_takes_the_full_path(monkeypatch):
+    """An optional tensor written in place (moe_topk_gate's scores): `Tensor(a!)?` in the schema, its overlaps
+    checked only when it is given, and a call that gives it leaves the fast path to the full check."""
+    name = f'toy_{uuid.uuid4().hex[:8]}'
+    declared = operator.Operator(
+        name,
+        operator.tensor('x', torch.float32, 'n'),
+        operator.tensor('y', torch.float32, 'n', optional=True, written='written'),
+        choose_config=None,
+        get_kernel=None,
+    )
+
+    @declared.public(lambda x, y: None, returns='()')
+    def toy(x: torch.Tensor, y: torch.Tensor | None = None) -> None:
+        """Toy docstring."""
+
+    schema = str(declared.forms[name]._schema)
+    assert schema == f'cann_ops_tilelang::{name}(Tensor x, Tensor(a!)? y) -> ()'
+    x = torch.zeros(8)
+    with pytest.raises(ValueError, match=rf'{name}: y \(written in place\) must not alias the input x'):
+        declared.check(x, x)
+    with pytest.raises(RuntimeError, match='no kernels'):  # apart, or absent: on to the device
+        declared.check(x, torch.zeros(8))
+    with pytest.raises(RuntimeError, match='no kernels'):
+        declared.check(x, None)
+    assert 'if not (y is None and type(x) in _PLAIN' in declared.source  # fast_ok: given, the full path decides
+
+
 class _Pair(NamedTuple):
     """A result type, as QuantTensor is (a tuple subclass)."""
 
