@@ -32,6 +32,7 @@ _TORCH_DTYPES = {
     'uint64': torch.uint64,
     'bool': torch.bool,
     'float8_e4m3fn': torch.float8_e4m3fn,  # storage only: the emulated fp8 conversions write its bytes
+    'float8_e5m2': torch.float8_e5m2,  # likewise (vcvt's fp8_e5m2 <-> fp32 pairs, vector.h)
 }
 
 

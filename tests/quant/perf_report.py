@@ -45,6 +45,10 @@ def _buffers(result):
 
 def _calls(case: Case, tk, x: torch.Tensor):
     """(ours: () -> result into fixed buffers, peer: () -> result, moved bytes) of a case."""
+    if case.op == 'cast':  # label 'plain:<to dtype>' or 'sr:<to dtype>'
+        rounding, to = case.label.split(':')
+        args, flags = (x, getattr(torch, to)), {'stochastic_rounding': rounding == 'sr'}
+        return _pair(quant.cast, tk.cast, args, flags, x)
     kind, block, sf = case.label.split(':')
     block = tuple(int(b) for b in block.split('x'))
     flags = _flags(sf)
@@ -120,6 +124,11 @@ TABLE = [
     Case('cast_back', 'fp32:128x128:fp32', 4096, 7168),
     Case('cast_back', 'bf16:128x1:fp32', 4096, 7168),
     Case('per_token_cast_back', 'bf16:1x128:fp32', 8001, 4096),
+    Case('cast', 'plain:bfloat16', 4096, 7168, torch.float32),
+    Case('cast', 'sr:bfloat16', 4096, 7168, torch.float32),
+    Case('cast', 'plain:float8_e4m3fn', 4096, 7168),
+    Case('cast', 'sr:float8_e4m3fn', 4096, 7168),
+    Case('cast', 'sr:float8_e4m3fn', 4096, 7168, torch.float32),
 ]
 SWEEP_HIDDEN = sorted({*range(1024, 16385, 1024), 7168})
 SWEEP_LABELS = {
