@@ -2,6 +2,7 @@
 casts (experimental: not exported from the root package yet)."""
 
 from ._quant_tensor import QuantTensor
+from .batched_transpose_weight_sf import batched_transpose_weight_sf
 from .cast import cast
 from .cast_back import cast_back, per_token_cast_back
 from .fp4 import unpack_from_e2m1fn_x2
@@ -12,6 +13,7 @@ from .per_token_cast_and_cast_back import per_token_cast_and_cast_back
 
 __all__: list[str] = [
     'QuantTensor',
+    'batched_transpose_weight_sf',
     'cast',
     'cast_back',
     'per_block_cast',
