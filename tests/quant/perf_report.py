@@ -49,6 +49,8 @@ def _calls(case: Case, tk, x: torch.Tensor):
         rounding, to = case.label.split(':')
         args, flags = (x, getattr(torch, to)), {'stochastic_rounding': rounding == 'sr'}
         return _pair(quant.cast, tk.cast, args, flags, x)
+    if case.op == 'batched_transpose_weight_sf':  # label 'weights:<block size>': a model's weights at hidden H
+        return _weight_scales(tk, int(case.label.split(':')[1]), case.hidden, x.device)
     kind, block, sf = case.label.split(':')
     block = tuple(int(b) for b in block.split('x'))
     flags = _flags(sf)
@@ -88,6 +90,21 @@ def _calls(case: Case, tk, x: torch.Tensor):
     return _pair(ours, peer, args, flags, x)
 
 
+def _weight_scales(tk, bs: int, hidden: int, device):
+    """batched_transpose_weight_sf over nine weights of a layer (attention and MLP shapes at hidden H), fp32
+    power-of-two scales; results flattened to one tuple for the comparison."""
+    shapes = [(hidden, 2048), (2048, hidden), (4 * 1024, hidden)] * 3
+    sf = [torch.exp2(torch.randint(-12, 4, (n // bs, k // bs), device=device).float()) for n, k in shapes]
+    flags, outs = [i % 2 == 1 for i in range(len(sf))], [None] * len(sf)
+
+    def flat(call):
+        return lambda: tuple(t for pair in call(sf, bs, flags, outs) for t in pair)
+
+    result = flat(quant.batched_transpose_weight_sf)()
+    moved = sum(t.nbytes for t in (*sf, *result))
+    return flat(quant.batched_transpose_weight_sf), flat(tk.batched_transpose_weight_sf), result, moved
+
+
 def _pair(ours, peer, args, flags, inputs):
     result = ours(*args, **flags)
     buffers = _buffers(result)
@@ -124,6 +141,8 @@ TABLE = [
     Case('cast_back', 'fp32:128x128:fp32', 4096, 7168),
     Case('cast_back', 'bf16:128x1:fp32', 4096, 7168),
     Case('per_token_cast_back', 'bf16:1x128:fp32', 8001, 4096),
+    Case('batched_transpose_weight_sf', 'weights:128', 1, 7168),
+    Case('batched_transpose_weight_sf', 'weights:32', 1, 7168),
     Case('cast', 'plain:bfloat16', 4096, 7168, torch.float32),
     Case('cast', 'sr:bfloat16', 4096, 7168, torch.float32),
     Case('cast', 'plain:float8_e4m3fn', 4096, 7168),

@@ -195,6 +195,8 @@ def test_per_channel_cast_config_rejects(kwargs, match):
         (dict(backend='cuda', block_k=384, threads=256), 'power of two'),
         (dict(backend='cuda', block_k=128, threads=96), 'row groups'),
         (dict(backend='cuda', block_k=128, threads=100), 'whole warps'),
+        (dict(backend='cuda', block_k=128, threads=256, vector_bytes=4), 'vector_bytes'),
+        (dict(backend='cuda', block_k=384, threads=256, vector_bytes=8), 'one 8-byte load'),
     ],
 )
 def test_per_channel_cast_config_validates_fields(changes, match):

@@ -72,6 +72,7 @@ _IN_BYTES = {'bfloat16': 2, 'float32': 4, _FP8: 1}
 _ASCEND_MAX_TILE_BYTES = 96 * 1024  # x and out tiles of one token block per buffer version (two versions in UB)
 _ASCEND_MAX_BLOCK_K = 1024  # channels per task: the scale buffers stay small
 _CUDA_VECTOR_BYTES = 16  # one 128-bit global load per thread and row
+_CUDA_VECTOR_CHOICES = (8, 16)
 _CUDA_MAX_THREADS = 256
 _CUDA_MAX_VALUES = 128  # channels x rows one thread holds: 64 registers of raw bf16 / fp8, no spills
 
@@ -100,6 +101,7 @@ class PerChannelCastConfig:
     num_stages: int  # Ascend buffer versions of the persistent loop (unused on CUDA)
     in_block_channels: int | None = None  # pre-quantised x: channels per input scale; None for bf16 / fp32 x
     in_packed_ue8m0: bool = False  # pre-quantised x: its scales are UE8M0 bytes (row layout) instead of fp32
+    vector_bytes: int = _CUDA_VECTOR_BYTES  # CUDA: bytes of x one thread loads per row (16, or 8: half the registers)
 
     def __post_init__(self):
         if self.backend not in ('ascend', 'cuda'):
@@ -136,11 +138,13 @@ class PerChannelCastConfig:
             if self.num_stages not in (1, 2):
                 raise ValueError(f'num_stages must be 1 or 2, got {self.num_stages}')
         else:
+            if self.vector_bytes not in _CUDA_VECTOR_CHOICES:
+                raise ValueError(f'CUDA: vector_bytes must be one of {_CUDA_VECTOR_CHOICES}, got {self.vector_bytes}')
             lanes = self.block_k // self.vector
             if self.block_k % self.vector or lanes > 32 or lanes & (lanes - 1):
                 raise ValueError(
                     f'CUDA: block_k {self.block_k} must be a power of two times {self.vector} channels, at most 32 '
-                    f'of them (one 16-byte load per thread and row)'
+                    f'of them (one {self.vector_bytes}-byte load per thread and row)'
                 )
             if self.threads % 32 or self.threads % lanes or not 0 < self.threads <= _CUDA_MAX_THREADS:
                 raise ValueError(f'CUDA: threads must be whole warps, at most {_CUDA_MAX_THREADS}, got {self.threads}')
@@ -193,11 +197,11 @@ class PerChannelCastConfig:
     def in_sf_dtype(self) -> str:
         return 'uint8' if self.in_packed_ue8m0 else 'float32'
 
-    # CUDA thread layout: `lanes_per_row` threads cover one row of the tile with 16-byte loads, `row_groups` such
-    # rows are read at once, and each thread keeps `rows_per_thread` rows of its `vector` channels in registers.
+    # CUDA thread layout: `lanes_per_row` threads cover one row of the tile with `vector_bytes` loads, `row_groups`
+    # such rows are read at once, and each thread keeps `rows_per_thread` rows of its `vector` channels in registers.
     @property
     def vector(self) -> int:
-        return _CUDA_VECTOR_BYTES // self.in_bytes
+        return self.vector_bytes // self.in_bytes
 
     @property
     def lanes_per_row(self) -> int:
