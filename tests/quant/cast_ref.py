@@ -107,3 +107,100 @@ def scaled_rows(num_tokens: int, hidden: int, dtype: str, device) -> torch.Tenso
     """Test input: rows of very different magnitudes, so that the scales span many binades."""
     scale = torch.exp2(torch.randint(-20, 20, (num_tokens, 1)).float())
     return (torch.randn(num_tokens, hidden) * scale).to(getattr(torch, dtype)).to(device)
+
+
+# ---------------------------------------------------------------- FP4 (e2m1) output and E4M3 scale factors
+
+FORMAT_MAX = {'e4m3': FP8_MAX, 'e2m1': 6.0}
+E4M3_SF_FLOOR = 2.0**-9  # the smallest e4m3 subnormal
+AMAX_FLOORS = {  # TileKernels' amax floors per (fmt, E4M3 scales)
+    ('e4m3', False): AMAX_FLOOR,
+    ('e4m3', True): FP8_MAX * E4M3_SF_FLOOR,
+    ('e2m1', False): 6.0 * 2.0**-126,
+    ('e2m1', True): 6.0 * E4M3_SF_FLOOR,
+}
+E2M1_GRID = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], dtype=torch.float64)  # magnitudes of codes 0..7
+
+
+def e2m1_codes_ref(values: torch.Tensor) -> torch.Tensor:
+    """fp32 values -> e2m1 codes (uint8, 0..15): the nearest magnitude of the grid, a tie to the even code, past 6
+    (and +-inf, NaN) 6; the sign bit from the value's sign bit (so -0.0 and small negatives give code 8)."""
+    magnitude = values.double().abs().nan_to_num(nan=6.0, posinf=6.0).clamp(max=6.0)
+    distance = (magnitude.unsqueeze(-1) - E2M1_GRID).abs()
+    nearest = distance.min(dim=-1, keepdim=True).values
+    # Among the nearest magnitudes (two on a tie, one of them even) take the even code: odd codes rank last.
+    ranked = torch.where(distance == nearest, torch.arange(8) % 2, 2)
+    codes = ranked.argmin(dim=-1).to(torch.uint8)
+    return codes | (torch.signbit(values).to(torch.uint8) << 3)
+
+
+def pack_e2m1_ref(codes: torch.Tensor) -> torch.Tensor:
+    """e2m1 codes (..., 2 K) uint8 -> (..., K) int8 bytes, element 2 i in the low nibble of byte i."""
+    pairs = codes.reshape(*codes.shape[:-1], codes.shape[-1] // 2, 2)
+    return (pairs[..., 0] | (pairs[..., 1] << 4)).view(torch.int8)
+
+
+def narrow_ref(scaled: torch.Tensor, fmt: str) -> torch.Tensor:
+    """fp32 products -> the cast's data: e4m3 (e4m3_ref), or FP4 bytes (T, H / 2) int8."""
+    return pack_e2m1_ref(e2m1_codes_ref(scaled)) if fmt == 'e2m1' else e4m3_ref(scaled)
+
+
+def e4m3_sf_ref(scale: torch.Tensor) -> torch.Tensor:
+    """fp32 scales -> E4M3 scale bytes: nearest even, saturating at 448 (+inf too)."""
+    return scale.clamp(max=FP8_MAX).to(torch.float8_e4m3fn)
+
+
+def format_scale_and_inverse_ref(
+    amax: torch.Tensor, fmt: str, *, round_sf: bool = False, packed_ue8m0: bool = False, e4m3_sf: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """scale_and_inverse_ref for output format `fmt` (largest value m) and E4M3 scales: c = max(a, floor);
+    fp32 sf = c / m, inverse = m / c; round_sf: 2 ** ceil(log2(c * fp32(1 / m))), inverse 1 / sf; e4m3_sf:
+    sf = e4m3(c / m) (saturating), inverse = 1 / fp32(sf)."""
+    if e4m3_sf and round_sf:
+        raise ValueError('e4m3_sf excludes round_sf')
+    if packed_ue8m0 and not round_sf:
+        raise ValueError('packed_ue8m0 needs round_sf')
+    clamped = amax.clamp(min=AMAX_FLOORS[fmt, e4m3_sf])
+    fmax = torch.full_like(clamped, FORMAT_MAX[fmt])
+    if e4m3_sf:
+        stored = e4m3_sf_ref(clamped / fmax)
+        return stored, torch.ones_like(clamped) / stored.float()
+    if not round_sf:
+        return clamped / fmax, fmax / clamped
+    pow2 = round_up_pow2_bits(clamped * torch.tensor(1.0 / FORMAT_MAX[fmt], dtype=torch.float32))
+    biased = pow2 >> 23
+    inverse = ((254 - biased).clamp(min=0) << 23).view(torch.float32)
+    return (biased.to(torch.uint8) if packed_ue8m0 else pow2.view(torch.float32)), inverse
+
+
+def per_token_cast_format_ref(
+    x: torch.Tensor,
+    block_size: int,
+    fmt: str = 'e4m3',
+    *,
+    round_sf: bool = False,
+    packed_ue8m0: bool = False,
+    e4m3_sf: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """per_token_cast_ref for every output and scale format: (data, sf). data (T, H) float8_e4m3fn, or FP4 (T, H / 2)
+    int8; sf (T, H / block) fp32 / float8_e4m3fn, or UE8M0 bytes padded to 4 (uint8). Products are clamped to
+    +-448 before the e4m3 narrowing (E4M3 scales may round below c / 448 or saturate)."""
+    num_tokens, hidden = x.shape
+    blocks = x.float().reshape(num_tokens, hidden // block_size, block_size)
+    amax = blocks.abs().amax(dim=-1)
+    stored, inverse = format_scale_and_inverse_ref(
+        amax, fmt, round_sf=round_sf, packed_ue8m0=packed_ue8m0, e4m3_sf=e4m3_sf
+    )
+    sf = pack_ue8m0_rows(stored) if packed_ue8m0 else stored
+    scaled = (blocks * inverse.unsqueeze(-1)).reshape(num_tokens, hidden)
+    return narrow_ref(scaled, fmt), sf
+
+
+def per_token_cast_precomputed_ref(x: torch.Tensor, sf: torch.Tensor, block_size: int, fmt: str = 'e4m3'):
+    """The data of per_token_cast_with_precomputed_sf: x * (1 / fp32(sf)) per block (IEEE reciprocal), narrowed
+    (e4m3: clamped to +-448 first, NaN kept; FP4: e2m1_codes_ref)."""
+    num_tokens, hidden = x.shape
+    blocks = x.float().reshape(num_tokens, hidden // block_size, block_size)
+    given = sf.float()
+    inverse = torch.ones_like(given) / given
+    return narrow_ref((blocks * inverse.unsqueeze(-1)).reshape(num_tokens, hidden), fmt)

@@ -15,45 +15,65 @@ from cann_ops_tilelang.quant import (
     per_token_cast_with_precomputed_sf,
     per_token_cast_with_sf_only,
 )
-from tests.quant.cast_ref import e4m3_ref, padded_hidden, per_token_cast_ref, scaled_rows
+from tests.quant.cast_ref import (
+    format_scale_and_inverse_ref,
+    padded_hidden,
+    per_token_cast_format_ref,
+    per_token_cast_precomputed_ref,
+    scaled_rows,
+)
 from tests.testing.bench import config_extras, make_param_id
 from tests.testing.generator import by_level, generate_samples, get_test_level
 from tests.testing.numeric import assert_equal, count_bytes
 
 LEVEL = get_test_level()
-# (num_per_channels, round_sf, use_packed_ue8m0): each a kernel of its own per dtype and hidden size.
-_FORMATS = {'fp32': (False, False), 'pow2': (True, False), 'ue8m0': (True, True)}
+# scale formats (round_sf, use_packed_ue8m0, use_e4m3_sf): each a kernel of its own per dtype, block, output format
+# and hidden size.
+_FORMATS = {'fp32': (False, False, False), 'pow2': (True, False, False), 'ue8m0': (True, True, False),
+            'e4m3': (False, False, True)}  # fmt: skip
 VARIANTS = by_level(
     LEVEL,
     # level 0: configurations test_per_token_cast_kernel.py compiles anyway (each compiles once per run)
-    core=[dict(dtype='bfloat16', block=32, sf='fp32'), dict(dtype='float32', block=32, sf='ue8m0')],
-    default=generate_samples(dtype=['bfloat16', 'float32'], block=[32, 64, 128], sf=list(_FORMATS)),
+    core=[
+        dict(dtype='bfloat16', block=32, sf='fp32', fmt='e4m3'),
+        dict(dtype='float32', block=64, sf='pow2', fmt='e2m1'),
+        dict(dtype='float32', block=16, sf='e4m3', fmt='e2m1'),
+    ],
+    default=generate_samples(
+        dtype=['bfloat16', 'float32'], block=[16, 32, 64, 128], sf=list(_FORMATS), fmt=['e4m3', 'e2m1']
+    ),
 )
 NUM_TOKENS = by_level(LEVEL, core=(0, 1, 37), default=(300,), full=(4001,))
 
 
-def _cast(x, block=128, sf='fp32', **kwargs):
-    round_sf, packed = _FORMATS[sf]
-    return per_token_cast(x, 'e4m3', block, round_sf=round_sf, use_packed_ue8m0=packed, **kwargs)
+def _cast(x, block=128, sf='fp32', fmt='e4m3', **kwargs):
+    round_sf, packed, e4m3_sf = _FORMATS[sf]
+    return per_token_cast(x, fmt, block, round_sf=round_sf, use_packed_ue8m0=packed, use_e4m3_sf=e4m3_sf, **kwargs)
 
 
-def _expected(x: torch.Tensor, block: int, sf: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """The reference's data and scale bytes (uint8 views: fp8 and packed scales compared bit for bit)."""
-    round_sf, packed = _FORMATS[sf]
-    data, scales = per_token_cast_ref(x.cpu(), block, round_sf=round_sf, packed_ue8m0=packed)
-    return data.view(torch.uint8), scales.view(torch.uint8) if packed else scales
+def _without_nan_signs(data: torch.Tensor, x: torch.Tensor, inverse: torch.Tensor, fmt: str) -> torch.Tensor:
+    """Data bytes (uint8) with the sign bits of NaN products x * inverse cleared: that NaN's sign is the hardware's
+    (x86, the reference's CPU and the emulator's, gives -NaN; a GPU +NaN), unspecified by the contract (e4m3: the
+    byte's sign; FP4: both codes' signs of a byte holding one)."""
+    num_tokens, hidden = x.shape
+    blocks = x.cpu().float().reshape(num_tokens, inverse.shape[1], hidden // inverse.shape[1])
+    nan = torch.isnan(blocks * inverse.unsqueeze(-1)).reshape(x.shape)
+    if fmt == 'e2m1':
+        return torch.where(nan.reshape(num_tokens, hidden // 2, 2).any(dim=-1), data & 0x77, data)
+    return torch.where(nan, data & 0x7F, data)
 
 
-def _nan_as_positive(data: torch.Tensor) -> torch.Tensor:
-    """e4m3 bytes with every NaN (S.1111.111) as 0x7F: the sign of the NaN that inf * 0 makes is the hardware's
-    (x86, the reference's CPU and the emulator's, gives -NaN; a GPU +NaN), unspecified by the contract."""
-    return torch.where(data & 0x7F == 0x7F, 0x7F, data).to(torch.uint8)
-
-
-def _assert_matches(result: QuantTensor, x: torch.Tensor, block: int, sf: str) -> None:
-    data, scales = _expected(x, block, sf)
-    assert_equal(_nan_as_positive(result.data.cpu().view(torch.uint8)), _nan_as_positive(data))
-    assert_equal(result.sf.cpu().view(torch.uint8) if _FORMATS[sf][1] else result.sf.cpu(), scales)
+def _assert_matches(result: QuantTensor, x: torch.Tensor, block: int, sf: str, fmt: str = 'e4m3') -> None:
+    """Data and scale bytes equal the reference's, bit for bit (NaN products whatever their sign)."""
+    round_sf, packed, e4m3_sf = _FORMATS[sf]
+    data, scales = per_token_cast_format_ref(
+        x.cpu(), block, fmt, round_sf=round_sf, packed_ue8m0=packed, e4m3_sf=e4m3_sf
+    )
+    amax = x.cpu().float().reshape(x.shape[0], x.shape[1] // block, block).abs().amax(dim=-1)
+    _, inverse = format_scale_and_inverse_ref(amax, fmt, round_sf=round_sf, packed_ue8m0=packed, e4m3_sf=e4m3_sf)
+    got = result.data.cpu().view(torch.uint8)
+    assert_equal(_without_nan_signs(got, x, inverse, fmt), _without_nan_signs(data.view(torch.uint8), x, inverse, fmt))
+    assert_equal(result.sf.cpu().view(torch.uint8), scales.view(torch.uint8))
 
 
 # ---------------------------------------------------------------- CPU tier: argument contract
@@ -75,19 +95,19 @@ X = torch.zeros(4, 256, dtype=torch.bfloat16)
         ((X[None], 'e4m3', 128), {}, ValueError, 'x must have 2 dimensions'),
         ((torch.zeros(256, 4).t(), 'e4m3', 128), {}, ValueError, 'x must be contiguous'),
         ((X, 4, 128), {}, TypeError, 'fmt must be a str, got int'),
-        ((X, 'e2m1', 128), {}, ValueError, "fmt must be 'e4m3' .*'e2m1' is not supported yet"),
-        ((X, 'e5m2', 128), {}, ValueError, "fmt must be 'e4m3'"),
+        ((X, 'e5m2', 128), {}, ValueError, r"fmt must be one of \('e4m3', 'e2m1'\), got 'e5m2'"),
         ((X, 'e4m3', 128.0), {}, TypeError, 'num_per_channels must be an int, got float'),
         ((X, 'e4m3', True), {}, TypeError, 'num_per_channels must be an int, got bool'),
-        ((X, 'e4m3', 16), {}, ValueError, r'num_per_channels must be one of \(32, 64, 128\), got 16'),
+        ((X, 'e4m3', 8), {}, ValueError, r'num_per_channels must be one of \(16, 32, 64, 128\), got 8'),
         ((X, 'e4m3', 128), {'round_sf': 1}, TypeError, 'round_sf must be a bool, got int'),
         ((X, 'e4m3', 128), {'use_packed_ue8m0': True}, ValueError, 'use_packed_ue8m0=True needs round_sf=True'),
         ((X, 'e4m3', 128), {'x_block_size': (1, 128)}, ValueError, r'x_block_size=\(1, 128\) is not supported yet'),
-        ((X, 'e4m3', 128), {'use_e4m3_sf': True}, ValueError, 'use_e4m3_sf=True is not supported yet'),
+        ((X, 'e2m1', 128), {'use_e4m3_sf': True, 'round_sf': True}, ValueError, 'use_e4m3_sf=True and round_sf'),
         ((X, 'e4m3', 128), {'stochastic_cast': True}, ValueError, 'stochastic_cast=True is not supported yet'),
         ((X, 'e4m3', 128), {'use_tma_aligned_col_major_sf': True}, ValueError, 'use_tma_aligned_col_major_sf=True'),
         ((X[:, :192].clone(), 'e4m3', 128), {}, ValueError, 'multiple of 128 for num_per_channels 128, got 192'),
         ((X[:, :96].contiguous(), 'e4m3', 32), {}, ValueError, 'positive multiple of 64 for num_per_channels 32'),
+        ((X[:, :96].contiguous(), 'e2m1', 16), {}, ValueError, 'positive multiple of 64 for num_per_channels 16'),
         ((X[:, :0], 'e4m3', 32), {}, ValueError, 'positive multiple of 64'),
         ((torch.empty(2**17, 2**14 + 64, device='meta'), 'e4m3', 64), {}, ValueError, 'at most 2\\*\\*31 - 1'),
         ((X, 'e4m3', 128), {}, RuntimeError, "no kernels for 'cpu' tensors"),
@@ -120,6 +140,13 @@ def test_per_token_cast_rejects_out_buffers():
         )
     with pytest.raises(RuntimeError, match="no kernels for 'cpu' tensors"):
         _cast(X, out=(data, scales))  # valid buffers: the device decides
+    fp4, e4m3_scales = torch.empty(4, 128, dtype=torch.int8), torch.empty(4, 16, dtype=torch.float8_e4m3fn)
+    with pytest.raises(ValueError, match=r'out\[0\] must have shape \(4, 128\), got \(4, 256\)'):
+        _cast(X, 16, 'e4m3', 'e2m1', out=(fp4.view(torch.uint8).repeat(1, 2).view(torch.int8), e4m3_scales))
+    with pytest.raises(TypeError, match=r'out\[1\] must have dtype torch.float8_e4m3fn'):
+        _cast(X, 16, 'e4m3', 'e2m1', out=(fp4, torch.empty(4, 16)))
+    with pytest.raises(RuntimeError, match="no kernels for 'cpu' tensors"):
+        _cast(X, 16, 'e4m3', 'e2m1', out=(fp4, e4m3_scales))
 
 
 def test_per_token_cast_fake_tensors(monkeypatch):
@@ -137,6 +164,18 @@ def test_per_token_cast_fake_tensors(monkeypatch):
             assert (tuple(result.sf.shape), result.sf.dtype) == (sf_shape, sf_dtype)
         out = (torch.empty(37, 1088, dtype=torch.float8_e4m3fn), torch.empty(37, 17))
         assert _cast(x, 64, out=out) == out
+        for block, sf, sf_shape, sf_dtype in (
+            (16, 'e4m3', (37, 68), torch.float8_e4m3fn),  # NVFP4's layout
+            (32, 'ue8m0', (37, 9), torch.int32),  # MXFP4's
+        ):
+            result = _cast(x, block, sf, 'e2m1')
+            assert (result.data.shape, result.data.dtype) == ((37, 544), torch.int8)
+            assert (tuple(result.sf.shape), result.sf.dtype) == (sf_shape, sf_dtype)
+        sf_only = per_token_cast_with_sf_only(x, 'e2m1', 16, use_e4m3_sf=True)
+        assert (tuple(sf_only.shape), sf_only.dtype) == ((37, 68), torch.float8_e4m3fn)
+        given = torch.empty(37, 68, dtype=torch.float8_e4m3fn)
+        data = per_token_cast_with_precomputed_sf(x, 'e2m1', 16, given, use_e4m3_sf=True)
+        assert (tuple(data.shape), data.dtype) == ((37, 544), torch.int8)
         with pytest.raises(ValueError, match='use_packed_ue8m0=True needs round_sf=True'):
             per_token_cast(x, 'e4m3', 32, use_packed_ue8m0=True)
     schemas = [str(op._schema) for op in per_token_cast.operator.forms.values()]
@@ -157,62 +196,80 @@ def test_per_token_cast_fake_tensors(monkeypatch):
 @pytest.mark.parametrize('variant', VARIANTS, ids=make_param_id)
 @pytest.mark.parametrize('num_tokens', NUM_TOKENS)
 def test_per_token_cast_values(variant, num_tokens, device):
-    x = scaled_rows(num_tokens, padded_hidden(variant['block']), variant['dtype'], device)
-    result = _cast(x, variant['block'], variant['sf'])
-    _assert_matches(result, x, variant['block'], variant['sf'])
-    poisoned = (torch.full_like(result.data.view(torch.uint8), 0x7F), torch.full_like(result.sf, -1))
+    block, sf, fmt = variant['block'], variant['sf'], variant['fmt']
+    x = scaled_rows(num_tokens, padded_hidden(block), variant['dtype'], device)
+    result = _cast(x, block, sf, fmt)
+    _assert_matches(result, x, block, sf, fmt)
+    poisoned = (
+        torch.full_like(result.data.view(torch.uint8), 0x7F),
+        torch.full_like(result.sf.view(torch.uint8), 0xA5),
+    )
     buffers = tuple(t.view(r.dtype) for t, r in zip(poisoned, result, strict=True))
-    again = _cast(x, variant['block'], variant['sf'], out=buffers)
+    again = _cast(x, block, sf, fmt, out=buffers)
     assert again.data is buffers[0]
     assert again.sf is buffers[1]
-    _assert_matches(again, x, variant['block'], variant['sf'])
+    _assert_matches(again, x, block, sf, fmt)
 
 
 @pytest.mark.npu
 def test_per_token_cast_special_values(device):
-    """-0.0, subnormals, values past e4m3's range (saturated), and a block holding an inf."""
+    """-0.0, subnormals, values past the format's range (saturated), e2m1 ties, and a block holding an inf."""
     tiny = torch.finfo(torch.float32).tiny
-    pool = torch.tensor([0.0, -0.0, tiny, -tiny / 8, 1e-30, 3e4, -1e6, 1.0, -448.0, 449.0])
-    x = pool[torch.randint(len(pool), (6, 1088))]
-    x[2, :128] = 0.0  # all-zero blocks: the 1e-4 floor
+    pool = torch.tensor([0.0, -0.0, tiny, -tiny / 8, 1e-30, 3e4, -1e6, 1.0, -448.0, 449.0, 0.25, -2.5, 5.0])
+    x = pool[torch.randint(len(pool), (7, 1088))]
+    x[2, :128] = 0.0  # all-zero blocks: the amax floor
     x[3, 128:] = float('inf')
+    x[4, :64] = -0.0
+    x[5, :16] = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 6.0]).repeat(2)  # e2m1 ties at scale 1
+    x[6, :64] = 1e38  # E4M3 scales saturate at 448
     x = x.to(device)
-    for block, sf in ((64, 'pow2'), (32, 'ue8m0')):
-        _assert_matches(_cast(x, block, sf), x, block, sf)
+    for block, sf, fmt in ((64, 'pow2', 'e4m3'), (32, 'ue8m0', 'e4m3'), (64, 'pow2', 'e2m1'), (16, 'e4m3', 'e2m1')):
+        _assert_matches(_cast(x, block, sf, fmt), x, block, sf, fmt)
 
 
 def test_per_token_cast_halves_reject():
     with pytest.raises(ValueError, match=r'out_sf must have shape \(4, 2\), got \(4, 1\)'):
         per_token_cast_with_sf_only(X, 'e4m3', 128, out_sf=torch.empty(4, 1))
-    with pytest.raises(ValueError, match='use_e4m3_sf=True is not supported yet'):
-        per_token_cast_with_sf_only(X, 'e4m3', 128, use_e4m3_sf=True)
+    with pytest.raises(ValueError, match='use_e4m3_sf=True and round_sf=True exclude each other'):
+        per_token_cast_with_sf_only(X, 'e4m3', 128, round_sf=True, use_e4m3_sf=True)
     with pytest.raises(ValueError, match=r'sf must have shape \(4, 2\) \(one per token and block of 128\)'):
         per_token_cast_with_precomputed_sf(X, 'e4m3', 128, torch.ones(4, 4))
     with pytest.raises(ValueError, match='precomputed scales are fp32: use_packed_ue8m0=True is not supported'):
         per_token_cast_with_precomputed_sf(X, 'e4m3', 128, torch.ones(4, 2), round_sf=True, use_packed_ue8m0=True)
+    e4m3_scales = torch.ones(4, 16).to(torch.float8_e4m3fn)
+    with pytest.raises(TypeError, match='sf must have dtype torch.float8_e4m3fn with use_e4m3_sf=True'):
+        per_token_cast_with_precomputed_sf(X, 'e2m1', 16, torch.ones(4, 16), use_e4m3_sf=True)
+    with pytest.raises(TypeError, match='sf must have dtype torch.float32 with use_e4m3_sf=False'):
+        per_token_cast_with_precomputed_sf(X, 'e2m1', 16, e4m3_scales)
     with pytest.raises(RuntimeError, match="no kernels for 'cpu' tensors"):
         per_token_cast_with_precomputed_sf(X, 'e4m3', 128, torch.ones(4, 2))
+    with pytest.raises(RuntimeError, match="no kernels for 'cpu' tensors"):
+        per_token_cast_with_precomputed_sf(X, 'e2m1', 16, e4m3_scales, use_e4m3_sf=True)
 
 
 @pytest.mark.npu
 @pytest.mark.parametrize('variant', VARIANTS, ids=make_param_id)
 def test_per_token_cast_halves_values(variant, device):
-    """The scales alone are per_token_cast's; its data again from fp32 scales, including scales the kernel did not
-    compute (zero, tiny: products past e4m3's range saturate, zeros times inf are NaN)."""
-    x = scaled_rows(37, padded_hidden(variant['block']), variant['dtype'], device)
-    round_sf, packed = _FORMATS[variant['sf']]
-    full = _cast(x, variant['block'], variant['sf'])
-    scales = per_token_cast_with_sf_only(x, 'e4m3', variant['block'], round_sf=round_sf, use_packed_ue8m0=packed)
-    assert_equal(scales.cpu(), full.sf.cpu())
+    """The scales alone are per_token_cast's; its data again from given scales (fp32 or e4m3), including scales
+    the kernel did not compute (zero, tiny: products past the format's range saturate, zeros times inf are NaN)."""
+    block, sf, fmt = variant['block'], variant['sf'], variant['fmt']
+    round_sf, packed, e4m3_sf = _FORMATS[sf]
+    x = scaled_rows(37, padded_hidden(block), variant['dtype'], device)
+    full = _cast(x, block, sf, fmt)
+    scales = per_token_cast_with_sf_only(x, fmt, block, round_sf=round_sf, use_packed_ue8m0=packed, use_e4m3_sf=e4m3_sf)
+    assert_equal(scales.cpu().view(torch.uint8), full.sf.cpu().view(torch.uint8))
     if packed:
-        return
+        return  # given scales are fp32 or e4m3
     given = scales.clone()
-    given[0, 0], given[1, 1] = 0.0, 1e-30
-    data = per_token_cast_with_precomputed_sf(x, 'e4m3', variant['block'], given)
-    blocks = x.cpu().float().reshape(37, -1, variant['block'])
-    inverse = torch.ones_like(given.cpu()) / given.cpu()
-    expected = e4m3_ref((blocks * inverse.unsqueeze(-1)).reshape(37, -1))
-    assert_equal(_nan_as_positive(data.cpu().view(torch.uint8)), _nan_as_positive(expected.view(torch.uint8)))
+    given[0, 0] = 0.0
+    given[1, 1] = 1e-30 if sf != 'e4m3' else 2.0**-9  # tiny: products past the format's maximum
+    data = per_token_cast_with_precomputed_sf(x, fmt, block, given, use_e4m3_sf=e4m3_sf)
+    expected = per_token_cast_precomputed_ref(x.cpu(), given.cpu(), block, fmt)
+    inverse = torch.ones(given.shape) / given.cpu().float()
+    assert_equal(
+        _without_nan_signs(data.cpu().view(torch.uint8), x, inverse, fmt),
+        _without_nan_signs(expected.view(torch.uint8), x, inverse, fmt),
+    )
 
 
 # The peer's shapes (tokens 4001 / 8001, hidden 4096 / 7168), 128-channel fp32 and 32-channel UE8M0 scales.
@@ -228,11 +285,39 @@ def test_per_token_cast_benchmark(params, device, benchmark_timer, benchmark_rec
     result = _cast(x, block, sf)
     _assert_matches(result, x, block, sf)
     time_us = benchmark_timer(lambda: _cast(x, block, sf, out=result))
-    round_sf, packed = _FORMATS[sf]
+    round_sf, packed, _ = _FORMATS[sf]
     cfg = per_token_cast.operator.config(x, 'e4m3', block, round_sf=round_sf, use_packed_ue8m0=packed)
     benchmark_record(
         kernel='quant.per_token_cast',
         operation='cast',
+        params=params,
+        time_us=time_us,
+        bandwidth_gbs=count_bytes(x, *result) / time_us / 1e3,
+        extras=config_extras(cfg),
+    )
+
+
+# FP4 at the same shapes: NVFP4's layout (16-channel E4M3 scales) and MXFP4's (32-channel UE8M0 scales).
+FP4_SCALES = {'e4m3x16': (16, 'e4m3'), 'ue8m0x32': (32, 'ue8m0')}
+FP4_BENCHMARK_PARAMS = generate_samples(num_tokens=[4001, 8001], hidden=[4096, 7168], scales=list(FP4_SCALES))
+
+
+@pytest.mark.npu
+@pytest.mark.benchmark
+@pytest.mark.parametrize('params', FP4_BENCHMARK_PARAMS, ids=make_param_id)
+def test_per_token_cast_fp4_benchmark(params, device, benchmark_timer, benchmark_record):
+    block, sf = FP4_SCALES[params['scales']]
+    x = scaled_rows(params['num_tokens'], params['hidden'], 'bfloat16', device)
+    result = _cast(x, block, sf, 'e2m1')
+    _assert_matches(result, x, block, sf, 'e2m1')
+    time_us = benchmark_timer(lambda: _cast(x, block, sf, 'e2m1', out=result))
+    round_sf, packed, e4m3_sf = _FORMATS[sf]
+    cfg = per_token_cast.operator.config(
+        x, 'e2m1', block, round_sf=round_sf, use_packed_ue8m0=packed, use_e4m3_sf=e4m3_sf
+    )
+    benchmark_record(
+        kernel='quant.per_token_cast',
+        operation='cast_fp4',
         params=params,
         time_us=time_us,
         bandwidth_gbs=count_bytes(x, *result) / time_us / 1e3,

@@ -9,6 +9,7 @@ import torch
 
 from cann_ops_tilelang.config import backend_of, get_num_cores
 from cann_ops_tilelang.kernel_target import launch_kernel
+from cann_ops_tilelang.quant._scale_rules import cuda_cast_scale_and_inverse
 from cann_ops_tilelang.quant.per_token_cast_kernel import (
     UE8M0_PACK,
     choose_per_token_cast_config,
@@ -16,8 +17,11 @@ from cann_ops_tilelang.quant.per_token_cast_kernel import (
     make_per_token_cast_kernel,
 )
 from tests.quant.cast_ref import (
-    INV_FP8_MAX,
+    FORMAT_MAX,
+    format_scale_and_inverse_ref,
     padded_hidden,
+    per_token_cast_format_ref,
+    per_token_cast_precomputed_ref,
     per_token_cast_ref,
     round_up_pow2_bits,
     scaled_rows,
@@ -35,17 +39,22 @@ from tests.testing.numeric import assert_equal
 KERNEL_NAME = 'per_token_cast_kernel'
 LEVEL = get_test_level()
 
-# Scale formats: fp32 scales, fp32 powers of two (round_sf), UE8M0 bytes (round_sf + packed_ue8m0).
-FORMATS = {'fp32': (False, False), 'pow2': (True, False), 'ue8m0': (True, True)}
+# Scale formats (round_sf, packed_ue8m0, e4m3_sf): fp32 scales, fp32 powers of two (round_sf), UE8M0 bytes
+# (round_sf + packed_ue8m0), E4M3 bytes (use_e4m3_sf).
+FORMATS = {'fp32': (False, False, False), 'pow2': (True, False, False), 'ue8m0': (True, True, False),
+           'e4m3': (False, False, True)}  # fmt: skip
 
-# Level 0 covers every dtype, block size and format once (each one kernel to compile); level 1 the full product.
+# Level 0 covers every dtype, block size, scale format and output format once (each one kernel to compile; the
+# last is NVFP4's: 16-channel E4M3 scales of e2m1); level 1 the full product.
 _CORE_VARIANTS = [
-    dict(in_dtype='bfloat16', block_size=32, sf='fp32'),
-    dict(in_dtype='float32', block_size=64, sf='pow2'),
-    dict(in_dtype='bfloat16', block_size=128, sf='ue8m0'),
-    dict(in_dtype='float32', block_size=32, sf='ue8m0'),
+    dict(in_dtype='bfloat16', block_size=32, sf='fp32', fmt='e4m3'),
+    dict(in_dtype='float32', block_size=64, sf='pow2', fmt='e2m1'),
+    dict(in_dtype='bfloat16', block_size=128, sf='ue8m0', fmt='e4m3'),
+    dict(in_dtype='float32', block_size=16, sf='e4m3', fmt='e2m1'),
 ]
-_ALL_VARIANTS = generate_samples(in_dtype=['bfloat16', 'float32'], block_size=[32, 64, 128], sf=list(FORMATS))
+_ALL_VARIANTS = generate_samples(
+    in_dtype=['bfloat16', 'float32'], block_size=[16, 32, 64, 128], sf=list(FORMATS), fmt=['e4m3', 'e2m1']
+)
 VARIANTS = by_level(LEVEL, core=_CORE_VARIANTS, default=_ALL_VARIANTS)
 # Hidden sizes: minimum, a padded UE8M0 row (17 blocks of 64 / 34 of 32), several column tiles, production sizes.
 HIDDEN = by_level(LEVEL, core=(256, 1088), default=(128, 192, 7168), full=(4096, 5120, 16384))
@@ -55,8 +64,8 @@ NUM_TOKENS = by_level(LEVEL, core=(1, 67), default=(3, 300), full=(4001,))
 ASC = dict(backend='ascend', num_cores=64)
 
 
-def _config(backend: str, num_cores: int, variant: dict, hidden: int):
-    round_sf, packed = FORMATS[variant['sf']]
+def _config(backend: str, num_cores: int, variant: dict, hidden: int, mode: str = 'cast'):
+    round_sf, packed, e4m3_sf = FORMATS[variant['sf']]
     return choose_per_token_cast_config(
         backend=backend,
         num_cores=num_cores,
@@ -65,7 +74,41 @@ def _config(backend: str, num_cores: int, variant: dict, hidden: int):
         block_size=variant['block_size'],
         round_sf=round_sf,
         packed_ue8m0=packed,
+        mode=mode,
+        fmt=variant['fmt'],
+        e4m3_sf=e4m3_sf,
     )
+
+
+def _reference(x: torch.Tensor, variant: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    round_sf, packed, e4m3_sf = FORMATS[variant['sf']]
+    return per_token_cast_format_ref(
+        x.cpu(), variant['block_size'], variant['fmt'], round_sf=round_sf, packed_ue8m0=packed, e4m3_sf=e4m3_sf
+    )
+
+
+def _nan_products(x: torch.Tensor, variant: dict, inverse: torch.Tensor | None = None) -> torch.Tensor:
+    """Where x * inverse is NaN (an inf times a zero inverse, or NaN input), as a mask of the data's bytes: the
+    NaN's sign is the hardware's (x86, the reference's CPU and the emulator's, gives -NaN; a GPU +NaN), so there
+    the data is compared without its sign (FP4: a byte holds two elements, both lose their sign bit)."""
+    bs = variant['block_size']
+    num_tokens, hidden = x.shape
+    blocks = x.cpu().float().reshape(num_tokens, hidden // bs, bs)
+    if inverse is None:
+        round_sf, packed, e4m3_sf = FORMATS[variant['sf']]
+        amax = blocks.abs().amax(dim=-1)
+        _, inverse = format_scale_and_inverse_ref(
+            amax, variant['fmt'], round_sf=round_sf, packed_ue8m0=packed, e4m3_sf=e4m3_sf
+        )
+    nan = torch.isnan(blocks * inverse.unsqueeze(-1)).reshape(x.shape)
+    return nan.reshape(num_tokens, hidden // 2, 2).any(dim=-1) if variant['fmt'] == 'e2m1' else nan
+
+
+def assert_data_equal(got: torch.Tensor, want: torch.Tensor, nan: torch.Tensor, fmt: str) -> None:
+    """Data bytes equal, those of NaN products (`nan`) without their sign bits (e4m3 0x80, FP4 0x88)."""
+    sign = 0x88 if fmt == 'e2m1' else 0x80
+    got, want = got.cpu().view(torch.uint8), want.cpu().view(torch.uint8)
+    assert_equal(torch.where(nan, got & (0xFF ^ sign), got), torch.where(nan, want & (0xFF ^ sign), want))
 
 
 def _lowering_cases() -> list[dict]:
@@ -141,7 +184,9 @@ def test_per_token_cast_config_padded_ue8m0_rows_stay_in_one_ascend_task():
     [
         (dict(backend='cpu'), 'backend'),
         (dict(in_dtype=torch.float16), 'in_dtype'),
-        (dict(block_size=16), 'block_size'),
+        (dict(block_size=8), 'block_size'),
+        (dict(fmt='e5m2'), 'fmt must be one of'),
+        (dict(round_sf=True, e4m3_sf=True), 'e4m3_sf excludes round_sf'),
         (dict(hidden=96), 'multiple of 64'),
         (dict(hidden=192, block_size=128), 'multiple of 128'),
         (dict(hidden=0), 'positive multiple'),
@@ -154,14 +199,17 @@ def test_per_token_cast_config_rejects(kwargs, match):
         choose_per_token_cast_config(**args)
 
 
-def test_round_sf_reciprocal_product_rounds_like_the_division():
-    """The kernels round c * fp32(1/448) up to a power of two; TileKernels' reference rounds c / 448. Both give
-    the same power for every fp32 significand (the exponent only shifts both), so the kernels match either."""
+@pytest.mark.parametrize(('fmt', 'exponents'), [('e4m3', (-13, 0, 9, 100)), ('e2m1', (-124, -13, 0, 9, 126))])
+def test_round_sf_reciprocal_product_rounds_like_the_division(fmt, exponents):
+    """The kernels round c * fp32(1/m) up to a power of two (m = 448 or 6); TileKernels' reference rounds c / m.
+    Both give the same power for every fp32 significand (the exponent only shifts both), from the amax floor
+    (1e-4; FP4's 6 * 2**-126) up to large finite maxima, so the kernels match either."""
     significands = torch.arange(1 << 23, dtype=torch.int32) | (127 << 23)  # every fp32 in [1, 2)
-    for exponent in (-13, 0, 9, 100):  # 1e-4 (the floor) up to large finite maxima
+    fmax = FORMAT_MAX[fmt]
+    for exponent in exponents:
         c = significands.view(torch.float32) * 2.0**exponent
-        by_product = round_up_pow2_bits(c * INV_FP8_MAX)
-        by_division = round_up_pow2_bits(c / torch.full_like(c, 448.0))
+        by_product = round_up_pow2_bits(c * torch.tensor(1.0 / fmax, dtype=torch.float32))
+        by_division = round_up_pow2_bits(c / torch.full_like(c, fmax))
         assert torch.equal(by_product, by_division), exponent
 
 
@@ -186,6 +234,88 @@ def test_reference_hand_values():
     assert packed[1, 1].item() == 127 - 8  # 1 / 448 rounds up to 2**-8
 
 
+def test_reference_hand_values_fp4_and_e4m3_scales():
+    """FP4: a block with maximum 6 has scale 1 and its values round on the e2m1 grid (ties to even); E4M3 scales:
+    c / m rounded to e4m3, the data scaled by its reciprocal; floors and saturation."""
+    x = torch.zeros(3, 64)
+    x[0, :16] = torch.tensor([6, -6, 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5, -0.0, 0.3, -2.9, 4.4, 1.0, 0.5, 0.1])
+    x[0, 16:] = 12.0  # scale 2: every value 6
+    x[1, :16] = 1e-45  # a subnormal block: FP4's floor gives scale 2**-126
+    x[2, :16] = 3e30  # past 448 * 448 * 6: the E4M3 scale saturates
+    data, sf = per_token_cast_format_ref(x, 16, 'e2m1')
+    assert data.dtype == torch.int8
+    assert data.shape == (3, 32)
+    assert sf[0].tolist() == [1.0, 2.0, 2.0, 2.0]
+    codes = data.view(torch.uint8)[0, :8]
+    low, high = (codes & 0xF).tolist(), (codes >> 4).tolist()
+    #  6 -> 7, -6 -> 15, .25 -> 0 (tie to even), .75 -> 2, 1.25 -> 2, 1.75 -> 4, 2.5 -> 4, 3.5 -> 6,
+    #  5 -> 6, -0.0 -> 8, .3 -> 1, -2.9 -> 13, 4.4 -> 6, 1 -> 2, .5 -> 1, .1 -> 0
+    assert list(zip(low, high, strict=True)) == [(7, 15), (0, 2), (2, 4), (4, 6), (6, 8), (1, 13), (6, 2), (1, 0)]
+    assert data.view(torch.uint8)[0, 8:].eq(0x77).all()
+    assert sf[1, 0].item() == 2.0**-126
+    data, sf = per_token_cast_format_ref(x, 16, 'e2m1', e4m3_sf=True)
+    assert sf.dtype == torch.float8_e4m3fn
+    assert sf[0].float().tolist() == [1.0, 2.0, 2.0, 2.0]
+    assert sf[1, 0].float().item() == 2.0**-9  # the floor: e4m3's smallest subnormal
+    assert sf[2, 0].float().item() == 448.0  # saturated: the data saturates too
+    assert data.view(torch.uint8)[2, :8].eq(0x77).all()
+    _, sf = per_token_cast_format_ref(x, 16, 'e4m3', e4m3_sf=True)
+    assert sf[0, 0].float().item() == 14 * 2.0**-10  # 6 / 448 = 13.71 * 2**-10 rounds to 14 steps of 2**-10
+
+
+class _TorchPrimExprs:
+    """The `tilelang.language` names _scale_rules.cuda_cast_scale_and_inverse uses, on CPU tensors (integers as
+    int64 values; constants as 1-element tensors, so a division is tensor / tensor, IEEE), so the CUDA kernels'
+    own scale function runs here."""
+
+    def float32(value):
+        return torch.tensor([value], dtype=torch.float32)
+
+    def uint32(value):
+        return torch.tensor([value], dtype=torch.int64)
+
+    int32 = uint32
+    uint8 = uint32
+    float8_e4m3fn = 'float8_e4m3fn'
+    max = torch.maximum
+    min = torch.minimum
+
+    def cast(value, dtype):
+        if dtype is _TorchPrimExprs.float8_e4m3fn:
+            return value.to(torch.float8_e4m3fn)
+        if dtype is _TorchPrimExprs.float32:
+            return value.float()
+        return value.to(torch.uint8) if dtype is _TorchPrimExprs.uint8 else value
+
+    def reinterpret(value, dtype):
+        if dtype is _TorchPrimExprs.uint32:
+            return value.view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+        return value.to(torch.int32).view(torch.float32)
+
+    def call_extern(dtype, name, value):
+        assert (dtype, name) == (_TorchPrimExprs.float32, '__frcp_rn')  # IEEE reciprocal
+        return torch.ones_like(value) / value
+
+
+@pytest.mark.parametrize('fmt', ['e4m3', 'e2m1'])
+@pytest.mark.parametrize('sf', list(FORMATS))
+def test_cuda_scale_rule_matches_the_reference(fmt, sf):
+    """The CUDA kernels' scale function (run on CPU tensors) gives the reference's scales and inverses bit for bit
+    (the Ascend kernels' are checked on the emulator): maxima across the binades, the floors, 0, inf."""
+    round_sf, packed, e4m3_sf = FORMATS[sf]
+    torch.manual_seed(0)
+    specials = torch.tensor([0.0, 1e-45, 6.0, 448.0, 3e38, float('inf')])  # inf: scale inf, or E4M3's 448
+    amax = torch.cat([torch.exp2(torch.rand(1 << 16) * 300 - 150), specials])
+    stored, inverse = cuda_cast_scale_and_inverse(
+        _TorchPrimExprs, amax, fmt=fmt, round_sf=round_sf, packed_ue8m0=packed, e4m3_sf=e4m3_sf
+    )
+    want_stored, want_inverse = format_scale_and_inverse_ref(
+        amax, fmt, round_sf=round_sf, packed_ue8m0=packed, e4m3_sf=e4m3_sf
+    )
+    assert_equal(stored.view(torch.uint8), want_stored.view(torch.uint8))
+    assert_equal(inverse, want_inverse)
+
+
 # ---------------------------------------------------------------- CPU tier: kernels lower
 
 
@@ -201,7 +331,10 @@ def test_per_token_cast_ascend_lowers(case):
 def test_per_token_cast_cuda_lowers(case):
     cfg = _config('cuda', H200_SMS, case['variant'], case['hidden'])
     lowered = assert_cuda_kernel_lowers(lambda: make_per_token_cast_kernel(cfg), key=cfg, kernel_name=KERNEL_NAME)
-    assert '__NV_SATFINITE' in lowered.source  # the fp8 conversion saturates at +-448, as the reference clamps
+    # The fp8 data conversion saturates at +-448, as the reference clamps (E4M3 scales are capped at 448 before
+    # theirs); FP4 is rounded by compares (no conversion on sm_90); E4M3 scales have an IEEE reciprocal.
+    assert ('__NV_SATFINITE' in lowered.source) == (cfg.fmt == 'e4m3')
+    assert ('__frcp_rn' in lowered.source) == cfg.e4m3_sf
 
 
 # ---------------------------------------------------------------- device tier
@@ -210,23 +343,23 @@ def test_per_token_cast_cuda_lowers(case):
 def _run(x: torch.Tensor, variant: dict, device) -> tuple[torch.Tensor, torch.Tensor, object]:
     backend = backend_of(device)
     cfg = _config(backend, get_num_cores(device), variant, x.shape[1])
-    out = torch.full(x.shape, float('nan'), device=device).to(torch.float8_e4m3fn)  # poisoned: skipped stays NaN
-    if cfg.sf_dtype == 'uint8':
-        sf = torch.full((x.shape[0], cfg.sf_cols), 0xA5, dtype=torch.uint8, device=device)  # padding must become 0
-    else:
+    # Poisoned: a byte the kernel skips stays 0xA5 (an FP4 pair of codes, an e4m3 value, padding that must be 0).
+    out = torch.full((x.shape[0], cfg.data_cols), 0xA5, dtype=torch.uint8, device=device)
+    out = out.view(getattr(torch, cfg.data_dtype))
+    if cfg.sf_dtype == 'float32':
         sf = torch.full((x.shape[0], cfg.sf_cols), float('nan'), device=device)
+    else:
+        sf = torch.full((x.shape[0], cfg.sf_cols), 0xA5, dtype=torch.uint8, device=device)
+        sf = sf.view(getattr(torch, cfg.sf_dtype))
     launch_kernel(get_per_token_cast_kernel, cfg, device, x, out, sf)
     return out, sf, cfg
 
 
 def _check(x: torch.Tensor, variant: dict, device) -> None:
-    out, sf, cfg = _run(x, variant, device)
-    round_sf, packed = FORMATS[variant['sf']]
-    ref_out, ref_sf = per_token_cast_ref(
-        x.cpu(), variant['block_size'], round_sf=round_sf, packed_ue8m0=packed, ue8m0_pack=cfg.sf_pack
-    )
-    assert_equal(sf.cpu(), ref_sf)
-    assert_equal(out.cpu().view(torch.uint8), ref_out.view(torch.uint8))
+    out, sf, _ = _run(x, variant, device)
+    ref_out, ref_sf = _reference(x, variant)
+    assert_equal(sf.cpu().view(torch.uint8), ref_sf.view(torch.uint8))
+    assert_data_equal(out, ref_out, _nan_products(x, variant), variant['fmt'])
 
 
 @pytest.mark.npu
@@ -246,50 +379,77 @@ def test_per_token_cast_kernel_hidden_sizes(hidden, device):
 @pytest.mark.npu
 @pytest.mark.parametrize('variant', _CORE_VARIANTS, ids=make_param_id)
 def test_per_token_cast_kernel_special_values(variant, device):
-    """Signed zeros, all-zero blocks (the amax floor), bf16/fp32 subnormals, e4m3 ties, values at +-448 after
-    scaling, and infinities: the block of an inf gets scale inf, its finite values +-0 and the inf NaN."""
+    """Signed zeros, all-zero blocks (the amax floor), bf16/fp32 subnormals, e4m3 and e2m1 ties (0.25, 0.75, 2.5,
+    5 after a scale of 1 in FP4), values past the format's maximum after scaling (saturated), and infinities:
+    the block of an inf gets scale inf, its finite values +-0 and the inf NaN (FP4 +-6), with E4M3 scales 448."""
     bs = variant['block_size']
     hidden = padded_hidden(bs)
     dtype = getattr(torch, variant['in_dtype'])
     tiny = torch.finfo(dtype).tiny
-    pool = torch.tensor([0.0, -0.0, tiny, -tiny / 4, 1.0, -1.0625, 1.1875, 3.0, -448.0, 1e-30, 1e30])
-    x = pool[torch.randint(len(pool), (6, hidden))].to(dtype)
+    pool = torch.tensor([0.0, -0.0, tiny, -tiny / 4, 1.0, -1.0625, 1.1875, 3.0, -448.0, 1e-30, 1e30, 0.25, 2.5, 5.0])
+    x = pool[torch.randint(len(pool), (7, hidden))].to(dtype)
     x[0, :bs] = -0.0
     x[1, bs : 2 * bs] = 0.0
     x[2, :bs] = tiny * torch.arange(bs)  # subnormal-sized block, floored
     x[3, 5] = float('inf')
     x[4, 2 * bs + 1] = -float('inf')
-    out, sf, cfg = _run(x.to(device), variant, device)
-    round_sf, packed = FORMATS[variant['sf']]
-    ref_out, ref_sf = per_token_cast_ref(x, bs, round_sf=round_sf, packed_ue8m0=packed, ue8m0_pack=cfg.sf_pack)
-    out = out.cpu()
-    assert_equal(sf.cpu(), ref_sf)
-    # NaN is NaN whatever its sign (inf * 0 gives the platform's default NaN); every other byte is exact.
-    got, want = out.view(torch.uint8), ref_out.view(torch.uint8)
-    nan = (want & 0x7F) == 0x7F
-    assert torch.equal((got & 0x7F) == 0x7F, nan)
-    assert torch.equal(got[~nan], want[~nan])
-    assert int(nan.sum()) == 2  # the two infinities
-    assert want[0, :bs].eq(0x80).all()
+    x[5, :bs] = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, -6.0] * (bs // 8))  # amax 6: FP4 scale 1
+    x[6, :bs] = 3e38  # past 448 * 448: E4M3 scales saturate at 448
+    out, sf, _ = _run(x.to(device), variant, device)
+    ref_out, ref_sf = _reference(x, variant)
+    assert_equal(sf.cpu().view(torch.uint8), ref_sf.view(torch.uint8))
+    nan = _nan_products(x, variant)
+    assert_data_equal(out, ref_out, nan, variant['fmt'])
+    assert int(nan.sum()) == (0 if variant['sf'] == 'e4m3' else 2)  # the two infinities, times a zero inverse
+    fp4 = variant['fmt'] == 'e2m1'
+    negative_zeros = ref_out.view(torch.uint8)[0, : bs // 2 if fp4 else bs]  # a -0.0 block stays -0.0
+    assert negative_zeros.eq(0x88 if fp4 else 0x80).all()
+
+
+@pytest.mark.npu
+@pytest.mark.parametrize('variant', [v for v in _CORE_VARIANTS if v['sf'] != 'ue8m0'], ids=make_param_id)
+def test_per_token_cast_kernel_halves_values(variant, device):
+    """Mode 'sf_only' writes per_token_cast's scales; mode 'precomputed' its data from given scales (fp32 or e4m3:
+    packed UE8M0 is not taken there), including scales the kernel did not compute (zero: inverse inf, products
+    saturate and zeros give NaN)."""
+    x = scaled_rows(37, padded_hidden(variant['block_size']), variant['in_dtype'], device)
+    _, ref_sf = _reference(x, variant)
+    backend, cores = backend_of(device), get_num_cores(device)
+    sf = torch.empty_like(ref_sf).to(device)
+    launch_kernel(get_per_token_cast_kernel, _config(backend, cores, variant, x.shape[1], 'sf_only'), device, x, sf)
+    assert_equal(sf.cpu().view(torch.uint8), ref_sf.view(torch.uint8))
+    given = ref_sf.clone()
+    given.view(torch.uint8)[0, 0] = 0  # a zero scale, fp32 or e4m3
+    cfg = _config(backend, cores, variant, x.shape[1], 'precomputed')
+    out = torch.full((37, cfg.data_cols), 0xA5, dtype=torch.uint8, device=device).view(getattr(torch, cfg.data_dtype))
+    launch_kernel(get_per_token_cast_kernel, cfg, device, x, given.to(device), out)
+    inverse = torch.ones(given.shape) / given.float()
+    assert_data_equal(
+        out, per_token_cast_precomputed_ref(x.cpu(), given, variant['block_size'], variant['fmt']),
+        _nan_products(x, variant, inverse), variant['fmt'],
+    )  # fmt: skip
 
 
 @pytest.mark.parametrize('backend', ['ascend', 'cuda'])
-@pytest.mark.parametrize(('mode', 'variant'), [('sf_only', _CORE_VARIANTS[2]), ('precomputed', _CORE_VARIANTS[0])])
+@pytest.mark.parametrize(
+    ('mode', 'variant'),
+    [('sf_only', _CORE_VARIANTS[2]), ('precomputed', _CORE_VARIANTS[0]), ('sf_only', _CORE_VARIANTS[3]),
+     ('precomputed', _CORE_VARIANTS[3])],
+    ids=lambda v: v if isinstance(v, str) else make_param_id(v),
+)  # fmt: skip
 def test_per_token_cast_halves_lower(backend, mode, variant):
-    """per_token_cast_with_sf_only ('sf_only': no fp8 stores) and _with_precomputed_sf ('precomputed': the scales
-    read, their reciprocals, no reduction)."""
-    round_sf, packed = FORMATS[variant['sf']]
-    cfg = choose_per_token_cast_config(
-        backend=backend, num_cores=ASCEND_950_VECTOR_CORES if backend == 'ascend' else H200_SMS,
-        hidden=padded_hidden(variant['block_size']),
-        in_dtype=variant['in_dtype'], block_size=variant['block_size'], round_sf=round_sf, packed_ue8m0=packed,
-        mode=mode,
+    """per_token_cast_with_sf_only ('sf_only': no data stores) and _with_precomputed_sf ('precomputed': the scales
+    read, their reciprocals, no reduction), e4m3 with fp32 / UE8M0 scales and FP4 with E4M3 scales."""
+    cfg = _config(
+        backend, ASCEND_950_VECTOR_CORES if backend == 'ascend' else H200_SMS, variant,
+        padded_hidden(variant['block_size']), mode,
     )  # fmt: skip
     lower = assert_ascend_kernel_lowers if backend == 'ascend' else assert_cuda_kernel_lowers
     source = lower(lambda: make_per_token_cast_kernel(cfg), key=cfg, kernel_name=KERNEL_NAME).source
     if backend == 'cuda':
-        assert ('__frcp_rn' in source) == (mode == 'precomputed')
-        assert ('fp8_e4_t* __restrict__ out' in source) == (mode == 'precomputed')
+        assert ('__frcp_rn' in source) == (mode == 'precomputed' or (cfg.e4m3_sf and cfg.writes_data))
+        data_param = 'signed char* __restrict__ out' if cfg.fp4 else 'fp8_e4_t* __restrict__ out'
+        assert (data_param in source) == (mode == 'precomputed')
 
 
 def test_per_token_cast_config_modes():

@@ -70,3 +70,27 @@ def check_given_scales(name: str, sf: torch.Tensor, x_shape, block, use_packed_u
     shape, _ = sf_layout(*x_shape, block, False)
     if sf.shape != shape:
         raise ValueError(f'{name}: sf must have shape {shape} ({blocks_are}), got {tuple(sf.shape)}')
+
+
+FP4_FORMAT = 'e2m1'  # FP4: two e2m1 codes per byte, the low nibble first (per_token_cast)
+FP4_DATA_DTYPE = torch.int8  # the packed FP4 data's dtype (TileKernels'), (T, H / 2)
+E4M3_SF_DTYPE = torch.float8_e4m3fn  # use_e4m3_sf: one e4m3 byte per scale
+
+
+def check_cast_format(name: str, fmt: str, formats: tuple[str, ...]) -> None:
+    """check_format for an operator with more than one output format."""
+    if fmt not in formats:
+        raise ValueError(f'{name}: fmt must be one of {formats}, got {fmt!r}')
+
+
+def check_e4m3_sf(name: str, use_e4m3_sf: bool, round_sf: bool) -> None:
+    """E4M3 scale factors are rounded to e4m3 themselves: not with round_sf (nor packed UE8M0, which needs it)."""
+    if use_e4m3_sf and round_sf:
+        raise ValueError(f'{name}: use_e4m3_sf=True and round_sf=True exclude each other (E4M3 or power-of-two scales)')
+
+
+def data_layout(num_tokens: int, hidden: int, fmt: str) -> tuple[tuple[int, int], torch.dtype]:
+    """(shape, dtype) of the cast data of a (T, H) tensor: e4m3 (T, H), or FP4 bytes (T, H / 2) int8."""
+    if fmt == FP4_FORMAT:
+        return (num_tokens, hidden // 2), FP4_DATA_DTYPE
+    return (num_tokens, hidden), torch.float8_e4m3fn

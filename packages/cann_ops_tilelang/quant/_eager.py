@@ -12,31 +12,33 @@ import torch
 
 from cann_ops_tilelang.operator import Operator
 
-from ._contract import FP8_FORMAT
 from ._quant_tensor import QuantTensor
 
-_UNSUPPORTED = ('x_block_size', 'use_tma_aligned_col_major_sf', 'use_e4m3_sf', 'stochastic_cast')  # if declared
+_UNSUPPORTED = ('x_block_size', 'use_tma_aligned_col_major_sf', 'stochastic_cast')  # if declared
 
 
 def cast_eager(op: Operator, mode: str, block_arg: str) -> Callable:
     """The eager function of `op`, a cast of mode 'cast', 'sf_only' or 'precomputed' whose arguments are x, fmt,
     the block (`block_arg`), options, and last the out buffer(s). Fast path, without out= and TileKernels' options
-    these kernels do not have: by (H, dtype, CUDA index, block, round_sf, packed); round_sf does not change a
-    'precomputed' kernel (the inverse is 1 / sf either way), so it is not part of that key."""
+    these kernels do not have: by (H, dtype, CUDA index, fmt, block, round_sf, packed, E4M3 scales); round_sf does
+    not change a 'precomputed' kernel (the inverse is 1 / sf either way), so it is not part of that key. A key is
+    cached only after a fully checked call with it succeeded, so an unsupported fmt never takes the fast path."""
     index = {a.name: i for i, a in enumerate(op.args)}
     block_at, round_at, packed_at = index[block_arg], index['round_sf'], index['use_packed_ue8m0']
     unsupported = [index[name] for name in _UNSUPPORTED if name in index]
     sf_at = index.get('sf')
+    e4m3_sf_at = index.get('use_e4m3_sf')
 
     def eager(*args):
         x, fmt, out = args[0], args[1], args[-1]
         packed = args[packed_at]
         key = None
-        if out is None and fmt == FP8_FORMAT and not any(args[i] for i in unsupported):
+        if out is None and not any(args[i] for i in unsupported):
             shape = op.fast_ok(*args)
             if shape is not None and shape[0]:
                 round_sf = args[round_at] and mode != 'precomputed'
-                key = (shape[1], x.dtype, x.get_device(), args[block_at], round_sf, packed)
+                e4m3_sf = e4m3_sf_at is not None and args[e4m3_sf_at]
+                key = (shape[1], x.dtype, x.get_device(), fmt, args[block_at], round_sf, packed, e4m3_sf)
         launcher, fast = op.prepare(key, args)
         outputs = tuple(x.new_empty(s, dtype=d) for s, d in op.results(*args)) if out is None else out
         if mode == 'cast':

@@ -2,27 +2,33 @@
 
 A persistent loop over (token, column tile) tasks on the vector cores. Per task the row slice lands in UB
 and one SIMD VF makes three passes over it, in fp32 (bf16 widens exactly): the absolute maximum of each block
-(a masked reduction per 32-, 64- or 128-element block), the scale factors and their inverses for 64 blocks
-per register, then x * inverse narrowed to float8_e4m3fn. The fp8 row and the scale row go back to GM.
-Mode 'sf_only' skips the third pass and the fp8 row; mode 'precomputed' reads the task's fp32 scales instead of
-the first two passes, takes their IEEE reciprocals, and clamps the products to +-448 before the narrowing.
+(a masked reduction per 16-, 32-, 64- or 128-element block), the scale factors and their inverses for 64 blocks
+per register, then x * inverse narrowed to float8_e4m3fn, or (FP4) rounded to e2m1 codes by compares on the
+grid's midpoints and packed two a byte after a deinterleave of two registers. The data row and the scale row go
+back to GM. Mode 'sf_only' skips the third pass and the data row; mode 'precomputed' reads the task's scales
+(fp32 or e4m3) instead of the first two passes and takes their IEEE reciprocals. Where a product can pass 448
+(given scales, E4M3 scales that saturate or round down) it is clamped to +-448 before the e4m3 narrowing, so
+no kernel relies on the conversion's saturation setting; the e2m1 rounding saturates by construction.
 """
 
 # No `from __future__ import annotations`: TileLang evaluates the prim_func annotations, which
 # refer to the generator's local shape variables.
 
 # Imported by per_token_cast_kernel.py, never the other way round (no import circle): the config comes as `cfg`.
-from ._scale_rules import LANES, ascend_precomputed_macros, ascend_scales_macro
+from ._scale_rules import LANES, ascend_cast_scales_macro, ascend_e4m3_sf_inverses_macro, ascend_precomputed_macros
+from .fp4 import ascend_e2m1_macros
 
 
 def ascend_row_macros(T, *, in_dtype: str, block_size: int, chunks: int):
-    """SIMD macros over a row tile of `chunks` 64-lane registers in UB, cut into blocks of `block_size` (32, 64 or
-    128) channels, for the per-token casts (per_token_cast, per_token_cast_and_cast_back):
+    """SIMD macros over a row tile of `chunks` 64-lane registers in UB, cut into blocks of `block_size` (16, 32, 64
+    or 128) channels, for the per-token casts (per_token_cast, per_token_cast_and_cast_back):
 
     - `load_f32(x_ub, c)`: register c as fp32 (bf16 widens exactly);
-    - `block_maxima(x_ub, amax_ub, low, high)`: the |x| maximum of each block into amax_ub[0:blocks] (`low` /
-      `high`: the masks of lanes 0..31 / 32..63);
-    - `block_scalar(buf, c, low)`: the 64 lanes of register c get their block's value of `buf` (one fp32 per block).
+    - `block_maxima(x_ub, amax_ub, low, high, quarters)`: the |x| maximum of each block into amax_ub[0:blocks]
+      (`low` / `high`: the masks of lanes 0..31 / 32..63; `quarters`, for 16-channel blocks only: the masks of
+      lanes 0..15, 16..31, 32..47 and 48..63, from ascend_quarter_masks_macro);
+    - `block_scalar(buf, c, low, quarters)`: the 64 lanes of register c get their block's value of `buf` (one fp32
+      per block).
     """
     S = T.simd
     f32 = T.float32
@@ -35,8 +41,16 @@ def ascend_row_macros(T, *, in_dtype: str, block_size: int, chunks: int):
         return S.vld(x_ub[c * LANES])
 
     @T.macro
-    def block_maxima(x_ub, amax_ub, low, high):
-        if bs == 128:
+    def block_maxima(x_ub, amax_ub, low, high, quarters=None):
+        if bs == 16:
+            for c in T.serial(chunks):
+                a = S.vabs(load_f32(x_ub, c))
+                first, second, third, fourth = quarters
+                S.vsts(amax_ub[4 * c], S.vcmax(a, first), dist='ONEPT_B32')
+                S.vsts(amax_ub[4 * c + 1], S.vcmax(a, second), dist='ONEPT_B32')
+                S.vsts(amax_ub[4 * c + 2], S.vcmax(a, third), dist='ONEPT_B32')
+                S.vsts(amax_ub[4 * c + 3], S.vcmax(a, fourth), dist='ONEPT_B32')
+        elif bs == 128:
             for p in T.serial(chunks // 2):
                 pair_max = S.vmax(S.vabs(load_f32(x_ub, 2 * p)), S.vabs(load_f32(x_ub, 2 * p + 1)))
                 S.vsts(amax_ub[p], S.vcmax(pair_max), dist='ONEPT_B32')
@@ -50,12 +64,36 @@ def ascend_row_macros(T, *, in_dtype: str, block_size: int, chunks: int):
                     S.vsts(amax_ub[2 * c + 1], S.vcmax(a, high), dist='ONEPT_B32')
 
     @T.macro
-    def block_scalar(buf, c, low):
+    def block_scalar(buf, c, low, quarters=None):
+        if bs == 16:
+            first, second, third, _ = quarters
+            last_two = S.vsel(S.vld(buf[4 * c + 2], dist='BRC_B32'), S.vld(buf[4 * c + 3], dist='BRC_B32'), third)
+            upper = S.vsel(S.vld(buf[4 * c + 1], dist='BRC_B32'), last_two, second)
+            return S.vsel(S.vld(buf[4 * c], dist='BRC_B32'), upper, first)
         if bs == 32:
             return S.vsel(S.vld(buf[2 * c], dist='BRC_B32'), S.vld(buf[2 * c + 1], dist='BRC_B32'), low)
         return S.vld(buf[c * LANES // bs], dist='BRC_B32')
 
     return load_f32, block_maxima, block_scalar
+
+
+def ascend_quarter_masks_macro(T):
+    """A SIMD macro `quarter_masks()` -> the masks of fp32 lanes 0..15, 16..31, 32..47 and 48..63 (16-channel
+    blocks)."""
+    S = T.simd
+
+    @T.macro
+    def quarter_masks():
+        every = S.pset(32, 'PAT_ALL')
+        first = S.pset(32, 'PAT_VL16')
+        half = S.pset(32, 'PAT_VL32')
+        three = S.update_mask(48, 32)  # no fixed pattern of 48 lanes
+        second = S.pxor(half, first, every)
+        third = S.pxor(three, half, every)
+        fourth = S.pnot(three, every)
+        return first, second, third, fourth
+
+    return quarter_masks
 
 
 def ascend_per_token_cast_kernel(cfg):
@@ -65,20 +103,39 @@ def ascend_per_token_cast_kernel(cfg):
     S = T.simd
     f32 = T.float32
     hidden, bk, bs, stages = cfg.hidden, cfg.block_k, cfg.block_size, cfg.num_stages
-    in_dtype, sf_dtype = cfg.in_dtype, cfg.sf_dtype
+    in_dtype, sf_dtype, data_dtype = cfg.in_dtype, cfg.sf_dtype, cfg.data_dtype
     n_tiles = cfg.num_col_tiles
     groups = cfg.groups_per_tile
     groups_padded = -(-groups // LANES) * LANES  # whole registers of scales
     sf_len = groups + cfg.sf_padding  # scale elements one task stores (padding only when it owns the row)
     chunks = bk // LANES
+    fp4 = cfg.fp4
+    data_len = bk // 2 if fp4 else bk  # data elements of one task (FP4: bytes)
+    # FP4 packs two registers into 64 bytes; an odd last register still stores 64 (the second half zero codes).
+    data_ub_len = -(-chunks // 2) * LANES if fp4 else bk
     grid = cfg.num_cores
-    scales = ascend_scales_macro(T, round_sf=cfg.round_sf, packed_ue8m0=cfg.packed_ue8m0)
-    inverses, saturate = ascend_precomputed_macros(T)
+    scales = ascend_cast_scales_macro(
+        T, fmt=cfg.fmt, round_sf=cfg.round_sf, packed_ue8m0=cfg.packed_ue8m0, e4m3_sf=cfg.e4m3_sf
+    )
+    fp32_inverses, saturate = ascend_precomputed_macros(T)
+    inverses = ascend_e4m3_sf_inverses_macro(T) if cfg.e4m3_sf else fp32_inverses
+    e2m1_codes, store_code_pairs = ascend_e2m1_macros(T)
+    quarter_masks = ascend_quarter_masks_macro(T)
     writes_data, computes_sf = cfg.writes_data, cfg.computes_sf
+    # Products past 448: given scales, and E4M3 scales (saturated at 448, or rounded below c / 448).
+    clamps = not fp4 and (not computes_sf or cfg.e4m3_sf)
 
     num_tokens = T.dynamic('num_tokens')
 
     load_f32, block_maxima, block_scalar = ascend_row_macros(T, in_dtype=in_dtype, block_size=bs, chunks=chunks)
+
+    @T.macro
+    def scaled_register(x_ub, inv_ub, c, low, quarters):
+        inverse = block_scalar(inv_ub, c, low, quarters)
+        scaled = S.vmul(load_f32(x_ub, c), inverse)
+        if clamps:
+            scaled = saturate(scaled)
+        return scaled
 
     @T.macro
     def cast_vf(x_ub, amax_ub, inv_ub, sf_ub, out_ub):
@@ -86,9 +143,10 @@ def ascend_per_token_cast_kernel(cfg):
             low = S.pset(32, 'PAT_VL32')  # lanes 0..31: the first 32-element block of a register
             every = S.pset(32, 'PAT_ALL')  # a mask is bound to a name before it feeds another mask op
             high = S.pnot(low, every)
+            quarters = quarter_masks() if bs == 16 else None
             if computes_sf:
                 # Pass 1: |x| maxima, one per block, into amax_ub[0:groups].
-                block_maxima(x_ub, amax_ub, low, high)
+                block_maxima(x_ub, amax_ub, low, high, quarters)
                 S.mem_bar('VST_VLD')
                 # Pass 2: scales and inverses, 64 blocks per register (packed padding lanes zeroed).
                 scales(amax_ub, sf_ub, inv_ub, groups)
@@ -96,13 +154,22 @@ def ascend_per_token_cast_kernel(cfg):
                 inverses(sf_ub, inv_ub, groups)  # the given scales' IEEE reciprocals
             if writes_data:
                 S.mem_bar('VST_VLD')
-                # Pass 3: x * inverse -> e4m3 (nearest even, saturating), one byte per fp32 lane, packed.
-                for c in T.serial(chunks):
-                    inverse = block_scalar(inv_ub, c, low)
-                    scaled = S.vmul(load_f32(x_ub, c), inverse)
-                    if not computes_sf:
-                        scaled = saturate(scaled)
-                    S.vsts(out_ub[c * LANES], S.vcvt(scaled, T.float8_e4m3fn), dist='PK4_B32')
+                if fp4:
+                    # Pass 3: x * inverse -> e2m1 codes, two registers (128 elements) -> 64 bytes.
+                    for p in T.serial(chunks // 2):
+                        store_code_pairs(
+                            out_ub, p * LANES,
+                            e2m1_codes(scaled_register(x_ub, inv_ub, 2 * p, low, quarters)),
+                            e2m1_codes(scaled_register(x_ub, inv_ub, 2 * p + 1, low, quarters)),
+                        )  # fmt: skip
+                    if chunks % 2:
+                        last = e2m1_codes(scaled_register(x_ub, inv_ub, chunks - 1, low, quarters))
+                        store_code_pairs(out_ub, chunks // 2 * LANES, last, S.vdup(0, T.uint32))
+                else:
+                    # Pass 3: x * inverse -> e4m3 (nearest even), one byte per fp32 lane, packed.
+                    for c in T.serial(chunks):
+                        scaled = scaled_register(x_ub, inv_ub, c, low, quarters)
+                        S.vsts(out_ub[c * LANES], S.vcvt(scaled, T.float8_e4m3fn), dist='PK4_B32')
 
     @T.macro
     def body(x, out, out_sf, sf):
@@ -114,7 +181,7 @@ def ascend_per_token_cast_kernel(cfg):
             versions = {x_ub: stages, sf_ub: stages, amax_ub: 1, inv_ub: 1}
             out_ub = None
             if writes_data:
-                out_ub = T.alloc_shared((bk,), T.float8_e4m3fn)
+                out_ub = T.alloc_shared((data_ub_len,), data_dtype)
                 versions[out_ub] = stages
             T.annotate_buffer_versions(versions)
             for task in T.Persistent([num_tokens * n_tiles], grid, cid, group_size=1, num_stages=stages):
@@ -125,17 +192,18 @@ def ascend_per_token_cast_kernel(cfg):
                     T.copy(sf[t, j * groups : j * groups + groups], sf_ub[0:groups])
                 cast_vf(x_ub, amax_ub, inv_ub, sf_ub, out_ub)
                 if writes_data:
-                    T.copy(out_ub, out[t, j * bk : j * bk + bk])
+                    T.copy(out_ub[0:data_len], out[t, j * data_len : j * data_len + data_len])
                 if computes_sf:
                     T.copy(sf_ub[0:sf_len], out_sf[t, j * groups : j * groups + sf_len])
 
     sf_shape = (num_tokens, cfg.sf_cols)
+    data_shape = (num_tokens, cfg.data_cols)
     if cfg.mode == 'cast':
 
         @T.prim_func
         def per_token_cast_kernel(
             x: T.Tensor((num_tokens, hidden), in_dtype),
-            out: T.Tensor((num_tokens, hidden), T.float8_e4m3fn),
+            out: T.Tensor(data_shape, data_dtype),
             out_sf: T.Tensor(sf_shape, sf_dtype),
         ):
             body(x, out, out_sf, None)
@@ -151,8 +219,8 @@ def ascend_per_token_cast_kernel(cfg):
         @T.prim_func
         def per_token_cast_kernel(
             x: T.Tensor((num_tokens, hidden), in_dtype),
-            sf: T.Tensor(sf_shape, T.float32),
-            out: T.Tensor((num_tokens, hidden), T.float8_e4m3fn),
+            sf: T.Tensor(sf_shape, sf_dtype),
+            out: T.Tensor(data_shape, data_dtype),
         ):
             body(x, out, None, sf)
 

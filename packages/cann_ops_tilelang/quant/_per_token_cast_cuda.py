@@ -1,9 +1,11 @@
 """CUDA kernel of per_token_cast (math and config: per_token_cast_kernel.py).
 
-One thread block per (token, column tile): the tile is read once into registers as fp32 (bf16 widens
-exactly), reduced to one |x| maximum per block, and each element is scaled and narrowed to float8_e4m3fn.
-Mode 'sf_only' skips the fp8 stores; mode 'precomputed' takes the IEEE reciprocals of the given fp32 scales
-instead of the reduction (the saturating narrowing caps what they overflow).
+One thread block per (token, column tile): the tile is read once into registers, reduced to one |x| maximum per
+block, and each element is scaled in fp32 (bf16 widens exactly) and narrowed to float8_e4m3fn (the saturating
+conversion), or rounded to an e2m1 code (fp4.cuda_e2m1_code: compares on the grid's midpoints, the same
+rounding as the Ascend kernel; sm_90 has no FP4 conversion) and packed two codes a byte.
+Mode 'sf_only' skips the data stores; mode 'precomputed' takes the IEEE reciprocals of the given scales (fp32 or
+e4m3) instead of the reduction (the saturating narrowing caps what they overflow).
 """
 
 # No `from __future__ import annotations`: TileLang evaluates the prim_func annotations, which
@@ -12,7 +14,8 @@ instead of the reduction (the saturating narrowing caps what they overflow).
 # Imported by per_token_cast_kernel.py, never the other way round (no import circle): the config comes as `cfg`.
 import functools
 
-from ._scale_rules import cuda_inverse_of, cuda_scale_and_inverse
+from ._scale_rules import cuda_cast_scale_and_inverse, cuda_inverse_of
+from .fp4 import cuda_e2m1_code
 
 
 def cuda_per_token_cast_kernel(cfg):
@@ -22,13 +25,42 @@ def cuda_per_token_cast_kernel(cfg):
     hidden, bk, bs = cfg.hidden, cfg.block_k, cfg.block_size
     groups, n_tiles = cfg.groups_per_tile, cfg.num_col_tiles
     padding, num_blocks = cfg.sf_padding, cfg.num_blocks
-    in_dtype, sf_dtype = cfg.in_dtype, cfg.sf_dtype
+    in_dtype, sf_dtype, data_dtype = cfg.in_dtype, cfg.sf_dtype, cfg.data_dtype
+    fp4 = cfg.fp4
+    # FP4: each thread owns runs of `run` consecutive elements (up to 16 bytes of x: one load), whose codes make
+    # run / 2 consecutive bytes (one store); a fragment is indexed alike in every parallel loop, so a run is one
+    # index. The runs of a tile must spread evenly over the threads (else shorter runs, down to a byte's pair).
+    run = 16 // (2 if in_dtype == 'bfloat16' else 4)
+    while run > 2 and (bk // run) % cfg.threads:
+        run //= 2
+    runs = bs // run  # per block
     scale_and_inverse = functools.partial(
-        cuda_scale_and_inverse, T, round_sf=cfg.round_sf, packed_ue8m0=cfg.packed_ue8m0
-    )
+        cuda_cast_scale_and_inverse,
+        T, fmt=cfg.fmt, round_sf=cfg.round_sf, packed_ue8m0=cfg.packed_ue8m0, e4m3_sf=cfg.e4m3_sf,
+    )  # fmt: skip
 
     writes_data, computes_sf = cfg.writes_data, cfg.computes_sf
     num_tokens = T.dynamic('num_tokens')
+
+    @T.macro
+    def load_runs(x, t, j, xv):
+        """FP4: the tile of (token t, column tile j) into the fragment xv (groups, runs, run)."""
+        for g, r in T.Parallel(groups, runs):
+            for e in T.vectorized(run):
+                xv[g, r, e] = x[t, j * bk + g * bs + r * run + e]
+
+    @T.macro
+    def store_fp4_runs(out, t, j, codes, packed, load, inverse_of):
+        """The FP4 bytes of run r of block g of column tile j, out[t, (j * bk + g * bs + r * run) / 2 + i] for
+        i < run / 2 (the offset written in bytes, so the stores vectorize): the e2m1 codes of the run's elements
+        (x's dtype, `load(g, r, e)`) scaled by `inverse_of(g)`, element 2 i in the low nibble of byte i."""
+        for g, r in T.Parallel(groups, runs):
+            for e in T.unroll(run):
+                codes[e] = cuda_e2m1_code(T, T.cast(load(g, r, e), T.float32) * inverse_of(g))
+            for i in T.unroll(run // 2):
+                packed[i] = T.cast(codes[2 * i] | (codes[2 * i + 1] << T.uint32(4)), T.int8)
+            for i in T.vectorized(run // 2):
+                out[t, j * (bk // 2) + g * (bs // 2) + r * (run // 2) + i] = packed[i]
 
     @T.macro
     def body(x, out, out_sf, sf):
@@ -37,39 +69,64 @@ def cuda_per_token_cast_kernel(cfg):
             if computes_sf:
                 # The tile stays in x's dtype in registers (half the registers for bf16, so more tiles in flight per
                 # SM); its |x| maximum is exact in any dtype and widens exactly.
-                xv = T.alloc_fragment((groups, bs), in_dtype)
                 amax = T.alloc_fragment((groups,), in_dtype)
                 inverse = T.alloc_fragment((groups,), T.float32) if writes_data else None
-                for g, k in T.Parallel(groups, bs):
-                    xv[g, k] = x[t, j * bk + g * bs + k]
-                T.reduce_absmax(xv, amax, dim=1)
+                if fp4 and writes_data:
+                    xv = T.alloc_fragment((groups, runs, run), in_dtype)
+                    run_max = T.alloc_fragment((groups, runs), in_dtype)
+                    load_runs(x, t, j, xv)
+                    T.reduce_absmax(xv, run_max, dim=2)
+                    T.reduce_max(run_max, amax, dim=1)
+                else:
+                    xv = T.alloc_fragment((groups, bs), in_dtype)
+                    for g, k in T.Parallel(groups, bs):
+                        xv[g, k] = x[t, j * bk + g * bs + k]
+                    T.reduce_absmax(xv, amax, dim=1)
                 for g in T.Parallel(groups):
                     if writes_data:
                         out_sf[t, j * groups + g], inverse[g] = scale_and_inverse(T.cast(amax[g], T.float32))
                     else:
                         out_sf[t, j * groups + g] = scale_and_inverse(T.cast(amax[g], T.float32))[0]
                 if writes_data:
-                    for g, k in T.Parallel(groups, bs):
-                        # __nv_fp8_e4m3's conversion: nearest even, saturating to +-448, NaN kept.
-                        out[t, j * bk + g * bs + k] = T.cast(T.cast(xv[g, k], T.float32) * inverse[g], T.float8_e4m3fn)
+                    if fp4:
+                        codes = T.alloc_local((run,), T.uint32)
+                        packed = T.alloc_local((run // 2,), T.int8)
+                        store_fp4_runs(out, t, j, codes, packed, lambda g, r, e: xv[g, r, e], lambda g: inverse[g])
+                    else:
+                        for g, k in T.Parallel(groups, bs):
+                            # __nv_fp8_e4m3's conversion: nearest even, saturating to +-448, NaN kept.
+                            out[t, j * bk + g * bs + k] = T.cast(
+                                T.cast(xv[g, k], T.float32) * inverse[g], T.float8_e4m3fn
+                            )
                 if padding > 0 and j == n_tiles - 1:
                     for p in T.serial(padding):
                         out_sf[t, num_blocks + p] = T.uint8(0)
-            else:
+            elif fp4:
                 # One streaming pass: the scale's load and reciprocal are the same for a thread's vector of a block.
+                xv = T.alloc_fragment((groups, runs, run), in_dtype)  # the runs' 16-byte loads
+                load_runs(x, t, j, xv)
+                codes = T.alloc_local((run,), T.uint32)
+                packed = T.alloc_local((run // 2,), T.int8)
+                store_fp4_runs(
+                    out, t, j, codes, packed, lambda g, r, e: xv[g, r, e],
+                    lambda g: cuda_inverse_of(T, T.cast(sf[t, j * groups + g], T.float32)),
+                )  # fmt: skip
+            else:
                 for g, k in T.Parallel(groups, bs):
                     out[t, j * bk + g * bs + k] = T.cast(
-                        T.cast(x[t, j * bk + g * bs + k], T.float32) * cuda_inverse_of(T, sf[t, j * groups + g]),
+                        T.cast(x[t, j * bk + g * bs + k], T.float32)
+                        * cuda_inverse_of(T, T.cast(sf[t, j * groups + g], T.float32)),
                         T.float8_e4m3fn,
                     )
 
     sf_shape = (num_tokens, cfg.sf_cols)
+    data_shape = (num_tokens, cfg.data_cols)
     if cfg.mode == 'cast':
 
         @T.prim_func
         def per_token_cast_kernel(
             x: T.Tensor((num_tokens, hidden), in_dtype),
-            out: T.Tensor((num_tokens, hidden), T.float8_e4m3fn),
+            out: T.Tensor(data_shape, data_dtype),
             out_sf: T.Tensor(sf_shape, sf_dtype),
         ):
             body(x, out, out_sf, None)
@@ -85,8 +142,8 @@ def cuda_per_token_cast_kernel(cfg):
         @T.prim_func
         def per_token_cast_kernel(
             x: T.Tensor((num_tokens, hidden), in_dtype),
-            sf: T.Tensor(sf_shape, T.float32),
-            out: T.Tensor((num_tokens, hidden), T.float8_e4m3fn),
+            sf: T.Tensor(sf_shape, sf_dtype),
+            out: T.Tensor(data_shape, data_dtype),
         ):
             body(x, out, None, sf)
 

@@ -93,3 +93,98 @@ def ascend_precomputed_macros(T):
         return S.vsel(S.vdup(-FP8_MAX, f32), capped, S.vcmps(capped, -FP8_MAX, op='lt'))
 
     return inverses, saturate
+
+
+# ---------------------------------------------------------------- every output format and scale format
+# (per_token_cast's FP4 output and E4M3 scales; the e4m3 functions above are this rule's fmt='e4m3' case with fp32
+# or UE8M0 scales, kept as they are for the casts that have no other format yet.)
+
+E4M3_SF_FLOOR = 2.0**-9  # smallest e4m3 subnormal: the smallest E4M3 scale, so a stored scale is never 0
+FORMAT_MAX = {'e4m3': FP8_MAX, 'e2m1': 6.0}  # largest finite value of each output format
+# The amax floor c = max(a, floor) per (fmt, E4M3 scales), TileKernels' defaults: e4m3 with fp32 / UE8M0 scales
+# 1e-4; FP4 with fp32 scales a floor whose scale is the smallest normal fp32 (2**-126, never subnormal); with E4M3
+# scales the floor whose scale is E4M3_SF_FLOOR.
+AMAX_FLOORS = {
+    ('e4m3', False): AMAX_FLOOR,
+    ('e4m3', True): FP8_MAX * E4M3_SF_FLOOR,
+    ('e2m1', False): FORMAT_MAX['e2m1'] * 2.0**-126,
+    ('e2m1', True): FORMAT_MAX['e2m1'] * E4M3_SF_FLOOR,
+}
+
+
+def cuda_cast_scale_and_inverse(T, amax, *, fmt: str, round_sf: bool, packed_ue8m0: bool, e4m3_sf: bool):
+    """(stored scale, inverse) of one block's |x| maximum `amax` (fp32 PrimExpr) for output format `fmt` (max m),
+    c = max(amax, AMAX_FLOORS[fmt, e4m3_sf]):
+
+    - fp32: sf = c / m, inverse = m / c;
+    - round_sf: sf = 2 ** ceil(log2(c * fp32(1 / m))), inverse = 1 / sf (exact); packed_ue8m0: its UE8M0 byte;
+    - e4m3_sf: sf = e4m3(c / m) (nearest even, saturating at 448), inverse = IEEE 1 / fp32(sf) (__frcp_rn).
+    """
+    fmax = FORMAT_MAX[fmt]
+    clamped = T.max(amax, T.float32(AMAX_FLOORS[fmt, e4m3_sf]))
+    if e4m3_sf:
+        # Capped first (as on Ascend): the scalar conversion's overflow handling is then never reached.
+        stored = T.cast(T.min(clamped / T.float32(fmax), T.float32(FP8_MAX)), T.float8_e4m3fn)
+        return stored, T.call_extern(T.float32, '__frcp_rn', T.cast(stored, T.float32))
+    if not round_sf:
+        return clamped / T.float32(fmax), T.float32(fmax) / clamped
+    pow2 = (T.reinterpret(clamped * T.float32(1.0 / fmax), T.uint32) + T.uint32(0x7FFFFF)) & T.uint32(0x7F800000)
+    biased = T.cast(pow2 >> T.uint32(23), T.int32)
+    inverse = T.reinterpret(T.cast(T.max(T.int32(254) - biased, T.int32(0)), T.uint32) << T.uint32(23), T.float32)
+    stored = T.cast(biased, T.uint8) if packed_ue8m0 else T.reinterpret(pow2, T.float32)
+    return stored, inverse
+
+
+def ascend_cast_scales_macro(T, *, fmt: str, round_sf: bool, packed_ue8m0: bool, e4m3_sf: bool):
+    """ascend_scales_macro's `scales(amax_ub, sf_ub, inv_ub, count)` for output format `fmt` and any scale format
+    (cuda_cast_scale_and_inverse's rule): with `e4m3_sf` sf_ub holds e4m3 bytes (c / m capped at 448 by compare
+    and select, then narrowed to nearest even), and the inverse is the IEEE reciprocal of that byte widened."""
+    S = T.simd
+    f32 = T.float32
+    largest = FORMAT_MAX[fmt]
+    floor = AMAX_FLOORS[fmt, e4m3_sf]
+
+    @T.macro
+    def scales(amax_ub, sf_ub, inv_ub, count):
+        for q in T.serial(-(-count // LANES)):
+            clamped = S.vmaxs(S.vld(amax_ub[q * LANES]), floor)
+            if e4m3_sf:
+                scale = S.vdiv(clamped, S.vdup(largest, f32))
+                capped = S.vsel(S.vdup(FP8_MAX, f32), scale, S.vcmps(scale, FP8_MAX, op='gt'))
+                narrow = S.vcvt(capped, T.float8_e4m3fn)
+                S.vsts(sf_ub[q * LANES], narrow, dist='PK4_B32')
+                S.vsts(inv_ub[q * LANES], S.vdiv(S.vdup(1.0, f32), S.vcvt(narrow, f32)))
+            elif round_sf:
+                bits = T.reinterpret(S.vmuls(clamped, 1.0 / largest), 'uint32x64')
+                pow2 = S.vand(S.vadds(bits, 0x7FFFFF), S.vdup(0x7F800000, T.uint32))
+                biased = S.vshrs(pow2, 23)
+                inv_exp = S.vmaxs(S.vsub(S.vdup(254, T.int32), T.reinterpret(biased, 'int32x64')), 0)
+                S.vsts(inv_ub[q * LANES], T.reinterpret(S.vshls(inv_exp, 23), 'float32x64'))
+                if packed_ue8m0:
+                    valid = S.update_mask(count - q * LANES, 32)
+                    exp_bytes = S.vsel(biased, S.vdup(0, T.uint32), valid)
+                    S.vsts(sf_ub[q * LANES], T.reinterpret(exp_bytes, 'uint8x256'), dist='PK4_B32')
+                else:
+                    S.vsts(sf_ub[q * LANES], T.reinterpret(pow2, 'float32x64'))
+            else:
+                fmax = S.vdup(largest, f32)  # the name of the e4m3 kernels' register (unchanged sources)
+                S.vsts(sf_ub[q * LANES], S.vdiv(clamped, fmax))
+                S.vsts(inv_ub[q * LANES], S.vdiv(fmax, clamped))
+
+    return scales
+
+
+def ascend_e4m3_sf_inverses_macro(T):
+    """`inverses(sf_ub, inv_ub, count)` of given E4M3 scales (bytes in sf_ub): IEEE 1 / fp32(sf), 64 per
+    register (ascend_precomputed_macros' `inverses` for e4m3 bytes)."""
+    S = T.simd
+    f32 = T.float32
+
+    @T.macro
+    def inverses(sf_ub, inv_ub, count):
+        one = S.vdup(1.0, f32)
+        for q in T.serial(-(-count // LANES)):
+            widened = S.vcvt(S.vld(sf_ub[q * LANES], dist='UNPK4_B8'), f32)
+            S.vsts(inv_ub[q * LANES], S.vdiv(one, widened))
+
+    return inverses

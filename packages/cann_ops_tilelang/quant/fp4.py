@@ -1,7 +1,9 @@
-"""FP4 (e2m1) helpers: decoding the packed bytes that TileKernels' FP4 casts write (the domain's own FP4 casts are
-not written yet)."""
+"""FP4 (e2m1): decoding the packed bytes that the FP4 casts write (TileKernels' helper), and the e2m1 rounding the
+domain's FP4 kernels share (per_token_cast), for both backends."""
 
 from __future__ import annotations
+
+import itertools
 
 import torch
 
@@ -26,3 +28,53 @@ def unpack_from_e2m1fn_x2(x: torch.Tensor, out_dtype: torch.dtype = torch.float3
     codes = x.view(torch.uint8).to(torch.int64) if x.dtype == torch.int8 else x.to(torch.int64)
     pairs = torch.stack((table[codes & 0x0F], table[codes >> 4]), dim=-1)
     return pairs.reshape(*x.shape[:-1], 2 * x.shape[-1])
+
+
+# ---------------------------------------------------------------- encoding, for the FP4 casts' kernels
+
+E2M1_MAX = E2M1_VALUES[7]  # largest e2m1 magnitude
+# Midpoint k lies between the magnitudes of codes k and k + 1. A magnitude exactly on it rounds to the even code:
+# down for even k ('<='), up for odd k ('<').
+E2M1_MIDPOINTS = tuple((a + b) / 2 for a, b in itertools.pairwise(E2M1_VALUES[:8]))
+E2M1_SIGN = 0x8  # the sign bit of a code
+
+
+def cuda_e2m1_code(T, value):
+    """The e2m1 code (0..15, uint32 PrimExpr) of an fp32 PrimExpr: nearest even on the e2m1 grid, saturating at
+    +-6; +-inf and NaN give +-6 (the magnitude compares false for NaN: each midpoint test is 'not above');
+    the sign bit is the input's, so -0.0 and negative values below 0.25 give code 8 (-0)."""
+    magnitude = T.abs(value)
+    code = T.uint32(7)
+    for k, midpoint in enumerate(E2M1_MIDPOINTS):
+        below = magnitude <= T.float32(midpoint) if k % 2 == 0 else magnitude < T.float32(midpoint)
+        code = code - T.Select(below, T.uint32(1), T.uint32(0))
+    return code | ((T.reinterpret(value, T.uint32) >> T.uint32(28)) & T.uint32(E2M1_SIGN))
+
+
+def ascend_e2m1_macros(T):
+    """SIMD macros of the FP4 casts, for inside a `T.SimdVF()` (the rounding of cuda_e2m1_code, lane by lane):
+
+    - `codes(v)`: the e2m1 codes of 64 fp32 lanes, one per 32-bit lane (uint32x64);
+    - `store_pairs(out_ub, offset, even_reg, odd_reg)`: the codes of 128 consecutive elements (two registers in
+      element order) as 64 bytes at out_ub[offset] (int8), element 2 i in the low nibble of byte i.
+    """
+    S = T.simd
+
+    @T.macro
+    def codes(v):
+        magnitude = S.vabs(v)
+        code = S.vdup(7, T.int32)
+        for k, midpoint in enumerate(E2M1_MIDPOINTS):
+            below = S.vcmps(magnitude, midpoint, op='le' if k % 2 == 0 else 'lt')
+            code = S.vsel(S.vadds(code, -1), code, below)
+        sign = S.vand(S.vshrs(T.reinterpret(v, 'uint32x64'), 28), S.vdup(E2M1_SIGN, T.uint32))
+        return S.vor(T.reinterpret(code, 'uint32x64'), sign)
+
+    @T.macro
+    def store_pairs(out_ub, offset, first, second):
+        # (first, second) as one sequence of 128 codes: even elements to `low`, odd ones to `high`.
+        low, high = S.vdintlv(first, second)
+        packed = S.vor(low, S.vshls(high, 4))
+        S.vsts(out_ub[offset], T.reinterpret(packed, 'int8x256'), dist='PK4_B32')
+
+    return codes, store_pairs

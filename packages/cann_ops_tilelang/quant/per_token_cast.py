@@ -1,4 +1,4 @@
-"""per_token_cast: x (T, H) -> FP8 e4m3 data and one scale factor per token and block of channels."""
+"""per_token_cast: x (T, H) -> FP8 e4m3 or FP4 (e2m1) data and one scale factor per token and block of channels."""
 
 from __future__ import annotations
 
@@ -9,33 +9,47 @@ from cann_ops_tilelang.operator import Operator, out, outs, scalar, tensor
 from . import _contract as contract
 from ._eager import cast_eager
 from ._quant_tensor import QuantTensor
-from .per_token_cast_kernel import BLOCK_SIZES, choose_per_token_cast_config, get_per_token_cast_kernel, hidden_multiple
+from .per_token_cast_kernel import (
+    CAST_BLOCK_SIZES,
+    FORMATS,
+    choose_per_token_cast_config,
+    get_per_token_cast_kernel,
+    hidden_multiple,
+)
 
 
-def sf_layout(num_tokens: int, hidden: int, block: int, packed: bool) -> tuple[tuple[int, int], torch.dtype]:
-    """(shape, dtype) of the scale factors: fp32 (T, H / block), or UE8M0 bytes packed four per int32."""
-    return contract.sf_layout(num_tokens, hidden, (1, block), packed)
+def sf_layout(
+    num_tokens: int, hidden: int, block: int, packed: bool, e4m3_sf: bool = False
+) -> tuple[tuple[int, int], torch.dtype]:
+    """(shape, dtype) of the scale factors: fp32 (T, H / block), E4M3 bytes (T, H / block) float8_e4m3fn, or UE8M0
+    bytes packed four per int32."""
+    shape, dtype = contract.sf_layout(num_tokens, hidden, (1, block), packed)
+    return shape, contract.E4M3_SF_DTYPE if e4m3_sf else dtype
 
 
-def _results(x, num_per_channels, use_packed_ue8m0):
+def _results(x, fmt, num_per_channels, use_packed_ue8m0, use_e4m3_sf):
     """(shape, dtype) of data and sf."""
-    return (tuple(x.shape), torch.float8_e4m3fn), sf_layout(*x.shape, num_per_channels, use_packed_ue8m0)
+    return (
+        contract.data_layout(*x.shape, fmt),
+        sf_layout(*x.shape, num_per_channels, use_packed_ue8m0, use_e4m3_sf),
+    )
 
 
 def _options(name, H, fmt, num_per_channels, x_block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0,
              use_e4m3_sf, stochastic_cast):  # fmt: skip
-    contract.check_format(name, fmt)
-    contract.check_block(name, 'num_per_channels', num_per_channels, BLOCK_SIZES)
+    contract.check_cast_format(name, fmt, FORMATS)
+    contract.check_block(name, 'num_per_channels', num_per_channels, CAST_BLOCK_SIZES)
     contract.check_unsupported(
         name, x_block_size=x_block_size, use_tma_aligned_col_major_sf=use_tma_aligned_col_major_sf,
-        use_e4m3_sf=use_e4m3_sf, stochastic_cast=stochastic_cast,
+        stochastic_cast=stochastic_cast,
     )  # fmt: skip
     contract.check_scale_flags(name, round_sf, use_packed_ue8m0)
+    contract.check_e4m3_sf(name, use_e4m3_sf, round_sf)
     contract.check_hidden(name, H, hidden_multiple(num_per_channels), f'num_per_channels {num_per_channels}')
 
 
 def _choice(mode):
-    def choice(x, num_per_channels, round_sf, use_packed_ue8m0):
+    def choice(x, fmt, num_per_channels, round_sf, use_packed_ue8m0, use_e4m3_sf):
         return {
             'hidden': x.shape[1],
             'in_dtype': x.dtype,
@@ -43,6 +57,8 @@ def _choice(mode):
             'round_sf': round_sf,
             'packed_ue8m0': use_packed_ue8m0,
             'mode': mode,
+            'fmt': fmt,
+            'e4m3_sf': use_e4m3_sf,
         }
 
     return choice
@@ -60,6 +76,9 @@ def _precomputed_options(name, x, fmt, num_per_channels, sf, use_tma_aligned_col
                   use_e4m3_sf)  # fmt: skip
     contract.check_given_scales(name, sf, x.shape, (1, num_per_channels), use_packed_ue8m0,
                                 f'one per token and block of {num_per_channels}')  # fmt: skip
+    wanted = contract.E4M3_SF_DTYPE if use_e4m3_sf else torch.float32
+    if sf.dtype != wanted:
+        raise TypeError(f'{name}: sf must have dtype {wanted} with use_e4m3_sf={use_e4m3_sf}, got {sf.dtype}')
 
 
 X = tensor('x', (torch.bfloat16, torch.float32), 'T, H')
@@ -95,7 +114,9 @@ SF_ONLY = Operator(
     out('out_sf'),
     extra=_half_options,
     choice=_choice('sf_only'),
-    results=lambda x, num_per_channels, use_packed_ue8m0: (sf_layout(*x.shape, num_per_channels, use_packed_ue8m0),),
+    results=lambda x, num_per_channels, use_packed_ue8m0, use_e4m3_sf: (
+        sf_layout(*x.shape, num_per_channels, use_packed_ue8m0, use_e4m3_sf),
+    ),
     **_LIMITS,
     **_KERNEL,
 )
@@ -104,7 +125,7 @@ PRECOMPUTED = Operator(
     X,
     scalar('fmt', 'str'),
     scalar('num_per_channels', 'int'),
-    tensor('sf', torch.float32, None),
+    tensor('sf', (torch.float32, contract.E4M3_SF_DTYPE), None),
     scalar('use_tma_aligned_col_major_sf', 'bool'),
     scalar('round_sf', 'bool'),
     scalar('use_packed_ue8m0', 'bool'),
@@ -112,7 +133,7 @@ PRECOMPUTED = Operator(
     out('out'),
     extra=_precomputed_options,
     choice=_choice('precomputed'),
-    results=lambda x: ((tuple(x.shape), torch.float8_e4m3fn),),
+    results=lambda x, fmt: (contract.data_layout(*x.shape, fmt),),
     **_LIMITS,
     **_KERNEL,
 )
@@ -131,31 +152,40 @@ def per_token_cast(
     stochastic_cast: bool = False,
     out: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> QuantTensor:
-    """Cast each row of x to FP8 e4m3 with one scale factor per block of `num_per_channels` channels
-    (TileKernels 2.1.0's call). For a block with absolute maximum a, c = max(a, 1e-4):
+    """Cast each row of x to FP8 e4m3 or FP4 e2m1 with one scale factor per block of `num_per_channels` channels
+    (TileKernels 2.1.0's call). For a block with absolute maximum a, m the format's largest value (448 / 6) and
+    c = max(a, floor) (TileKernels' floors: e4m3 1e-4, E4M3 scales m * 2**-9, FP4 with fp32 scales 6 * 2**-126):
 
-        sf = c / 448, data = e4m3(x / sf)                      (to nearest even, saturating at +-448)
-        round_sf: sf = 2 ** ceil(log2(c / 448)), data = e4m3(x * 2 ** -log2(sf))
+        sf = c / m, data = narrow(x * (m / c))
+        round_sf: sf = 2 ** ceil(log2(c / m)), data = narrow(x * 2 ** -log2(sf))
+        use_e4m3_sf: sf = e4m3(c / m) (nearest even, saturating at 448), data = narrow(x * (1 / fp32(sf)))
+
+    narrow: e4m3 to nearest even, saturating at +-448; e2m1 to nearest even on {0, .5, 1, 1.5, 2, 3, 4, 6},
+    saturating at +-6 (values past 6, +-inf and NaN give +-6).
 
     Args:
         x: (T, H) bf16 or fp32, contiguous; T >= 0 (T = 0: empty results, no launch), H a positive multiple of
             max(64, num_per_channels), T * H < 2**31.
-        fmt: 'e4m3' (TileKernels' 'e2m1', FP4, is not supported yet: ValueError).
-        num_per_channels: channels per scale factor, 32, 64 or 128.
+        fmt: 'e4m3' (FP8) or 'e2m1' (FP4: two codes a byte, element 2 i in the low nibble of byte i).
+        num_per_channels: channels per scale factor, 16, 32, 64 or 128.
         round_sf: power-of-two scale factors.
         use_packed_ue8m0: with round_sf, the scale factors as UE8M0 exponent bytes, byte k of a row for block k,
             packed four per int32 (zero padding).
-        x_block_size, use_tma_aligned_col_major_sf, use_e4m3_sf, stochastic_cast: TileKernels' options for
-            pre-quantised inputs, column-major and E4M3 scale factors and stochastic rounding; only their defaults
-            are supported yet (ValueError otherwise).
+        use_e4m3_sf: the scale factors as float8_e4m3fn (not with round_sf). A block maximum past 448 * m
+            saturates its scale at 448, so its data saturates too.
+        x_block_size, use_tma_aligned_col_major_sf, stochastic_cast: TileKernels' options for pre-quantised
+            inputs, column-major scale factors and stochastic rounding; only their defaults are supported yet
+            (ValueError otherwise).
         out: optional (data, sf) buffers of the result's shapes and dtypes, contiguous, on x's device, not
             overlapping x or each other.
 
     Returns:
-        QuantTensor(data, sf), a tuple: data (T, H) float8_e4m3fn; sf (T, H / num_per_channels) fp32, or with
-        use_packed_ue8m0 (T, ceil(H / num_per_channels / 4)) int32. Both backends give the same bytes for the same
-        input. -0.0 stays -0.0; an inf in a block makes its scale inf and its values NaN (of either sign) and
-        +-0; NaN in a block gives unspecified values (as TileKernels).
+        QuantTensor(data, sf), a tuple: data (T, H) float8_e4m3fn, or FP4 (T, H / 2) int8; sf (T, H /
+        num_per_channels) fp32 or float8_e4m3fn, or with use_packed_ue8m0 (T, ceil(H / num_per_channels / 4))
+        int32. Both backends give the same bytes for the same input. -0.0 stays -0.0 (FP4: code 8), subnormal
+        inputs are ordinary values; an inf in a block makes its fp32 / UE8M0 scale inf and its values +-0 and,
+        for the inf, NaN of either sign (FP4: +-6 of either sign); with E4M3 scales the scale saturates at 448
+        and the inf at +-448 / +-6; NaN in a block gives unspecified values (as TileKernels).
     """
 
 
@@ -186,8 +216,9 @@ def per_token_cast_with_precomputed_sf(
     use_e4m3_sf: bool = False,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """The data of per_token_cast from given scale factors (TileKernels 2.1.0's call): data = e4m3(x * (1 / sf))
-    per block (IEEE reciprocal, to nearest even, saturating at +-448), for sf (T, H / num_per_channels) fp32,
-    contiguous. round_sf does not change the result; use_packed_ue8m0 is not supported (ValueError). A scale of
-    0 gives inverse inf: the block's values become +-448 and its zeros NaN. out: an optional (T, H)
-    float8_e4m3fn buffer."""
+    """The data of per_token_cast from given scale factors (TileKernels 2.1.0's call): data = narrow(x * (1 /
+    fp32(sf))) per block (IEEE reciprocal; e4m3 clamped to +-448 then to nearest even, FP4 e2m1 as per_token_cast),
+    for sf (T, H / num_per_channels) contiguous, fp32, or float8_e4m3fn with use_e4m3_sf. round_sf does not change
+    the result; use_packed_ue8m0 is not supported (ValueError). A scale of 0 gives inverse inf: the block's values
+    become +-448 (FP4 +-6) and its zeros NaN (FP4 +-6). out: an optional buffer of the data's shape and dtype
+    ((T, H) float8_e4m3fn, or FP4 (T, H / 2) int8)."""

@@ -1,24 +1,31 @@
-"""Kernels of per_token_cast: x (T, H) bf16 / fp32 -> float8_e4m3fn, one scale factor per token and block.
+"""Kernels of per_token_cast: x (T, H) bf16 / fp32 -> float8_e4m3fn or FP4 (e2m1), one scale factor per token and
+block.
 
-Semantics (those of TileKernels 2.1.0's `per_token_cast(x, 'e4m3', block_size)`): each row of x is cut into
-blocks of `block_size` (32, 64 or 128) consecutive elements. For a block with absolute maximum a:
+Semantics (those of TileKernels 2.1.0's `per_token_cast(x, fmt, block_size)`): each row of x is cut into
+blocks of `block_size` (16, 32, 64 or 128) consecutive elements. For a block with absolute maximum a, and m the
+format's largest value (448 for e4m3, 6 for e2m1):
 
-    c = max(a, 1e-4)                                   (the peer's amax floor for e4m3)
-    fp32 scales:  sf = c / 448,  inverse = 448 / c     (two IEEE divisions)
-    round_sf:     sf = 2 ** ceil(log2(c * fp32(1/448))), inverse = 1 / sf (exact: a power of two)
+    c = max(a, floor)                                  (the peer's amax floors, _scale_rules.AMAX_FLOORS)
+    fp32 scales:  sf = c / m,  inverse = m / c         (two IEEE divisions)
+    round_sf:     sf = 2 ** ceil(log2(c * fp32(1/m))), inverse = 1 / sf (exact: a power of two)
+    e4m3_sf:      sf = e4m3(c / m) (nearest even, saturating at 448), inverse = IEEE 1 / fp32(sf)
     out = e4m3(float(x) * inverse), to nearest even, saturating at +-448
+    FP4: out = e2m1(float(x) * inverse), to nearest even on {0, .5, 1, 1.5, 2, 3, 4, 6}, saturating at +-6
+         (+-inf and NaN -> +-6), two codes per byte, element 2 i in the low nibble of byte i: (T, H / 2) int8
 
 The rounded scale is stored as an fp32 power of two, or (`packed_ue8m0`) as its biased exponent byte
 (UE8M0): byte k of a row is block k, and the row is padded with zero bytes to a multiple of 4, which the
 interface views as int32 (TileKernels' CUDA layout). Both backends write this layout, so the same input gives
 the same scale bytes on either (TileKernels' Ascend kernel packs two per int16).
 Special values: -0.0 stays -0.0; bf16 / fp32 subnormals are ordinary values (IEEE, no flushing); an inf in a
-block gives sf inf (UE8M0 0xff), inverse 0, so finite values become +-0 and the inf NaN; NaN in a block is
-unspecified (the max reductions of the backends may drop it), as in the peer.
+block gives sf inf (UE8M0 0xff), inverse 0, so finite values become +-0 and the inf NaN (FP4: +-6); with E4M3
+scales the inf block's scale saturates at 448, its finite values are x / 448 and the inf saturates (+-448 / +-6);
+NaN in a block is unspecified (the max reductions of the backends may drop it), as in the peer.
 
 Supported: x contiguous (T, H), T >= 1 per launch (the interface skips empty inputs), H a positive multiple of
 max(64, block_size). The peer also takes H = 64 * odd with block 128 (a short last block), strided rows,
-pre-quantised inputs, e4m3 / column-major scales and e2m1 output; these kernels do not.
+pre-quantised inputs and column-major scales; these kernels do not. The peer's Ascend kernel takes only 32-channel
+blocks and no E4M3 scales; these take every block and scale format on both backends.
 
 One generator builds the Ascend 950 kernel (vector cores, SIMD: _per_token_cast_ascend.py) or the CUDA kernel
 (_per_token_cast_cuda.py), chosen by `cfg.backend`; both take (x, out, out_sf) and are bit-exact against
@@ -41,7 +48,9 @@ from ._per_token_cast_cuda import cuda_per_token_cast_kernel
 from ._scale_rules import LANES, UE8M0_PACK
 from ._tiling import FLOAT_DTYPE_NAMES, MODES, CastModes, RowScales, divisors
 
-BLOCK_SIZES = (32, 64, 128)  # 32 first: the only block the peer's Ascend kernel takes
+BLOCK_SIZES = (32, 64, 128)  # per_token_cast_and_cast_back's; 32 first: the only block the peer's Ascend kernel takes
+CAST_BLOCK_SIZES = (16, *BLOCK_SIZES)  # per_token_cast's (and the peer's CUDA kernel's)
+FORMATS = ('e4m3', 'e2m1')  # fp8 data, FP4 data (two e2m1 codes a byte)
 _ASCEND_MAX_BLOCK_K = 4096  # elements per task: fp32 input tile 16 KiB, two buffer versions
 _ASCEND_MAX_ROW = 8192  # a whole row in one task: the packed-scale rows whose zero padding ends a task's bytes
 _CUDA_MAX_BLOCK_K = 2048
@@ -66,16 +75,22 @@ class PerTokenCastConfig(CastModes, RowScales):
     threads: int  # CUDA threads per block (unused on Ascend)
     num_stages: int  # Ascend buffer versions of the persistent loop (unused on CUDA)
     mode: str = 'cast'  # 'cast', 'sf_only' or 'precomputed' (MODES)
+    fmt: str = 'e4m3'  # output format (FORMATS)
+    e4m3_sf: bool = False  # scales as e4m3 bytes (not with round_sf)
 
     def __post_init__(self):
         if self.backend not in ('ascend', 'cuda'):
             raise ValueError(f'backend must be "ascend" or "cuda", got {self.backend!r}')
         if self.in_dtype not in ('bfloat16', 'float32'):
             raise ValueError(f'in_dtype must be "bfloat16" or "float32", got {self.in_dtype!r}')
-        if self.block_size not in BLOCK_SIZES:
-            raise ValueError(f'block_size must be one of {BLOCK_SIZES}, got {self.block_size}')
+        if self.block_size not in CAST_BLOCK_SIZES:
+            raise ValueError(f'block_size must be one of {CAST_BLOCK_SIZES}, got {self.block_size}')
         if self.packed_ue8m0 and not self.round_sf:
             raise ValueError('packed_ue8m0 needs round_sf (UE8M0 holds powers of two only)')
+        if self.fmt not in FORMATS:
+            raise ValueError(f'fmt must be one of {FORMATS}, got {self.fmt!r}')
+        if self.e4m3_sf and self.round_sf:
+            raise ValueError('e4m3_sf excludes round_sf (E4M3 or power-of-two scales)')
         unit = hidden_multiple(self.block_size)
         if self.hidden <= 0 or self.hidden % unit != 0:
             raise ValueError(
@@ -95,6 +110,24 @@ class PerTokenCastConfig(CastModes, RowScales):
         """Channels per scale (RowScales)."""
         return self.block_size
 
+    @property
+    def sf_dtype(self) -> str:
+        """fp32 scales, UE8M0 bytes, or e4m3 bytes."""
+        return 'float8_e4m3fn' if self.e4m3_sf else RowScales.sf_dtype.fget(self)
+
+    @property
+    def fp4(self) -> bool:
+        return self.fmt == 'e2m1'
+
+    @property
+    def data_cols(self) -> int:
+        """Elements (e4m3) or bytes (FP4, two elements each) of one data row."""
+        return self.hidden // 2 if self.fp4 else self.hidden
+
+    @property
+    def data_dtype(self) -> str:
+        return 'int8' if self.fp4 else 'float8_e4m3fn'
+
 
 def choose_per_token_cast_config(
     *,
@@ -106,6 +139,8 @@ def choose_per_token_cast_config(
     round_sf: bool = False,
     packed_ue8m0: bool = False,
     mode: str = 'cast',
+    fmt: str = 'e4m3',
+    e4m3_sf: bool = False,
 ) -> PerTokenCastConfig:
     """Pure choice of the compile-time parameters (no device query). `in_dtype`: torch.bfloat16 / torch.float32
     (or their names). In mode 'precomputed' round_sf is dropped (the inverse is 1 / sf either way). Invalid
@@ -113,8 +148,8 @@ def choose_per_token_cast_config(
     if in_dtype not in FLOAT_DTYPE_NAMES:
         raise ValueError(f'in_dtype must be torch.bfloat16 or torch.float32, got {in_dtype!r}')
     dtype = FLOAT_DTYPE_NAMES[in_dtype]
-    if block_size not in BLOCK_SIZES:
-        raise ValueError(f'block_size must be one of {BLOCK_SIZES}, got {block_size}')
+    if block_size not in CAST_BLOCK_SIZES:
+        raise ValueError(f'block_size must be one of {CAST_BLOCK_SIZES}, got {block_size}')
     unit = hidden_multiple(block_size)
     if hidden <= 0 or hidden % unit != 0:
         raise ValueError(f'hidden must be a positive multiple of {unit} (block_size {block_size}), got {hidden}')
@@ -125,7 +160,7 @@ def choose_per_token_cast_config(
             raise ValueError('mode "precomputed" reads fp32 scales: packed_ue8m0 is not supported there')
         round_sf = False
     make = functools.partial(PerTokenCastConfig, backend, hidden, dtype, block_size, round_sf, packed_ue8m0, num_cores,
-                             mode=mode)  # fmt: skip
+                             mode=mode, fmt=fmt, e4m3_sf=e4m3_sf)  # fmt: skip
     if backend == 'ascend':
         # The largest task that fits the buffers: the op streams x once, so fewer, longer DMAs per core.
         block_k = divisors(hidden, unit, _ASCEND_MAX_BLOCK_K)[0]
@@ -150,8 +185,8 @@ def choose_per_token_cast_config(
 def make_per_token_cast_kernel(cfg: PerTokenCastConfig):
     """The TileLang prim_func `per_token_cast_kernel(x, out, out_sf)` for `cfg.backend` (no compile).
 
-    x: (T, hidden) cfg.in_dtype; out: (T, hidden) float8_e4m3fn; out_sf: (T, cfg.sf_cols) cfg.sf_dtype. T is
-    dynamic and must be >= 1.
+    x: (T, hidden) cfg.in_dtype; out: (T, cfg.data_cols) cfg.data_dtype (float8_e4m3fn, or FP4 bytes int8);
+    out_sf: (T, cfg.sf_cols) cfg.sf_dtype. T is dynamic and must be >= 1.
     """
     if cfg.backend == 'ascend':
         return ascend_per_token_cast_kernel(cfg)
