@@ -673,7 +673,11 @@ def test_experimental_operators_are_named_with_their_domain():
     package.__all__ = ['stable']
     stable, trial = types.ModuleType('pkg.stable_domain'), types.ModuleType('pkg.trial')
     stable.__all__, stable.stable = ['stable'], operator_function
-    trial.__all__, trial.cast, trial.QuantTensor = ['cast', 'QuantTensor'], operator_function, tuple
+    def plain_call():  # a call without a torch.library form (a list of tensors) is benchmarked too
+        pass
+
+    trial.__all__ = ['cast', 'QuantTensor', 'batched', 'LIMIT']
+    trial.cast, trial.QuantTensor, trial.batched, trial.LIMIT = operator_function, tuple, plain_call, 4
     package.stable_domain, package.trial = stable, trial
     package.elsewhere = types.ModuleType('other.trial')  # not a subpackage of pkg
-    assert experimental_operators(package) == {'trial.cast'}
+    assert experimental_operators(package) == {'trial.cast', 'trial.batched'}

@@ -108,10 +108,7 @@ class DeviceBackend:
         return str(torch.cuda.get_device_name(self.device.index))
 
     def public_operators(self) -> frozenset[str]:
-        """The root package's operators, and those of an experimental domain as '<domain>.<name>'."""
-        import cann_ops_tilelang
-
-        return frozenset(cann_ops_tilelang.__all__) | experimental_operators(cann_ops_tilelang)
+        return public_operator_names()
 
     def cluster(self) -> str:
         return cluster_name(self.backend, self.device_name)
@@ -168,13 +165,23 @@ class DeviceBackend:
         return 'cupti'
 
 
+def public_operator_names() -> frozenset[str]:
+    """The names a baseline record may carry: the root package's operators, and those of an experimental domain
+    as '<domain>.<name>' (what the benchmark plugin records and the committed-records check accepts)."""
+    import cann_ops_tilelang
+
+    return frozenset(cann_ops_tilelang.__all__) | experimental_operators(cann_ops_tilelang)
+
+
 def experimental_operators(package) -> frozenset[str]:
-    """'<domain>.<name>' of every operator a domain subpackage exports that the root package does not (an
-    experimental domain's, such as 'quant.per_token_cast'): they are benchmarked under that name."""
+    """'<domain>.<name>' of every function a domain subpackage exports that the root package does not (an
+    experimental domain's, such as 'quant.per_token_cast'; a call without a torch.library form, such as
+    'quant.batched_transpose_weight_sf', too; types are not operators): they are benchmarked under that name."""
     names = set()
     for domain, module in vars(package).items():
         if isinstance(module, types.ModuleType) and module.__name__ == f'{package.__name__}.{domain}':
             for name in getattr(module, '__all__', ()):
-                if name not in package.__all__ and hasattr(getattr(module, name), 'operator'):
+                value = getattr(module, name)
+                if name not in package.__all__ and callable(value) and not isinstance(value, type):
                     names.add(f'{domain}.{name}')
     return frozenset(names)
