@@ -8,6 +8,7 @@ compiles nothing: kernels are compiled on an operator's first call.
 # (an experimental operator, not exported below, is `cann_ops_tilelang.<domain>.<op>`). Importing a domain
 # touches no device and compiles nothing, so none is imported lazily.
 from cann_ops_tilelang import engram as engram
+from cann_ops_tilelang import moe as moe
 from cann_ops_tilelang import quant as quant
 from cann_ops_tilelang.engram import (
     engram_fused_weight,
@@ -20,6 +21,7 @@ from cann_ops_tilelang.engram import (
     engram_sinkhorn_step,
     engram_sinkhorn_step_reduce,
 )
+from cann_ops_tilelang.moe import moe_normalize_weight, moe_topk, moe_topk_gate, moe_topk_gate_backward
 
 __version__ = '0.1.0'
 
@@ -33,4 +35,8 @@ __all__: list[str] = [
     'engram_sinkhorn_momentum_update',
     'engram_sinkhorn_step',
     'engram_sinkhorn_step_reduce',
+    'moe_normalize_weight',
+    'moe_topk',
+    'moe_topk_gate',
+    'moe_topk_gate_backward',
 ]

@@ -1,0 +1,186 @@
+"""The MoE routing operators against TileKernels 2.1.0 on one GPU, in one process: whether the results agree, the
+time of each (do_bench medians under its L2 flush, CUPTI, rounds alternating between ours and the peer's call),
+the copy that moves the same bytes, and `torch.compile` of the float64-free reference math where one is cheap to
+state (moe_topk: torch.topk; moe_normalize_weight: a sum and a division).
+
+    PYTHONPATH=<tile_kernels 2.1.0> python -m tests.moe.perf_report [--rounds 5] [--ops a,b] [--sweep]
+
+--sweep: every operator over the experts 64 .. 512 (and T = 1 .. 131072) at top-k 8 instead of the fixed table.
+Our calls go through the public operators (with out= buffers where they have them), the peer's as it is called.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+import torch
+
+import cann_ops_tilelang as ops
+from tests.testing.device_timing import alternating_medians, same_traffic_floors
+
+SCALING = 2.5  # routed_scaling_factor of DeepSeek-V3
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    op: str
+    variant: str  # what the call adds to the plain one
+    num_tokens: int
+    num_experts: int
+    num_topk: int
+
+
+def _logits(case: Case, device) -> torch.Tensor:
+    torch.manual_seed(0)
+    return torch.randn(case.num_tokens, case.num_experts, device=device)
+
+
+def _bytes(*tensors) -> int:
+    return sum(t.nbytes for t in tensors if t is not None)
+
+
+def _gate_kwargs(case: Case, device) -> dict:
+    T, E = case.num_tokens, case.num_experts
+    kwargs = {}
+    if 'bias' in case.variant:
+        kwargs['bias'] = torch.randn(E, device=device) * 0.1
+    if 'mask' in case.variant:
+        kwargs['mask'] = torch.rand(T, device=device) < 0.9
+    if 'physical' in case.variant:  # two replicas of every logical expert (shared included)
+        logical = E + 1
+        kwargs['to_physical_map'] = torch.arange(2 * logical, device=device, dtype=torch.int32).view(logical, 2)
+        kwargs['logical_count'] = torch.full((logical,), 2, device=device, dtype=torch.int32)
+    return kwargs
+
+
+def _calls(case: Case, tk, device):
+    """(ours: () -> result, peer: () -> result, moved bytes, compiled reference or None) of a case."""
+    T, E, K = case.num_tokens, case.num_experts, case.num_topk
+    logits = _logits(case, device)
+    if case.op == 'moe_topk':
+        out = torch.empty(T, K, dtype=torch.int64, device=device)
+        compiled = torch.compile(lambda: torch.topk(logits, K, dim=1).indices)
+        return (
+            lambda: ops.moe_topk(logits, K, out=out),
+            lambda: tk.topk_gate(logits, K),
+            _bytes(logits, out),
+            compiled,
+        )
+    if case.op == 'moe_normalize_weight':
+        w = torch.rand(T, K, device=device)
+        den, nw = torch.empty(T, device=device), torch.empty(T, K, device=device)
+        compiled = torch.compile(lambda: (w.sum(1), w / w.sum(1, keepdim=True)))
+        return (
+            lambda: ops.moe_normalize_weight(w, out=(den, nw)),
+            lambda: tk.normalize_weight(w),
+            _bytes(w, den, nw),
+            compiled,
+        )
+    shared = 1 if 'shared' in case.variant else 0
+    kwargs = _gate_kwargs(case, device)
+    args = (logits, K, bool(shared), shared, SCALING, 0, 'sqrtsoftplus')
+    if case.op == 'moe_topk_gate':
+        idx = torch.empty(T, K + shared, dtype=torch.int64, device=device)
+        w = torch.empty(T, K + shared, device=device)
+        scores = torch.empty_like(logits) if 'scores' in case.variant else None
+        extra = {'scores': scores} if scores is not None else {}
+        return (
+            lambda: ops.moe_topk_gate(*args, **kwargs, out=(idx, w), **extra),
+            lambda: tk.moe_topk_gate(*args, **kwargs, **extra),
+            _bytes(logits, idx, w, scores, *kwargs.values()),
+            None,
+        )
+    if case.op == 'moe_topk_gate_backward':
+        scores = torch.empty_like(logits)
+        idx, w = tk.moe_topk_gate(logits, K, False, 0, SCALING, 0, 'sqrtsoftplus', scores=scores)
+        grad = torch.randn_like(w)
+        aux = {}
+        if 'aux' in case.variant:
+            aux = {'mask': torch.ones(T, dtype=torch.bool, device=device)}
+            aux['grad_scores_sum'] = torch.randn(1, E, device=device)
+        out = torch.empty_like(logits)
+        bargs = (scores, idx, w, grad, SCALING, 'sqrtsoftplus')
+        return (
+            lambda: ops.moe_topk_gate_backward(*bargs, **aux, out=out),
+            lambda: tk.moe_topk_gate_backward(*bargs, **aux),
+            _bytes(scores, idx, w, grad, out, *aux.values()),
+            None,
+        )
+    raise ValueError(f'unknown operator {case.op!r}')
+
+
+def _agree(ours, theirs) -> str:
+    """'equal' (bitwise), 'close' (fp32 values within 1e-5 relative, indices equal) or 'DIFF'."""
+    ours = ours if isinstance(ours, tuple) else (ours,)
+    theirs = theirs if isinstance(theirs, tuple) else (theirs,)
+    if len(ours) != len(theirs) or any(a.shape != b.shape for a, b in zip(ours, theirs, strict=True)):
+        return 'DIFF (shapes)'
+    if all(torch.equal(a, b) for a, b in zip(ours, theirs, strict=True)):
+        return 'equal'
+    close = all(
+        torch.equal(a, b) if not a.is_floating_point() else torch.allclose(a, b, rtol=1e-5, atol=1e-6)
+        for a, b in zip(ours, theirs, strict=True)
+    )
+    return 'close' if close else 'DIFF'
+
+
+TABLE = [
+    *(Case('moe_topk', '', T, E, K) for T, E, K in [(4001, 256, 8), (8001, 384, 8), (32768, 256, 8), (4001, 64, 6)]),
+    *(Case('moe_normalize_weight', '', T, 0, K) for T, K in [(4001, 8), (32768, 8), (8001, 9)]),
+    *(
+        Case('moe_topk_gate', v, T, E, 8)
+        for v in ('', 'bias,shared', 'bias,shared,mask,scores', 'bias,shared,physical')
+        for T, E in [(4001, 256), (32768, 256)]
+    ),
+    Case('moe_topk_gate', 'bias', 8001, 384, 6),
+    *(Case('moe_topk_gate_backward', v, T, E, 8) for v in ('', 'aux') for T, E in [(4001, 256), (32768, 256)]),
+    Case('moe_topk_gate_backward', '', 8001, 384, 6),
+]
+SWEEP_EXPERTS = (64, 128, 256, 384, 512)
+SWEEP_TOKENS = (1, 128, 4001, 32768, 131072)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument('--rounds', type=int, default=5)
+    parser.add_argument('--sweep', action='store_true')
+    parser.add_argument('--ops', default='', help='comma-separated operator names (default: all)')
+    args = parser.parse_args()
+    import tile_kernels.moe as tk  # the peer, where it is installed
+
+    device = torch.device('cuda')
+    ops_all = ('moe_topk', 'moe_normalize_weight', 'moe_topk_gate', 'moe_topk_gate_backward')
+    cases = (
+        [Case(op, 'bias' if op == 'moe_topk_gate' else '', T, E, 8) for op in ops_all for E in SWEEP_EXPERTS
+         for T in SWEEP_TOKENS]
+        if args.sweep
+        else TABLE
+    )  # fmt: skip
+    if args.ops:
+        cases = [c for c in cases if c.op in args.ops.split(',')]
+    print('| operator | variant | T | E | k | agree | ours us | TK us | compiled us | copy us | ours / TK | % copy |')
+    print('| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |')
+    for case in cases:
+        head = f'| {case.op} | {case.variant or "plain"} | {case.num_tokens} | {case.num_experts} | {case.num_topk} |'
+        try:
+            ours, peer, moved, compiled = _calls(case, tk, device)
+            agree = _agree(ours(), peer())
+        except Exception as exc:
+            print(f'{head} failed: {type(exc).__name__}: {str(exc)[:160]} |', flush=True)
+            continue
+        (ours_us, why), (tk_us, _), (compiled_us, _) = alternating_medians([ours, peer, compiled], args.rounds)
+        if ours_us is None:
+            print(f'{head} failed: {why} |', flush=True)
+            continue
+        copy_us, _ = same_traffic_floors(moved, device)
+        compiled_text = f'{compiled_us:.1f}' if compiled_us else '-'
+        print(
+            f'{head} {agree} | {ours_us:.1f} | {tk_us:.1f} | {compiled_text} | {copy_us:.1f} | '
+            f'{ours_us / tk_us:.2f} | {100 * copy_us / ours_us:.0f} |',
+            flush=True,
+        )
+
+
+if __name__ == '__main__':
+    main()
