@@ -673,6 +673,7 @@ def test_experimental_operators_are_named_with_their_domain():
     package.__all__ = ['stable']
     stable, trial = types.ModuleType('pkg.stable_domain'), types.ModuleType('pkg.trial')
     stable.__all__, stable.stable = ['stable'], operator_function
+
     def plain_call():  # a call without a torch.library form (a list of tensors) is benchmarked too
         pass
 

@@ -11,6 +11,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from cann_ops_tilelang import config
 from cann_ops_tilelang.quant import cast_back, per_block_cast, per_channel_cast, per_token_cast, per_token_cast_back
+from cann_ops_tilelang.quant._scale_rules import FORMAT_MAX
 from tests.quant.cast_back_ref import cast_back_ref
 from tests.quant.cast_ref import scaled_rows
 from tests.testing.bench import config_extras, make_param_id
@@ -20,6 +21,7 @@ from tests.testing.numeric import assert_equal, count_bytes
 LEVEL = get_test_level()
 DATA = torch.zeros(4, 256, dtype=torch.float8_e4m3fn)
 Q = (DATA, torch.ones(4, 2))
+FP4 = (torch.zeros(4, 256, dtype=torch.int8), torch.ones(4, 4))  # 512 e2m1 elements a row, 128-channel blocks
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
@@ -46,7 +48,17 @@ def _expected(quantised, fmt: str, block) -> torch.Tensor:
         (((DATA, Q[1].half()), 'bf16', (1, 128)), {}, TypeError, r'x\[1\] must have dtype torch.float32 or'),
         ((Q, 'e4m3', (1, 128)), {}, ValueError, "fmt must be 'bf16' or 'fp32'"),
         ((Q, 'bf16', (1, 128), 'ue8m0'), {}, ValueError, "x_special_fmt='ue8m0' is not supported yet"),
-        ((Q, 'bf16', (1, 16)), {}, ValueError, r'x_block_size\[1\] \(channels per scale\) must be one of'),
+        ((Q, 'bf16', (32, 16)), {}, ValueError, r'x_block_size\[1\] \(channels per scale\) must be one of'),
+        ((FP4, 'bf16', (32, 128)), {}, ValueError, r'FP4 \(int8\) data take per-token scales only'),
+        (((DATA, torch.ones(1, 2, dtype=torch.float8_e4m3fn)), 'bf16', (32, 128)), {}, ValueError,
+         r'float8_e4m3fn scales take per-token scales only'),
+        (((DATA, torch.ones(4, 256, dtype=torch.float8_e4m3fn)), 'bf16', (32, 1)), {}, ValueError,
+         r'float8_e4m3fn scales take per-token scales only'),
+        (((torch.zeros(4, 96, dtype=torch.int8), torch.ones(4, 12)), 'bf16', (1, 16)), {}, ValueError,
+         r'multiple of 128 for x_block_size \(1, 16\) and FP4 data \(H is twice its bytes\), got 192'),
+        ((FP4, 'bf16', (1, 16)), {}, ValueError, r'x\[1\] must have shape \(4, 32\)'),
+        (((FP4[0].view(torch.uint8), FP4[1]), 'bf16', (1, 128)), {}, TypeError, r'x\[0\] must have dtype'),
+        ((FP4, 'bf16', (1, 128)), {'out': torch.empty(4, 256, dtype=torch.bfloat16)}, ValueError, 'out'),
         ((Q, 'bf16', (64, 128)), {}, ValueError, r'x_block_size\[0\] \(tokens per scale\) must be one of'),
         ((Q, 'bf16', (1, 1)), {}, ValueError, r'x_block_size\[0\] with per-channel scales must be one of'),
         ((Q, 'bf16', (1, 64)), {}, ValueError, r'x\[1\] must have shape \(4, 4\)'),
@@ -78,6 +90,9 @@ def test_cast_back_fake_tensors(monkeypatch):
         assert (tuple(out.shape), out.dtype) == ((161, 256), torch.bfloat16)
         out = per_token_cast_back((q[0], torch.empty(161, 2)), 'fp32', 128)
         assert (tuple(out.shape), out.dtype) == ((161, 256), torch.float32)
+        fp4 = (torch.empty(161, 128, dtype=torch.int8), torch.empty(161, 16, dtype=torch.float8_e4m3fn))
+        out = per_token_cast_back(fp4, 'bf16', 16)  # FP4: two elements a byte
+        assert (tuple(out.shape), out.dtype) == ((161, 256), torch.bfloat16)
 
 
 # ---------------------------------------------------------------- device tier
@@ -130,6 +145,51 @@ def test_cast_back_values(producer, block, sf, fmt, num_tokens, device):
     assert bool((error <= x.float().abs() * (2**-4 + 2**-8) + scale * 2**-10).all())
 
 
+# per_token_cast's FP4 data, 16-channel blocks and E4M3 scales read back (per-token scales only). Level 0: one per
+# kernel configuration of test_cast_back_kernel's level 0 (e2m1 / E4M3 / 16, e2m1 / UE8M0 / 64, e4m3 / fp32 / 16).
+FORMAT_ROUND_TRIPS = by_level(
+    LEVEL,
+    core=[('e2m1', 16, 'e4m3', 'bf16'), ('e2m1', 64, 'ue8m0', 'fp32'), ('e4m3', 16, 'fp32', 'fp32')],
+    default=[
+        (data, block, sf, fmt)
+        for data in ('e2m1', 'e4m3')
+        for block in (16, 32, 64, 128)
+        for sf in ('fp32', 'ue8m0', 'e4m3')
+        for fmt in ('bf16', 'fp32')
+        if data == 'e2m1' or block == 16 or sf == 'e4m3'
+    ],
+)
+# Half a step of the format, relative (e4m3 2**-4, e2m1 2**-2 between 2 and 6), and the smallest step of the block
+# (the subnormal steps: e4m3 2**-9, e2m1 0.5, times the scale).
+_ROUND_TRIP_ERROR = {'e4m3': (2**-4, 2**-10), 'e2m1': (2**-2, 2**-2)}
+
+
+@pytest.mark.npu
+@pytest.mark.parametrize(('data', 'block', 'sf', 'fmt'), FORMAT_ROUND_TRIPS, ids=lambda v: make_param_id({'v': v}))
+@pytest.mark.parametrize('num_tokens', by_level(LEVEL, core=(0, 37), default=(1, 161)))
+def test_cast_back_formats_values(data, block, sf, fmt, num_tokens, device):
+    x = scaled_rows(num_tokens, 1152, 'bfloat16', device)
+    packed, e4m3_sf = sf == 'ue8m0', sf == 'e4m3'
+    quantised = per_token_cast(x, data, block, round_sf=packed, use_packed_ue8m0=packed, use_e4m3_sf=e4m3_sf)
+    result = cast_back(quantised, fmt, (1, block))
+    assert tuple(result.shape) == (num_tokens, 1152)
+    assert_equal(_bits(result), _bits(_expected(quantised, fmt, (1, block))))
+    assert_equal(_bits(per_token_cast_back(quantised, fmt, block)), _bits(result))
+    buffer = torch.full_like(result, float('nan'))
+    assert cast_back(quantised, fmt, (1, block), out=buffer) is buffer
+    assert_equal(_bits(buffer), _bits(result))
+    # The round trip: within half a step of x (relative), or of the block's smallest step, plus bf16's rounding,
+    # plus what saturation cuts off: an E4M3 scale rounded below c / m (coarsely where it is subnormal) leaves
+    # x / sf past the format's largest value.
+    relative, absolute = _ROUND_TRIP_ERROR[data]
+    one = torch.full_like(quantised[0], 0x22) if data == 'e2m1' else torch.ones_like(quantised[0])  # 0x22: 1.0, 1.0
+    scale = cast_back((one, quantised[1]), 'fp32', (1, block))
+    error = (result.float() - x.float()).abs()
+    saturated = (x.float().abs() - scale * FORMAT_MAX[data]).clamp(min=0)
+    bound = x.float().abs() * (relative + 2**-8) + scale * absolute + saturated
+    assert bool((error <= bound).all())
+
+
 # Per-token scales of the peer's shapes (tokens 4001 / 8001, hidden 4096 / 7168): 128-channel fp32 and 32-channel
 # UE8M0, to bf16.
 BENCHMARK_PARAMS = generate_samples(num_tokens=[4001, 8001], hidden=[4096, 7168], block=[128, 32])
@@ -152,4 +212,29 @@ def test_cast_back_benchmark(params, device, benchmark_timer, benchmark_record):
         time_us=time_us,
         bandwidth_gbs=count_bytes(*quantised, result) / time_us / 1e3,
         extras=config_extras(cast_back.operator.config(tuple(quantised), 'bf16', block)),
+    )
+
+
+# FP4 data of the same shapes: 16-channel E4M3 scales and 32-channel UE8M0 (per_token_cast's 'e2m1' outputs), to bf16.
+FP4_BENCHMARK_PARAMS = generate_samples(num_tokens=[4001, 8001], hidden=[4096, 7168], block=[16, 32])
+
+
+@pytest.mark.npu
+@pytest.mark.benchmark
+@pytest.mark.parametrize('params', FP4_BENCHMARK_PARAMS, ids=make_param_id)
+def test_cast_back_fp4_benchmark(params, device, benchmark_timer, benchmark_record):
+    block = params['block']
+    x = scaled_rows(params['num_tokens'], params['hidden'], 'bfloat16', device)
+    packed = block == 32
+    quantised = per_token_cast(x, 'e2m1', block, round_sf=packed, use_packed_ue8m0=packed, use_e4m3_sf=not packed)
+    result = cast_back(quantised, 'bf16', (1, block))
+    assert_equal(_bits(result), _bits(_expected(quantised, 'bf16', (1, block))))
+    time_us = benchmark_timer(lambda: cast_back(quantised, 'bf16', (1, block), out=result))
+    benchmark_record(
+        kernel='quant.cast_back',
+        operation='cast_back_fp4',
+        params=params,
+        time_us=time_us,
+        bandwidth_gbs=count_bytes(*quantised, result) / time_us / 1e3,
+        extras=config_extras(cast_back.operator.config(tuple(quantised), 'bf16', (1, block))),
     )

@@ -16,9 +16,17 @@ from cann_ops_tilelang.quant.cast_back_kernel import (
     CastBackConfig,
     choose_cast_back_config,
     get_cast_back_kernel,
+    hidden_multiple,
     make_cast_back_kernel,
 )
-from tests.quant.cast_back_ref import block_scales, cast_back_ref, random_e4m3, random_scales
+from tests.quant.cast_back_ref import (
+    block_scales,
+    cast_back_ref,
+    decode_e2m1,
+    random_e2m1,
+    random_e4m3,
+    random_scales,
+)
 from tests.quant.cast_ref import pack_ue8m0_cols, pack_ue8m0_rows, ue8m0_to_fp32, unpack_ue8m0_cols
 from tests.testing.bench import make_param_id
 from tests.testing.generator import by_level, generate_samples, get_test_level
@@ -53,6 +61,23 @@ _ALL_VARIANTS = [
     for sf in ('fp32', 'ue8m0')
     for dtype in OUT_DTYPES
 ]
+# per_token_cast's other formats (per-token scales only): FP4 data ('data': 'e2m1'), 16-channel blocks, E4M3
+# scales ('sf': 'e4m3'). Level 0: three configurations (FP4 with 16-channel E4M3 scales, FP4 with UE8M0, e4m3
+# data in 16-channel blocks); level 1: every block, scale format and output of both data formats.
+_CORE_FORMAT_VARIANTS = [
+    dict(out_dtype='bfloat16', bt=1, bc=16, sf='e4m3', data='e2m1'),
+    dict(out_dtype='float32', bt=1, bc=64, sf='ue8m0', data='e2m1'),
+    dict(out_dtype='float32', bt=1, bc=16, sf='fp32', data='e4m3'),
+]
+_ALL_FORMAT_VARIANTS = [
+    dict(out_dtype=dtype, bt=1, bc=bc, sf=sf, data=data)
+    for data in ('e4m3', 'e2m1')
+    for bc in (16, 32, 64, 128)
+    for sf in ('fp32', 'ue8m0', 'e4m3')
+    for dtype in OUT_DTYPES
+    if data == 'e2m1' or bc == 16 or sf == 'e4m3'  # the e4m3 rest: _ALL_VARIANTS
+]
+FORMAT_VARIANTS = by_level(LEVEL, core=_CORE_FORMAT_VARIANTS, default=_ALL_FORMAT_VARIANTS)
 VARIANTS = by_level(LEVEL, core=_CORE_VARIANTS, default=_ALL_VARIANTS)
 # Tokens: one, partial token blocks (67 = 2 * 32 + 3; 129 = 128 + 1), several col-packed UE8M0 rows ending in
 # padding (300: 10 blocks of 32), the benchmark size.
@@ -63,10 +88,11 @@ LOWERING_HIDDEN = by_level(LEVEL, core=(), default=(7168,), full=(64, 4096, 1638
 VALUES_HIDDEN = by_level(LEVEL, core=(), default=(64, 7168), full=(4096, 5120, 16384))
 
 
-def values_hidden(bc: int) -> int:
+def values_hidden(bc: int, data: str = 'e4m3') -> int:
     """The hidden size of a variant's values tests: UE8M0 rows ending in padding (34 blocks of 32, 17 of 64, 9
-    of 128), and for channel blocks 17 column tiles of 64 on Ascend."""
-    return 1152 if bc == 128 else 1088
+    of 128), and for channel blocks 17 column tiles of 64 on Ascend. FP4 needs a multiple of 128: 1152 (18 blocks
+    of 64 and 9 of 128 end in padding)."""
+    return 1152 if bc == 128 or data == 'e2m1' else 1088
 
 
 def _config(backend: str, num_cores: int, variant: dict, hidden: int) -> CastBackConfig:
@@ -78,7 +104,20 @@ def _config(backend: str, num_cores: int, variant: dict, hidden: int) -> CastBac
         block_tokens=variant['bt'],
         block_channels=variant['bc'],
         packed_ue8m0=variant['sf'] == 'ue8m0',
+        **_format_kwargs(variant),
     )
+
+
+def _format_kwargs(variant: dict) -> dict:
+    """The format arguments of a FORMAT_VARIANTS entry (none for the e4m3 / fp32-or-UE8M0 variants: their calls,
+    and so their configurations, stay as they were)."""
+    if 'data' not in variant:
+        return {}
+    return dict(fp4=variant['data'] == 'e2m1', e4m3_sf=variant['sf'] == 'e4m3')
+
+
+def _format_lowering_cases() -> list[dict]:
+    return [dict(variant=v, hidden=values_hidden(v['bc'], v['data'])) for v in FORMAT_VARIANTS]
 
 
 def _lowering_cases() -> list[dict]:
@@ -89,7 +128,9 @@ def _lowering_cases() -> list[dict]:
 def _sized_cases(variants: list[dict], hidden_sizes) -> list[dict]:
     """variant x hidden, where hidden is a multiple of the variant's block."""
     return generate_samples(
-        variant=variants, hidden=hidden_sizes, where=lambda c: c['hidden'] % max(64, c['variant']['bc']) == 0
+        variant=variants,
+        hidden=hidden_sizes,
+        where=lambda c: c['hidden'] % hidden_multiple(c['variant']['bc'], c['variant'].get('data') == 'e2m1') == 0,
     )
 
 
@@ -135,7 +176,7 @@ def test_cast_back_config_scale_layouts(bt, bc, packed, num_tokens, shape, dtype
         assert cfg.channel_blocks == (bc == 1)
 
 
-_TILING_CASES = _sized_cases(_ALL_VARIANTS, [64, 1088, 1152, 7168, 16384, 64 * 67])
+_TILING_CASES = _sized_cases(_ALL_VARIANTS + _ALL_FORMAT_VARIANTS, [64, 1088, 1152, 7168, 16384, 64 * 67])
 
 
 @pytest.mark.parametrize('case', _TILING_CASES, ids=_case_id)
@@ -167,7 +208,12 @@ def test_cast_back_config_tiles(case):
         (dict(out_dtype=torch.float16), ValueError, 'out_dtype'),
         (dict(out_dtype='fp8'), ValueError, 'out_dtype'),
         (dict(block_tokens=64), ValueError, 'block_tokens'),
-        (dict(block_channels=16), ValueError, 'block_channels'),
+        (dict(block_tokens=32, block_channels=16), ValueError, 'block_channels'),
+        (dict(fp4=True, block_tokens=32), ValueError, 'per-token scales only'),
+        (dict(e4m3_sf=True, block_tokens=1, block_channels=1), ValueError, 'block_tokens must be one of'),
+        (dict(e4m3_sf=True, packed_ue8m0=True), ValueError, 'exclude each other'),
+        (dict(fp4=1), TypeError, 'fp4 must be a bool'),
+        (dict(fp4=True, hidden=192), ValueError, 'multiple of 128'),
         (dict(block_tokens=1, block_channels=1), ValueError, 'block_tokens must be one of'),
         (dict(block_tokens=True), TypeError, 'block_tokens'),
         (dict(block_channels=32.0), TypeError, 'block_channels'),
@@ -288,6 +334,25 @@ def test_cast_back_cuda_lowers(case):
         assert '__float22bfloat162_rn' in lowered.source  # nearest even
 
 
+@pytest.mark.parametrize('case', _format_lowering_cases(), ids=_case_id)
+def test_cast_back_formats_lower(case):
+    """FP4 data, E4M3 scales, 16-channel blocks: both backends lower; Ascend UB as the config says; FP4 read as
+    bytes (CUDA: one 8-byte load a thread), E4M3 scales widened by conversion."""
+    asc = _config('ascend', ASCEND_950_VECTOR_CORES, case['variant'], case['hidden'])
+    lowered = assert_ascend_kernel_lowers(lambda: make_cast_back_kernel(asc), key=asc, kernel_name=KERNEL_NAME)
+    assert lowered.ub_bytes == asc.ascend_ub_bytes
+    assert 'vlds_unpack4' in lowered.source
+    cuda = _config('cuda', H200_SMS, case['variant'], case['hidden'])
+    lowered = assert_cuda_kernel_lowers(lambda: make_cast_back_kernel(cuda), key=cuda, kernel_name=KERNEL_NAME)
+    assert lowered.ub_bytes == 0
+    if case['variant']['data'] == 'e2m1':
+        assert '*(int2*)(xr' in lowered.source  # 8 bytes of FP4 (16 elements) per thread
+    else:
+        assert '*(fp8_e4_16_t*)(xr' in lowered.source
+    if case['variant']['sf'] == 'e4m3':
+        assert 'const fp8_e4_t* __restrict__ x_sf' in lowered.source
+
+
 # ---------------------------------------------------------------- device tier
 
 
@@ -296,22 +361,28 @@ def _int_view(t: torch.Tensor) -> torch.Tensor:
 
 
 def _run(x: torch.Tensor, sf: torch.Tensor, variant: dict, device) -> torch.Tensor:
-    cfg = _config(backend_of(device), get_num_cores(device), variant, x.shape[1])
+    hidden = 2 * x.shape[1] if x.dtype == torch.int8 else x.shape[1]  # FP4: two elements a byte
+    cfg = _config(backend_of(device), get_num_cores(device), variant, hidden)
     assert tuple(sf.shape) == cfg.sf_shape(x.shape[0])
-    out = torch.full(x.shape, float('nan'), device=device).to(OUT_DTYPES[variant['out_dtype']])  # poisoned
+    shape = (x.shape[0], cfg.hidden)
+    out = torch.full(shape, float('nan'), device=device).to(OUT_DTYPES[variant['out_dtype']])  # poisoned
     launch_kernel(get_cast_back_kernel, cfg, device, x.to(device), sf.to(device), out)
     return out.cpu()
 
 
 def _check(x: torch.Tensor, sf: torch.Tensor, variant: dict, device) -> None:
     out = _run(x, sf, variant, device)
+    assert out.shape == (x.shape[0], 2 * x.shape[1] if x.dtype == torch.int8 else x.shape[1])
     ref = cast_back_ref(x, sf, OUT_DTYPES[variant['out_dtype']], variant['bt'], variant['bc'])
     assert_equal(_int_view(out), _int_view(ref))
 
 
 def _inputs(num_tokens: int, hidden: int, variant: dict) -> tuple[torch.Tensor, torch.Tensor]:
-    x = random_e4m3(num_tokens, hidden)
-    sf, _ = random_scales(num_tokens, hidden, variant['bt'], variant['bc'], packed_ue8m0=variant['sf'] == 'ue8m0')
+    x = random_e2m1(num_tokens, hidden) if variant.get('data') == 'e2m1' else random_e4m3(num_tokens, hidden)
+    sf, _ = random_scales(
+        num_tokens, hidden, variant['bt'], variant['bc'], packed_ue8m0=variant['sf'] == 'ue8m0',
+        e4m3_sf=variant['sf'] == 'e4m3',
+    )  # fmt: skip
     return x, sf
 
 
@@ -376,3 +447,60 @@ def test_cast_back_kernel_special_values(variant, device):
     assert nan.any()
     assert ref.isinf().any()
     assert (_int_view(ref) == _int_view(torch.tensor(-0.0).to(ref.dtype))).any()  # -0.0 kept
+
+
+@pytest.mark.npu
+@pytest.mark.parametrize('variant', FORMAT_VARIANTS, ids=make_param_id)
+@pytest.mark.parametrize('num_tokens', by_level(LEVEL, core=(1, 67), default=(5, 129)))
+def test_cast_back_formats_values(variant, num_tokens, device):
+    _check(*_inputs(num_tokens, values_hidden(variant['bc'], variant['data']), variant), variant, device)
+
+
+@pytest.mark.npu
+@pytest.mark.parametrize('variant', _CORE_FORMAT_VARIANTS, ids=make_param_id)
+def test_cast_back_formats_special_values(variant, device):
+    """Every e2m1 code (-0 included) or special e4m3 data against special scales: E4M3 0, -0, the smallest
+    subnormal, 448 and NaN; UE8M0 0, 255 (inf); fp32 0, -0, subnormal, huge, inf, NaN. NaN where the reference has
+    NaN, every other bit exact; UE8M0 padding bytes (garbage) are never read."""
+    bc, fp4 = variant['bc'], variant['data'] == 'e2m1'
+    num_tokens, hidden = 19, values_hidden(bc, variant['data'])
+    if fp4:
+        x = random_e2m1(num_tokens, hidden)
+    else:
+        pool = torch.tensor([0x00, 0x80, 0x7F, 0xFF, 0x01, 0x81, 0x7E, 0xFE, 0x38], dtype=torch.uint8)
+        x = pool[torch.randint(len(pool), (num_tokens, hidden))].view(torch.float8_e4m3fn)
+    per_row = hidden // bc
+    if variant['sf'] == 'e4m3':
+        bytes_pool = torch.tensor([0x00, 0x80, 0x01, 0x7E, 0x7F, 0x38, 0xB8], dtype=torch.uint8)
+        sf = bytes_pool[torch.randint(len(bytes_pool), (num_tokens, per_row))].view(torch.float8_e4m3fn)
+    elif variant['sf'] == 'ue8m0':
+        byte_pool = torch.tensor([0, 1, 100, 127, 254, 255], dtype=torch.uint8)
+        ue8m0 = byte_pool[torch.randint(len(byte_pool), (num_tokens, per_row))]
+        sf = pack_ue8m0_rows(ue8m0, UE8M0_PACK)
+        valid = pack_ue8m0_rows(torch.ones_like(ue8m0), UE8M0_PACK).bool()
+        sf = torch.where(valid, sf, torch.full_like(sf, 0xA5))
+    else:
+        scale_pool = torch.tensor([0.0, -0.0, 2.0**-140, 2.0**127, float('inf'), float('nan'), 1.0 + 2.0**-8])
+        sf = scale_pool[torch.randint(len(scale_pool), (num_tokens, per_row))]
+    out = _run(x, sf, variant, device)
+    ref = cast_back_ref(x, sf, OUT_DTYPES[variant['out_dtype']], 1, bc)
+    nan = ref.isnan()
+    assert torch.equal(out.isnan(), nan)
+    assert torch.equal(_int_view(out)[~nan], _int_view(ref)[~nan])
+    assert (_int_view(ref) == _int_view(torch.tensor(-0.0).to(ref.dtype))).any()  # -0.0 kept
+
+
+def test_reference_e2m1_decoding():
+    """decode_e2m1: byte i holds elements 2 i (low nibble) and 2 i + 1; the 16 codes are fp4.E2M1_VALUES; it agrees
+    with the domain's unpack_from_e2m1fn_x2."""
+    from cann_ops_tilelang.quant.fp4 import unpack_from_e2m1fn_x2
+
+    data = torch.tensor([[0x21, 0x9F], [0x70, 0x08]], dtype=torch.uint8).view(torch.int8)
+    values = decode_e2m1(data)
+    assert values.tolist() == [[0.5, 1.0, -6.0, -0.5], [0.0, 6.0, -0.0, 0.0]]
+    assert torch.signbit(values[1, 2])
+    x = random_e2m1(9, 256)
+    assert torch.equal(decode_e2m1(x), unpack_from_e2m1fn_x2(x))
+    sf = torch.tensor([[2.0, -0.25]]).repeat(9, 1)
+    ref = cast_back_ref(x, sf, torch.float32, 1, 128)
+    assert torch.equal(ref, decode_e2m1(x) * sf.repeat_interleave(128, dim=1))

@@ -7,6 +7,7 @@ from .cast import cast
 from .cast_back import cast_back, per_token_cast_back
 from .fp4 import unpack_from_e2m1fn_x2
 from .per_block_cast import per_block_cast, per_block_cast_with_precomputed_sf, per_block_cast_with_sf_only
+from .per_block_cast_lossless import per_block_cast_lossless
 from .per_channel_cast import per_channel_cast
 from .per_token_cast import per_token_cast, per_token_cast_with_precomputed_sf, per_token_cast_with_sf_only
 from .per_token_cast_and_cast_back import per_token_cast_and_cast_back
@@ -17,6 +18,7 @@ __all__: list[str] = [
     'cast',
     'cast_back',
     'per_block_cast',
+    'per_block_cast_lossless',
     'per_block_cast_with_precomputed_sf',
     'per_block_cast_with_sf_only',
     'per_channel_cast',

@@ -13,6 +13,12 @@ One SIMD VF per task, 64 fp32 lanes per register:
     vmul by the block's scale (a broadcast load: two selected by a 32-lane mask for 32-channel blocks; a plain
     load of 64 per-channel scales for channel blocks), then the fp32 store or vcvt fp32 -> bf16 (ROUND_R,
     non-saturating: overflow gives inf, NaN stays NaN) and a packing store of the low halves.
+E4M3 scales widen like UE8M0 ones (an UNPK4_B8 load, then vcvt e4m3 -> fp32). FP4 data (per-token scales):
+a first pass turns each byte (UNPK4_B8, one per 32-bit lane) into the 16-bit codes of its two elements (low nibble
+in the low half), so that a 16-bit view of the pass's UB output is in element order; the second pass loads those
+codes back one per 32-bit lane (UNPK_B16), decodes them on the bits (ascend_e2m1_decode_macro: no lane
+permutation, no table), multiplies by the scale and stores as above. 16-channel blocks: four broadcast scales
+selected by the quarter masks of per_token_cast.
 The output tile goes back to GM; rows past the end of the tensor are neither loaded, computed nor stored.
 """
 
@@ -20,9 +26,35 @@ The output tile goes back to GM; rows past the end of the tensor are neither loa
 # refer to the generator's local shape variables.
 
 # Imported by cast_back_kernel.py, never the other way round (no import circle): the config comes as `cfg`.
+from ._per_token_cast_ascend import ascend_quarter_masks_macro
 from ._scale_rules import LANES, UE8M0_PACK
 
 _UE8M0_SHIFT = 23  # a UE8M0 byte is the biased exponent of an fp32 scale: its bits are byte << 23
+# e2m1 code s|ee|m -> fp32 bits: for ee > 0 the value 2**(ee - 1) * (1 + m / 2) has the fp32 exponent field
+# ee + 126 and its mantissa's top bit m, so the bits are (ee|m << 22) + (126 << 23); codes 0 and 1 (0 and 0.5,
+# e2m1's zero and subnormal) are selected instead.
+_E2M1_MANTISSA_SHIFT = 22
+_E2M1_EXP_OFFSET = 126 << 23
+_HALF_BITS = 0x3F000000  # fp32 0.5: e2m1 code 1
+_E2M1_MAGNITUDE = 0x7
+_E2M1_SIGN_SHIFT = 28  # code bit 3 -> fp32 bit 31
+
+
+def ascend_e2m1_decode_macro(T):
+    """A SIMD macro `decode(codes)` for inside a `T.SimdVF()`: the fp32 values (float32x64, exact) of 64 e2m1
+    codes, one per 32-bit lane (uint32x64; bits above the low four are ignored)."""
+    S = T.simd
+
+    @T.macro
+    def decode(codes):
+        magnitude = S.vand(codes, S.vdup(_E2M1_MAGNITUDE, T.uint32))
+        normal = S.vadds(S.vshls(magnitude, _E2M1_MANTISSA_SHIFT), _E2M1_EXP_OFFSET)
+        small = S.vsel(S.vdup(_HALF_BITS, T.uint32), S.vdup(0, T.uint32), S.vcmps(magnitude, 1, op='eq'))
+        bits = S.vsel(small, normal, S.vcmps(magnitude, 2, op='lt'))
+        sign = S.vshls(S.vand(codes, S.vdup(_E2M1_MAGNITUDE + 1, T.uint32)), _E2M1_SIGN_SHIFT)
+        return T.reinterpret(S.vor(bits, sign), 'float32x64')
+
+    return decode
 
 
 def ascend_cast_back_kernel(cfg):
@@ -35,6 +67,11 @@ def ascend_cast_back_kernel(cfg):
     bt, bc = cfg.block_tokens, cfg.block_channels
     out_dtype, sf_dtype = cfg.out_dtype, cfg.sf_dtype
     packed, channel = cfg.packed_ue8m0, cfg.channel_blocks
+    widened, e4m3_sf, fp4 = cfg.widens_sf, cfg.e4m3_sf, cfg.fp4
+    x_dtype, x_cols = ('int8', bk // 2) if fp4 else (T.float8_e4m3fn, bk)
+    raw_dtype = T.float8_e4m3fn if e4m3_sf else T.uint8
+    decode = ascend_e2m1_decode_macro(T) if fp4 else None
+    quarter_masks = ascend_quarter_masks_macro(T) if bc == 16 else None
     n_tiles = cfg.num_col_tiles
     chunks = bk // LANES
     grid = cfg.num_cores
@@ -42,7 +79,7 @@ def ascend_cast_back_kernel(cfg):
     sm = cfg.scale_rows_per_task  # scale rows (token blocks) a task reads: block_m per token, else 1
     # Scale columns of one task: its blocks (row layout) or its channels (channel blocks), as fp32 in UB.
     sf_w = bk if channel else bk // bc
-    if packed and not channel:
+    if widened and not channel:
         # Widened 64 bytes per register over the flat (sm, sf_w) tile: room for whole registers.
         flat = -(-sm * sf_w // LANES) * LANES
         sf_rows_ub = -(-flat // sf_w)
@@ -60,7 +97,7 @@ def ascend_cast_back_kernel(cfg):
 
     @T.macro
     def widen_ue8m0(raw_ub, sf_ub, s0):
-        """The task's UE8M0 bytes -> fp32 scales in sf_ub (inside the VF)."""
+        """The task's UE8M0 (or E4M3) bytes -> fp32 scales in sf_ub (inside the VF)."""
         if channel:
             # Byte [r, 4h + j] is token block 4r + j of channel h: the task's block s0 is byte j = s0 % 4.
             exp_mask = S.vdup(0xFF, T.uint32)
@@ -72,17 +109,33 @@ def ascend_cast_back_kernel(cfg):
         else:
             # Row layout: the (sm, sf_w) bytes are contiguous; byte k widens to lane k of its register.
             for q in T.serial(flat // LANES):
-                bytes_ = T.reinterpret(S.vld(raw_ub[q * LANES // sf_w, q * LANES % sf_w], dist='UNPK4_B8'), 'uint32x64')
-                S.vsts(
-                    sf_ub[q * LANES // sf_w, q * LANES % sf_w],
-                    T.reinterpret(S.vshls(bytes_, _UE8M0_SHIFT), 'float32x64'),
-                )
+                if e4m3_sf:
+                    # e4m3 -> fp32 is exact.
+                    S.vsts(
+                        sf_ub[q * LANES // sf_w, q * LANES % sf_w],
+                        S.vcvt(S.vld(raw_ub[q * LANES // sf_w, q * LANES % sf_w], dist='UNPK4_B8'), f32),
+                    )
+                else:
+                    bytes_ = T.reinterpret(
+                        S.vld(raw_ub[q * LANES // sf_w, q * LANES % sf_w], dist='UNPK4_B8'), 'uint32x64'
+                    )
+                    S.vsts(
+                        sf_ub[q * LANES // sf_w, q * LANES % sf_w],
+                        T.reinterpret(S.vshls(bytes_, _UE8M0_SHIFT), 'float32x64'),
+                    )
 
     @T.macro
     def load_scale(sf_ub, g, c, low):
-        """fp32 scales of the 64 columns of chunk c for scale row g."""
+        """fp32 scales of the 64 columns of chunk c for scale row g (16-channel blocks: `low` holds the four
+        quarter masks)."""
         if channel:
             return S.vld(sf_ub[g, c * LANES])
+        if bc == 16:
+            first, second, third, _ = low
+            third_scale = S.vld(sf_ub[g, 4 * c + 2], dist='BRC_B32')
+            last_two = S.vsel(third_scale, S.vld(sf_ub[g, 4 * c + 3], dist='BRC_B32'), third)
+            upper = S.vsel(S.vld(sf_ub[g, 4 * c + 1], dist='BRC_B32'), last_two, second)
+            return S.vsel(S.vld(sf_ub[g, 4 * c], dist='BRC_B32'), upper, first)
         if bc == 32:
             return S.vsel(S.vld(sf_ub[g, 2 * c], dist='BRC_B32'), S.vld(sf_ub[g, 2 * c + 1], dist='BRC_B32'), low)
         return S.vld(sf_ub[g, c * LANES // bc], dist='BRC_B32')
@@ -96,32 +149,51 @@ def ascend_cast_back_kernel(cfg):
             S.vsts(out_ub[row, c * LANES], S.vcvt(value, T.bfloat16, sat=False), dist='PK_B32')
 
     @T.macro
-    def cast_back_vf(x_ub, raw_ub, sf_ub, out_ub, s0, valid):
+    def cast_back_vf(x_ub, raw_ub, sf_ub, out_ub, codes_ub, s0, valid):
         with T.SimdVF():
             low = S.pset(32, 'PAT_VL32') if bc == 32 else None  # lanes 0..31: the first block of a register
-            if packed:
+            if bc == 16:
+                low = quarter_masks()
+            if widened:
                 widen_ue8m0(raw_ub, sf_ub, s0)
                 S.mem_bar('VST_VLD')
-            # Per token: one scale row per row (rows = groups). Token blocks: one scale row for all rows.
-            for g in T.serial(valid if per_token else 1):
-                for c in T.serial(chunks):
-                    scale = load_scale(sf_ub, g, c, low)
-                    for r in T.serial(1 if per_token else valid):
-                        row = g + r
-                        x = S.vcvt(S.vld(x_ub[row, c * LANES], dist='UNPK4_B8'), f32)
-                        store_row(out_ub, row, c, S.vmul(x, scale))
+            if fp4:
+                # Per token (FP4 has no token blocks). Element order without a lane permutation: byte k (64 a
+                # load, one per 32-bit lane) becomes the 16-bit codes of elements 2 k (low half) and 2 k + 1 (high
+                # half) in codes_ub; those load back widened, one element per 32-bit lane, in order.
+                nibble = S.vdup(0xF, T.uint32)
+                for row in T.serial(valid):
+                    for p in T.serial(chunks // 2):
+                        bytes_ = T.reinterpret(S.vld(x_ub[row, p * LANES], dist='UNPK4_B8'), 'uint32x64')
+                        pair = S.vor(S.vand(bytes_, nibble), S.vshls(S.vand(S.vshrs(bytes_, 4), nibble), 16))
+                        S.vsts(codes_ub[row, p * 2 * LANES], T.reinterpret(pair, 'uint16x128'))
+                S.mem_bar('VST_VLD')
+                for row in T.serial(valid):
+                    for c in T.serial(chunks):
+                        codes = T.reinterpret(S.vld(codes_ub[row, c * LANES], dist='UNPK_B16'), 'uint32x64')
+                        store_row(out_ub, row, c, S.vmul(decode(codes), load_scale(sf_ub, row, c, low)))
+            else:
+                # Per token: one scale row per row (rows = groups). Token blocks: one scale row for all rows.
+                for g in T.serial(valid if per_token else 1):
+                    for c in T.serial(chunks):
+                        scale = load_scale(sf_ub, g, c, low)
+                        for r in T.serial(1 if per_token else valid):
+                            row = g + r
+                            x = S.vcvt(S.vld(x_ub[row, c * LANES], dist='UNPK4_B8'), f32)
+                            store_row(out_ub, row, c, S.vmul(x, scale))
 
     @T.prim_func
     def cast_back_kernel(
-        x: T.Tensor((num_tokens, hidden), T.float8_e4m3fn),
+        x: T.Tensor((num_tokens, cfg.data_cols), x_dtype),
         x_sf: T.Tensor(sf_shape, sf_dtype),
         out: T.Tensor((num_tokens, hidden), out_dtype),
     ):
         with T.Kernel(grid) as cid:
-            x_ub = T.alloc_shared((bm, bk), T.float8_e4m3fn)
+            x_ub = T.alloc_shared((bm, x_cols), x_dtype)
             out_ub = T.alloc_shared((bm, bk), out_dtype)
-            if packed:
-                raw_ub = T.alloc_shared((sf_rows_ub, raw_w), T.uint8)
+            codes_ub = T.alloc_shared((bm, bk), T.uint16) if fp4 else None  # FP4: one e2m1 code per 16 bits
+            if widened:
+                raw_ub = T.alloc_shared((sf_rows_ub, raw_w), raw_dtype)
                 sf_ub = T.alloc_shared((sf_rows_ub, sf_w), f32)
                 T.annotate_buffer_versions({x_ub: stages, out_ub: stages, raw_ub: stages, sf_ub: 1})
             else:
@@ -133,13 +205,13 @@ def ascend_cast_back_kernel(cfg):
                 j = task % n_tiles
                 valid = T.min(bm, num_tokens - t0)
                 s0 = t0 // bt  # the task's first scale row (token block)
-                T.copy(x[t0 : t0 + bm, j * bk : j * bk + bk], x_ub)  # tail rows clamped by the DMA
+                T.copy(x[t0 : t0 + bm, j * x_cols : j * x_cols + x_cols], x_ub)  # tail rows clamped by the DMA
                 if channel and packed:
                     row = s0 // UE8M0_PACK
                     T.copy(x_sf[row : row + 1, j * raw_w : j * raw_w + raw_w], raw_ub[0:1, :])
                 else:
                     T.copy(x_sf[s0 : s0 + sm, j * raw_w : j * raw_w + raw_w], raw_ub[0:sm, :])
-                cast_back_vf(x_ub, raw_ub, sf_ub, out_ub, s0, valid)
+                cast_back_vf(x_ub, raw_ub, sf_ub, out_ub, codes_ub, s0, valid)
                 T.copy(out_ub[0:valid, :], out[t0 : t0 + valid, j * bk : j * bk + bk])
 
     return cast_back_kernel

@@ -13,6 +13,9 @@ Neighbouring threads own neighbouring 16-byte pieces of a row, so each warp inst
 bytes (block_k is at least 512 wherever hidden has such a divisor). With rows_per_thread = 4 a thread keeps
 64 bytes of loads in flight; at the ~55 registers this takes, ~1100 threads are resident per H200 SM, about
 70 KB of reads in flight per SM, twice what Little's law asks of 4.8 TB/s over 132 SMs at ~1 us latency.
+E4M3 scales are widened by a conversion where they are loaded. FP4 data (per-token scales, _cuda_fp4_kernel): one
+row per thread block, 16 columns per thread from one 8-byte load, each nibble decoded on its bits (unrolled, so
+the nibble shifts are constants), one fp32 multiply, 16-byte stores.
 """
 
 # No `from __future__ import annotations`: TileLang evaluates the prim_func annotations, which
@@ -21,8 +24,14 @@ bytes (block_k is at least 512 wherever hidden has such a divisor). With rows_pe
 # Imported by cast_back_kernel.py, never the other way round (no import circle): the config comes as `cfg`.
 from ._scale_rules import UE8M0_PACK
 
-VEC_ELEMS = 16  # columns per thread: one 16-byte fp8 load
+VEC_ELEMS = 16  # columns per thread: one 16-byte fp8 load (FP4: 8 bytes)
 _UE8M0_SHIFT = 23
+# e2m1 code s|ee|m -> fp32 bits (as the Ascend kernel): (ee|m << 22) + (126 << 23) for ee > 0; codes 0 and 1 are 0
+# and 0.5; the sign bit moves from bit 3 to bit 31.
+_E2M1_MANTISSA_SHIFT = 22
+_E2M1_EXP_OFFSET = 126 << 23
+_HALF_BITS = 0x3F000000
+_E2M1_SIGN_SHIFT = 28
 
 
 def cuda_cast_back_kernel(cfg):
@@ -53,6 +62,26 @@ def cuda_cast_back_kernel(cfg):
 
     def ue8m0_to_f32(byte):
         return T.reinterpret(T.shift_left(T.cast(byte, T.uint32), T.uint32(_UE8M0_SHIFT)), f32)
+
+    def scale_of(value):
+        """An x_sf element as its fp32 scale."""
+        if packed:
+            return ue8m0_to_f32(value)
+        return T.cast(value, f32) if cfg.e4m3_sf else value
+
+    def e2m1_to_f32(byte, high):
+        """The fp32 value (exact) of the low (high = 0) or high nibble of an FP4 byte."""
+        code = T.shift_right(T.cast(T.cast(byte, T.uint8), T.uint32), T.uint32(4 * high)) & T.uint32(0xF)
+        magnitude = code & T.uint32(0x7)
+        bits = T.if_then_else(
+            magnitude < T.uint32(2),
+            magnitude * T.uint32(_HALF_BITS),
+            T.shift_left(magnitude, T.uint32(_E2M1_MANTISSA_SHIFT)) + T.uint32(_E2M1_EXP_OFFSET),
+        )
+        return T.reinterpret(bits | T.shift_left(code & T.uint32(0x8), T.uint32(_E2M1_SIGN_SHIFT)), f32)
+
+    if cfg.fp4:
+        return _cuda_fp4_kernel(T, cfg, num_tokens, sf_shape, scale_of, e2m1_to_f32)
 
     @T.prim_func
     def cast_back_kernel(
@@ -100,10 +129,7 @@ def cuda_cast_back_kernel(cfg):
                 sc = T.alloc_local((rpt if per_token else 1,), f32)
                 for i in T.unroll(rpt if per_token else 1):
                     if row0 + i < num_tokens:
-                        if packed:
-                            sc[i] = ue8m0_to_f32(x_sf[(row0 + i) // bt, col // bc])
-                        else:
-                            sc[i] = x_sf[(row0 + i) // bt, col // bc]
+                        sc[i] = scale_of(x_sf[(row0 + i) // bt, col // bc])
             for i in T.unroll(rpt):
                 if row0 + i < num_tokens:
                     for h in T.unroll(VEC_ELEMS // store_vec):
@@ -116,5 +142,37 @@ def cuda_cast_back_kernel(cfg):
                                 out[row0 + i, col + h * store_vec + v] = T.cast(
                                     T.cast(xr[i, h * store_vec + v], f32) * sc[scale_slot(i)], out_dtype
                                 )
+
+    return cast_back_kernel
+
+
+def _cuda_fp4_kernel(T, cfg, num_tokens, sf_shape, scale_of, e2m1_to_f32):
+    """FP4 data, per-token scales (cfg.block_tokens 1, block_m 1): one row per thread block, each thread 16
+    columns from one 8-byte load; their scale (blocks of at least 16 channels hold a thread's columns) from one
+    load."""
+    out_dtype, bc, bk, tk = cfg.out_dtype, cfg.block_channels, cfg.block_k, cfg.threads_k
+    store_vec = 16 // (2 if out_dtype == 'bfloat16' else 4)
+    half = VEC_ELEMS // 2
+
+    @T.prim_func
+    def cast_back_kernel(
+        x: T.Tensor((num_tokens, cfg.data_cols), T.int8),
+        x_sf: T.Tensor(sf_shape, cfg.sf_dtype),
+        out: T.Tensor((num_tokens, cfg.hidden), out_dtype),
+    ):
+        with T.Kernel(num_tokens, cfg.num_col_tiles, threads=cfg.threads) as (bx, by):
+            tid = T.get_thread_binding()
+            col = by * bk + tid % tk * VEC_ELEMS
+            xr = T.alloc_local((half,), T.int8)
+            for v in T.vectorized(half):
+                xr[v] = x[bx, col // 2 + v]
+            scale = scale_of(x_sf[bx, col // bc])
+            # Unrolled, so each nibble's shift is a constant; then the 16-byte stores.
+            values = T.alloc_local((VEC_ELEMS,), out_dtype)
+            for v in T.unroll(VEC_ELEMS):
+                values[v] = T.cast(e2m1_to_f32(xr[v // 2], v % 2) * scale, out_dtype)
+            for h in T.unroll(VEC_ELEMS // store_vec):
+                for v in T.vectorized(store_vec):
+                    out[bx, col + h * store_vec + v] = values[h * store_vec + v]
 
     return cast_back_kernel

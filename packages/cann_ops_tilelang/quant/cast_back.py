@@ -11,6 +11,7 @@ from .cast_back_kernel import (
     CHANNEL_BLOCK_TOKENS,
     ROW_BLOCK_CHANNELS,
     ROW_BLOCK_TOKENS,
+    TOKEN_BLOCK_CHANNELS,
     choose_cast_back_config,
     get_cast_back_kernel,
     hidden_multiple,
@@ -19,10 +20,16 @@ from .cast_back_kernel import (
 OUT_FORMATS = {'bf16': torch.bfloat16, 'fp32': torch.float32}
 
 
-def _check_blocks(name: str, x_block_size) -> None:
+def _check_blocks(name: str, x_block_size, fp4: bool, e4m3_sf: bool) -> None:
     if len(x_block_size) != 2:
         raise ValueError(f'{name}: x_block_size must be (tokens, channels), got {x_block_size}')
     bt, bc = x_block_size
+    if fp4 or e4m3_sf:
+        what = 'FP4 (int8) data' if fp4 else 'float8_e4m3fn scales'
+        if bt != 1:
+            raise ValueError(f'{name}: {what} take per-token scales only: x_block_size[0] must be 1, got {bt}')
+    if bt == 1 and bc in TOKEN_BLOCK_CHANNELS:
+        return  # per-token scales: per_token_cast's blocks
     if bc == 1:
         contract.check_block(name, 'x_block_size[0] with per-channel scales', bt, CHANNEL_BLOCK_TOKENS)
     else:
@@ -30,12 +37,22 @@ def _check_blocks(name: str, x_block_size) -> None:
         contract.check_block(name, 'x_block_size[0] (tokens per scale)', bt, ROW_BLOCK_TOKENS)
 
 
-def _options(name, x_sf, T, H, fmt, x_block_size, x_special_fmt):
+def _hidden(data: torch.Tensor) -> int:
+    """The logical hidden size: data's columns, two elements a byte for FP4."""
+    return 2 * data.shape[1] if data.dtype == contract.FP4_DATA_DTYPE else data.shape[1]
+
+
+def _options(name, x_data, x_sf, T, H, fmt, x_block_size, x_special_fmt):
     if fmt not in OUT_FORMATS:
         raise ValueError(f"{name}: fmt must be 'bf16' or 'fp32' (the output format), got {fmt!r}")
     contract.check_unsupported(name, x_special_fmt=x_special_fmt)
-    _check_blocks(name, x_block_size)
-    contract.check_hidden(name, H, hidden_multiple(x_block_size[1]), f'x_block_size {tuple(x_block_size)}')
+    fp4 = x_data.dtype == contract.FP4_DATA_DTYPE
+    _check_blocks(name, x_block_size, fp4, x_sf.dtype == contract.E4M3_SF_DTYPE)
+    if fp4:
+        H = 2 * H  # elements: two e2m1 codes a byte
+        contract.check_numel(name, T, H)
+    why = f'x_block_size {tuple(x_block_size)}' + (' and FP4 data (H is twice its bytes)' if fp4 else '')
+    contract.check_hidden(name, H, hidden_multiple(x_block_size[1], fp4), why)
     shape, _ = contract.sf_layout(T, H, x_block_size, x_sf.dtype == contract.PACKED_SF_DTYPE)
     if x_sf.shape != shape:
         raise ValueError(f'{name}: x[1] must have shape {shape} ({x_sf.dtype} scales of blocks '
@@ -46,19 +63,27 @@ def _options(name, x_sf, T, H, fmt, x_block_size, x_special_fmt):
 
 def _choice(x, fmt, x_block_size):
     return {
-        'hidden': x[0].shape[1],
+        'hidden': _hidden(x[0]),
         'out_dtype': OUT_FORMATS[fmt],
         'block_tokens': x_block_size[0],
         'block_channels': x_block_size[1],
         'packed_ue8m0': x[1].dtype == contract.PACKED_SF_DTYPE,
+        'fp4': x[0].dtype == contract.FP4_DATA_DTYPE,
+        'e4m3_sf': x[1].dtype == contract.E4M3_SF_DTYPE,
     }
 
 
 def _output(x, fmt):
-    return ((tuple(x[0].shape), OUT_FORMATS[fmt]),)
+    return (((x[0].shape[0], _hidden(x[0])), OUT_FORMATS[fmt]),)
 
 
-X = quant('x', torch.float8_e4m3fn, 'T, H', sf_dtype=(torch.float32, contract.PACKED_SF_DTYPE))
+# e4m3 data (T, H) or FP4 data (T, H / 2) int8 (per_token_cast's); the scale dtype names the scale format.
+X = quant(
+    'x',
+    (torch.float8_e4m3fn, contract.FP4_DATA_DTYPE),
+    'T, H',
+    sf_dtype=(torch.float32, contract.PACKED_SF_DTYPE, contract.E4M3_SF_DTYPE),
+)
 _COMMON = dict(
     limits=lambda name, T, H: contract.check_numel(name, T, H),
     results=_output,
@@ -83,8 +108,8 @@ PER_TOKEN = Operator(
     scalar('num_per_channels', 'int'),
     scalar('x_special_fmt', 'str', optional=True),
     out('out'),
-    extra=lambda name, x_sf, T, H, fmt, num_per_channels, x_special_fmt: _options(
-        name, x_sf, T, H, fmt, (1, num_per_channels), x_special_fmt
+    extra=lambda name, x_data, x_sf, T, H, fmt, num_per_channels, x_special_fmt: _options(
+        name, x_data, x_sf, T, H, fmt, (1, num_per_channels), x_special_fmt
     ),
     choice=lambda x, fmt, num_per_channels: _choice(x, fmt, (1, num_per_channels)),
     **_COMMON,
@@ -92,15 +117,15 @@ PER_TOKEN = Operator(
 
 
 def _run(op: Operator, args: tuple, x, fmt, block, out) -> torch.Tensor:
-    """Every check, then the launch. Fast path (without out= or x_special_fmt): by (H, CUDA index, fmt, block,
-    scale dtype)."""
+    """Every check, then the launch. Fast path (without out= or x_special_fmt): by (data columns, CUDA index, fmt,
+    block, data dtype, scale dtype)."""
     key = None
     if out is None and args[3] is None and (shape := op.fast_ok(*args)) is not None and shape[0]:
-        key = (shape[1], x[0].get_device(), fmt, block, x[1].dtype)
+        key = (shape[1], x[0].get_device(), fmt, block, x[0].dtype, x[1].dtype)
     launcher, fast = op.prepare(key, args)
     data, sf = x
     if out is None:
-        out = data.new_empty(data.shape, dtype=OUT_FORMATS[fmt])
+        out = data.new_empty((data.shape[0], _hidden(data)), dtype=OUT_FORMATS[fmt])
     sf = sf.view(torch.uint8) if sf.dtype == contract.PACKED_SF_DTYPE else sf
     op.finish(launcher, fast, key, (data, sf, out), args, empty=not data.shape[0])
     return out
@@ -126,20 +151,24 @@ def cast_back(
     """Dequantise x = (data, sf) to bf16 or fp32 (TileKernels 2.1.0's call): each element times the scale of its
     block of x_block_size = (bt, bc) tokens by channels, one fp32 product rounded to the output dtype:
 
-        out[t, h] = fmt(fp32(data[t, h]) * sf[t // bt, h // bc])
+        out[t, h] = fmt(fp32(data[t, h]) * fp32(sf[t // bt, h // bc]))
 
     Args:
-        x: data (T, H) float8_e4m3fn, contiguous, and sf, contiguous: the result of per_token_cast (bt = 1),
-            per_block_cast (bt, bc in 32, 64, 128; bt also 1) or per_channel_cast (bc = 1, bt 32 or 128), fp32 or
-            packed UE8M0 int32 in those operators' layouts (a UE8M0 byte b is 2 ** (b - 127); 0 gives 0.0, 255 inf).
-            T >= 0 (T = 0: an empty result, no launch), H a positive multiple of max(64, bc), T * H < 2**31.
+        x: data and sf, contiguous. data (T, H) float8_e4m3fn: the result of per_token_cast (bt = 1, bc 16, 32,
+            64 or 128), per_block_cast (bt, bc in 32, 64, 128; bt also 1) or per_channel_cast (bc = 1, bt 32 or
+            128); or FP4 (T, H / 2) int8, two e2m1 codes a byte, element 2 i in the low nibble of byte i
+            (per_token_cast's 'e2m1': bt = 1 only). sf fp32, packed UE8M0 int32 in those operators' layouts (a
+            UE8M0 byte b is 2 ** (b - 127); 0 gives 0.0, 255 inf), or float8_e4m3fn (T, H / bc) (per_token_cast's
+            use_e4m3_sf: bt = 1 only). T >= 0 (T = 0: an empty result, no launch), H a positive multiple of
+            max(64, bc) (FP4: of max(128, bc): the kernels read 64 bytes at a time), T * H < 2**31.
         fmt: the output, 'bf16' (to nearest even) or 'fp32'.
         x_block_size: (bt, bc).
         x_special_fmt: only None is supported (TileKernels reserves it too).
         out: an optional (T, H) buffer of the output dtype, contiguous, on x's device, apart from x.
 
     Returns:
-        (T, H) bf16 or fp32. NaN data stays NaN, inf * 0 is NaN, products beyond bf16's range are +-inf.
+        (T, H) bf16 or fp32. NaN data stays NaN, inf * 0 is NaN, products beyond bf16's range are +-inf; e2m1 has
+        no NaN or inf, its -0 (code 8) stays -0.0 under a positive scale.
     """
 
 
@@ -153,4 +182,4 @@ def per_token_cast_back(
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The inverse of per_token_cast: cast_back(x, fmt, (1, num_per_channels)) (TileKernels 2.1.0's call), for
-    num_per_channels 32, 64 or 128 and fp32 or packed UE8M0 scales."""
+    num_per_channels 16, 32, 64 or 128, e4m3 or FP4 data, and fp32, packed UE8M0 or float8_e4m3fn scales."""

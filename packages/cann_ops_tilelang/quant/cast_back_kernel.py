@@ -1,17 +1,21 @@
-"""Kernels of cast_back: FP8 dequantisation, data (T, H) float8_e4m3fn and its scales -> out (T, H) bf16 / fp32.
+"""Kernels of cast_back: FP8 / FP4 dequantisation, data (T, H) float8_e4m3fn or FP4 (T, H / 2) int8 and its
+scales -> out (T, H) bf16 / fp32.
 
 Semantics (those of TileKernels 2.1.0's `cast_back((data, sf), fmt, (block_tokens, block_channels))` for
-e4m3 data and row-major scales): each scale factor covers a block of `block_tokens` (bt) consecutive tokens
-and `block_channels` (bc) consecutive channels, and
+row-major scales): each scale factor covers a block of `block_tokens` (bt) consecutive tokens and
+`block_channels` (bc) consecutive channels, and
 
     out[t, h] = round_to_out( fp32(data[t, h]) * scale(t // bt, h // bc) )
 
-with one fp32 multiply (the e4m3 -> fp32 widening is exact), then the cast to the output dtype: nearest even
-into bf16, none for fp32.
+with one fp32 multiply (the e4m3 / e2m1 -> fp32 widening is exact, as is that of E4M3 scales), then the cast to
+the output dtype: nearest even into bf16, none for fp32. FP4 data (`fp4`, per_token_cast's 'e2m1'): byte i of a
+row holds the e2m1 codes s|ee|m of elements 2 i (low nibble) and 2 i + 1 (high nibble); e2m1 has no inf or NaN,
+code 8 is -0.0.
 
 Scale layouts (the kernel's `x_sf`; G = ceil(T / bt) token blocks, the last one may be partial):
-  row blocks, bt in (1, 32, 128), bc in (32, 64, 128):
+  row blocks, bt in (1, 32, 128), bc in (32, 64, 128); bt = 1 also bc = 16 (per_token_cast's blocks):
     fp32        (G, H / bc)                  scale(g, k) = x_sf[g, k]
+    E4M3        (T, H / bc) float8_e4m3fn    scale(t, k) = fp32(x_sf[t, k]) (per-token scales only: `e4m3_sf`)
     UE8M0       (G, 4 * ceil(H / bc / 4))    uint8: byte k of a row is block k, zero padding; the interface
                                              views four bytes as one int32 (the peer's CUDA layout)
   channel blocks, bc = 1 (the per_channel_cast layout), bt in (32, 128):
@@ -27,9 +31,11 @@ and payload are the platform's), inf (or UE8M0 255) times 0 is NaN, times a non-
 largest bf16 rounds to +-inf, a product in the bf16 subnormal range rounds to nearest even. TileLang's CUDA
 compile uses no fast math (`TL_ENABLE_FAST_MATH` off): with it, products below 2**-126 would flush to +-0.
 
-Supported: data contiguous (T, H), T >= 1 per launch (the interface skips empty inputs), H a positive multiple
-of max(64, bc) (64 for bc = 1), scales contiguous row-major in the layouts above. Not here (the peer has them):
-FP4 (e2m1) data, E4M3 scale factors, column-major (TMA-aligned) scales, strided scale rows.
+Supported: data contiguous (T, H) (FP4: (T, H / 2) bytes), T >= 1 per launch (the interface skips empty inputs),
+H a positive multiple of max(64, bc) (64 for bc = 1; FP4: of max(128, bc), whole 64-byte loads), scales contiguous
+row-major in the layouts above. FP4 data and E4M3 scales take per-token scales only (what per_token_cast writes).
+Not here (the peer has them): FP4 data or E4M3 scales with token blocks, column-major (TMA-aligned) scales, strided
+scale rows.
 
 One generator builds the Ascend 950 kernel (vector cores, SIMD: _cast_back_ascend.py) or the CUDA kernel
 (_cast_back_cuda.py), chosen by `cfg.backend`; both take (x, x_sf, out) and are bit-exact against
@@ -54,6 +60,8 @@ from ._tiling import FLOAT_DTYPE_NAMES, divisors
 
 ROW_BLOCK_TOKENS = (1, 32, 128)  # token extents of a row-layout scale block
 ROW_BLOCK_CHANNELS = (32, 64, 128)  # channel extents of a row-layout scale block
+TOKEN_BLOCK_CHANNELS = (16, *ROW_BLOCK_CHANNELS)  # per-token scales (bt = 1): per_token_cast's blocks
+FP4_LANES = 2 * LANES  # FP4 data: one register load of 64 bytes holds 128 elements
 CHANNEL_BLOCK_TOKENS = (32, 128)  # token extents of a per-channel (bc = 1) scale block
 _OUT_BYTES = {'bfloat16': 2, 'float32': 4}
 
@@ -68,9 +76,10 @@ _CUDA_WHOLE_ROW = 4096  # per-token scales: a row up to this many columns is one
 _CUDA_CHANNEL_THREADS_K = 32  # channel blocks: 512 columns, 8 rows of threads sharing the scales through L1
 
 
-def hidden_multiple(block_channels: int) -> int:
-    """What H must be a positive multiple of: whole scale blocks and whole 64-lane vector registers."""
-    return max(LANES, block_channels)
+def hidden_multiple(block_channels: int, fp4: bool = False) -> int:
+    """What H (elements, two per FP4 byte) must be a positive multiple of: whole scale blocks and whole vector
+    registers (FP4: 64-byte loads of 128 elements)."""
+    return max(FP4_LANES if fp4 else LANES, block_channels)
 
 
 def _check_int(name: str, value, minimum: int = 1) -> None:
@@ -83,6 +92,8 @@ def _check_int(name: str, value, minimum: int = 1) -> None:
 def _check_block(block_tokens, block_channels) -> None:
     _check_int('block_tokens', block_tokens)
     _check_int('block_channels', block_channels)
+    if block_tokens == 1 and block_channels in TOKEN_BLOCK_CHANNELS:
+        return
     if block_channels == 1:
         if block_tokens not in CHANNEL_BLOCK_TOKENS:
             raise ValueError(
@@ -90,18 +101,35 @@ def _check_block(block_tokens, block_channels) -> None:
                 f'got {block_tokens}'
             )
     elif block_channels not in ROW_BLOCK_CHANNELS:
-        raise ValueError(f'block_channels must be 1 or one of {ROW_BLOCK_CHANNELS}, got {block_channels}')
+        raise ValueError(
+            f'block_channels must be 1 or one of {ROW_BLOCK_CHANNELS} ({TOKEN_BLOCK_CHANNELS} with block_tokens 1), '
+            f'got {block_channels}'
+        )
     elif block_tokens not in ROW_BLOCK_TOKENS:
         raise ValueError(f'block_tokens must be one of {ROW_BLOCK_TOKENS}, got {block_tokens}')
 
 
-def _check_hidden(hidden, block_channels: int) -> None:
+def _check_formats(block_tokens: int, fp4, e4m3_sf, packed_ue8m0) -> None:
+    """FP4 data and E4M3 scales come from per_token_cast: per-token scales only; one scale format at a time."""
+    for name, value in (('fp4', fp4), ('e4m3_sf', e4m3_sf), ('packed_ue8m0', packed_ue8m0)):
+        if not isinstance(value, bool):
+            raise TypeError(f'{name} must be a bool, got {type(value).__name__}')
+    if e4m3_sf and packed_ue8m0:
+        raise ValueError('e4m3_sf and packed_ue8m0 exclude each other (E4M3 or UE8M0 scale bytes)')
+    if (fp4 or e4m3_sf) and block_tokens != 1:
+        raise ValueError(
+            f'FP4 data and E4M3 scales take per-token scales only (block_tokens 1), got block_tokens {block_tokens}'
+        )
+
+
+def _check_hidden(hidden, block_channels: int, fp4: bool = False) -> None:
     if isinstance(hidden, bool) or not isinstance(hidden, int):
         raise TypeError(f'hidden must be an int, got {type(hidden).__name__}')
-    unit = hidden_multiple(block_channels)
+    unit = hidden_multiple(block_channels, fp4)
     if hidden <= 0 or hidden % unit != 0:
         raise ValueError(
-            f'hidden must be a positive multiple of {unit} (block_channels {block_channels}), got {hidden}'
+            f'hidden must be a positive multiple of {unit} (block_channels {block_channels}'
+            f'{", FP4 data" if fp4 else ""}), got {hidden}'
         )
 
 
@@ -122,6 +150,8 @@ class CastBackConfig:
     block_k: int  # columns per task / thread block; divides hidden
     threads: int  # CUDA threads per block (0 on Ascend)
     num_stages: int  # Ascend buffer versions of the persistent loop (1 on CUDA)
+    fp4: bool = False  # FP4 (e2m1) data, two codes a byte (element 2 i in the low nibble), instead of e4m3
+    e4m3_sf: bool = False  # scales as float8_e4m3fn bytes instead of fp32
 
     def __post_init__(self):
         if self.backend not in ('ascend', 'cuda'):
@@ -129,13 +159,12 @@ class CastBackConfig:
         if self.out_dtype not in _OUT_BYTES:
             raise ValueError(f'out_dtype must be "bfloat16" or "float32", got {self.out_dtype!r}')
         _check_block(self.block_tokens, self.block_channels)
-        if not isinstance(self.packed_ue8m0, bool):
-            raise TypeError(f'packed_ue8m0 must be a bool, got {type(self.packed_ue8m0).__name__}')
-        _check_hidden(self.hidden, self.block_channels)
+        _check_formats(self.block_tokens, self.fp4, self.e4m3_sf, self.packed_ue8m0)
+        _check_hidden(self.hidden, self.block_channels, self.fp4)
         for name in ('num_cores', 'block_m', 'block_k', 'num_stages'):
             _check_int(name, getattr(self, name))
         _check_int('threads', self.threads, minimum=0)
-        unit = hidden_multiple(self.block_channels)
+        unit = hidden_multiple(self.block_channels, self.fp4)
         if self.block_k % unit != 0 or self.hidden % self.block_k != 0:
             raise ValueError(f'block_k {self.block_k} must be a multiple of {unit} dividing hidden {self.hidden}')
         if self.backend == 'ascend':
@@ -201,7 +230,19 @@ class CastBackConfig:
 
     @property
     def sf_dtype(self) -> str:
+        if self.e4m3_sf:
+            return 'float8_e4m3fn'
         return 'uint8' if self.packed_ue8m0 else 'float32'
+
+    @property
+    def widens_sf(self) -> bool:
+        """Scale bytes (UE8M0 or E4M3) that the Ascend kernel widens to fp32 in UB before use."""
+        return self.packed_ue8m0 or self.e4m3_sf
+
+    @property
+    def data_cols(self) -> int:
+        """Columns of x: hidden, or hidden / 2 bytes of FP4 data."""
+        return self.hidden // 2 if self.fp4 else self.hidden
 
     def num_token_blocks(self, num_tokens: int) -> int:
         """Token blocks of T tokens: ceil(T / block_tokens)."""
@@ -231,19 +272,20 @@ class CastBackConfig:
             return -(-n // 32) * 32
 
         tile = self.block_m * self.block_k
-        data = aligned(tile) + aligned(tile * _OUT_BYTES[self.out_dtype])
+        data = aligned(tile // 2 if self.fp4 else tile) + aligned(tile * _OUT_BYTES[self.out_dtype])
         rows = self.scale_rows_per_task
         if self.channel_blocks:
             raw = aligned(self.block_k * (UE8M0_PACK if self.packed_ue8m0 else 4))
             widened = aligned(self.block_k * 4) if self.packed_ue8m0 else 0
         else:
             width = self.block_k // self.block_channels
-            if self.packed_ue8m0:
+            if self.widens_sf:
                 padded_rows = -(-(-(-rows * width // LANES) * LANES) // width)
                 raw, widened = aligned(padded_rows * width), aligned(padded_rows * width * 4)
             else:
                 raw, widened = aligned(rows * width * 4), 0
-        return self.num_stages * (data + raw) + widened
+        codes = aligned(tile * 2) if self.fp4 else 0  # FP4: the 16-bit codes in element order, one version
+        return self.num_stages * (data + raw) + widened + codes
 
     @property
     def threads_k(self) -> int:
@@ -269,23 +311,26 @@ def choose_cast_back_config(
     block_tokens: int,
     block_channels: int,
     packed_ue8m0: bool,
+    fp4: bool = False,
+    e4m3_sf: bool = False,
 ) -> CastBackConfig:
     """Pure choice of the compile-time parameters (no device query). `out_dtype`: torch.bfloat16 / torch.float32
     (or their names); (block_tokens, block_channels) one of the supported blocks; `packed_ue8m0`: UE8M0 bytes
-    instead of fp32 scales. Invalid combinations raise ValueError (TypeError for arguments of the wrong type)."""
+    instead of fp32 scales; `fp4`: FP4 (e2m1) data; `e4m3_sf`: float8_e4m3fn scales (both with block_tokens 1).
+    Invalid combinations raise ValueError (TypeError for arguments of the wrong type)."""
     if not isinstance(out_dtype, torch.dtype | str) or out_dtype not in FLOAT_DTYPE_NAMES:
         raise ValueError(f'out_dtype must be torch.bfloat16 or torch.float32, got {out_dtype!r}')
     dtype = FLOAT_DTYPE_NAMES[out_dtype]
     _check_block(block_tokens, block_channels)
-    if not isinstance(packed_ue8m0, bool):
-        raise TypeError(f'packed_ue8m0 must be a bool, got {type(packed_ue8m0).__name__}')
-    _check_hidden(hidden, block_channels)
+    _check_formats(block_tokens, fp4, e4m3_sf, packed_ue8m0)
+    _check_hidden(hidden, block_channels, fp4)
     _check_int('num_cores', num_cores)
     channel = block_channels == 1
-    unit = hidden_multiple(block_channels)
+    unit = hidden_multiple(block_channels, fp4)
     make = functools.partial(
-        CastBackConfig, backend, hidden, dtype, block_tokens, block_channels, packed_ue8m0, num_cores
-    )
+        CastBackConfig, backend, hidden, dtype, block_tokens, block_channels, packed_ue8m0, num_cores,
+        fp4=fp4, e4m3_sf=e4m3_sf,
+    )  # fmt: skip
     if backend == 'ascend':
         # Whole rows where they fit (one DMA burst per row); channel blocks: tasks of 32 rows, so that the
         # scale row of a task (4 bytes a column) is amortised over 32 rows of data.
@@ -317,8 +362,8 @@ def choose_cast_back_config(
 def make_cast_back_kernel(cfg: CastBackConfig):
     """The TileLang prim_func `cast_back_kernel(x, x_sf, out)` for `cfg.backend` (no compile).
 
-    x: (T, hidden) float8_e4m3fn; x_sf: cfg.sf_shape(T) of cfg.sf_dtype; out: (T, hidden) cfg.out_dtype. T is
-    dynamic and must be >= 1.
+    x: (T, hidden) float8_e4m3fn, or (T, hidden / 2) int8 with cfg.fp4; x_sf: cfg.sf_shape(T) of cfg.sf_dtype;
+    out: (T, hidden) cfg.out_dtype. T is dynamic and must be >= 1.
     """
     if cfg.backend == 'ascend':
         return ascend_cast_back_kernel(cfg)
