@@ -4,7 +4,8 @@ it takes the kernels' published constants (the replica stride, the hash) from th
 
 import torch
 
-from cann_ops_tilelang.moe._topk_select import HASH_GOLDEN, HASH_MULTIPLIERS, NORM_EPSILON, REPLICA_STRIDE
+from cann_ops_tilelang.moe._scoring import WEIGHT_SUM_EPS
+from cann_ops_tilelang.moe._topk_select import HASH_GOLDEN, HASH_MULTIPLIERS, REPLICA_STRIDE
 
 from .moe_topk_ref import stable_topk_ref
 
@@ -107,7 +108,7 @@ def moe_topk_gate_ref(
         idx = torch.where(fix_routing_mask.cpu()[:, None], given, idx)
     chosen = torch.where(idx >= 0, u.gather(1, idx.clamp(min=0)), 0.0)
     chosen = torch.where(chosen.isfinite(), chosen, 0.0)
-    weights = routed_scaling_factor * chosen / (chosen.sum(dim=1, keepdim=True) + NORM_EPSILON)
+    weights = routed_scaling_factor * chosen / (chosen.sum(dim=1, keepdim=True) + WEIGHT_SUM_EPS)
     unmapped = idx.clone()
     shared = torch.arange(E, E + S).expand(T, S)
     idx = torch.cat([idx, shared], dim=1)

@@ -7,7 +7,7 @@ A persistent loop over tiles of `block_rows` token rows on the vector cores: the
 
 # No `from __future__ import annotations`: TileLang evaluates the prim_func annotations, which
 # refer to the generator's local variables.
-from ._scoring_grad import WEIGHT_SUM_EPS
+from ._scoring import WEIGHT_SUM_EPS
 
 ASCEND_LANES = 64  # fp32 lanes of one 256-byte vector register
 _ROW_ALIGN = 8  # fp32 elements per 32 bytes: UB row pitch granule

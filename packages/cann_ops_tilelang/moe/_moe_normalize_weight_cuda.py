@@ -7,7 +7,7 @@ positions, then pairs of pairs), over the row zero-padded to a power of two (+0 
 
 # No `from __future__ import annotations`: TileLang evaluates the prim_func annotations, which
 # refer to the generator's local variables.
-from ._scoring_grad import WEIGHT_SUM_EPS
+from ._scoring import WEIGHT_SUM_EPS
 
 
 def cuda_moe_normalize_weight_kernel(cfg):

@@ -10,7 +10,8 @@ compare and select per slot: no scatter, no atomics), the aux term, the scoring 
 
 # No `from __future__ import annotations`: TileLang evaluates the prim_func annotations, which
 # refer to the generator's local variables.
-from ._scoring_grad import WEIGHT_SUM_EPS, ascend_sqrtsoftplus_grad
+from ._scoring import WEIGHT_SUM_EPS
+from ._scoring_grad import ascend_sqrtsoftplus_grad
 
 ASCEND_LANES = 64  # fp32 lanes of one 256-byte vector register
 _ROW_ALIGN = 8  # 4-byte elements per 32 bytes: UB row pitch granule of the DMA

@@ -11,7 +11,8 @@ softmax) are warp shuffles in a fixed pattern.
 
 # No `from __future__ import annotations`: TileLang evaluates the prim_func annotations, which
 # refer to the generator's local variables.
-from ._scoring_grad import WEIGHT_SUM_EPS, cuda_sqrtsoftplus_grad
+from ._scoring import WEIGHT_SUM_EPS
+from ._scoring_grad import cuda_sqrtsoftplus_grad
 
 WARP = 32
 

@@ -12,6 +12,9 @@
 # No `from __future__ import annotations`: TileLang evaluates the macros' annotations.
 
 SCORING_FUNCS = ('sqrtsoftplus', 'sigmoid', 'softmax')
+# Added to the sum of a token's top-k scores or weights before dividing by it (TileKernels' kernels do the same):
+# an all-zero row gives weights 0 instead of 0 / 0. The gate, its backward and moe_normalize_weight share it.
+WEIGHT_SUM_EPS = 1e-20
 
 
 def make_elementwise_scoring(T, scoring_func: str):

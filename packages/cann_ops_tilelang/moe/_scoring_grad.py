@@ -19,9 +19,6 @@ about 2 ulp. u = 0 gives 0 (the series' u / 2 factor), u = inf gives 0, NaN stay
 
 import math
 
-# Added to the sum of a token's top-k scores or weights before dividing by it (TileKernels' forward does the
-# same): an all-zero row gives weights 0 instead of 0 / 0.
-WEIGHT_SUM_EPS = 1e-20
 SQRTSOFTPLUS_SERIES_LIMIT = 0.5  # x = u^2 below this: the series, else the direct form
 SERIES_TERMS = 9
 # (1 - exp(-x)) / x = sum_n c_n x^n, c_n = (-1)^n / (n + 1)!, highest degree first (Horner order).

@@ -20,6 +20,8 @@ The functions take the TileLang language module (`tilelang.language` or `tilelan
 
 # No `from __future__ import annotations`: TileLang evaluates the macros' annotations.
 
+from ._scoring import WEIGHT_SUM_EPS
+
 WARP = 32  # lanes per row: one warp on CUDA, 32 SIMT threads on Ascend
 KEY_TAKEN = -(2**31)  # a chosen or padding slot: below every value's key
 KEY_NAN = -(2**31) + 1  # any NaN: below -inf (whose key is -2139095040), above a taken slot
@@ -76,7 +78,6 @@ def make_select(T):
 # ---------------------------------------------------------------- moe_topk_gate's row routine on the selection
 
 REPLICA_STRIDE = 23333  # the replica rule (ep_rank + token * REPLICA_STRIDE) % count, TileKernels' convention
-NORM_EPSILON = 1e-20  # added to the sum of the chosen scores before the division (as the peer's kernel)
 HASH_MULTIPLIERS = (0x7FEB352D, 0x846CA68B)  # an invertible 32-bit mixer (xor-shift-multiply, public domain)
 HASH_GOLDEN = 0x9E3779B9  # 2**32 / golden ratio: spreads ep_rank over the 32-bit words
 _SIGN_BIT = -(2**31)  # an fp32's sign bit, as int32
@@ -266,7 +267,7 @@ def make_gate_row(T, cfg, scoring):
                         mine = key_value(found)
             # Non-finite scores count 0 in the weights, which stay finite.
             mine = T.if_then_else((T.reinterpret(mine, 'int32') & _MAGNITUDE) < _INF_BITS, mine, T.float32(0.0))
-            denominator = T.warp_reduce_sum(T.if_then_else(lane < K, mine, T.float32(0.0))) + T.float32(NORM_EPSILON)
+            denominator = T.warp_reduce_sum(T.if_then_else(lane < K, mine, T.float32(0.0))) + T.float32(WEIGHT_SUM_EPS)
             if lane < K:
                 weight = mine / denominator * routed_scaling_factor
                 if cfg.has_unmapped:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from cann_ops_tilelang.operator import Operator, outs, scalar, tensor
-from cann_ops_tilelang.validation import ALIGN_BYTES, may_overlap
+from cann_ops_tilelang.validation import ALIGN_BYTES
 
 from ._scoring import SCORING_FUNCS
 from .moe_topk_gate_kernel import (
@@ -34,9 +34,9 @@ def _replicas(to_physical_map):
     return 0 if to_physical_map is None else to_physical_map.shape[1]
 
 
-def _contract(name, T, E, logits, num_topk, use_shared_as_routed, num_shared_experts, ep_rank, scoring_func, mask,
-              bias, image_bias, image_token_mask, fix_routing_mask, to_physical_map, logical_count,
-              unmapped_topk_idx, force_random, scores, num_groups, topk_groups, memory):  # fmt: skip
+def _contract(name, T, E, num_topk, use_shared_as_routed, num_shared_experts, ep_rank, scoring_func, image_bias,
+              image_token_mask, fix_routing_mask, to_physical_map, logical_count, unmapped_topk_idx, num_groups,
+              topk_groups):  # fmt: skip
     """The rules the declaration's table cannot say (ValueError)."""
     if scoring_func not in SCORING_FUNCS:
         raise ValueError(f'{name}: scoring_func must be one of {SCORING_FUNCS}, got {scoring_func!r}')
@@ -67,26 +67,6 @@ def _contract(name, T, E, logits, num_topk, use_shared_as_routed, num_shared_exp
             f'{name}: unmapped_topk_idx must have shape ({T}, {num_topk}), got {tuple(unmapped_topk_idx.shape)}'
         )
     check_gate_sizes(name, E, num_topk, S, num_groups, topk_groups, _replicas(to_physical_map))
-    inputs = {
-        'logits': logits,
-        'mask': mask,
-        'bias': bias,
-        'image_bias': image_bias,
-        'image_token_mask': image_token_mask,
-        'fix_routing_mask': fix_routing_mask,
-        'to_physical_map': to_physical_map,
-        'logical_count': logical_count,
-        'force_random': force_random,
-    }
-    written = {'unmapped_topk_idx': unmapped_topk_idx, 'scores': scores}
-    for w_name, w in written.items():
-        if w is None:
-            continue
-        for o_name, o in inputs.items():
-            if o is not None and may_overlap(w, o, memory=memory):
-                raise ValueError(f'{name}: {w_name} (written in place) must not alias the input {o_name}')
-    if unmapped_topk_idx is not None and scores is not None and may_overlap(unmapped_topk_idx, scores, memory=memory):
-        raise ValueError(f'{name}: unmapped_topk_idx and scores must not overlap')
 
 
 def _results(logits, num_topk, use_shared_as_routed, num_shared_experts):
@@ -134,11 +114,9 @@ OP = Operator(
     tensor('fix_routing_mask', torch.bool, 'T', optional=True),
     tensor('to_physical_map', torch.int32, optional=True),  # (E + S, R): checked in _contract
     tensor('logical_count', torch.int32, optional=True),  # (E + S,)
-    # Written tensors, declared without `written`: the mechanism's overlap check does not take an optional written
-    # tensor that is None, so _contract checks their overlaps (and the forms above declare them (a!), (b!)).
-    tensor('unmapped_topk_idx', torch.int64, layout='rows', optional=True),  # (T, K), updated in place
+    tensor('unmapped_topk_idx', torch.int64, layout='rows', optional=True, written='updated'),  # (T, K)
     tensor('force_random', torch.bool, 'T', optional=True),
-    tensor('scores', torch.float32, 'T, E', optional=True),  # written
+    tensor('scores', torch.float32, 'T, E', optional=True, written='written'),
     scalar('num_groups', 'int'),
     scalar('topk_groups', 'int'),
     outs('out', 'topk_idx', 'topk_weights'),
@@ -209,54 +187,7 @@ def _eager(logits, num_topk, use_shared_as_routed, num_shared_experts, routed_sc
     return out
 
 
-# The torch.library forms, defined here: the mechanism writes an optional written tensor as `Tensor?(a!)`, which
-# torch's schema parser refuses (it wants `Tensor(a!)?`).
-_PARAMS = (
-    'Tensor logits, int num_topk, bool use_shared_as_routed, int num_shared_experts, float routed_scaling_factor, '
-    'int ep_rank, str scoring_func, Tensor? mask, Tensor? bias, Tensor? image_bias, Tensor? image_token_mask, '
-    'Tensor? fix_routing_mask, Tensor? to_physical_map, Tensor? logical_count, Tensor(a!)? unmapped_topk_idx, '
-    'Tensor? force_random, Tensor(b!)? scores, int num_groups, int topk_groups'
-)
-_FLOAT_ARG = 4  # routed_scaling_factor: the schema's float (the check accepts an int)
-
-
-def _schema_args(args):
-    return tuple(float(v) if i == _FLOAT_ARG else v for i, v in enumerate(args))
-
-
-def _functional(*args):
-    return _eager(*args, None)
-
-
-def _functional_fake(*args):
-    OP.check(*args, None, memory=False)
-    return tuple(args[0].new_empty(shape, dtype=dtype) for shape, dtype in _results(*args[:4]))
-
-
-def _into(*args):
-    _eager(*args[:-2], (args[-2], args[-1]))
-
-
-def _into_fake(*args):
-    OP.check(*args[:-2], (args[-2], args[-1]), memory=False)
-
-
-FUNCTIONAL = OP.define('moe_topk_gate', f'({_PARAMS}) -> (Tensor, Tensor)', _functional, _functional_fake)
-INTO = OP.define(
-    'moe_topk_gate_out', f'({_PARAMS}, Tensor(c!) out_topk_idx, Tensor(d!) out_topk_weights) -> ()', _into, _into_fake
-)
-
-
-def _traced(*args):
-    """While torch traces (after the memory-free check): the functional form, or the out= form."""
-    out = args[-1]
-    if out is None:
-        return tuple(FUNCTIONAL(*_schema_args(args[:-1])))
-    INTO(*_schema_args(args[:-1]), *out)
-    return out
-
-
-@OP.public(_eager, traced=_traced)
+@OP.public(_eager)
 def moe_topk_gate(
     logits: torch.Tensor,
     num_topk: int,

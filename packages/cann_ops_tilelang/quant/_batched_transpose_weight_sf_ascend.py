@@ -23,12 +23,10 @@ def ascend_batched_transpose_weight_sf_kernel(cfg):
     """`cfg` is a BatchedTransposeWeightSfConfig (backend "ascend")."""
     import tilelang.ascend.language as T
 
-    from .batched_transpose_weight_sf_kernel import ROWS_PER_TASK, WEIGHT_FIELDS
-
     S = T.simd
     u32 = T.uint32
     bs, cc, stages, grid = cfg.block_size, cfg.chunk_cols, cfg.num_stages, cfg.num_cores
-    rows_max = ROWS_PER_TASK
+    rows_max = cfg.rows_per_task
     regs = -(-cc // LANES)  # registers per scale row
     cols_ub = regs * LANES
     stores = max(1, bs // LANES)  # full-register stores per broadcast word (bs = 32: one 32-lane store)
@@ -77,7 +75,7 @@ def ascend_batched_transpose_weight_sf_kernel(cfg):
     @T.prim_func
     def batched_transpose_weight_sf_kernel(
         sf_flat: T.Tensor((num_sf,), T.float32),
-        weights: T.Tensor((num_weights, len(WEIGHT_FIELDS)), T.int32),
+        weights: T.Tensor((num_weights, cfg.weight_columns), T.int32),
         task_weight: T.Tensor((num_tasks,), T.int32),
         out_flat: T.Tensor((num_words,), T.int32),
     ):

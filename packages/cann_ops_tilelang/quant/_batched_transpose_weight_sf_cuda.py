@@ -15,11 +15,9 @@ def cuda_batched_transpose_weight_sf_kernel(cfg):
     """`cfg` is a BatchedTransposeWeightSfConfig (backend "cuda")."""
     import tilelang.language as T
 
-    from .batched_transpose_weight_sf_kernel import CUDA_THREADS, ROWS_PER_TASK, WEIGHT_FIELDS
-
     u32 = T.uint32
-    bs, cc, threads = cfg.block_size, cfg.chunk_cols, CUDA_THREADS
-    rows_max = ROWS_PER_TASK
+    bs, cc, threads = cfg.block_size, cfg.chunk_cols, cfg.threads
+    rows_max = cfg.rows_per_task
     sf1_passes = -(-cc * bs // threads)
     sf0_passes = -(-(cc // rows_max) * rows_max * bs // threads)
     load_passes = -(-rows_max * cc // threads)
@@ -32,7 +30,7 @@ def cuda_batched_transpose_weight_sf_kernel(cfg):
     @T.prim_func
     def batched_transpose_weight_sf_kernel(
         sf_flat: T.Tensor((num_sf,), T.float32),
-        weights: T.Tensor((num_weights, len(WEIGHT_FIELDS)), T.int32),
+        weights: T.Tensor((num_weights, cfg.weight_columns), T.int32),
         task_weight: T.Tensor((num_tasks,), T.int32),
         out_flat: T.Tensor((num_words,), T.int32),
     ):

@@ -51,6 +51,10 @@ class BatchedTransposeWeightSfConfig:
     block_size: int  # bs: weight rows / columns per scale
     num_cores: int  # Ascend: vector cores (persistent grid); CUDA: SMs (informational, one block per task)
     num_stages: int  # Ascend buffer versions of the persistent loop (unused on CUDA)
+    # Fixed by the layout, not configuration (class attributes, not fields): the backends read them from `cfg`.
+    rows_per_task = ROWS_PER_TASK
+    weight_columns = len(WEIGHT_FIELDS)
+    threads = CUDA_THREADS  # CUDA threads per block
 
     def __post_init__(self):
         if self.backend not in ('ascend', 'cuda'):
