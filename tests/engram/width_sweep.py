@@ -19,8 +19,6 @@ TileKernels' in `--rounds` alternating rounds where TileKernels runs. Values are
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
-import multiprocessing
 import sys
 from collections.abc import Callable
 
@@ -28,6 +26,7 @@ import torch
 
 from tests.engram import perf_report
 from tests.engram.perf_report import CLAMP, EPS
+from tests.testing.device_timing import compile_in_workers
 
 SWEEP_HC = (1, 2, 4, 6, 8)
 SWEEP_HIDDEN = tuple(sorted({*range(1024, 16385, 1024), 2560, 5120, 7168}))
@@ -107,12 +106,7 @@ def _compile_shape(job: tuple[int, int, bool]) -> str | None:
 
 
 def compile_all(hcs, hiddens, *, with_tk: bool, jobs: int) -> None:
-    context = multiprocessing.get_context('spawn')
-    work = [(hc, h, with_tk) for hc in hcs for h in hiddens]
-    with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=context) as pool:
-        for error in pool.map(_compile_shape, work):
-            if error:
-                print(f'(compile: {error})', file=sys.stderr)
+    compile_in_workers(_compile_shape, [(hc, h, with_tk) for hc in hcs for h in hiddens], jobs)
 
 
 def _cell(value, fmt='{:.0f}') -> str:

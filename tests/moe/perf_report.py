@@ -4,8 +4,11 @@ the copy that moves the same bytes, and `torch.compile` of the float64-free refe
 state (moe_topk: torch.topk; moe_normalize_weight: a sum and a division).
 
     PYTHONPATH=<tile_kernels 2.1.0> python -m tests.moe.perf_report [--rounds 5] [--ops a,b] [--sweep]
+        [--no-compile] [--jobs N]
 
 --sweep: every operator over the experts 64 .. 512 (and T = 1 .. 131072) at top-k 8 instead of the fixed table.
+--no-compile: no torch.compile column (its compiles take most of a row's time). Every kernel of ours and of the
+peer is compiled first, in --jobs processes (TileLang's disk cache hands them to the timing process).
 Our calls go through the public operators (with out= buffers where they have them), the peer's as it is called.
 """
 
@@ -17,7 +20,7 @@ import dataclasses
 import torch
 
 import cann_ops_tilelang as ops
-from tests.testing.device_timing import alternating_medians, same_traffic_floors
+from tests.testing.device_timing import alternating_medians, compile_in_workers, same_traffic_floors
 
 SCALING = 2.5  # routed_scaling_factor of DeepSeek-V3
 
@@ -54,13 +57,14 @@ def _gate_kwargs(case: Case, device) -> dict:
     return kwargs
 
 
-def _calls(case: Case, tk, device):
+def _calls(case: Case, tk, device, with_compiled: bool = True):
     """(ours: () -> result, peer: () -> result, moved bytes, compiled reference or None) of a case."""
     T, E, K = case.num_tokens, case.num_experts, case.num_topk
     logits = _logits(case, device)
+    compile_ = torch.compile if with_compiled else (lambda fn: None)
     if case.op == 'moe_topk':
         out = torch.empty(T, K, dtype=torch.int64, device=device)
-        compiled = torch.compile(lambda: torch.topk(logits, K, dim=1).indices)
+        compiled = compile_(lambda: torch.topk(logits, K, dim=1).indices)
         return (
             lambda: ops.moe_topk(logits, K, out=out),
             lambda: tk.topk_gate(logits, K),
@@ -70,7 +74,7 @@ def _calls(case: Case, tk, device):
     if case.op == 'moe_normalize_weight':
         w = torch.rand(T, K, device=device)
         den, nw = torch.empty(T, device=device), torch.empty(T, K, device=device)
-        compiled = torch.compile(lambda: (w.sum(1), w / w.sum(1, keepdim=True)))
+        compiled = compile_(lambda: (w.sum(1), w / w.sum(1, keepdim=True)))
         return (
             lambda: ops.moe_normalize_weight(w, out=(den, nw)),
             lambda: tk.normalize_weight(w),
@@ -141,11 +145,25 @@ SWEEP_EXPERTS = (64, 128, 256, 384, 512)
 SWEEP_TOKENS = (1, 128, 4001, 32768, 131072)
 
 
+def _warm(case: Case) -> str | None:
+    """Compile ours and the peer's kernels of `case` (a worker of compile_in_workers): one call of each."""
+    import tile_kernels.moe as tk
+
+    try:
+        ours, peer, _, _ = _calls(case, tk, torch.device('cuda'), with_compiled=False)
+        ours(), peer()
+    except Exception as exc:  # the timing pass reports it
+        return f'{case}: {type(exc).__name__}'
+    return None
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument('--rounds', type=int, default=5)
     parser.add_argument('--sweep', action='store_true')
     parser.add_argument('--ops', default='', help='comma-separated operator names (default: all)')
+    parser.add_argument('--no-compile', dest='compile', action='store_false', help='skip the torch.compile column')
+    parser.add_argument('--jobs', type=int, default=12, help='compile worker processes')
     args = parser.parse_args()
     import tile_kernels.moe as tk  # the peer, where it is installed
 
@@ -159,12 +177,13 @@ def main() -> None:
     )  # fmt: skip
     if args.ops:
         cases = [c for c in cases if c.op in args.ops.split(',')]
+    compile_in_workers(_warm, cases, args.jobs)
     print('| operator | variant | T | E | k | agree | ours us | TK us | compiled us | copy us | ours / TK | % copy |')
     print('| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |')
     for case in cases:
         head = f'| {case.op} | {case.variant or "plain"} | {case.num_tokens} | {case.num_experts} | {case.num_topk} |'
         try:
-            ours, peer, moved, compiled = _calls(case, tk, device)
+            ours, peer, moved, compiled = _calls(case, tk, device, args.compile)
             agree = _agree(ours(), peer())
         except Exception as exc:
             print(f'{head} failed: {type(exc).__name__}: {str(exc)[:160]} |', flush=True)

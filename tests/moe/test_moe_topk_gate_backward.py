@@ -60,8 +60,8 @@ PARAMS = [
     for (e, k, f, aux) in CONFIGS
     for t in NUM_TOKENS
 ]
-BENCHMARK_PARAMS = generate_samples(
-    num_tokens=(4001, 8001, 32768), num_experts=(72, 128, 256, 384), num_topk=(6, 8), aux=(False, True)
+BENCHMARK_PARAMS = generate_samples(  # the forward's (experts, top-k) pairs: the peer's tests' shapes
+    num_tokens=(4001, 8001, 32768), size=[(72, 6), (128, 8), (256, 8), (384, 6)], aux=(False, True)
 )
 # The kernels against the float64 reference, inputs of order 1: fp32 roundings of D, <g, w> and the slot
 # quotients (a few ulp of the largest term), the aux sums over up to 512 experts and the softmax row dot product
@@ -510,8 +510,8 @@ def test_moe_topk_gate_backward_opcheck(device):
 )
 @pytest.mark.parametrize('params', BENCHMARK_PARAMS, ids=make_param_id)
 def test_moe_topk_gate_backward_benchmark(params, device, benchmark_timer, benchmark_record):
-    args = make_inputs(params['num_tokens'], params['num_experts'], params['num_topk'], 'sqrtsoftplus',
-                       params['aux'], device=device)  # fmt: skip
+    (num_experts, num_topk), num_tokens = params['size'], params['num_tokens']
+    args = make_inputs(num_tokens, num_experts, num_topk, 'sqrtsoftplus', params['aux'], device=device)
     out = moe_topk_gate_backward(*args)  # compile and warm up outside the timing
     time_us = benchmark_timer(lambda: moe_topk_gate_backward(*args, out=out))
     benchmark_record(

@@ -5,9 +5,11 @@ reports' CPU tests replace `_timed`)."""
 
 from __future__ import annotations
 
+import concurrent.futures
+import multiprocessing
 import statistics
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import torch
 
@@ -146,3 +148,14 @@ def same_traffic_floors(nbytes: int, device: torch.device) -> tuple[float, float
     total = torch.empty((), dtype=torch.float32, device=device)
     read_us, _ = bench_us(lambda: torch.sum(data, dim=0, out=total))
     return copy_us, read_us
+
+
+def compile_in_workers(warm: Callable[[object], str | None], work: Iterable[object], jobs: int) -> None:
+    """Run `warm(item)` for every item in `jobs` spawned processes, so that each kernel a report times is compiled
+    in parallel into TileLang's disk cache before the timing process loads it; `warm` is a module-level function
+    that makes one small call of every kernel of its item and returns an error text or None (printed)."""
+    context = multiprocessing.get_context('spawn')
+    with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=context) as pool:
+        for error in pool.map(warm, list(work)):
+            if error:
+                print(f'(compile: {error})', file=sys.stderr)
