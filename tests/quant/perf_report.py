@@ -27,6 +27,7 @@ class Case:
     num_tokens: int
     hidden: int
     dtype: torch.dtype = torch.bfloat16
+    fmt: str = 'e4m3'  # the quantised format: 'e4m3', or 'e2m1' (FP4)
 
 
 def _input(case: Case, device) -> torch.Tensor:
@@ -36,6 +37,9 @@ def _input(case: Case, device) -> torch.Tensor:
 
 
 def _flags(sf: str) -> dict:
+    """Scale format 'fp32', 'ue8m0' (rounded, packed) or 'e4m3' (E4M3 scales)."""
+    if sf == 'e4m3':
+        return {'use_e4m3_sf': True}
     return {'round_sf': sf == 'ue8m0', 'use_packed_ue8m0': sf == 'ue8m0'}
 
 
@@ -55,8 +59,12 @@ def _calls(case: Case, tk, x: torch.Tensor):
     block = tuple(int(b) for b in block.split('x'))
     flags = _flags(sf)
     if case.op == 'per_token_cast':
-        args = (x, 'e4m3', block[1])
+        args = (x, case.fmt, block[1])
         ours, peer = quant.per_token_cast, tk.per_token_cast
+    elif case.op == 'per_block_cast_lossless':  # label 'plain:<out block>:<out sf>' from (1, 32) UE8M0 FP4
+        q = tuple(quant.per_token_cast(x, 'e2m1', 32, **_flags('ue8m0')))
+        args = (q, 'e4m3', (1, 32), block)
+        return _pair(quant.per_block_cast_lossless, tk.per_block_cast_lossless, args, flags, q)
     elif case.op == 'per_block_cast':
         args = (x, 'e4m3', block)
         ours, peer = quant.per_block_cast, tk.per_block_cast
@@ -76,7 +84,7 @@ def _calls(case: Case, tk, x: torch.Tensor):
         flags = {'round_sf': flags['round_sf'], 'use_packed_ue8m0': flags['use_packed_ue8m0']}
     elif case.op in ('cast_back', 'per_token_cast_back'):
         if block[0] == 1:
-            q = quant.per_token_cast(x, 'e4m3', block[1], **flags)
+            q = quant.per_token_cast(x, case.fmt, block[1], **flags)
         elif block[1] == 1:
             q = quant.per_channel_cast(x, 'e4m3', block[0], **flags)
         else:
@@ -141,6 +149,12 @@ TABLE = [
     Case('cast_back', 'fp32:128x128:fp32', 4096, 7168),
     Case('cast_back', 'bf16:128x1:fp32', 4096, 7168),
     Case('per_token_cast_back', 'bf16:1x128:fp32', 8001, 4096),
+    Case('per_token_cast', 'plain:1x32:ue8m0', 4001, 7168, fmt='e2m1'),
+    Case('per_token_cast', 'plain:1x16:e4m3', 4001, 7168, fmt='e2m1'),
+    Case('cast_back', 'bf16:1x32:ue8m0', 4001, 7168, fmt='e2m1'),
+    Case('cast_back', 'bf16:1x16:e4m3', 4001, 7168, fmt='e2m1'),
+    Case('per_block_cast_lossless', 'plain:128x128:fp32', 4096, 7168),
+    Case('per_block_cast_lossless', 'plain:32x32:ue8m0', 4096, 7168),
     Case('batched_transpose_weight_sf', 'weights:128', 1, 7168),
     Case('batched_transpose_weight_sf', 'weights:32', 1, 7168),
     Case('cast', 'plain:bfloat16', 4096, 7168, torch.float32),
@@ -187,9 +201,11 @@ def main() -> None:
     if args.ops:
         cases = [c for c in cases if c.op in args.ops.split(',')]
     compile_in_workers(_warm, cases, args.jobs)
-    print('| operator | case | T | H | dtype | equal | ours us | TK us | copy us | ours / TK | % of copy | GB/s |')
-    print('| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |')
+    columns = 'operator | case | fmt | T | H | dtype | equal | ours us | TK us | copy us | ours / TK | % of copy | GB/s'
+    print(f'| {columns} |')
+    print('|' + ' --- |' * len(columns.split('|')))
     for case in cases:
+        head = f'| {case.op} | {case.label} | {case.fmt} | {case.num_tokens} | {case.hidden} |'
         x = _input(case, device)
         ours, peer, result, moved = _calls(case, tk, x)
         try:
@@ -198,13 +214,13 @@ def main() -> None:
             same, peer = f'TK: {type(exc).__name__}', None
         (ours_us, why), (tk_us, _) = alternating_medians([ours, peer], args.rounds)
         if ours_us is None:
-            print(f'| {case.op} | {case.label} | {case.num_tokens} | {case.hidden} | failed: {why} |', flush=True)
+            print(f'{head} failed: {why} |', flush=True)
             continue
         copy_us, _ = same_traffic_floors(moved, device)
         ratio = f'{ours_us / tk_us:.2f}' if tk_us else 'n/a'
         tk_text = f'{tk_us:.1f}' if tk_us else 'n/a'
         print(
-            f'| {case.op} | {case.label} | {case.num_tokens} | {case.hidden} | {str(case.dtype)[6:]} | {same} | '
+            f'{head} {str(case.dtype)[6:]} | {same} | '
             f'{ours_us:.1f} | {tk_text} | {copy_us:.1f} | {ratio} | {100 * copy_us / ours_us:.0f} | '
             f'{moved / ours_us / 1e3:.0f} |',
             flush=True,
