@@ -71,3 +71,22 @@ def test_generate_samples_product_filter_and_levels():
 
 def test_merge_samples_drops_duplicates():
     assert merge_samples([{'a': 1}, {'a': 2}], [{'a': 1}, {'a': 3}]) == [{'a': 1}, {'a': 2}, {'a': 3}]
+
+
+@pytest.mark.parametrize(('level', 'accelerator', 'skipped'), [(0, True, True), (1, True, False), (0, False, False)])
+def test_lowering_skips_only_at_level_0_on_accelerator_hosts(monkeypatch, level, accelerator, skipped):
+    from tests.testing import lowering
+    from tests.testing.plugins import devices
+
+    monkeypatch.setenv(LEVEL_ENV, str(level))
+    monkeypatch.setattr(devices, 'real_accelerator', lambda: accelerator)
+    lowered = []
+    try:
+        lowering.lower_kernel(lambda: lowered.append(1), backend='cuda', key=('skip-test', level, accelerator))
+    except pytest.skip.Exception:
+        assert skipped
+    except Exception:  # got past the skip to the lowering of a non-kernel
+        assert not skipped
+        assert lowered == [1]
+    else:
+        pytest.fail('lowering a non-kernel passed')
