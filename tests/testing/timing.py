@@ -173,6 +173,14 @@ def public_operator_names() -> frozenset[str]:
     return frozenset(cann_ops_tilelang.__all__) | experimental_operators(cann_ops_tilelang)
 
 
+def record_name(domain: str, name: str) -> str:
+    """The name a baseline record gives an operator: `name` once the root package exports it, else
+    '<domain>.<name>' (one of public_operator_names)."""
+    import cann_ops_tilelang
+
+    return name if name in cann_ops_tilelang.__all__ else f'{domain}.{name}'
+
+
 def experimental_operators(package) -> frozenset[str]:
     """'<domain>.<name>' of every function a domain subpackage exports that the root package does not (an
     experimental domain's, such as 'quant.per_token_cast'; a call without a torch.library form, such as
