@@ -342,7 +342,7 @@ class Operator:
                 if i in pairs:
                     values += (value, None) if isinstance(value, torch.Tensor) else value
                 else:
-                    values.append(float(value) if i in floats else value)  # the check accepted ints
+                    values.append(float(value) if i in floats and value is not None else value)  # ints accepted
             return values
 
         def public(values) -> list:
@@ -627,7 +627,8 @@ def _fast_ok_source(args, tensors, outputs, written, params) -> str:
             tests.append(f'({a.name} is None or {test})' if a.optional else test)
         elif a.kind in ('float', 'positive'):
             low = '0.0' if a.kind == 'positive' else '-_INF'
-            tests.append(f'type({a.name}) is float and {low} < {a.name} < _INF')
+            test = f'type({a.name}) is float and {low} < {a.name} < _INF'
+            tests.append(f'({a.name} is None or {test})' if a.optional else test)
     lines = [f'def fast_ok({params}):']
     for a in args:  # a quantised tensor: a pair, unpacked into its items
         if a.kind == 'quant':

@@ -9,6 +9,7 @@ from typing import NamedTuple
 
 import pytest
 import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 from cann_ops_tilelang import config, operator
 
@@ -242,6 +243,31 @@ def test_an_optional_written_tensor_is_checked_when_given_and_takes_the_full_pat
     with pytest.raises(RuntimeError, match='no kernels'):
         declared.check(x, None)
     assert 'if not (y is None and type(x) in _PLAIN' in declared.source  # fast_ok: given, the full path decides
+
+
+def test_an_optional_float_scalar_is_none_in_the_forms_and_on_the_fast_path():
+    """An optional float (moe_swiglu_forward's routed_scaling_factor=None): `float?` in the schema, None passed
+    through the forms' arguments (ints still become floats), and the fast path accepts None or a finite float."""
+    name = f'toy_{uuid.uuid4().hex[:8]}'
+    declared = operator.Operator(
+        name,
+        operator.tensor('x', torch.float32, 'n'),
+        operator.scalar('scale', 'float', optional=True),
+        choose_config=None,
+        get_kernel=None,
+    )
+    empty = lambda x, scale: torch.empty_like(x)
+
+    @declared.public(empty, returns='Tensor', fake=empty)
+    def toy(x: torch.Tensor, scale: float | None = None) -> torch.Tensor:
+        """Toy docstring."""
+
+    assert str(declared.forms[name]._schema) == f'cann_ops_tilelang::{name}(Tensor x, float? scale) -> Tensor'
+    with FakeTensorMode():
+        x = torch.empty(8, device='cuda')  # a fake CUDA tensor: the device check passes, the fake kernel runs
+        assert toy(x, None).shape == (8,)
+        assert toy(x, 2).shape == (8,)
+    assert '(scale is None or type(scale) is float and -_INF < scale < _INF)' in declared.source
 
 
 class _Pair(NamedTuple):
