@@ -11,6 +11,7 @@ from cann_ops_tilelang import engram as engram
 from cann_ops_tilelang import moe as moe
 from cann_ops_tilelang import quant as quant
 from cann_ops_tilelang import rand as rand
+from cann_ops_tilelang import transform as transform
 from cann_ops_tilelang.engram import (
     engram_fused_weight,
     engram_gate_bwd,

@@ -11,7 +11,6 @@
 EMU_UNEMULATED(asc_addc)
 EMU_UNEMULATED(asc_subc)
 EMU_UNEMULATED(asc_mull)
-EMU_UNEMULATED(asc_intlv)
 EMU_UNEMULATED(asc_intlv_b8)
 EMU_UNEMULATED(asc_intlv_b16)
 EMU_UNEMULATED(asc_intlv_b32)

@@ -497,6 +497,28 @@ template <emu::vreg V> inline void asc_deintlv(V &dst0, V &dst1, V src0, V src1)
   }
 }
 
+// asc_intlv (reg_vector/asc_intlv.md): the inverse of asc_deintlv above, as that document's figure draws it: the
+// sequence src0[0], src1[0], src0[1], src1[1], .. of 2N elements, its first N to dst0 and the rest to dst1.
+// Sources may alias the destinations. Vector registers of 8/16/32-bit lanes (the mask forms stay unemulated).
+template <emu::vreg V> inline void asc_intlv(V &dst0, V &dst1, V src0, V src1) {
+  constexpr bool fp4 = std::is_same_v<V, vector_f4e2m1x2> || std::is_same_v<V, vector_f4e1m2x2>;
+  if constexpr (fp4 || V::lane_bytes > 4) {
+    emu::unemulated("asc_intlv (fp4 / 64-bit lanes: not documented)");
+  } else {
+    if (&dst0 == &dst1) emu::fail("PIPE_V", "asc_intlv: dst0 and dst1 are one register");
+    emu::count_vec();
+    constexpr int half = V::lanes / 2;
+    V low, high;
+    for (int k = 0; k < V::lanes; ++k) {
+      int j = k / 2;  // element k of each output half takes lane j of src0 (k even) or src1 (k odd)
+      low.v[k] = (k % 2 ? src1 : src0).v[j];
+      high.v[k] = (k % 2 ? src1 : src0).v[j + half];
+    }
+    dst0 = low;
+    dst1 = high;
+  }
+}
+
 // ---------------------------------------------------------------- reductions (reduce_compute/asc_reduce_sum.md)
 // Binary tree over the register positions (lane 2k + lane 2k+1, then pairs of those, ...), lanes the mask
 // leaves out contribute +0; the sum lands in lane 0, every other lane is 0. 16-bit integer sources widen
