@@ -1,6 +1,7 @@
-"""per_block_cast, kernel level (no public interface yet): configuration and lowering (CPU tier), the kernels
-called directly in their argument order ((x, out, out_sf), (x, out_sf) or (x, sf, out) by mode) against the
-reference, bit-exact (device tier: an accelerator, or the Ascend kernel on the emulator with --ascend-emulator)."""
+"""per_block_cast, kernel level: configuration and lowering (CPU tier), the kernels called directly in their
+argument order ((x, out, out_sf), (x, out_sf) or (x, sf, out) by mode) against the reference, bit-exact, for
+e4m3 and FP4 (e2m1) data with fp32, power-of-two, UE8M0 and E4M3 scales (device tier: an accelerator, or the
+Ascend kernel on the emulator with --ascend-emulator)."""
 
 from __future__ import annotations
 
@@ -20,8 +21,23 @@ from cann_ops_tilelang.quant.per_block_cast_kernel import (
     get_per_block_cast_kernel,
     make_per_block_cast_kernel,
 )
-from tests.quant.cast_ref import padded_hidden, per_token_cast_ref, scaled_rows
-from tests.quant.per_block_cast_ref import block_amax_ref, per_block_cast_precomputed_ref, per_block_cast_ref
+from cann_ops_tilelang.quant.per_block_cast_kernel import (
+    FORMATS as DATA_FORMATS,
+)
+from tests.quant.cast_ref import (
+    e4m3_sf_ref,
+    format_scale_and_inverse_ref,
+    padded_hidden,
+    per_token_cast_format_ref,
+    per_token_cast_ref,
+    scaled_rows,
+)
+from tests.quant.per_block_cast_ref import (
+    block_amax_ref,
+    expand_blocks,
+    per_block_cast_precomputed_ref,
+    per_block_cast_ref,
+)
 from tests.testing.bench import make_param_id
 from tests.testing.generator import by_level, generate_samples, get_test_level
 from tests.testing.lowering import (
@@ -35,24 +51,43 @@ from tests.testing.numeric import assert_equal
 KERNEL_NAME = 'per_block_cast_kernel'
 LEVEL = get_test_level()
 
-# Scale formats: fp32 scales, fp32 powers of two (round_sf), UE8M0 bytes (round_sf + packed_ue8m0).
-FORMATS = {'fp32': (False, False), 'pow2': (True, False), 'ue8m0': (True, True)}
+# Scale formats (round_sf, packed_ue8m0, e4m3_sf): fp32 scales, fp32 powers of two (round_sf), UE8M0 bytes
+# (round_sf + packed_ue8m0), E4M3 bytes (e4m3_sf).
+FORMATS = {'fp32': (False, False, False), 'pow2': (True, False, False), 'ue8m0': (True, True, False),
+           'e4m3': (False, False, True)}  # fmt: skip
 
-# Level 0: every dtype, block size, format and mode at least once, four kernel configurations in all (each one
-# compile, reused by every level-0 device test); level 1 the full product ('precomputed' reads fp32 scales only).
+# Level 0: every dtype, block size, scale format, output format and mode at least once, nine kernel
+# configurations in all (each one compile, reused by every level-0 device test). The FP4 ones cover both shapes
+# of the Ascend kernel's packing: an odd register column per task (bf16, 32 x 32 at hidden 1088: one 64-channel
+# column) and pairs of them (fp32, 128 x 128 at hidden 1152: 128 channels). Level 1 the full product
+# ('precomputed' reads fp32 or e4m3 scales).
 _CORE_VARIANTS = [
-    dict(in_dtype='bfloat16', block_tokens=32, block_channels=32, sf='ue8m0', mode='cast'),
-    dict(in_dtype='float32', block_tokens=128, block_channels=128, sf='fp32', mode='cast'),
-    dict(in_dtype='bfloat16', block_tokens=64, block_channels=64, sf='pow2', mode='sf_only'),
-    dict(in_dtype='float32', block_tokens=32, block_channels=64, sf='fp32', mode='precomputed'),
+    dict(in_dtype='bfloat16', block_tokens=32, block_channels=32, sf='ue8m0', mode='cast', fmt='e4m3'),
+    dict(in_dtype='float32', block_tokens=128, block_channels=128, sf='fp32', mode='cast', fmt='e4m3'),
+    dict(in_dtype='bfloat16', block_tokens=64, block_channels=64, sf='pow2', mode='sf_only', fmt='e4m3'),
+    dict(in_dtype='float32', block_tokens=32, block_channels=64, sf='fp32', mode='precomputed', fmt='e4m3'),
+    dict(in_dtype='bfloat16', block_tokens=32, block_channels=32, sf='ue8m0', mode='cast', fmt='e2m1'),
+    dict(in_dtype='float32', block_tokens=128, block_channels=128, sf='e4m3', mode='precomputed', fmt='e2m1'),
+    dict(in_dtype='bfloat16', block_tokens=64, block_channels=64, sf='e4m3', mode='cast', fmt='e4m3'),
+    dict(in_dtype='float32', block_tokens=128, block_channels=128, sf='fp32', mode='cast', fmt='e2m1'),
+    # NVFP4's 2-D weight blocks: 16 x 16, E4M3 scales (Ascend: one task of 17 register columns at hidden 1088)
+    dict(in_dtype='bfloat16', block_tokens=16, block_channels=16, sf='e4m3', mode='cast', fmt='e2m1'),
 ]
+# Level 1: e4m3 data on every block of 32, 64 and 128 and on 16 x 16; FP4 on NVFP4's 16 x 16, the peer's Ascend
+# 32 x 32, DeepSeek-V3's 128 x 128 and a non-square block (the packing does not depend on the block).
+_E4M3_BLOCKS = [(bt, bc) for bt in BLOCK_TOKENS for bc in BLOCK_CHANNELS if 16 not in (bt, bc)] + [(16, 16)]
+_FP4_BLOCKS = [(16, 16), (32, 32), (128, 128), (32, 128)]
 _ALL_VARIANTS = generate_samples(
     in_dtype=['bfloat16', 'float32'],
     block_tokens=list(BLOCK_TOKENS),
     block_channels=list(BLOCK_CHANNELS),
     sf=list(FORMATS),
     mode=list(MODES),
-    where=lambda v: v['mode'] != 'precomputed' or v['sf'] == 'fp32',
+    fmt=list(DATA_FORMATS),
+    where=lambda v: (
+        (v['mode'] != 'precomputed' or v['sf'] in ('fp32', 'e4m3'))
+        and (v['block_tokens'], v['block_channels']) in (_E4M3_BLOCKS if v['fmt'] == 'e4m3' else _FP4_BLOCKS)
+    ),
 )
 VARIANTS = by_level(LEVEL, core=_CORE_VARIANTS, default=_ALL_VARIANTS)
 # Token counts: one token, partial last token blocks of every bt (67 = 2 * 32 + 3, 130 = 128 + 2), more tails.
@@ -66,7 +101,7 @@ _WIDE_VARIANTS = by_level(
     core=(),
     default=generate_samples(
         in_dtype=['bfloat16', 'float32'], block_tokens=list(BLOCK_TOKENS), block_channels=[32], sf=['fp32'],
-        mode=list(MODES),
+        mode=list(MODES), fmt=list(DATA_FORMATS),
     ),
 )  # fmt: skip
 
@@ -74,7 +109,7 @@ ASC = dict(backend='ascend', num_cores=64)
 
 
 def _config(backend: str, num_cores: int, variant: dict, hidden: int) -> PerBlockCastConfig:
-    round_sf, packed = FORMATS[variant['sf']]
+    round_sf, packed, e4m3_sf = FORMATS[variant['sf']]
     return choose_per_block_cast_config(
         backend=backend,
         num_cores=num_cores,
@@ -85,6 +120,8 @@ def _config(backend: str, num_cores: int, variant: dict, hidden: int) -> PerBloc
         round_sf=round_sf,
         packed_ue8m0=packed,
         mode=variant['mode'],
+        fmt=variant['fmt'],
+        e4m3_sf=e4m3_sf,
     )
 
 
@@ -142,13 +179,14 @@ def test_per_block_cast_cuda_config_tiles_the_block(variant):
         assert cfg.threads_per_row * 16 == cfg.block_k
         assert cfg.threads * cfg.rows_per_thread * 16 == cfg.block_tokens * cfg.block_k
         assert cfg.rows_per_pass * cfg.rows_per_thread == cfg.block_tokens
-        assert 128 <= cfg.threads <= 256
+        assert min(128, cfg.block_tokens * cfg.block_k // 16) <= cfg.threads <= 256
         assert hidden % cfg.block_k == 0
         assert cfg.block_k % cfg.block_channels == 0
         if hidden == 7168:  # 32 KiB of x per thread block at production sizes, or one channel block if wider
             size = 2 if variant['in_dtype'] == 'bfloat16' else 4
             unit = cfg.block_tokens * max(64, cfg.block_channels) * size
-            assert cfg.block_tokens * cfg.block_k * size == max(32 * 1024, unit)
+            widest = cfg.block_tokens * 32 * 16 * size  # a warp across a row (16-token blocks: 16 KiB of bf16)
+            assert cfg.block_tokens * cfg.block_k * size == max(min(32 * 1024, widest), unit)
 
 
 def test_per_block_cast_config_precomputed_drops_round_sf():
@@ -170,9 +208,9 @@ def test_per_block_cast_config_precomputed_drops_round_sf():
     [
         (dict(backend='cpu'), 'backend'),
         (dict(in_dtype=torch.float16), 'in_dtype'),
-        (dict(block_tokens=16), 'block_tokens'),
+        (dict(block_tokens=8), 'block_tokens'),
         (dict(block_tokens=256), 'block_tokens'),
-        (dict(block_channels=16), 'block_channels'),
+        (dict(block_channels=8), 'block_channels'),
         (dict(hidden=96), 'multiple of 64'),
         (dict(hidden=192, block_channels=128), 'multiple of 128'),
         (dict(hidden=0), 'positive multiple'),
@@ -238,13 +276,21 @@ def test_reference_hand_values():
 
 
 def test_reference_per_token_blocks_match_per_token_cast():
-    """With one token per block the reference is per_token_cast's (an independent oracle of the same rule)."""
+    """With one token per block the reference is per_token_cast's (an independent oracle of the same rule), for
+    every output and scale format."""
     x = scaled_rows(37, 256, 'bfloat16', 'cpu')
-    for round_sf, packed in FORMATS.values():
-        out, sf = per_block_cast_ref(x, 1, 64, round_sf=round_sf, packed_ue8m0=packed)
-        ref_out, ref_sf = per_token_cast_ref(x, 64, round_sf=round_sf, packed_ue8m0=packed)
-        assert_equal(out.view(torch.uint8), ref_out.view(torch.uint8))
-        assert_equal(sf, ref_sf)
+    for fmt in DATA_FORMATS:
+        for round_sf, packed, e4m3_sf in FORMATS.values():
+            options = dict(round_sf=round_sf, packed_ue8m0=packed, e4m3_sf=e4m3_sf)
+            out, sf = per_block_cast_ref(x, 1, 64, fmt, **options)
+            ref_out, ref_sf = per_token_cast_format_ref(x, 64, fmt, **options)
+            assert_equal(out.view(torch.uint8), ref_out.view(torch.uint8))
+            assert_equal(sf.view(torch.uint8), ref_sf.view(torch.uint8))
+    # The e4m3 path is also the first per-token oracle's.
+    out, sf = per_block_cast_ref(x, 1, 64, round_sf=True, packed_ue8m0=True)
+    ref_out, ref_sf = per_token_cast_ref(x, 64, round_sf=True, packed_ue8m0=True)
+    assert_equal(out.view(torch.uint8), ref_out.view(torch.uint8))
+    assert_equal(sf, ref_sf)
     # A 2-D block's maximum is the maximum of its rows' maxima.
     amax = block_amax_ref(x, 32, 64)
     rows = x.float().abs().reshape(37, 4, 64).amax(dim=-1)
@@ -267,6 +313,43 @@ def test_reference_precomputed_special_scales():
         per_block_cast_precomputed_ref(x, sf.double(), 32, 64)
 
 
+def test_reference_hand_values_fp4_and_e4m3_scales():
+    """FP4: a 2-D block with maximum 6 has scale 1, its values round on the e2m1 grid (ties to even) and pack two a
+    byte, the low nibble first; the all-zero block gets FP4's floor 6 * 2**-126 / 6. E4M3 scales: c / m to nearest
+    even e4m3, saturating at 448, and the data is x * (1 / fp32(sf))."""
+    x = torch.zeros(40, 64)
+    x[:32, :32] = 1.25  # a tie between 1 and 1.5: the even code (1.0)
+    x[0, 0] = 6.0
+    x[1, :4] = torch.tensor([-0.0, 0.25, 0.75, -5.0])  # -0, ties: to 0, to 1, to -4 (codes 0, 2, 6 even)
+    x[32:, 32:] = 3.0  # the partial last token block: its 8 rows only
+    data, sf = per_block_cast_ref(x, 32, 32, 'e2m1')
+    assert (data.shape, data.dtype) == ((40, 32), torch.int8)
+    assert sf.tolist()[0][0] == 1.0
+    assert sf[0, 1].item() == 2.0**-126  # all-zero block: FP4's floor
+    assert sf[1, 1].item() == 0.5
+    codes = data.view(torch.uint8)
+    assert codes[0, 0].item() == 0x27  # 6.0 (code 7) then 1.25 -> 1.0 (code 2)
+    assert codes[1, :2].tolist() == [0x08, 0xE2]  # (-0, 0.25 -> 0), (0.75 -> 1.0, -5 -> -4)
+    assert codes[2, :16].eq(0x22).all()
+    assert codes[32:, 16:].eq(0x77).all()  # 3.0 at scale 0.5: 6
+    given = torch.tensor([[0.25, 0.5], [1.0, 0.5]])  # x * 4 = 5 (a tie to 4) and 7 (past 6: saturates)
+    codes = per_block_cast_precomputed_ref(x, given, 32, 32, 'e2m1').view(torch.uint8)
+    assert codes[2, 0].item() == 0x66
+    assert codes[0, 0].item() == 0x67  # 6 * 4 = 24 -> 6, then 5 -> 4
+    data, sf = per_block_cast_ref(x, 32, 32, 'e2m1', e4m3_sf=True)
+    assert sf.dtype == torch.float8_e4m3fn
+    assert sf.float()[0].tolist() == [1.0, 2.0**-9]  # all-zero block: E4M3's smallest scale
+    assert torch.equal(data[:2], per_block_cast_ref(x, 32, 32, 'e2m1')[0][:2])  # scale 1 either way
+    y = torch.full((32, 64), 3e5)
+    y[:, 32:] = 3.0
+    _, sf = per_block_cast_ref(y, 32, 32, 'e4m3', e4m3_sf=True)
+    rounded = e4m3_sf_ref(torch.tensor([3.0]) / torch.tensor([448.0])).float().item()
+    assert sf.float()[0].tolist() == [448.0, rounded]  # the first saturated
+    assert rounded != 3.0 / 448
+    data = per_block_cast_precomputed_ref(y, sf, 32, 32)
+    assert data.float()[0, 0].item() == 448.0  # 3e5 / 448 past e4m3's range: clamped
+
+
 # ---------------------------------------------------------------- CPU tier: kernels lower
 
 
@@ -277,7 +360,9 @@ def test_per_block_cast_ascend_lowers(case):
     assert cfg.num_stages == 2
     lowered = assert_ascend_kernel_lowers(lambda: make_per_block_cast_kernel(cfg), key=cfg, kernel_name=KERNEL_NAME)
     assert ('vcmax' in lowered.source) == cfg.computes_sf  # the block maxima: computed, or read
-    assert ('vsts_pack_quarter(simd_inst::vcvt<fp8_e4_t>' in lowered.source) == cfg.writes_data
+    # e4m3 data: one conversion per register; FP4: codes by compares, two registers deinterleaved per store.
+    assert ('vsts_pack_quarter(simd_inst::vcvt<fp8_e4_t>' in lowered.source) == (cfg.writes_data and not cfg.fp4)
+    assert ('vdintlv' in lowered.source) == (cfg.writes_data and cfg.fp4)
 
 
 @pytest.mark.parametrize('case', _lowering_cases(), ids=_case_id)
@@ -287,31 +372,40 @@ def test_per_block_cast_cuda_lowers(case):
     source = lowered.source
     vector = 'uint4' if cfg.in_dtype == 'bfloat16' else 'float4'
     assert f'*({vector}*)(x + ' in source  # x read in 16-byte vectors
-    # The fp8 conversion saturates at +-448, as the reference clamps; each row's 16 fp8 bytes in one store.
-    assert ('__NV_SATFINITE' in source) == cfg.writes_data
-    assert ('*(fp8_e4_16_t*)(out + ' in source) == cfg.writes_data
+    # The fp8 conversion saturates at +-448, as the reference clamps; each row's 16 fp8 bytes in one store. FP4:
+    # codes by compares (no conversion on sm_90), each row's 8 bytes in one store.
+    assert ('*(fp8_e4_16_t*)(out + ' in source) == (cfg.writes_data and not cfg.fp4)
+    assert ('*(int2*)(out + ' in source) == (cfg.writes_data and cfg.fp4)
     assert ('__syncthreads' in source) == cfg.computes_sf  # one barrier, and none when the scales are read
-    assert ('__frcp_rn' in source) == (not cfg.computes_sf)
+    # The IEEE reciprocal of a read scale, or of a computed E4M3 scale.
+    assert ('__frcp_rn' in source) == (not cfg.computes_sf or cfg.e4m3_sf)
 
 
 # ---------------------------------------------------------------- device tier
 
 
-def _poisoned_out(shape, device) -> torch.Tensor:
-    return torch.full(shape, float('nan'), device=device).to(torch.float8_e4m3fn)  # skipped stays NaN
+def _poisoned_out(cfg: PerBlockCastConfig, num_tokens: int, device) -> torch.Tensor:
+    """0x7F bytes: e4m3 NaN, FP4 codes (7, 7): a byte the kernel skipped shows."""
+    data = torch.full((num_tokens, cfg.data_cols), 0x7F, dtype=torch.uint8, device=device)
+    return data.view(getattr(torch, cfg.data_dtype))
 
 
 def _poisoned_sf(cfg: PerBlockCastConfig, num_tokens: int, device) -> torch.Tensor:
     if cfg.sf_dtype == 'uint8':
         return torch.full(cfg.sf_shape(num_tokens), 0xA5, dtype=torch.uint8, device=device)  # padding must become 0
+    if cfg.sf_dtype == 'float8_e4m3fn':
+        return torch.full(cfg.sf_shape(num_tokens), 0x7F, dtype=torch.uint8, device=device).view(torch.float8_e4m3fn)
     return torch.full(cfg.sf_shape(num_tokens), float('nan'), device=device)
 
 
 def _precomputed_scales(x: torch.Tensor, variant: dict) -> torch.Tensor:
     """Scales for mode 'precomputed': the computed ones times random factors in [1/4, 4), so that some blocks
-    overflow e4m3 (saturation) and others are not powers of two or c / 448 (the reciprocal's rounding)."""
-    _, sf = per_block_cast_ref(x, variant['block_tokens'], variant['block_channels'])
-    return sf * torch.exp2(torch.rand(sf.shape) * 4 - 2)
+    overflow the format (saturation) and others are not powers of two or c / m (the reciprocal's rounding); E4M3
+    scales rounded to e4m3 again."""
+    e4m3_sf = FORMATS[variant['sf']][2]
+    _, sf = per_block_cast_ref(x, variant['block_tokens'], variant['block_channels'], variant['fmt'], e4m3_sf=e4m3_sf)
+    scaled = sf.float() * torch.exp2(torch.rand(sf.shape) * 4 - 2)
+    return e4m3_sf_ref(scaled) if e4m3_sf else scaled
 
 
 def _run(x: torch.Tensor, variant: dict, device, sf: torch.Tensor | None = None):
@@ -320,7 +414,7 @@ def _run(x: torch.Tensor, variant: dict, device, sf: torch.Tensor | None = None)
     cfg = _config(backend, get_num_cores(device), variant, x.shape[1])
     num_tokens = x.shape[0]
     if cfg.mode == 'precomputed':
-        out = _poisoned_out(x.shape, device)
+        out = _poisoned_out(cfg, num_tokens, device)
         given = sf.to(device, copy=True)  # a copy also on the CPU (the emulator), to see it left unchanged
         launch_kernel(get_per_block_cast_kernel, cfg, device, x, given, out)
         return out, given, cfg
@@ -328,24 +422,26 @@ def _run(x: torch.Tensor, variant: dict, device, sf: torch.Tensor | None = None)
     if cfg.mode == 'sf_only':
         launch_kernel(get_per_block_cast_kernel, cfg, device, x, out_sf)
         return None, out_sf, cfg
-    out = _poisoned_out(x.shape, device)
+    out = _poisoned_out(cfg, num_tokens, device)
     launch_kernel(get_per_block_cast_kernel, cfg, device, x, out, out_sf)
     return out, out_sf, cfg
 
 
 def _reference(x: torch.Tensor, variant: dict, cfg: PerBlockCastConfig, sf: torch.Tensor | None):
-    bt, bc = variant['block_tokens'], variant['block_channels']
+    bt, bc, fmt = variant['block_tokens'], variant['block_channels'], variant['fmt']
     if variant['mode'] == 'precomputed':
-        return per_block_cast_precomputed_ref(x, sf, bt, bc), sf
-    round_sf, packed = FORMATS[variant['sf']]
-    return per_block_cast_ref(x, bt, bc, round_sf=round_sf, packed_ue8m0=packed, ue8m0_pack=cfg.sf_pack)
+        return per_block_cast_precomputed_ref(x, sf, bt, bc, fmt), sf
+    round_sf, packed, e4m3_sf = FORMATS[variant['sf']]
+    return per_block_cast_ref(
+        x, bt, bc, fmt, round_sf=round_sf, packed_ue8m0=packed, e4m3_sf=e4m3_sf, ue8m0_pack=cfg.sf_pack
+    )
 
 
 def _check(x: torch.Tensor, variant: dict, device) -> None:
     sf_in = _precomputed_scales(x, variant) if variant['mode'] == 'precomputed' else None
     out, sf, cfg = _run(x.to(device), variant, device, sf_in)
     ref_out, ref_sf = _reference(x, variant, cfg, sf_in)
-    assert_equal(sf.cpu(), ref_sf)
+    assert_equal(sf.cpu().view(torch.uint8), ref_sf.view(torch.uint8))
     if cfg.writes_data:
         assert_equal(out.cpu().view(torch.uint8), ref_out.view(torch.uint8))
 
@@ -382,42 +478,72 @@ def _special_input(variant: dict, num_tokens: int, hidden: int) -> torch.Tensor:
     return x
 
 
+def _nan_products(x: torch.Tensor, variant: dict, sf: torch.Tensor | None) -> torch.Tensor:
+    """Where x * inverse is NaN (an inf times a zero inverse, a zero times an inverse inf, or an inverse NaN), as a
+    mask of the data's bytes (FP4: a byte holds two elements): the NaN's sign is the hardware's, unspecified by the
+    contract, so there the data is compared without its sign bits."""
+    bt, bc, fmt = variant['block_tokens'], variant['block_channels'], variant['fmt']
+    if sf is None:
+        round_sf, packed, e4m3_sf = FORMATS[variant['sf']]
+        amax = block_amax_ref(x, bt, bc)
+        _, inverse = format_scale_and_inverse_ref(amax, fmt, round_sf=round_sf, packed_ue8m0=packed, e4m3_sf=e4m3_sf)
+    else:
+        inverse = torch.ones(sf.shape) / sf.float()
+    nan = torch.isnan(x.float() * expand_blocks(inverse, x.shape[0], bt, bc))
+    return nan.reshape(x.shape[0], -1, 2).any(dim=-1) if fmt == 'e2m1' else nan
+
+
 @pytest.mark.npu
 @pytest.mark.parametrize('variant', _CORE_VARIANTS, ids=make_param_id)
 def test_per_block_cast_kernel_special_values(variant, device):
-    """Signed zeros, all-zero blocks (the amax floor), bf16/fp32 subnormals, e4m3 ties and infinities: the block
-    of an inf gets scale inf, its finite values +-0 and the inf NaN. Mode 'precomputed' also gets scales of 0
-    (finite values saturate, zeros become NaN), inf and tiny ones (saturation)."""
+    """Signed zeros, all-zero blocks (the amax floor), bf16/fp32 subnormals, e4m3 / e2m1 ties, values past the
+    format's range and infinities: the block of an inf gets scale inf (E4M3 scales: 448), its finite values +-0 and
+    the inf NaN (FP4: +-6; E4M3 scales: the inf saturates). Mode 'precomputed' also gets scales of 0 (finite
+    values saturate, zeros become NaN / FP4 +-6), inf (fp32; e4m3 has none: its largest) and tiny ones."""
     hidden = padded_hidden(variant['block_channels'])
     num_tokens = 37  # one full and one partial token block for bt = 32, one partial block otherwise
     x = _special_input(variant, num_tokens, hidden)
+    fp4, e4m3_sf = variant['fmt'] == 'e2m1', FORMATS[variant['sf']][2]
+    if fp4:
+        x[1, -8:] = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 7.0]).to(x.dtype)  # e2m1 ties, past 6
     sf_in = None
     if variant['mode'] == 'precomputed':
         sf_in = _precomputed_scales(x, variant)
         sf_in[0, 5] = 0.0
-        sf_in[0, 6] = float('inf')
-        sf_in[-1, 7] = 1e-30
+        sf_in[0, 6] = 448.0 if e4m3_sf else float('inf')
+        sf_in[-1, 7] = 2.0**-9 if e4m3_sf else 1e-30
     out, sf, cfg = _run(x.to(device), variant, device, sf_in)
     ref_out, ref_sf = _reference(x, variant, cfg, sf_in)
-    assert_equal(sf.cpu(), ref_sf)
+    assert_equal(sf.cpu().view(torch.uint8), ref_sf.view(torch.uint8))
     if variant['mode'] != 'precomputed':
         rows = cfg.sf_shape(num_tokens)[0]
-        inf_blocks = [(rows - 1, 3), (0, 4)]
+        inf_scales = [ref_sf[rows - 1, 3], ref_sf[0, 4]]
         if cfg.packed_ue8m0:
-            assert all(ref_sf[b, k].item() == 0xFF for b, k in inf_blocks)
+            assert all(s.item() == 0xFF for s in inf_scales)
         else:
-            assert all(ref_sf[b, k].item() == float('inf') for b, k in inf_blocks)
+            assert all(s.float().item() == (448.0 if e4m3_sf else float('inf')) for s in inf_scales)
     if not cfg.writes_data:
         return
-    # NaN is NaN whatever its sign (inf * 0 gives the platform's default NaN); every other byte is exact.
+    # Every byte exact; those of NaN products without their sign bits (e4m3 0x80, FP4 0x88).
     got, want = out.cpu().view(torch.uint8), ref_out.view(torch.uint8)
-    nan = (want & 0x7F) == 0x7F
-    assert torch.equal((got & 0x7F) == 0x7F, nan)
-    assert torch.equal(got[~nan], want[~nan])
-    if variant['mode'] == 'precomputed':
+    nan = _nan_products(x, variant, sf_in)
+    sign = 0x88 if fp4 else 0x80
+    assert_equal(torch.where(nan, got & (0xFF ^ sign), got), torch.where(nan, want & (0xFF ^ sign), want))
+    if fp4:
+        if e4m3_sf and variant['mode'] == 'cast':
+            assert not nan.any()  # an inf's block has scale 448: no zero inverse
+        six = ((want & 0x07) == 0x07) | ((want & 0x70) == 0x70)  # +-6 (code 7) in either nibble
+        assert six.any()  # a block maximum, an inf, a NaN product
+    elif variant['mode'] == 'precomputed':
         assert int(nan.sum()) > 2  # the infinities (scale inf: inverse 0), and zeros times inverse inf
         assert (want == 0x7E).any()  # +448: saturated
         assert (want == 0xFE).any()  # -448
+    elif e4m3_sf:
+        assert not nan.any()  # an inf's block has scale 448: the inf saturates
+        assert (want == 0x7E).any()
+        assert (want == 0xFE).any()
     else:
         assert int(nan.sum()) == 2  # the two infinities
-    assert want[:, : variant['block_channels']].eq(0x80).all()
+    bc = variant['block_channels']
+    zeros = slice(0, bc // 2 if fp4 else bc)  # -0.0 keeps its sign (FP4: code 8, twice a byte), but for a zero
+    assert want[:, zeros][~nan[:, zeros]].eq(sign).all()  # given E4M3 scale (-0 * inf: NaN)

@@ -28,6 +28,7 @@ NUM_TOKENS = by_level(LEVEL, core=(0, 1, 161), default=(300,), full=(4001,))
 HIDDEN = 320  # five registers of 64 channels
 X = torch.zeros(4, 256, dtype=torch.bfloat16)
 Q = (X.to(torch.float8_e4m3fn), torch.ones(4, 2))
+E4M3_SF = torch.ones(4, 8).to(torch.float8_e4m3fn)  # E4M3 input scales of 32-channel blocks
 
 
 def _cast(x, block=128, sf='fp32', **kwargs):
@@ -67,6 +68,10 @@ def _assert_matches(result: QuantTensor, expected: tuple[torch.Tensor, torch.Ten
         (((Q[0],), 'e4m3', 32, False, 128), {}, TypeError, r'x must be a tuple \(data, sf\) of 2 tensors'),
         ((X, 'e4m3', 32), {}, RuntimeError, "no kernels for 'cpu' tensors"),
         ((Q, 'e4m3', 32, False, 128), {}, RuntimeError, "no kernels for 'cpu' tensors"),
+        (((Q[0], E4M3_SF[:, :1]), 'e4m3', 32, False, 32), {}, ValueError,
+         r'x\[1\] must have shape \(4, 8\) \(torch.float8_e4m3fn scales\), got \(4, 1\)'),
+        (((Q[0], E4M3_SF[:, :1].half()), 'e4m3', 32, False, 32), {}, TypeError, r'x\[1\] must have dtype'),
+        (((Q[0], E4M3_SF), 'e4m3', 32, False, 32), {}, RuntimeError, "no kernels for 'cpu' tensors"),
     ],
     ids=lambda v: v if isinstance(v, str) and v.isidentifier() else None,
 )  # fmt: skip
@@ -86,6 +91,10 @@ def test_per_channel_cast_fake_tensors(monkeypatch):
         q = (torch.empty(161, 256, dtype=torch.float8_e4m3fn), torch.empty(161, 2))
         rescaled = per_channel_cast(q, 'e4m3', 128, num_per_channels=128)
         assert (tuple(rescaled.sf.shape), rescaled.sf.dtype) == ((2, 256), torch.float32)
+        q = (q[0], torch.empty(161, 8, dtype=torch.float8_e4m3fn))  # E4M3 input scales
+        rescaled = per_channel_cast(q, 'e4m3', 32, True, 32, use_packed_ue8m0=True)
+        assert (rescaled.data.shape, rescaled.data.dtype) == ((161, 256), torch.float8_e4m3fn)
+        assert (tuple(rescaled.sf.shape), rescaled.sf.dtype) == ((2, 256), torch.int32)
 
 
 # ---------------------------------------------------------------- device tier
@@ -108,12 +117,15 @@ def test_per_channel_cast_values(variant, num_tokens, device):
 
 
 @pytest.mark.npu
-@pytest.mark.parametrize(('in_block', 'in_sf'), [(128, 'fp32'), (32, 'ue8m0')])
+@pytest.mark.parametrize(('in_block', 'in_sf'), [(128, 'fp32'), (32, 'ue8m0'), (32, 'e4m3')])
 def test_per_channel_cast_rescales_a_per_token_cast(in_block, in_sf, device):
-    """The weight-gradient path: x cast per token (per_token_cast), then rescaled per channel."""
-    in_round, in_packed = _FORMATS[in_sf]
+    """The weight-gradient path: x cast per token (per_token_cast: fp32, UE8M0 or E4M3 scales), then rescaled
+    per channel."""
+    in_round, in_packed = _FORMATS.get(in_sf, (False, False))
     x = scaled_rows(161, 256, 'bfloat16', device)
-    quantised = per_token_cast(x, 'e4m3', in_block, round_sf=in_round, use_packed_ue8m0=in_packed)
+    quantised = per_token_cast(
+        x, 'e4m3', in_block, round_sf=in_round, use_packed_ue8m0=in_packed, use_e4m3_sf=in_sf == 'e4m3'
+    )
     result = per_channel_cast(quantised, 'e4m3', 32, True, in_block, use_packed_ue8m0=True)
     in_sf_bytes = quantised.sf.cpu().view(torch.uint8) if in_packed else quantised.sf.cpu()
     expected = per_channel_cast_ref(

@@ -19,7 +19,7 @@ from cann_ops_tilelang.quant.per_channel_cast_kernel import (
     get_per_channel_cast_kernel,
     make_per_channel_cast_kernel,
 )
-from tests.quant.cast_ref import pack_ue8m0_cols, per_token_cast_ref, scaled_rows
+from tests.quant.cast_ref import pack_ue8m0_cols, per_token_cast_format_ref, scaled_rows
 from tests.quant.per_channel_cast_ref import decode_prequantised, per_channel_cast_ref
 from tests.testing.bench import make_param_id
 from tests.testing.generator import by_level, generate_samples, get_test_level
@@ -36,16 +36,19 @@ LEVEL = get_test_level()
 
 # Scale formats: fp32 scales, fp32 powers of two (round_sf), UE8M0 bytes (round_sf + packed_ue8m0).
 FORMATS = {'fp32': (False, False), 'pow2': (True, False), 'ue8m0': (True, True)}
-# Input scale formats of a pre-quantised x: fp32, or UE8M0 bytes in the row layout.
-IN_FORMATS = {'fp32': False, 'ue8m0': True}
+# Input scale formats of a pre-quantised x (in_packed_ue8m0, in_e4m3_sf): fp32, UE8M0 bytes in the row layout, or
+# E4M3 bytes (per_token_cast's use_e4m3_sf).
+IN_FORMATS = {'fp32': (False, False), 'ue8m0': (True, False), 'e4m3': (False, True)}
 
-# Level 0: three kernel configurations, each compiled once (every level-0 device test uses them at VALUE_HIDDEN):
+# Level 0: four kernel configurations, each compiled once (every level-0 device test uses them at VALUE_HIDDEN):
 # bf16 / 128-token blocks / fp32 scales, fp32 / 32-token blocks / packed UE8M0 (token block counts not a
-# multiple of 4), and a pre-quantised e4m3 x (32-channel UE8M0 input scales, two per register) to powers of two.
+# multiple of 4), and pre-quantised e4m3 x: 32-channel UE8M0 input scales (two per register) to powers of two,
+# and 32-channel E4M3 input scales to fp32 scales.
 _CORE_VARIANTS = [
     dict(in_dtype='bfloat16', block_tokens=128, sf='fp32'),
     dict(in_dtype='float32', block_tokens=32, sf='ue8m0'),
     dict(in_dtype='float8_e4m3fn', block_tokens=128, sf='pow2', in_block_channels=32, in_sf='ue8m0'),
+    dict(in_dtype='float8_e4m3fn', block_tokens=32, sf='fp32', in_block_channels=32, in_sf='e4m3'),
 ]
 _ALL_VARIANTS = generate_samples(in_dtype=['bfloat16', 'float32'], block_tokens=list(BLOCK_TOKENS), sf=list(FORMATS))
 _ALL_VARIANTS += generate_samples(
@@ -83,7 +86,8 @@ def _config(backend: str, num_cores: int, variant: dict, hidden: int) -> PerChan
         round_sf=round_sf,
         packed_ue8m0=packed,
         in_block_channels=variant.get('in_block_channels'),
-        in_packed_ue8m0=IN_FORMATS[variant['in_sf']] if _prequantised(variant) else False,
+        in_packed_ue8m0=IN_FORMATS[variant['in_sf']][0] if _prequantised(variant) else False,
+        in_e4m3_sf=IN_FORMATS[variant['in_sf']][1] if _prequantised(variant) else False,
     )
 
 
@@ -175,6 +179,8 @@ def test_per_channel_cast_config_tiles(in_dtype, block_tokens, hidden):
         (dict(in_block_channels=32), 'pre-quantised'),
         (dict(in_dtype='float8_e4m3fn'), 'in_dtype'),
         (dict(in_packed_ue8m0=True), 'in_block_channels'),
+        (dict(in_e4m3_sf=True), 'in_block_channels'),
+        (dict(in_block_channels=32, in_dtype='float8_e4m3fn', in_packed_ue8m0=True, in_e4m3_sf=True), 'exclude'),
     ],
 )
 def test_per_channel_cast_config_rejects(kwargs, match):
@@ -275,6 +281,13 @@ def test_reference_prequantised_decode():
     ref_out, ref_sf = per_channel_cast_ref(decoded, 32)
     assert torch.equal(sf, ref_sf)
     assert torch.equal(out.view(torch.uint8), ref_out.view(torch.uint8))
+    # E4M3 scales widen exactly: 0.875 (0x36), 2**-9 (the smallest subnormal, 0x01), 448 (0x7E).
+    e4m3_sf = torch.tensor([[0x36, 0x01], [0x7E, 0x00]], dtype=torch.uint8).view(torch.float8_e4m3fn)
+    decoded = decode_prequantised(x, e4m3_sf, 32)
+    assert decoded[0, :32].eq(0.875).all()
+    assert decoded[0, 32:].eq(2.0**-9).all()
+    assert decoded[1, :32].eq(-1344.0).all()
+    assert decoded[1, 32:].eq(0.0).all()
 
 
 # ---------------------------------------------------------------- CPU tier: kernels lower
@@ -328,9 +341,9 @@ def _inputs(num_tokens: int, hidden: int, variant: dict, device) -> tuple[torch.
     values = scaled_rows(num_tokens, hidden, 'float32', 'cpu') * column_scale
     if not _prequantised(variant):
         return (values.to(getattr(torch, variant['in_dtype'])).to(device),)
-    packed = IN_FORMATS[variant['in_sf']]
-    x, x_sf = per_token_cast_ref(
-        values, variant['in_block_channels'], round_sf=packed, packed_ue8m0=packed, ue8m0_pack=4
+    packed, e4m3_sf = IN_FORMATS[variant['in_sf']]
+    x, x_sf = per_token_cast_format_ref(
+        values, variant['in_block_channels'], round_sf=packed, packed_ue8m0=packed, e4m3_sf=e4m3_sf
     )
     return x.to(device), x_sf.to(device)
 
@@ -355,7 +368,7 @@ def _reference(inputs: tuple[torch.Tensor, ...], variant: dict) -> tuple[torch.T
         prequant = dict(
             x_sf=inputs[1].cpu(),
             in_block_channels=variant['in_block_channels'],
-            in_packed_ue8m0=IN_FORMATS[variant['in_sf']],
+            in_packed_ue8m0=IN_FORMATS[variant['in_sf']][0],
         )
     return per_channel_cast_ref(
         inputs[0].cpu(), variant['block_tokens'], round_sf=round_sf, packed_ue8m0=packed, **prequant
@@ -430,15 +443,21 @@ def test_per_channel_cast_kernel_special_values(variant, device):
 @pytest.mark.parametrize('variant', _CORE_VARIANTS[2:], ids=make_param_id)
 def test_per_channel_cast_kernel_prequantised_special_values(variant, device):
     """A pre-quantised x with signed zeros, e4m3 subnormals and +-448, scales from 2**-60 to 2**60 and zero
-    (UE8M0 byte 0): every decoded product is finite, every byte exact."""
+    (UE8M0 byte 0), or every finite E4M3 scale: every decoded product is finite, every byte exact."""
     num_tokens, hidden, bc = 40, VALUE_HIDDEN, variant['in_block_channels']
     pool = torch.tensor([0.0, -0.0, 2.0**-9, -(2.0**-7), 1.0, -1.125, 448.0, -448.0, 240.0])
     x = pool[torch.randint(len(pool), (num_tokens, hidden))].to(torch.float8_e4m3fn)
     blocks = hidden // bc
-    x_sf = torch.randint(127 - 60, 127 + 60, (num_tokens, -(-blocks // 4) * 4), dtype=torch.uint8)
-    x_sf[:, blocks:] = 0
-    x_sf[0, :] = 0  # row 0 decodes to zeros
-    x_sf[1, 0] = 0
+    if IN_FORMATS[variant['in_sf']][1]:  # E4M3 scales: every e4m3 magnitude (subnormals, 448), zeros
+        x_sf = (torch.randint(0, 0x7F, (num_tokens, blocks), dtype=torch.uint8)).view(torch.float8_e4m3fn)
+        x_sf[0, :] = 0.0
+        x_sf[1, 0] = 448.0
+        x_sf[1, 1] = 2.0**-9
+    else:
+        x_sf = torch.randint(127 - 60, 127 + 60, (num_tokens, -(-blocks // 4) * 4), dtype=torch.uint8)
+        x_sf[:, blocks:] = 0
+        x_sf[0, :] = 0  # row 0 decodes to zeros
+        x_sf[1, 0] = 0
     out, sf = _run((x.to(device), x_sf.to(device)), variant, device)
     ref_out, ref_sf = _reference((x, x_sf), variant)
     assert_equal(sf.cpu(), ref_sf)

@@ -39,7 +39,7 @@ def _form_args(name: str, device) -> tuple:
     token = quant.per_token_cast(x, 'e4m3', 128)
     cases = {
         'per_token_cast': (x, 'e4m3', 128, None, False, False, False, False, False),
-        'per_block_cast': (x, 'e4m3', [128, 128], False, False, False),
+        'per_block_cast': (x, 'e4m3', [128, 128], False, False, False, False),
         'per_channel_cast': (scaled_rows(37, 320, 'bfloat16', device), None, 'e4m3', 128, False, None, False),
         'cast_back': (*token, 'bf16', [1, 128], None),
         'per_token_cast_back': (*token, 'bf16', 128, None),

@@ -8,7 +8,7 @@ import torch
 from ._scale_rules import UE8M0_PACK
 
 MAX_NUMEL = 2**31 - 1  # int32 element indices in the kernels
-FP8_FORMAT = 'e4m3'  # the only narrow format yet (TileKernels' FP4 'e2m1' is not supported)
+FP8_FORMAT = 'e4m3'  # the format of the operators without an FP4 form (check_format)
 PACKED_SF_DTYPE = torch.int32  # four UE8M0 bytes, the interface's view on both backends
 
 
@@ -19,7 +19,7 @@ def check_numel(name: str, T: int, H: int) -> None:
 
 def check_format(name: str, fmt: str) -> None:
     if fmt != FP8_FORMAT:
-        raise ValueError(f"{name}: fmt must be 'e4m3' (the FP4 format 'e2m1' is not supported yet), got {fmt!r}")
+        raise ValueError(f"{name}: fmt must be 'e4m3' (this operator has no FP4 'e2m1' form), got {fmt!r}")
 
 
 def check_unsupported(name: str, **options) -> None:

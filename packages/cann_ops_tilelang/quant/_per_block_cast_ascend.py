@@ -6,16 +6,19 @@ b * bt .. b * bt + rows - 1 (rows = bt, fewer in the last token block) and the c
 up to three passes over it, in fp32 (bf16 widens exactly):
 
 1. block maxima: per 64-lane register column a running |x| maximum over the tile's rows (vmax, one register
-   live per column), then one cross-lane vcmax per channel block (two masked halves for bc = 32, two
-   register columns merged first for bc = 128);
-2. the scales and inverses of the tile's channel blocks, 64 per register (_scale_rules.ascend_scales_macro),
-   or in mode 'precomputed' the inverses 1 / sf of the scales DMA'd in;
+   live per column), then one cross-lane vcmax per channel block (four masked quarters for bc = 16, two masked
+   halves for bc = 32, two register columns merged first for bc = 128);
+2. the scales and inverses of the tile's channel blocks, 64 per register (_scale_rules.ascend_cast_scales_macro:
+   fp32, power-of-two, UE8M0 or E4M3 scales of either output format), or in mode 'precomputed' the inverses
+   1 / sf of the scales DMA'd in (fp32 or e4m3);
 3. x * inverse narrowed to float8_e4m3fn, register column by register column (the inverse broadcast once per
-   column), row by row. In 'precomputed' mode the product is clamped to +-448 first (compare and select, so
-   NaN stays NaN): a scale the kernel did not compute can overflow e4m3, which the narrowing must saturate
-   whatever the conversion's saturation setting; the computed scales cannot overflow.
+   column), row by row; or (FP4) rounded to e2m1 codes by compares on the grid's midpoints (fp4.py), two
+   register columns at a time, each row's 128 codes deinterleaved and packed into 64 bytes. Where an e4m3
+   product can pass 448 (given scales, E4M3 scales that saturate or round down) it is clamped to +-448 first
+   (compare and select, so NaN stays NaN): no kernel relies on the conversion's saturation setting; the
+   computed fp32 / power-of-two scales cannot overflow, and the e2m1 rounding saturates by construction.
 
-The fp8 tile and the scale row slice go back to GM; the task of the last column tile also writes the zero
+The data tile and the scale row slice go back to GM; the task of the last column tile also writes the zero
 padding bytes of a packed UE8M0 row (its copy is a few bytes longer).
 """
 
@@ -23,7 +26,9 @@ padding bytes of a packed UE8M0 row (its copy is a few bytes longer).
 # refer to the generator's local shape variables.
 
 # Imported by per_block_cast_kernel.py, never the other way round (no import circle): the config comes as `cfg`.
-from ._scale_rules import LANES, ascend_precomputed_macros, ascend_scales_macro
+from ._per_token_cast_ascend import ascend_quarter_masks_macro
+from ._scale_rules import LANES, ascend_cast_scales_macro, ascend_e4m3_sf_inverses_macro, ascend_precomputed_macros
+from .fp4 import ascend_e2m1_macros
 
 
 def ascend_per_block_cast_kernel(cfg):
@@ -41,8 +46,19 @@ def ascend_per_block_cast_kernel(cfg):
         raise ValueError(f'{groups} channel blocks per task leave the UE8M0 padding outside the scale registers')
     chunks = bk // LANES
     grid = cfg.num_cores
-    scales = ascend_scales_macro(T, round_sf=cfg.round_sf, packed_ue8m0=cfg.packed_ue8m0)
-    inverses, saturate = ascend_precomputed_macros(T)
+    fp4, data_dtype = cfg.fp4, cfg.data_dtype
+    data_len = bk // 2 if fp4 else bk  # data elements of one task row (FP4: bytes)
+    # FP4 packs two register columns into 64 bytes; an odd last column still stores 64 (the second half zero codes).
+    data_ub_len = -(-chunks // 2) * LANES if fp4 else bk
+    scales = ascend_cast_scales_macro(
+        T, fmt=cfg.fmt, round_sf=cfg.round_sf, packed_ue8m0=cfg.packed_ue8m0, e4m3_sf=cfg.e4m3_sf
+    )
+    fp32_inverses, saturate = ascend_precomputed_macros(T)
+    inverses = ascend_e4m3_sf_inverses_macro(T) if cfg.e4m3_sf else fp32_inverses
+    e2m1_codes, store_code_pairs = ascend_e2m1_macros(T)
+    quarter_masks = ascend_quarter_masks_macro(T)
+    # Products past 448: given scales, and E4M3 scales (saturated at 448, or rounded below c / 448).
+    clamps = not fp4 and (not computes_sf or cfg.e4m3_sf)
 
     num_tokens = T.dynamic('num_tokens')
     sf_rows = T.ceildiv(num_tokens, bt)
@@ -54,7 +70,7 @@ def ascend_per_block_cast_kernel(cfg):
         return S.vld(x_ub[r, c * LANES])
 
     @T.macro
-    def block_maxima(x_ub, amax_ub, rows, low, high):
+    def block_maxima(x_ub, amax_ub, rows, low, high, quarters):
         """Pass 1: |x| maxima of the tile's channel blocks over its `rows` rows, into amax_ub[0:groups]."""
         if bc == 128:
             for p in T.serial(chunks // 2):
@@ -71,23 +87,54 @@ def ascend_per_block_cast_kernel(cfg):
                     acc = S.vmax(acc, S.vabs(load_f32(x_ub, r, c)))
                 if bc == 64:
                     S.vsts(amax_ub[c], S.vcmax(acc), dist='ONEPT_B32')
+                elif bc == 16:
+                    for q, quarter in enumerate(quarters):  # unrolled in Python: one masked vcmax each
+                        S.vsts(amax_ub[4 * c + q], S.vcmax(acc, quarter), dist='ONEPT_B32')
                 else:
                     S.vsts(amax_ub[2 * c], S.vcmax(acc, low), dist='ONEPT_B32')
                     S.vsts(amax_ub[2 * c + 1], S.vcmax(acc, high), dist='ONEPT_B32')
 
     @T.macro
-    def cast_rows(x_ub, inv_ub, out_ub, rows, low):
+    def column_inverse(inv_ub, c, low, quarters):
+        """The inverses of register column c's channel blocks, one per lane."""
+        if bc == 16:
+            first, second, third, _ = quarters
+            last_two = S.vsel(S.vld(inv_ub[4 * c + 2], dist='BRC_B32'), S.vld(inv_ub[4 * c + 3], dist='BRC_B32'), third)
+            upper = S.vsel(S.vld(inv_ub[4 * c + 1], dist='BRC_B32'), last_two, second)
+            return S.vsel(S.vld(inv_ub[4 * c], dist='BRC_B32'), upper, first)
+        if bc == 32:
+            return S.vsel(S.vld(inv_ub[2 * c], dist='BRC_B32'), S.vld(inv_ub[2 * c + 1], dist='BRC_B32'), low)
+        return S.vld(inv_ub[c * LANES // bc], dist='BRC_B32')
+
+    @T.macro
+    def cast_rows(x_ub, inv_ub, out_ub, rows, low, quarters):
         """Pass 3: x * inverse -> e4m3 (nearest even, saturating), one byte per fp32 lane, packed."""
         for c in T.serial(chunks):
-            if bc == 32:
-                inverse = S.vsel(S.vld(inv_ub[2 * c], dist='BRC_B32'), S.vld(inv_ub[2 * c + 1], dist='BRC_B32'), low)
-            else:
-                inverse = S.vld(inv_ub[c * LANES // bc], dist='BRC_B32')
+            inverse = column_inverse(inv_ub, c, low, quarters)
             for r in T.serial(rows):
                 scaled = S.vmul(load_f32(x_ub, r, c), inverse)
-                if not computes_sf:
+                if clamps:
                     scaled = saturate(scaled)
                 S.vsts(out_ub[r, c * LANES], S.vcvt(scaled, T.float8_e4m3fn), dist='PK4_B32')
+
+    @T.macro
+    def cast_rows_fp4(x_ub, inv_ub, out_ub, rows, low, quarters):
+        """Pass 3 (FP4): x * inverse -> e2m1 codes, register columns 2 p and 2 p + 1 of a row (128 elements) -> 64
+        bytes at out_ub[r, 64 p]."""
+        for p in T.serial(chunks // 2):
+            first = column_inverse(inv_ub, 2 * p, low, quarters)
+            second = column_inverse(inv_ub, 2 * p + 1, low, quarters)
+            for r in T.serial(rows):
+                store_code_pairs(
+                    out_ub, (r, p * LANES),
+                    e2m1_codes(S.vmul(load_f32(x_ub, r, 2 * p), first)),
+                    e2m1_codes(S.vmul(load_f32(x_ub, r, 2 * p + 1), second)),
+                )  # fmt: skip
+        if chunks % 2:
+            last = column_inverse(inv_ub, chunks - 1, low, quarters)
+            for r in T.serial(rows):
+                codes = e2m1_codes(S.vmul(load_f32(x_ub, r, chunks - 1), last))
+                store_code_pairs(out_ub, (r, chunks // 2 * LANES), codes, S.vdup(0, T.uint32))
 
     @T.macro
     def block_vf(x_ub, amax_ub, inv_ub, sf_ub, out_ub, rows):
@@ -95,8 +142,9 @@ def ascend_per_block_cast_kernel(cfg):
             low = S.pset(32, 'PAT_VL32')  # lanes 0..31: the first 32-channel block of a register
             every = S.pset(32, 'PAT_ALL')  # a mask is bound to a name before it feeds another mask op
             high = S.pnot(low, every)
+            quarters = quarter_masks() if bc == 16 else None  # lanes 0..15, 16..31, 32..47, 48..63
             if computes_sf:
-                block_maxima(x_ub, amax_ub, rows, low, high)
+                block_maxima(x_ub, amax_ub, rows, low, high, quarters)
                 S.mem_bar('VST_VLD')
                 # Pass 2: scales and inverses, 64 blocks per register (packed padding lanes zeroed).
                 scales(amax_ub, sf_ub, inv_ub, groups)
@@ -104,7 +152,10 @@ def ascend_per_block_cast_kernel(cfg):
                 inverses(sf_ub, inv_ub, groups)
             if writes_data:
                 S.mem_bar('VST_VLD')
-                cast_rows(x_ub, inv_ub, out_ub, rows, low)
+                if fp4:
+                    cast_rows_fp4(x_ub, inv_ub, out_ub, rows, low, quarters)
+                else:
+                    cast_rows(x_ub, inv_ub, out_ub, rows, low, quarters)
 
     @T.macro
     def body(x, out, out_sf, sf):
@@ -116,7 +167,7 @@ def ascend_per_block_cast_kernel(cfg):
             versions = {x_ub: stages, sf_ub: stages, amax_ub: 1, inv_ub: 1}
             out_ub = None
             if writes_data:
-                out_ub = T.alloc_shared((bt, bk), T.float8_e4m3fn)
+                out_ub = T.alloc_shared((bt, data_ub_len), data_dtype)
                 versions[out_ub] = stages
             T.annotate_buffer_versions(versions)
             for task in T.Persistent([sf_rows * n_tiles], grid, cid, group_size=1, num_stages=stages):
@@ -129,7 +180,7 @@ def ascend_per_block_cast_kernel(cfg):
                     T.copy(sf[b, j * groups : j * groups + groups], sf_ub[0:groups])
                 block_vf(x_ub, amax_ub, inv_ub, sf_ub, out_ub, rows)
                 if writes_data:
-                    T.copy(out_ub[0:rows, :], out[t0 : t0 + rows, j * bk : j * bk + bk])
+                    T.copy(out_ub[0:rows, 0:data_len], out[t0 : t0 + rows, j * data_len : j * data_len + data_len])
                 if computes_sf:
                     if padding > 0:
                         # The last column tile also writes the row's zero padding bytes.
@@ -143,7 +194,7 @@ def ascend_per_block_cast_kernel(cfg):
         @T.prim_func
         def per_block_cast_kernel(
             x: T.Tensor((num_tokens, hidden), in_dtype),
-            out: T.Tensor((num_tokens, hidden), T.float8_e4m3fn),
+            out: T.Tensor((num_tokens, cfg.data_cols), data_dtype),
             out_sf: T.Tensor((sf_rows, cfg.sf_cols), sf_dtype),
         ):
             body(x, out, out_sf, None)
@@ -162,8 +213,8 @@ def ascend_per_block_cast_kernel(cfg):
         @T.prim_func
         def per_block_cast_kernel(
             x: T.Tensor((num_tokens, hidden), in_dtype),
-            sf: T.Tensor((sf_rows, cfg.sf_cols), T.float32),
-            out: T.Tensor((num_tokens, hidden), T.float8_e4m3fn),
+            sf: T.Tensor((sf_rows, cfg.sf_cols), sf_dtype),
+            out: T.Tensor((num_tokens, cfg.data_cols), data_dtype),
         ):
             body(x, out, None, sf)
 

@@ -19,15 +19,20 @@ exactly). The threads of one channel block are bc / 16 neighbouring lanes of eac
 rows of each warp: an xor-shuffle butterfly over those lane bits leaves the warp's maximum in every lane; one
 lane per (warp, channel block) puts it into shared memory, and after the one barrier of the kernel every
 thread reads the warps' maxima of its channel block and computes the scale and inverse itself
-(_scale_rules.cuda_scale_and_inverse: a few instructions, no second barrier). The first row of threads stores
+(_scale_rules.cuda_cast_scale_and_inverse: a few instructions, no second barrier). The first row of threads stores
 the scales; the last column tile's threads store the zero padding bytes of a packed UE8M0 row. Rows past T (the
 last token block) load as zeros, which change no maximum, and are not stored.
 
-Mode 'sf_only' skips the fp8 stores; mode 'precomputed' skips the reduction (no barrier, no shared memory):
-each thread reads its block's fp32 scale (an L1 / L2 hit for all but the first thread of the block) and takes
-its IEEE reciprocal (__frcp_rn: correctly rounded whatever the fast-math flags; TileLang compiles without them).
-The narrowing is __nv_fp8_e4m3's (nearest even, saturating to +-448, NaN kept), which also saturates the
-overflow of a precomputed scale.
+FP4 output: each row's 16 elements of a thread are rounded to e2m1 codes (fp4.cuda_e2m1_code: compares on the
+grid's midpoints, the same rounding as the Ascend kernel; sm_90 has no FP4 conversion), packed two a byte, and
+go out as one 8-byte store. The scale, whatever its format (fp32, power of two, UE8M0, E4M3), comes from the
+domain's rule (_scale_rules.cuda_cast_scale_and_inverse), shared with the Ascend kernel.
+
+Mode 'sf_only' skips the data stores; mode 'precomputed' skips the reduction (no barrier, no shared memory):
+each thread reads its block's fp32 (or e4m3) scale (an L1 / L2 hit for all but the first thread of the block)
+and takes its IEEE reciprocal (__frcp_rn: correctly rounded whatever the fast-math flags; TileLang compiles
+without them). The e4m3 narrowing is __nv_fp8_e4m3's (nearest even, saturating to +-448, NaN kept), which also
+saturates the overflow of a precomputed or E4M3 scale; the e2m1 rounding saturates by construction.
 """
 
 # No `from __future__ import annotations`: TileLang evaluates the prim_func annotations, which
@@ -36,7 +41,8 @@ overflow of a precomputed scale.
 # Imported by per_block_cast_kernel.py, never the other way round (no import circle): the config comes as `cfg`.
 import functools
 
-from ._scale_rules import cuda_inverse_of, cuda_scale_and_inverse
+from ._scale_rules import cuda_cast_scale_and_inverse, cuda_inverse_of
+from .fp4 import cuda_e2m1_code
 
 _WARP = 32
 
@@ -52,6 +58,7 @@ def cuda_per_block_cast_kernel(cfg):
     f32 = T.float32
     hidden, bk, bt, bc = cfg.hidden, cfg.block_k, cfg.block_tokens, cfg.block_channels
     in_dtype, sf_dtype, mode = cfg.in_dtype, cfg.sf_dtype, cfg.mode
+    fp4, data_dtype = cfg.fp4, cfg.data_dtype
     writes_data, computes_sf = cfg.writes_data, cfg.computes_sf
     n_tiles, groups, padding, num_blocks = cfg.num_col_tiles, cfg.groups_per_tile, cfg.sf_padding, cfg.num_blocks
     threads, tpr, rp, rows = cfg.threads, cfg.threads_per_row, cfg.rows_per_pass, cfg.rows_per_thread
@@ -60,8 +67,9 @@ def cuda_per_block_cast_kernel(cfg):
     group_lanes = bc // vec  # neighbouring lanes of a row in one channel block
     num_warps = threads // _WARP
     scale_and_inverse = functools.partial(
-        cuda_scale_and_inverse, T, round_sf=cfg.round_sf, packed_ue8m0=cfg.packed_ue8m0
-    )
+        cuda_cast_scale_and_inverse,
+        T, fmt=cfg.fmt, round_sf=cfg.round_sf, packed_ue8m0=cfg.packed_ue8m0, e4m3_sf=cfg.e4m3_sf,
+    )  # fmt: skip
     # Lane bits that differ between the threads of one channel block within a warp: the bits below
     # log2(group_lanes) (neighbouring segments of a row), and those from log2(tpr) up (the warp's rows).
     shuffle_bits = [1 << k for k in range(_log2(group_lanes))] + [1 << k for k in range(_log2(tpr), _log2(_WARP))]
@@ -116,9 +124,21 @@ def cuda_per_block_cast_kernel(cfg):
                     if j == n_tiles - 1 and tid < padding:
                         out_sf[b, num_blocks + tid] = T.uint8(0)
             else:
-                inverse = cuda_inverse_of(T, sf[b, j * groups + g])
+                inverse = cuda_inverse_of(T, T.cast(sf[b, j * groups + g], f32))
 
-            if writes_data:
+            if writes_data and fp4:
+                codes = T.alloc_local((vec,), T.uint32)
+                packed = T.alloc_local((vec // 2,), T.int8)
+                for r in T.unroll(rows):
+                    t = b * bt + r * rp + row0
+                    if t < num_tokens:
+                        for e in T.unroll(vec):
+                            codes[e] = cuda_e2m1_code(T, T.cast(xv[r, e], f32) * inverse)
+                        for i in T.unroll(vec // 2):
+                            packed[i] = T.cast(codes[2 * i] | (codes[2 * i + 1] << T.uint32(4)), T.int8)
+                        for i in T.vectorized(vec // 2):  # the row's 8 bytes in one store
+                            out[t, col // 2 + i] = packed[i]
+            elif writes_data:
                 for r in T.unroll(rows):
                     t = b * bt + r * rp + row0
                     if t < num_tokens:
@@ -131,7 +151,7 @@ def cuda_per_block_cast_kernel(cfg):
         @T.prim_func
         def per_block_cast_kernel(
             x: T.Tensor((num_tokens, hidden), in_dtype),
-            out: T.Tensor((num_tokens, hidden), T.float8_e4m3fn),
+            out: T.Tensor((num_tokens, cfg.data_cols), data_dtype),
             out_sf: T.Tensor((sf_rows, cfg.sf_cols), sf_dtype),
         ):
             body(x, out, out_sf, None)
@@ -150,8 +170,8 @@ def cuda_per_block_cast_kernel(cfg):
         @T.prim_func
         def per_block_cast_kernel(
             x: T.Tensor((num_tokens, hidden), in_dtype),
-            sf: T.Tensor((sf_rows, cfg.sf_cols), T.float32),
-            out: T.Tensor((num_tokens, hidden), T.float8_e4m3fn),
+            sf: T.Tensor((sf_rows, cfg.sf_cols), sf_dtype),
+            out: T.Tensor((num_tokens, cfg.data_cols), data_dtype),
         ):
             body(x, out, None, sf)
 

@@ -5,11 +5,11 @@ block_k, at most 96 KiB per buffer version) double-buffered so that the next tas
 With packed UE8M0 scales a task is (four token blocks, column tile), the blocks handled one after another, so
 that the task owns whole scale words. Per token block the rows' slice lands in UB (the last block's rows only as
 far as T goes; for a pre-quantised x also the rows' input scales) and one SIMD VF makes three passes over it, in
-fp32 (bf16 widens exactly; a pre-quantised x decodes as fp32(x) times its scale, broadcast per row and input
-block): the column maxima, a running element-wise max of |x| over the block's rows, 64 channels per register;
-the scale factors and their inverses for 64 channels per register (the domain's shared rule); then x * inverse
-narrowed to float8_e4m3fn, row by row. The fp8 rows and the scale row (or, packed, the task's scale words, each
-token block's exponent ORed into its byte, once its four blocks are done) go back to GM.
+fp32 (bf16 widens exactly; a pre-quantised x decodes as fp32(x) times its fp32, UE8M0 or E4M3 scale widened,
+broadcast per row and input block): the column maxima, a running element-wise max of |x| over the block's rows,
+64 channels per register; the scale factors and their inverses for 64 channels per register (the domain's shared
+rule); then x * inverse narrowed to float8_e4m3fn, row by row. The fp8 rows and the scale row (or, packed, the
+task's scale words, each token block's exponent ORed into its byte, once its four blocks are done) go back to GM.
 """
 
 # No `from __future__ import annotations`: TileLang evaluates the prim_func annotations, which
@@ -45,7 +45,7 @@ def ascend_per_channel_cast_kernel(cfg):
     if prequantised:
         in_bc, in_sf_dtype, in_sf_cols = cfg.in_block_channels, cfg.in_sf_dtype, cfg.in_sf_cols
         in_scales = bk // in_bc  # input scales of one row of a task
-        per_32_bytes = 32 // (1 if cfg.in_packed_ue8m0 else 4)
+        per_32_bytes = 32 // (1 if cfg.in_packed_ue8m0 or cfg.in_e4m3_sf else 4)
         in_scales_padded = -(-in_scales // per_32_bytes) * per_32_bytes  # UB rows 32-byte aligned
     else:  # the kernel takes no x_sf
         in_bc = in_sf_dtype = in_sf_cols = in_scales = in_scales_padded = None
@@ -57,6 +57,9 @@ def ascend_per_channel_cast_kernel(cfg):
     @T.macro
     def input_scale(xs_ub, i, k):
         """fp32 register of row i's input scale k (of the task's columns), in every lane."""
+        if cfg.in_e4m3_sf:
+            # The e4m3 byte in every byte lane, so whichever byte of a 32-bit lane the conversion widens is it.
+            return S.vcvt(S.vld(xs_ub[i, k], dist='BRC_B8'), f32)
         if cfg.in_packed_ue8m0:
             # The byte in every byte lane; its low copy shifted into the fp32 exponent: 2 ** (byte - 127).
             byte = S.vand(T.reinterpret(S.vld(xs_ub[i, k], dist='BRC_B8'), 'uint32x64'), S.vdup(0xFF, T.uint32))

@@ -55,9 +55,12 @@ def cuda_per_channel_cast_kernel(cfg):
         in_bc = in_sf_cols = in_sf_dtype = None
 
     def decode_scale(x_sf, row, channel):
-        """fp32 scale of x[row, channel] of a pre-quantised x (UE8M0: the byte as an fp32 exponent)."""
+        """fp32 scale of x[row, channel] of a pre-quantised x (UE8M0: the byte as an fp32 exponent; E4M3: the byte
+        widened, exactly)."""
         if cfg.in_packed_ue8m0:
             return T.reinterpret(T.shift_left(T.cast(x_sf[row, channel // in_bc], T.uint32), T.uint32(23)), f32)
+        if cfg.in_e4m3_sf:
+            return T.cast(x_sf[row, channel // in_bc], f32)
         return x_sf[row, channel // in_bc]
 
     # |x| for the maxima, computed so that the compiler need not keep the fp32 values of x for the cast: on the

@@ -1,5 +1,5 @@
-"""per_block_cast and its two halves: x (T, H) -> FP8 e4m3 data with one scale factor per block of bt tokens by
-bc channels; the scales only; the data from given scales."""
+"""per_block_cast and its two halves: x (T, H) -> FP8 e4m3 or FP4 (e2m1) data with one scale factor per block of bt
+tokens by bc channels; the scales only; the data from given scales."""
 
 from __future__ import annotations
 
@@ -13,14 +13,24 @@ from ._quant_tensor import QuantTensor
 from .per_block_cast_kernel import (
     BLOCK_CHANNELS,
     BLOCK_TOKENS,
+    FORMATS,
     choose_per_block_cast_config,
     get_per_block_cast_kernel,
     hidden_multiple,
 )
 
 
-def _options(name, H, fmt, block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0):
-    contract.check_format(name, fmt)
+def sf_layout(
+    num_tokens: int, hidden: int, block_size, packed: bool, e4m3_sf: bool = False
+) -> tuple[tuple[int, int], torch.dtype]:
+    """(shape, dtype) of the scale factors: fp32 (ceil(T / bt), H / bc), E4M3 bytes of that shape float8_e4m3fn,
+    or UE8M0 bytes packed four per int32."""
+    shape, dtype = contract.sf_layout(num_tokens, hidden, tuple(block_size), packed)
+    return shape, contract.E4M3_SF_DTYPE if e4m3_sf else dtype
+
+
+def _options(name, H, fmt, block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, use_e4m3_sf):
+    contract.check_cast_format(name, fmt, FORMATS)
     if len(block_size) != 2:
         raise ValueError(f'{name}: block_size must be (tokens, channels), got {block_size}')
     bt, bc = block_size
@@ -28,17 +38,22 @@ def _options(name, H, fmt, block_size, use_tma_aligned_col_major_sf, round_sf, u
     contract.check_block(name, 'block_size[1] (channels per scale)', bc, BLOCK_CHANNELS)
     contract.check_unsupported(name, use_tma_aligned_col_major_sf=use_tma_aligned_col_major_sf)
     contract.check_scale_flags(name, round_sf, use_packed_ue8m0)
+    contract.check_e4m3_sf(name, use_e4m3_sf, round_sf)
     contract.check_hidden(name, H, hidden_multiple(bc), f'{bc} channels per scale')
 
 
-def _precomputed_options(name, x, fmt, block_size, sf, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0):
-    _options(name, x.shape[1], fmt, block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0)
+def _precomputed_options(name, x, fmt, block_size, sf, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0,
+                         use_e4m3_sf):  # fmt: skip
+    _options(name, x.shape[1], fmt, block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, use_e4m3_sf)
     contract.check_given_scales(name, sf, x.shape, block_size, use_packed_ue8m0,
                                 f'one per block of {tuple(block_size)}')  # fmt: skip
+    wanted = contract.E4M3_SF_DTYPE if use_e4m3_sf else torch.float32
+    if sf.dtype != wanted:
+        raise TypeError(f'{name}: sf must have dtype {wanted} with use_e4m3_sf={use_e4m3_sf}, got {sf.dtype}')
 
 
 def _choice(mode):
-    def choice(x, block_size, round_sf, use_packed_ue8m0):
+    def choice(x, fmt, block_size, round_sf, use_packed_ue8m0, use_e4m3_sf):
         return {
             'hidden': x.shape[1],
             'in_dtype': x.dtype,
@@ -47,13 +62,11 @@ def _choice(mode):
             'round_sf': round_sf,
             'packed_ue8m0': use_packed_ue8m0,
             'mode': mode,
+            'fmt': fmt,
+            'e4m3_sf': use_e4m3_sf,
         }
 
     return choice
-
-
-def _data(x):
-    return tuple(x.shape), torch.float8_e4m3fn
 
 
 X = tensor('x', (torch.bfloat16, torch.float32), 'T, H')
@@ -66,6 +79,7 @@ _FLAGS = (
     scalar('use_tma_aligned_col_major_sf', 'bool'),
     scalar('round_sf', 'bool'),
     scalar('use_packed_ue8m0', 'bool'),
+    scalar('use_e4m3_sf', 'bool'),
 )
 OP = Operator(
     'per_block_cast',
@@ -76,9 +90,9 @@ OP = Operator(
     outs('out', 'data', 'sf'),
     extra=_options,
     choice=_choice('cast'),
-    results=lambda x, block_size, use_packed_ue8m0: (
-        _data(x),
-        contract.sf_layout(*x.shape, block_size, use_packed_ue8m0),
+    results=lambda x, fmt, block_size, use_packed_ue8m0, use_e4m3_sf: (
+        contract.data_layout(*x.shape, fmt),
+        sf_layout(*x.shape, block_size, use_packed_ue8m0, use_e4m3_sf),
     ),
     **_COMMON,
 )
@@ -91,7 +105,9 @@ SF_ONLY = Operator(
     out('out_sf'),
     extra=_options,
     choice=_choice('sf_only'),
-    results=lambda x, block_size, use_packed_ue8m0: (contract.sf_layout(*x.shape, block_size, use_packed_ue8m0),),
+    results=lambda x, block_size, use_packed_ue8m0, use_e4m3_sf: (
+        sf_layout(*x.shape, block_size, use_packed_ue8m0, use_e4m3_sf),
+    ),
     **_COMMON,
 )
 PRECOMPUTED = Operator(
@@ -99,12 +115,12 @@ PRECOMPUTED = Operator(
     X,
     scalar('fmt', 'str'),
     scalar('block_size', 'ints'),
-    tensor('sf', torch.float32, None),
+    tensor('sf', (torch.float32, contract.E4M3_SF_DTYPE), None),
     *_FLAGS,
     out('out'),
     extra=_precomputed_options,
     choice=_choice('precomputed'),
-    results=lambda x: (_data(x),),
+    results=lambda x, fmt: (contract.data_layout(*x.shape, fmt),),
     **_COMMON,
 )
 
@@ -117,31 +133,43 @@ def per_block_cast(
     use_tma_aligned_col_major_sf: bool = False,
     round_sf: bool = False,
     use_packed_ue8m0: bool = False,
+    use_e4m3_sf: bool = False,
     out: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> QuantTensor:
-    """Cast x to FP8 e4m3 with one scale factor per block of block_size = (bt, bc) tokens by channels
+    """Cast x to FP8 e4m3 or FP4 e2m1 with one scale factor per block of block_size = (bt, bc) tokens by channels
     (TileKernels 2.1.0's call; DeepSeek-V3's weights use (128, 128)). For a block with absolute maximum a (over
-    its rows that exist: T need not be a multiple of bt), c = max(a, 1e-4):
+    its rows that exist: T need not be a multiple of bt), m the format's largest value (448 / 6) and
+    c = max(a, floor) (TileKernels' floors: e4m3 1e-4, E4M3 scales m * 2**-9, FP4 with fp32 scales 6 * 2**-126):
 
-        sf = c / 448, data = e4m3(x / sf)                      (to nearest even, saturating at +-448)
-        round_sf: sf = 2 ** ceil(log2(c / 448)), data = e4m3(x * 2 ** -log2(sf))
+        sf = c / m, data = narrow(x * (m / c))
+        round_sf: sf = 2 ** ceil(log2(c / m)), data = narrow(x * 2 ** -log2(sf))
+        use_e4m3_sf: sf = e4m3(c / m) (nearest even, saturating at 448), data = narrow(x * (1 / fp32(sf)))
+
+    narrow: e4m3 to nearest even, saturating at +-448; e2m1 to nearest even on {0, .5, 1, 1.5, 2, 3, 4, 6},
+    saturating at +-6 (values past 6, +-inf and NaN give +-6).
 
     Args:
         x: (T, H) bf16 or fp32, contiguous; T >= 0 (T = 0: empty results, no launch), H a positive multiple of
             max(64, bc), T * H < 2**31.
-        fmt: 'e4m3' (TileKernels' 'e2m1', FP4, is not supported yet: ValueError).
-        block_size: (bt, bc), each 32, 64 or 128.
+        fmt: 'e4m3' (FP8) or 'e2m1' (FP4: two codes a byte, element 2 i in the low nibble of byte i).
+        block_size: (bt, bc), each 16, 32, 64 or 128 (16 x 16 with use_e4m3_sf: NVFP4's 2-D weight blocks).
         use_tma_aligned_col_major_sf: only False is supported yet (ValueError).
         round_sf: power-of-two scale factors.
         use_packed_ue8m0: with round_sf, the scale factors as UE8M0 exponent bytes, byte k of a row for channel
             block k, packed four per int32 (zero padding).
+        use_e4m3_sf: the scale factors as float8_e4m3fn (not with round_sf; beyond TileKernels, whose
+            per_block_cast has no such option: placed before `out` as in its per_token_cast). A block maximum
+            past 448 * m saturates its scale at 448, so its data saturates too.
         out: optional (data, sf) buffers of the result's shapes and dtypes, contiguous, on x's device, not
             overlapping x or each other.
 
     Returns:
-        QuantTensor(data, sf): data (T, H) float8_e4m3fn; sf (ceil(T / bt), H / bc) fp32, or with use_packed_ue8m0
-        (ceil(T / bt), ceil(H / bc / 4)) int32. Both backends give the same bytes for the same input. Special
-        values as per_token_cast.
+        QuantTensor(data, sf): data (T, H) float8_e4m3fn, or FP4 (T, H / 2) int8; sf (ceil(T / bt), H / bc) fp32
+        or float8_e4m3fn, or with use_packed_ue8m0 (ceil(T / bt), ceil(H / bc / 4)) int32. Both backends give the
+        same bytes for the same input. Special values as per_token_cast: -0.0 stays -0.0 (FP4: code 8); an inf
+        in a block makes its fp32 / UE8M0 scale inf, its values +-0 and the inf NaN (FP4: +-6 of either sign);
+        with E4M3 scales the scale saturates at 448 and the inf at +-448 / +-6; NaN in a block gives unspecified
+        values (as TileKernels).
     """
 
 
@@ -153,10 +181,11 @@ def per_block_cast_with_sf_only(
     use_tma_aligned_col_major_sf: bool = False,
     round_sf: bool = False,
     use_packed_ue8m0: bool = False,
+    use_e4m3_sf: bool = False,
     out_sf: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """The scale factors of per_block_cast (same arguments and rules), without the data: x is read once and
-    only sf is written. out_sf: an optional buffer of sf's shape and dtype."""
+    """The scale factors of per_block_cast (same arguments and rules; the format `fmt` sets m and the floor), without
+    the data: x is read once and only sf is written. out_sf: an optional buffer of sf's shape and dtype."""
 
 
 @PRECOMPUTED.public(cast_eager(PRECOMPUTED, 'precomputed', 'block_size'), returns='Tensor')
@@ -168,10 +197,13 @@ def per_block_cast_with_precomputed_sf(
     use_tma_aligned_col_major_sf: bool = False,
     round_sf: bool = False,
     use_packed_ue8m0: bool = False,
+    use_e4m3_sf: bool = False,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """The data of per_block_cast from given scale factors: data = e4m3(x * (1 / sf)) per block (IEEE
-    reciprocal, to nearest even, saturating at +-448), for sf (ceil(T / bt), H / bc) fp32, contiguous (e.g. from
-    per_block_cast_with_sf_only). round_sf does not change the result (the inverse is 1 / sf either way);
-    use_packed_ue8m0 is not supported (ValueError). A scale of 0 gives inverse inf: the block's values become
-    +-448 and its zeros NaN. out: an optional (T, H) float8_e4m3fn buffer."""
+    """The data of per_block_cast from given scale factors: data = narrow(x * (1 / fp32(sf))) per block (IEEE
+    reciprocal; e4m3 clamped to +-448 then to nearest even, FP4 e2m1 as per_block_cast), for sf (ceil(T / bt),
+    H / bc) contiguous, fp32, or float8_e4m3fn with use_e4m3_sf (e.g. from per_block_cast_with_sf_only). round_sf
+    does not change the result (the inverse is 1 / sf either way); use_packed_ue8m0 is not supported
+    (ValueError). A scale of 0 gives inverse inf: the block's values become +-448 (FP4 +-6) and its zeros NaN
+    (FP4 +-6). out: an optional buffer of the data's shape and dtype ((T, H) float8_e4m3fn, or FP4 (T, H / 2)
+    int8)."""

@@ -1,37 +1,46 @@
-"""Kernels of per_block_cast: x (T, H) bf16 / fp32 -> float8_e4m3fn, one scale factor per 2-D block.
+"""Kernels of per_block_cast: x (T, H) bf16 / fp32 -> float8_e4m3fn or FP4 (e2m1), one scale factor per 2-D block.
 
-Semantics (those of TileKernels 2.1.0's `per_block_cast(x, 'e4m3', (bt, bc))` and its `_with_sf_only` /
+Semantics (those of TileKernels 2.1.0's `per_block_cast(x, fmt, (bt, bc))` and its `_with_sf_only` /
 `_with_precomputed_sf` forms): x is cut into blocks of `block_tokens` (bt) consecutive tokens by
-`block_channels` (bc) consecutive channels, bt and bc each 32, 64 or 128. The last token block may be partial
-(T need not be a multiple of bt): its maximum is over the rows that exist. For a block with absolute maximum a
-the scale rule is the domain's (_scale_rules.py), as in per_token_cast:
+`block_channels` (bc) consecutive channels, bt and bc each 16, 32, 64 or 128. The last token block may be partial
+(T need not be a multiple of bt): its maximum is over the rows that exist. For a block with absolute maximum a,
+and m the output format's largest value (448 for e4m3, 6 for e2m1), the scale rule is the domain's
+(_scale_rules.py), as in per_token_cast:
 
-    c = max(a, 1e-4)
-    fp32 scales:  sf = c / 448,  inverse = 448 / c     (two IEEE divisions)
-    round_sf:     sf = 2 ** ceil(log2(c * fp32(1/448))), inverse = 1 / sf (exact: a power of two)
+    c = max(a, floor)                                  (the peer's amax floors, _scale_rules.AMAX_FLOORS)
+    fp32 scales:  sf = c / m,  inverse = m / c         (two IEEE divisions)
+    round_sf:     sf = 2 ** ceil(log2(c * fp32(1/m))), inverse = 1 / sf (exact: a power of two)
+    e4m3_sf:      sf = e4m3(c / m) (nearest even, saturating at 448), inverse = IEEE 1 / fp32(sf)
     out = e4m3(float(x) * inverse), to nearest even, saturating at +-448
+    FP4: out = e2m1(float(x) * inverse), to nearest even on {0, .5, 1, 1.5, 2, 3, 4, 6}, saturating at +-6
+         (+-inf and NaN -> +-6), two codes per byte, element 2 i in the low nibble of byte i: (T, H / 2) int8
 
-sf has one row per token block and one column per channel block: (ceil(T / bt), H / bc) fp32, or with
-`packed_ue8m0` the biased exponent bytes, (ceil(T / bt), H / bc rounded up to 4) uint8 with zero padding bytes
-(byte k of a row is channel block k; the interface views the row as int32, TileKernels' CUDA layout).
+sf has one row per token block and one column per channel block: (ceil(T / bt), H / bc) fp32 (or e4m3 bytes with
+`e4m3_sf`), or with `packed_ue8m0` the biased exponent bytes, (ceil(T / bt), H / bc rounded up to 4) uint8 with
+zero padding bytes (byte k of a row is channel block k; the interface views the row as int32, TileKernels' CUDA
+layout).
 
 Three modes (`mode`), one kernel each:
 
 - 'cast' (per_block_cast): writes out and sf. Arguments (x, out, out_sf).
 - 'sf_only' (per_block_cast_with_sf_only): writes only sf. Arguments (x, out_sf).
-- 'precomputed' (per_block_cast_with_precomputed_sf): reads an fp32 sf of the shape above and writes only out,
-  with inverse = 1 / sf (IEEE). Arguments (x, sf, out). As in the peer, not with packed UE8M0 scales; `round_sf`
-  does not apply there (the peer's reference and CUDA kernel take 1 / sf whatever it says, which for the powers
-  of two that round_sf makes is exact), so the chooser drops it and the configuration refuses it.
+- 'precomputed' (per_block_cast_with_precomputed_sf): reads an fp32 (or e4m3) sf of the shape above and writes
+  only out, with inverse = 1 / fp32(sf) (IEEE). Arguments (x, sf, out). As in the peer, not with packed UE8M0
+  scales; `round_sf` does not apply there (the peer's reference and CUDA kernel take 1 / sf whatever it says,
+  which for the powers of two that round_sf makes is exact), so the chooser drops it and the configuration
+  refuses it.
 
-Special values: -0.0 stays -0.0; bf16 / fp32 subnormals are ordinary values; an inf in a block gives sf inf
-(UE8M0 0xff), inverse 0, so the block's finite values become +-0 and the inf NaN; NaN in a block is unspecified
+Special values: -0.0 stays -0.0 (FP4: code 8); bf16 / fp32 subnormals are ordinary values; an inf in a block gives
+sf inf (UE8M0 0xff), inverse 0, so the block's finite values become +-0 and the inf NaN (FP4: +-6); with E4M3
+scales the inf block's scale saturates at 448 and the inf saturates (+-448 / +-6); NaN in a block is unspecified
 (the max reductions of the backends may drop it), as in the peer. In 'precomputed' mode a scale of 0 gives
-inverse inf (values +-448, zeros NaN), a scale of inf inverse 0.
+inverse inf (values +-448 / +-6, zeros NaN / +-6), a scale of inf inverse 0.
 
 Supported: x contiguous (T, H), T >= 1 per launch (the interface skips empty inputs), H a positive multiple of
-max(64, bc). The peer also takes e2m1 output, E4M3 and column-major TMA-aligned scales, strided scale rows,
-and on Ascend only (32, 32) blocks; these kernels take every (bt, bc) above on both backends and nothing else.
+max(64, bc). The peer takes e2m1 output with fp32 / UE8M0 scales, on CUDA bt, bc in (32, 128) and on Ascend only
+(32, 32); it also takes column-major TMA-aligned scales and strided scale rows, which these kernels do not. These
+take every (bt, bc) above (16 x 16 with E4M3 scales is NVFP4's 2-D weight format), both output formats and fp32,
+power-of-two, UE8M0 and E4M3 scales on both backends.
 
 One generator builds the Ascend 950 kernel (vector cores, SIMD: _per_block_cast_ascend.py) or the CUDA kernel
 (_per_block_cast_cuda.py), chosen by `cfg.backend`; both are bit-exact against
@@ -51,15 +60,17 @@ from cann_ops_tilelang.kernel_target import compile_kernel
 # The backend kernels (they do not import this module: no import circle).
 from ._per_block_cast_ascend import ascend_per_block_cast_kernel
 from ._per_block_cast_cuda import cuda_per_block_cast_kernel
-from ._scale_rules import LANES
+from ._scale_rules import FORMAT_MAX, LANES
 from ._tiling import FLOAT_DTYPE_NAMES, MODES, CastModes, RowScales, divisors
 
-BLOCK_TOKENS = (32, 64, 128)
-BLOCK_CHANNELS = (32, 64, 128)
+BLOCK_TOKENS = (16, 32, 64, 128)  # 16: NVFP4's 16 x 16 weight blocks
+BLOCK_CHANNELS = (16, 32, 64, 128)
+FORMATS = tuple(FORMAT_MAX)  # 'e4m3' (fp8 data), 'e2m1' (FP4 data, two codes a byte)
 _IN_BYTES = {'bfloat16': 2, 'float32': 4}
 _ASCEND_TILE_BYTES = 64 * 1024  # x bytes of one task (bt rows of block_k channels), two buffer versions
 CUDA_VECTOR = 16  # CUDA: consecutive channels of one row per thread (one 16-byte fp8 store)
 _CUDA_TILE_BYTES = 32 * 1024  # x bytes one CUDA thread block aims at
+_CUDA_MAX_BLOCK_K = 32 * CUDA_VECTOR  # a warp's lanes across one row at most
 _CUDA_MAX_THREADS = 256
 
 
@@ -82,6 +93,8 @@ class PerBlockCastConfig(CastModes, RowScales):
     block_k: int  # channels of one token block per task (Ascend) / thread block (CUDA); divides hidden
     threads: int  # CUDA threads per block (unused on Ascend)
     num_stages: int  # Ascend buffer versions of the persistent loop (unused on CUDA)
+    fmt: str = 'e4m3'  # output format (FORMATS)
+    e4m3_sf: bool = False  # scales as e4m3 bytes (not with round_sf)
 
     def __post_init__(self):
         if self.backend not in ('ascend', 'cuda'):
@@ -96,6 +109,10 @@ class PerBlockCastConfig(CastModes, RowScales):
             raise ValueError(f'mode must be one of {MODES}, got {self.mode!r}')
         if self.packed_ue8m0 and not self.round_sf:
             raise ValueError('packed_ue8m0 needs round_sf (UE8M0 holds powers of two only)')
+        if self.fmt not in FORMATS:
+            raise ValueError(f'fmt must be one of {FORMATS}, got {self.fmt!r}')
+        if self.e4m3_sf and self.round_sf:
+            raise ValueError('e4m3_sf excludes round_sf (E4M3 or power-of-two scales)')
         if self.mode == 'precomputed' and self.packed_ue8m0:
             raise ValueError('mode "precomputed" reads fp32 scales: packed_ue8m0 is not supported there')
         if self.mode == 'precomputed' and self.round_sf:
@@ -136,6 +153,24 @@ class PerBlockCastConfig(CastModes, RowScales):
                     f'CUDA: threads {self.threads} cover {self.rows_per_pass} rows per pass, which must divide '
                     f'block_tokens {self.block_tokens}'
                 )
+
+    @property
+    def sf_dtype(self) -> str:
+        """fp32 scales, UE8M0 bytes, or e4m3 bytes."""
+        return 'float8_e4m3fn' if self.e4m3_sf else RowScales.sf_dtype.fget(self)
+
+    @property
+    def fp4(self) -> bool:
+        return self.fmt == 'e2m1'
+
+    @property
+    def data_cols(self) -> int:
+        """Elements (e4m3) or bytes (FP4, two elements each) of one data row."""
+        return self.hidden // 2 if self.fp4 else self.hidden
+
+    @property
+    def data_dtype(self) -> str:
+        return 'int8' if self.fp4 else 'float8_e4m3fn'
 
     @property
     def threads_per_row(self) -> int:
@@ -182,6 +217,8 @@ def choose_per_block_cast_config(
     round_sf: bool = False,
     packed_ue8m0: bool = False,
     mode: str = 'cast',
+    fmt: str = 'e4m3',
+    e4m3_sf: bool = False,
 ) -> PerBlockCastConfig:
     """Pure choice of the compile-time parameters (no device query). `in_dtype`: torch.bfloat16 / torch.float32
     (or their names). In mode 'precomputed' round_sf is dropped (the inverse is 1 / sf either way). Invalid
@@ -208,7 +245,7 @@ def choose_per_block_cast_config(
         )
     make = functools.partial(
         PerBlockCastConfig, backend, hidden, dtype, block_tokens, block_channels, round_sf, packed_ue8m0, mode,
-        num_cores,
+        num_cores, fmt=fmt, e4m3_sf=e4m3_sf,
     )  # fmt: skip
     if backend == 'ascend':
         # The widest task whose x tile fits its buffer: the op streams x once, so fewer, longer DMAs per core.
@@ -216,7 +253,7 @@ def choose_per_block_cast_config(
         return make(block_k=divisors(hidden, unit, limit)[0], threads=0, num_stages=2)
     if backend == 'cuda':
         # About 32 KiB of x per thread block, 16 channels of a row per thread: see _per_block_cast_cuda.py.
-        limit = _CUDA_TILE_BYTES // (block_tokens * _IN_BYTES[dtype])
+        limit = min(_CUDA_TILE_BYTES // (block_tokens * _IN_BYTES[dtype]), _CUDA_MAX_BLOCK_K)
         block_k = _tile_widths(hidden, unit, limit)[0]
         threads = min(_CUDA_MAX_THREADS, block_tokens * block_k // CUDA_VECTOR)
         return make(block_k=block_k, threads=threads, num_stages=1)
@@ -226,9 +263,10 @@ def choose_per_block_cast_config(
 def make_per_block_cast_kernel(cfg: PerBlockCastConfig):
     """The TileLang prim_func `per_block_cast_kernel` for `cfg.backend` (no compile).
 
-    x: (T, hidden) cfg.in_dtype; out: (T, hidden) float8_e4m3fn; out_sf: cfg.sf_shape(T) cfg.sf_dtype; sf (mode
-    'precomputed'): cfg.sf_shape(T) float32. Arguments: (x, out, out_sf) in mode 'cast', (x, out_sf) in 'sf_only',
-    (x, sf, out) in 'precomputed'. T is dynamic and must be >= 1.
+    x: (T, hidden) cfg.in_dtype; out: (T, cfg.data_cols) cfg.data_dtype (float8_e4m3fn, or FP4 bytes int8);
+    out_sf: cfg.sf_shape(T) cfg.sf_dtype; sf (mode 'precomputed'): cfg.sf_shape(T) cfg.sf_dtype. Arguments:
+    (x, out, out_sf) in mode 'cast', (x, out_sf) in 'sf_only', (x, sf, out) in 'precomputed'. T is dynamic and
+    must be >= 1.
     """
     if cfg.backend == 'ascend':
         return ascend_per_block_cast_kernel(cfg)

@@ -48,6 +48,7 @@ def _options(name, x_data, x_sf, H, T, fmt, num_per_tokens, round_sf, num_per_ch
         raise ValueError(f'{name}: a quantised x (data, sf) needs num_per_channels, its scale block')
     contract.check_block(name, 'num_per_channels', num_per_channels, IN_BLOCK_CHANNELS)
     contract.check_hidden(name, H, hidden_multiple(num_per_channels), f'num_per_channels {num_per_channels}')
+    # fp32 and E4M3 scales: one per token and channel block; UE8M0: packed four per int32.
     shape, _ = contract.sf_layout(T, H, (1, num_per_channels), x_sf.dtype == contract.PACKED_SF_DTYPE)
     if x_sf.shape != shape:
         raise ValueError(f'{name}: x[1] must have shape {shape} ({x_sf.dtype} scales), got {tuple(x_sf.shape)}')
@@ -57,7 +58,13 @@ def _options(name, x_data, x_sf, H, T, fmt, num_per_tokens, round_sf, num_per_ch
 
 OP = Operator(
     'per_channel_cast',
-    quant('x', (*_PLAIN_DTYPES, torch.float8_e4m3fn), 'T, H', sf_dtype=(torch.float32, torch.int32), plain=True),
+    quant(
+        'x',
+        (*_PLAIN_DTYPES, torch.float8_e4m3fn),
+        'T, H',
+        sf_dtype=(torch.float32, contract.PACKED_SF_DTYPE, contract.E4M3_SF_DTYPE),
+        plain=True,
+    ),
     scalar('fmt', 'str'),
     scalar('num_per_tokens', 'int'),
     scalar('round_sf', 'bool'),
@@ -74,6 +81,7 @@ OP = Operator(
         'packed_ue8m0': use_packed_ue8m0,
         'in_block_channels': None if isinstance(x, torch.Tensor) else num_per_channels,
         'in_packed_ue8m0': not isinstance(x, torch.Tensor) and x[1].dtype == contract.PACKED_SF_DTYPE,
+        'in_e4m3_sf': not isinstance(x, torch.Tensor) and x[1].dtype == contract.E4M3_SF_DTYPE,
     },
     results=_results,
     choose_config=choose_per_channel_cast_config,
@@ -126,10 +134,12 @@ def per_channel_cast(
 
     Args:
         x: (T, H) bf16 or fp32, contiguous; or a per-token quantised tensor (data, sf) to rescale: data (T, H)
-            float8_e4m3fn, sf (T, H / num_per_channels) fp32 or (T, ceil(H / num_per_channels / 4)) int32 packed
-            UE8M0 (per_token_cast's layouts), decoded as fp32(data) * sf. T >= 0 (T = 0: empty results, no
-            launch), H a positive multiple of 64 (and of num_per_channels), T * H < 2**31.
-        fmt: 'e4m3' (TileKernels' 'e2m1', FP4, is not supported yet: ValueError).
+            float8_e4m3fn, sf (T, H / num_per_channels) fp32 or float8_e4m3fn (E4M3 scales, which TileKernels
+            takes on CUDA only), or (T, ceil(H / num_per_channels / 4)) int32 packed UE8M0 (per_token_cast's
+            layouts), decoded as fp32(data) * fp32(sf). T >= 0 (T = 0: empty results, no launch), H a positive
+            multiple of 64 (and of num_per_channels), T * H < 2**31.
+        fmt: 'e4m3', as TileKernels (ValueError otherwise). FP4 ('e2m1') would pack two channels a byte, but the
+            GEMM this cast feeds reduces over the tokens, along which an FP4 operand must be packed.
         num_per_tokens: tokens per scale factor, 32 or 128.
         round_sf: power-of-two scale factors.
         num_per_channels: the channel block of a quantised x's scales, 32 or 128; None for a bf16 / fp32 x.

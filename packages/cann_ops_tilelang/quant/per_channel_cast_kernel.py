@@ -19,11 +19,12 @@ for channel h, the bytes of token blocks past the last zero. The interface views
 (ceil(ceil(T / block_tokens) / 4), H), one word per channel and four token blocks, little-endian.
 
 Pre-quantised input (`in_block_channels`, TileKernels' rescaling path): x is float8_e4m3fn (T, H) with one
-scale per token and block of `in_block_channels` (32 or 128) channels, fp32 (T, H / in_block_channels) or, with
+scale per token and block of `in_block_channels` (32 or 128) channels, fp32 (T, H / in_block_channels), or with
+`in_e4m3_sf` E4M3 bytes of that shape (per_token_cast's use_e4m3_sf; the peer takes them on CUDA only), or, with
 `in_packed_ue8m0`, UE8M0 bytes in TileKernels' row layout, uint8 (T, 4 * ceil(H / in_block_channels / 4)) (byte
-k of row t the scale of channel block k, zero padding). Each element is decoded as fp32(x) * scale (one fp32
-product, nearest even; exact for UE8M0 scales) and the decoded tensor is cast as above, as TileKernels' CUDA
-kernel does.
+k of row t the scale of channel block k, zero padding). Each element is decoded as fp32(x) * fp32(scale) (one
+fp32 product, nearest even; exact for UE8M0 scales) and the decoded tensor is cast as above, as TileKernels'
+CUDA kernel does.
 
 Special values: -0.0 stays -0.0; bf16 / fp32 subnormals are ordinary values (IEEE, no flushing); an inf in a
 block gives sf inf (UE8M0 0xff), inverse 0, so the block's finite values become +-0 and the inf NaN; NaN in a
@@ -32,7 +33,10 @@ block is unspecified (the max reductions of the backends may drop it), as in the
 Supported: x contiguous (T, H), T >= 1 per launch (the interface skips empty inputs; T is dynamic, any value,
 not only multiples of the token block), H a positive multiple of 64 (of max(64, in_block_channels) for
 pre-quantised input). The peer needs T and H multiples of 128 (and its Ascend kernel block_tokens 32, bf16 input
-and in_block_channels 32); it also takes column-major and E4M3 input scales, which these kernels do not.
+and in_block_channels 32, no E4M3 input scales); it also takes column-major input scales, which these kernels do
+not. Only e4m3 output, as the peer: an FP4 operand packs two elements of a byte along the GEMM's reduction
+dimension, which for this cast's consumer (a weight gradient's GEMM) is the tokens, not the channels that a row
+of x packs, and the peer's contract refuses it too.
 
 One generator builds the Ascend 950 kernel (vector cores, SIMD: _per_channel_cast_ascend.py) or the CUDA kernel
 (_per_channel_cast_cuda.py), chosen by `cfg.backend`; both take (x, out, out_sf), or (x, x_sf, out, out_sf)
@@ -101,6 +105,7 @@ class PerChannelCastConfig:
     num_stages: int  # Ascend buffer versions of the persistent loop (unused on CUDA)
     in_block_channels: int | None = None  # pre-quantised x: channels per input scale; None for bf16 / fp32 x
     in_packed_ue8m0: bool = False  # pre-quantised x: its scales are UE8M0 bytes (row layout) instead of fp32
+    in_e4m3_sf: bool = False  # pre-quantised x: its scales are E4M3 bytes instead of fp32
     vector_bytes: int = _CUDA_VECTOR_BYTES  # CUDA: bytes of x one thread loads per row (16, or 8: half the registers)
 
     def __post_init__(self):
@@ -109,13 +114,17 @@ class PerChannelCastConfig:
         if self.in_block_channels is None:
             if self.in_dtype not in ('bfloat16', 'float32'):
                 raise ValueError(f'in_dtype must be "bfloat16" or "float32", got {self.in_dtype!r}')
-            if self.in_packed_ue8m0:
-                raise ValueError('in_packed_ue8m0 describes the scales of a pre-quantised x: set in_block_channels')
+            if self.in_packed_ue8m0 or self.in_e4m3_sf:
+                raise ValueError(
+                    'in_packed_ue8m0 / in_e4m3_sf describe the scales of a pre-quantised x: set in_block_channels'
+                )
         else:
             if self.in_block_channels not in IN_BLOCK_CHANNELS:
                 raise ValueError(f'in_block_channels must be one of {IN_BLOCK_CHANNELS}, got {self.in_block_channels}')
             if self.in_dtype != _FP8:
                 raise ValueError(f'a pre-quantised x (in_block_channels) must be {_FP8!r}, got {self.in_dtype!r}')
+            if self.in_packed_ue8m0 and self.in_e4m3_sf:
+                raise ValueError('in_packed_ue8m0 and in_e4m3_sf exclude each other (one input scale format)')
         if self.block_tokens not in BLOCK_TOKENS:
             raise ValueError(f'block_tokens must be one of {BLOCK_TOKENS}, got {self.block_tokens}')
         if self.packed_ue8m0 and not self.round_sf:
@@ -195,6 +204,8 @@ class PerChannelCastConfig:
 
     @property
     def in_sf_dtype(self) -> str:
+        if self.in_e4m3_sf:
+            return _FP8
         return 'uint8' if self.in_packed_ue8m0 else 'float32'
 
     # CUDA thread layout: `lanes_per_row` threads cover one row of the tile with `vector_bytes` loads, `row_groups`
@@ -236,9 +247,11 @@ def choose_per_channel_cast_config(
     packed_ue8m0: bool = False,
     in_block_channels: int | None = None,
     in_packed_ue8m0: bool = False,
+    in_e4m3_sf: bool = False,
 ) -> PerChannelCastConfig:
     """Pure choice of the compile-time parameters (no device query). `in_dtype`: torch.bfloat16 / torch.float32,
-    or torch.float8_e4m3fn with `in_block_channels` (or their names). Invalid combinations raise ValueError."""
+    or torch.float8_e4m3fn with `in_block_channels` (its scales fp32, UE8M0 with `in_packed_ue8m0` or E4M3 with
+    `in_e4m3_sf`) (or their names). Invalid combinations raise ValueError."""
     if in_dtype not in _IN_DTYPES:
         raise ValueError(f'in_dtype must be torch.bfloat16, torch.float32 or torch.float8_e4m3fn, got {in_dtype!r}')
     dtype = _IN_DTYPES[in_dtype]
@@ -260,6 +273,7 @@ def choose_per_channel_cast_config(
         num_cores,
         in_block_channels=in_block_channels,
         in_packed_ue8m0=in_packed_ue8m0,
+        in_e4m3_sf=in_e4m3_sf,
     )
     in_bytes = _IN_BYTES[dtype]
     if backend == 'ascend':
