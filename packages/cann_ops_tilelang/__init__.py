@@ -9,6 +9,7 @@ compiles nothing: kernels are compiled on an operator's first call.
 # touches no device and compiles nothing, so none is imported lazily.
 from cann_ops_tilelang import engram as engram
 from cann_ops_tilelang import moe as moe
+from cann_ops_tilelang import norm as norm
 from cann_ops_tilelang import quant as quant
 from cann_ops_tilelang import rand as rand
 from cann_ops_tilelang import transform as transform

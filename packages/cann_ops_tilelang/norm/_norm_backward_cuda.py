@@ -1,0 +1,133 @@
+"""CUDA kernels of norm_backward (math, summation order, config and the prim_func signatures:
+norm_backward_kernel.py).
+
+Stage 'rows': `num_partials` persistent thread blocks; block b takes rows b, b + num_partials, ... in order.
+Thread `tid` owns the row's 16-byte chunks tid, tid + threads, ... (norm_forward's layout): the weight and the
+block's partial weight gradient stay in its registers for the whole kernel; per row every load is issued before
+any use, sum(xhat * gw) is reduced by warp shuffles and one shared-memory step (its slots alternate by row
+parity, so one barrier per row suffices), and each thread writes its own x_grad. After the last row the block
+writes its partial to its row of `partials`.
+Stage 'reduce': one thread per column sums the partials' column in block order, then adds weight_grad.
+"""
+
+# No `from __future__ import annotations`: TileLang evaluates the prim_func annotations, which
+# refer to the generator's local shape variables.
+
+# Imported by norm_backward_kernel.py, never the other way round (no import circle).
+from ._norm_common import CUDA_CHUNK_BYTES, DTYPE_BYTES
+
+REDUCE_THREADS = 128  # columns per block of the reduce
+_REDUCE_UNROLL = 8  # partial rows whose loads are in flight at once
+
+
+def cuda_norm_backward_kernel(cfg, prim_func):
+    """`cfg` is a NormBackwardConfig (backend "cuda"); `prim_func` the signature builder backward_prim_func."""
+    import tilelang.language as T
+
+    f32 = T.float32
+    hidden, dtype = cfg.hidden, cfg.dtype
+    num_partials = cfg.num_partials
+    with_weight, with_rog = cfg.with_weight, cfg.with_residual_out_grad
+
+    if cfg.stage == 'reduce':
+        cols = cfg.threads  # divides hidden (choose_norm_backward_config)
+        unroll = max(u for u in (1, 2, 4, _REDUCE_UNROLL) if num_partials % u == 0)
+
+        @T.macro
+        def reduce_body(partials, weight_grad):
+            with T.Kernel(hidden // cols, threads=cols) as tile:
+                tid = T.get_thread_binding()
+                acc = T.alloc_local((1,), f32)
+                col = tile * cols + tid
+                acc[0] = 0.0
+                for k in T.serial(num_partials // unroll):
+                    for u in T.unroll(unroll):
+                        acc[0] += partials[k * unroll + u, col]
+                if cfg.accumulate:
+                    weight_grad[col] = T.cast(T.cast(weight_grad[col], f32) + acc[0], cfg.weight_grad_dtype)
+                else:
+                    weight_grad[col] = T.cast(acc[0], cfg.weight_grad_dtype)
+
+        return prim_func(T, cfg, reduce_body)
+
+    nt, nc = cfg.threads, cfg.chunks
+    ve = CUDA_CHUNK_BYTES // DTYPE_BYTES[dtype]
+    guard = (hidden // ve) % nt != 0
+    nw = nt // 32
+    inv_hidden = 1.0 / hidden
+
+    @T.macro
+    def rows_body(x, weight, out_grad, rstd, residual_out_grad, x_grad, partials, out_scale, num_tokens):
+        with T.Kernel(num_partials, threads=nt) as b:
+            tid = T.get_thread_binding()
+            x_l = T.alloc_local((nc * ve,), dtype)
+            g_l = T.alloc_local((nc * ve,), dtype)
+            r_l = T.alloc_local((nc * ve,), dtype)  # residual_out_grad, then x_grad
+            w_l = T.alloc_local((nc * ve,), f32)
+            acc_l = T.alloc_local((nc * ve,), f32)  # the block's partial weight gradient
+            dot = T.alloc_local((1,), f32)
+            rs = T.alloc_local((1,), f32)
+            red = T.alloc_shared((2, nw), f32)
+
+            for c in T.unroll(nc):
+                col = (tid + c * nt) * ve
+                for j in T.unroll(ve):
+                    acc_l[c * ve + j] = 0.0
+                    w_l[c * ve + j] = 1.0
+                if with_weight and (not guard or col < hidden):
+                    for j in T.unroll(ve):
+                        w_l[c * ve + j] = T.cast(weight[col + j], f32)
+
+            for i in T.serial(T.ceildiv(num_tokens - b, num_partials)):
+                t = b + i * num_partials
+                for c in T.unroll(nc):
+                    col = (tid + c * nt) * ve
+                    if not guard or col < hidden:
+                        for j in T.vectorized(ve):
+                            x_l[c * ve + j] = x[t, col + j]
+                        for j in T.vectorized(ve):
+                            g_l[c * ve + j] = out_grad[t, col + j]
+                        if with_rog:
+                            for j in T.vectorized(ve):
+                                r_l[c * ve + j] = residual_out_grad[t, col + j]
+                    else:
+                        for j in T.unroll(ve):
+                            x_l[c * ve + j] = T.cast(0, dtype)
+                            g_l[c * ve + j] = T.cast(0, dtype)
+                rs[0] = rstd[t]
+                dot[0] = 0.0
+                for c in T.unroll(nc):
+                    for j in T.unroll(ve):
+                        xhat = T.cast(x_l[c * ve + j], f32) * rs[0]
+                        g = T.cast(g_l[c * ve + j], f32) * out_scale
+                        dot[0] += xhat * (g * w_l[c * ve + j])
+                        acc_l[c * ve + j] += xhat * g
+                dot[0] = T.warp_reduce_sum(dot[0])
+                if tid % 32 == 0:
+                    red[i % 2, tid // 32] = dot[0]
+                T.sync_threads()
+                dot[0] = red[i % 2, 0]
+                for q in T.unroll(1, nw):
+                    dot[0] += red[i % 2, q]
+                dot[0] = dot[0] * T.float32(inv_hidden)
+                for c in T.unroll(nc):
+                    col = (tid + c * nt) * ve
+                    if not guard or col < hidden:
+                        for j in T.unroll(ve):
+                            xhat = T.cast(x_l[c * ve + j], f32) * rs[0]
+                            gw = T.cast(g_l[c * ve + j], f32) * out_scale * w_l[c * ve + j]
+                            grad = (gw - xhat * dot[0]) * rs[0]
+                            if with_rog:
+                                grad = grad + T.cast(r_l[c * ve + j], f32)
+                            r_l[c * ve + j] = T.cast(grad, dtype)
+                        for j in T.vectorized(ve):
+                            x_grad[t, col + j] = r_l[c * ve + j]
+
+            if with_weight:
+                for c in T.unroll(nc):
+                    col = (tid + c * nt) * ve
+                    if not guard or col < hidden:
+                        for j in T.vectorized(ve):
+                            partials[b, col + j] = acc_l[c * ve + j]
+
+    return prim_func(T, cfg, rows_body)

@@ -1,0 +1,88 @@
+"""What the norm domain's operators and kernels share: the hidden-size contract, the Ascend UB budget, the CUDA
+row layout, and the placeholders the kernels take for an absent optional tensor.
+
+Imported by the kernel modules and the backend bodies alike (it imports neither: no import circle).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from cann_ops_tilelang.quant._contract import check_numel
+
+HIDDEN_MULTIPLE = 64  # one 64-lane fp32 Ascend register; CUDA 16-byte chunks never straddle a row
+MAX_HIDDEN = 16384  # a whole row stays on chip (Ascend UB, CUDA registers)
+LANES = 64  # fp32 lanes of one 256-byte Ascend vector register
+ASCEND_UB_BUDGET = 240 * 1024  # of the 248 KiB UB: a margin for the small buffers and their 32-byte padding
+CUDA_CHUNK_BYTES = 16  # one vectorised global access per thread and chunk
+DTYPE_BYTES = {'bfloat16': 2, 'float32': 4}
+
+
+def check_hidden(name: str, T: int, H: int) -> None:
+    """The kernels take whole 64-element registers of a row that fits on chip, and int32 element indices."""
+    if H <= 0 or H % HIDDEN_MULTIPLE or H > MAX_HIDDEN:
+        raise ValueError(
+            f'{name}: hidden size must be a positive multiple of {HIDDEN_MULTIPLE} up to {MAX_HIDDEN}, got {H}'
+        )
+    check_numel(name, T, H)
+
+
+def ascend_stages(name: str, per_stage: int, resident: int) -> int:
+    """Buffer versions of an Ascend kernel whose task buffers take `per_stage` bytes and whose resident buffers
+    `resident`: 2 (the next row's DMA overlaps this row's vector work) where they fit ASCEND_UB_BUDGET, else 1."""
+    for stages in (2, 1):
+        if stages * per_stage + resident <= ASCEND_UB_BUDGET:
+            return stages
+    raise ValueError(
+        f'{name}: on Ascend a row of this size and these options needs {per_stage + resident} bytes of UB, '
+        f'more than the {ASCEND_UB_BUDGET} the kernel may use'
+    )
+
+
+def cuda_row_layout(hidden: int, dtype: str, max_chunks: int) -> tuple[int, int, int]:
+    """(threads, chunks per thread, elements per chunk) of a row handled by one CUDA thread block: 16-byte
+    chunks, chunk k of the row with thread k % threads, at most `max_chunks` per thread, threads a multiple of
+    32 (whole warps) up to 1024."""
+    vec = CUDA_CHUNK_BYTES // DTYPE_BYTES[dtype]
+    total = hidden // vec
+    fewest = -(-total // max_chunks)  # threads that keep every thread at or under max_chunks
+    threads = min(1024, max(32, -(-fewest // 32) * 32))
+    return threads, -(-total // threads), vec
+
+
+_PLACEHOLDERS: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
+
+
+def placeholder(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """A one-element tensor the kernels take in place of an absent optional tensor (their signature declares
+    it (1,); they never touch it), one per device and dtype."""
+    key = (device, dtype)
+    tensor = _PLACEHOLDERS.get(key)
+    if tensor is None:
+        tensor = _PLACEHOLDERS[key] = torch.zeros(1, dtype=dtype, device=device)
+    return tensor
+
+
+def forward_launch_args(x, weight, residual, residual_out, out, rstd, data, sf, out_bf16, eps, out_scale) -> tuple:
+    """The arguments of norm_forward_kernel (norm_forward_kernel.forward_prim_func), placeholders for None."""
+    device, dtype = x.device, x.dtype
+    return (
+        x,
+        placeholder(device, dtype) if weight is None else weight,
+        placeholder(device, dtype) if residual is None else residual,
+        placeholder(device, dtype) if residual is None else residual_out,
+        placeholder(device, dtype) if out is None else out,
+        placeholder(device, torch.float32) if rstd is None else rstd,
+        placeholder(device, torch.float8_e4m3fn) if data is None else data,
+        placeholder(device, torch.float32) if sf is None else sf,
+        placeholder(device, torch.bfloat16) if out_bf16 is None else out_bf16,
+        float(eps),
+        float(out_scale),
+    )
+
+
+def check_same_dtype(name: str, x: torch.Tensor, **tensors) -> None:
+    """TileKernels' rule: weight, residual and their buffers have x's dtype."""
+    for what, tensor in tensors.items():
+        if tensor is not None and tensor.dtype != x.dtype:
+            raise TypeError(f'{name}: {what} must have the dtype of x ({x.dtype}), got {tensor.dtype}')

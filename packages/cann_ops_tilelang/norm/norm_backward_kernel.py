@@ -1,0 +1,168 @@
+"""Kernels of norm_backward: the gradients of norm_forward's RMSNorm, two kernels per backend.
+
+Per token t (fp32, TileKernels 2.1.0's grouping; x is norm_forward's norm_input, rstd its saved rstd):
+
+    xhat = x * rstd, g = out_grad * out_scale, gw = g * w (g without weight)
+    x_grad = (gw - xhat * sum(xhat * gw) / H) * rstd (+ residual_out_grad), rounded to x's dtype
+    weight_grad (+)= sum over t of xhat * g
+
+Stage 'rows' (`norm_backward_kernel`) writes x_grad and, with a weight, one fp32 partial weight gradient per
+persistent worker (an Ascend vector core or a CUDA thread block), summed over the rows that worker owns in row
+order. Stage 'reduce' (`norm_weight_grad_reduce_kernel`) sums the partials of each column in worker order and adds
+the sum to weight_grad (or writes it). No atomics: the same call gives the same bits on every run.
+
+Ascend in _norm_backward_ascend.py, CUDA in _norm_backward_cuda.py.
+"""
+
+# No `from __future__ import annotations`: TileLang evaluates the prim_func annotations, which
+# refer to the generator's local shape variables.
+import dataclasses
+import functools
+
+import torch
+
+from cann_ops_tilelang.config import Backend
+from cann_ops_tilelang.kernel_target import compile_kernel
+from cann_ops_tilelang.quant._tiling import FLOAT_DTYPE_NAMES, divisors
+
+# The backend bodies (they do not import this module: no import circle).
+from ._norm_backward_ascend import ascend_norm_backward_kernel
+from ._norm_backward_cuda import REDUCE_THREADS, cuda_norm_backward_kernel
+from ._norm_common import DTYPE_BYTES, HIDDEN_MULTIPLE, MAX_HIDDEN, ascend_stages, cuda_row_layout
+from ._norm_forward_ascend import WEIGHT_TILE
+
+STAGES = ('rows', 'reduce')
+_CUDA_MAX_CHUNKS = 4  # 16-byte chunks per thread and input
+_CUDA_THREADS_PER_SM = 512  # persistent blocks per SM = this / threads: enough rows in flight, few partials
+
+
+@dataclasses.dataclass(frozen=True)
+class NormBackwardConfig:
+    backend: Backend
+    hidden: int
+    dtype: str  # x, out_grad, weight, residual_out_grad, x_grad: 'bfloat16' or 'float32'
+    num_cores: int  # Ascend: vector cores; CUDA: SMs
+    with_weight: bool
+    with_residual_out_grad: bool
+    stage: str = 'rows'  # STAGES
+    weight_grad_dtype: str = 'float32'  # stage 'reduce': the dtype of weight_grad
+    accumulate: bool = False  # stage 'reduce': add to weight_grad (else write it)
+    num_partials: int = 1  # persistent workers of stage 'rows', rows of the partial weight gradients
+    threads: int = 0  # CUDA threads per block (a row)
+    chunks: int = 0  # CUDA 16-byte chunks per thread
+    num_stages: int = 1  # Ascend buffer versions of the row loop
+
+    def __post_init__(self):
+        if self.backend not in ('ascend', 'cuda'):
+            raise ValueError(f'backend must be "ascend" or "cuda", got {self.backend!r}')
+        if self.dtype not in DTYPE_BYTES or self.weight_grad_dtype not in DTYPE_BYTES:
+            raise ValueError(f'dtypes must be among {sorted(DTYPE_BYTES)}, got {self.dtype}, {self.weight_grad_dtype}')
+        if self.hidden <= 0 or self.hidden % HIDDEN_MULTIPLE or self.hidden > MAX_HIDDEN:
+            raise ValueError(f'hidden must be a positive multiple of {HIDDEN_MULTIPLE} up to {MAX_HIDDEN}')
+        if self.stage not in STAGES:
+            raise ValueError(f'stage must be one of {STAGES}, got {self.stage!r}')
+        if self.stage == 'reduce' and not self.with_weight:
+            raise ValueError('stage "reduce" sums weight gradients: it needs with_weight')
+        if self.num_partials < 1 or self.num_stages not in (1, 2):
+            raise ValueError(f'num_partials {self.num_partials} must be >= 1, num_stages 1 or 2')
+        if self.backend == 'cuda' and (self.threads % 32 or not 32 <= self.threads <= 1024 or self.chunks < 1):
+            raise ValueError(f'CUDA: threads {self.threads} must be whole warps up to 1024, chunks >= 1')
+
+
+def ascend_ub_bytes(*, hidden: int, dtype: str, with_weight: bool, with_residual_out_grad: bool) -> tuple[int, int]:
+    """(bytes per buffer version, resident bytes) of the Ascend row kernel: x, out_grad (then x_grad),
+    residual_out_grad, rstd; the fp32 weight, its staging tile and the partial weight gradient."""
+    row = hidden * DTYPE_BYTES[dtype]
+    per_stage = row * (3 if with_residual_out_grad else 2) + 32
+    resident = (2 * hidden * 4 + WEIGHT_TILE * DTYPE_BYTES[dtype]) if with_weight else 0
+    return per_stage, resident
+
+
+def choose_norm_backward_config(
+    *,
+    backend: Backend,
+    num_cores: int,
+    hidden: int,
+    dtype: torch.dtype | str,
+    with_weight: bool,
+    with_residual_out_grad: bool,
+    stage: str = 'rows',
+    weight_grad_dtype: torch.dtype | str = torch.float32,
+    accumulate: bool = False,
+) -> NormBackwardConfig:
+    """Pure choice of the compile-time parameters (no device query); ValueError for what the kernels do not take
+    (on Ascend: a row whose buffers do not fit UB)."""
+    if dtype not in FLOAT_DTYPE_NAMES or weight_grad_dtype not in FLOAT_DTYPE_NAMES:
+        raise ValueError(f'dtypes must be torch.bfloat16 or torch.float32, got {dtype!r}, {weight_grad_dtype!r}')
+    name = FLOAT_DTYPE_NAMES[dtype]
+    make = functools.partial(
+        NormBackwardConfig, backend, hidden, name, num_cores, with_weight, with_residual_out_grad, stage,
+        FLOAT_DTYPE_NAMES[weight_grad_dtype] if stage == 'reduce' else 'float32', accumulate and stage == 'reduce',
+    )  # fmt: skip
+    if backend == 'ascend':
+        if stage == 'reduce':
+            return make(num_partials=num_cores)
+        per_stage, resident = ascend_ub_bytes(
+            hidden=hidden, dtype=name, with_weight=with_weight, with_residual_out_grad=with_residual_out_grad
+        )
+        return make(num_partials=num_cores, num_stages=ascend_stages('norm_backward', per_stage, resident))
+    if backend == 'cuda':
+        threads, chunks, _ = cuda_row_layout(hidden, name, _CUDA_MAX_CHUNKS)
+        partials = num_cores * max(1, _CUDA_THREADS_PER_SM // threads)
+        if stage == 'reduce':
+            # One column per thread; a block's columns divide the row.
+            return make(num_partials=partials, threads=divisors(hidden, HIDDEN_MULTIPLE, REDUCE_THREADS)[0], chunks=1)
+        return make(num_partials=partials, threads=threads, chunks=chunks)
+    raise ValueError(f'backend must be "ascend" or "cuda", got {backend!r}')
+
+
+def backward_prim_func(T, cfg: NormBackwardConfig, body):
+    """Stage 'rows': `norm_backward_kernel(x, weight, out_grad, rstd, residual_out_grad, x_grad, partials,
+    out_scale)`, weight and partials (num_partials, H) fp32 (1,) placeholders without with_weight,
+    residual_out_grad one without it. Stage 'reduce': `norm_weight_grad_reduce_kernel(partials, weight_grad)`.
+    `body` is the backend's macro of the same arguments (then num_tokens for 'rows')."""
+    hidden, dtype = cfg.hidden, cfg.dtype
+    partial_shape = (cfg.num_partials, hidden) if cfg.with_weight else (1,)
+    if cfg.stage == 'reduce':
+
+        @T.prim_func
+        def norm_weight_grad_reduce_kernel(
+            partials: T.Tensor(partial_shape, T.float32),
+            weight_grad: T.Tensor((hidden,), cfg.weight_grad_dtype),
+        ):
+            body(partials, weight_grad)
+
+        return norm_weight_grad_reduce_kernel
+
+    num_tokens = T.dynamic('num_tokens')
+    row = (num_tokens, hidden)
+    w_shape = (hidden,) if cfg.with_weight else (1,)
+    rog_shape = row if cfg.with_residual_out_grad else (1,)
+
+    @T.prim_func
+    def norm_backward_kernel(
+        x: T.Tensor(row, dtype),
+        weight: T.Tensor(w_shape, dtype),
+        out_grad: T.Tensor(row, dtype),
+        rstd: T.Tensor((num_tokens,), T.float32),
+        residual_out_grad: T.Tensor(rog_shape, dtype),
+        x_grad: T.Tensor(row, dtype),
+        partials: T.Tensor(partial_shape, T.float32),
+        out_scale: T.float32,
+    ):
+        body(x, weight, out_grad, rstd, residual_out_grad, x_grad, partials, out_scale, num_tokens)
+
+    return norm_backward_kernel
+
+
+def make_norm_backward_kernel(cfg: NormBackwardConfig):
+    """The TileLang prim_func of `cfg.stage` for `cfg.backend` (no compile)."""
+    if cfg.backend == 'ascend':
+        return ascend_norm_backward_kernel(cfg, backward_prim_func)
+    return cuda_norm_backward_kernel(cfg, backward_prim_func)
+
+
+@functools.cache
+def get_norm_backward_kernel(cfg: NormBackwardConfig):
+    """Compiled kernel for `cfg` (compiled on first use, for the current device)."""
+    return compile_kernel(make_norm_backward_kernel(cfg), cfg.backend)

@@ -1,0 +1,244 @@
+"""norm_forward_and_per_token_cast: norm_forward's RMSNorm, its output cast to e4m3 with per-token block scales
+(docs/norm.md): per_token_cast(norm_forward(x).out) bit for bit, in one pass over memory."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from cann_ops_tilelang.operator import Operator, scalar, tensor
+from cann_ops_tilelang.quant import _contract as contract
+from cann_ops_tilelang.quant._quant_tensor import QuantTensor
+from cann_ops_tilelang.quant.per_token_cast import sf_layout
+from cann_ops_tilelang.quant.per_token_cast_kernel import CAST_BLOCK_SIZES, hidden_multiple
+from cann_ops_tilelang.validation import check_out
+
+from ._norm_common import check_hidden, check_same_dtype, forward_launch_args
+from .norm_forward import DTYPES
+from .norm_forward_kernel import CAST_FORMATS, choose_norm_forward_config, get_norm_forward_kernel
+
+
+class NormForwardAndPerTokenCastResult(NamedTuple):
+    out: QuantTensor  # (data (T, H) float8_e4m3fn, sf)
+    out_bf16: torch.Tensor | None  # (T, H) bf16 with with_out_bf16
+    rstd: torch.Tensor | None  # (T,) fp32 with with_rstd
+    norm_input: torch.Tensor  # residual_out (x + residual), or x itself without residual
+
+
+def _results(x, num_per_channels, use_packed_ue8m0):
+    """(shape, dtype) of data and sf."""
+    return ((tuple(x.shape), torch.float8_e4m3fn), sf_layout(*x.shape, num_per_channels, use_packed_ue8m0))
+
+
+def _options(name, x, weight, fmt, num_per_channels, residual, use_tma_aligned_col_major_sf, round_sf,
+             use_packed_ue8m0, with_out_bf16, out, out_bf16, residual_out, mega_moe_sf, mega_moe_block_m,
+             memory):  # fmt: skip
+    check_same_dtype(name, x, weight=weight, residual=residual, residual_out=residual_out)
+    contract.check_cast_format(name, fmt, CAST_FORMATS)
+    contract.check_block(name, 'num_per_channels', num_per_channels, CAST_BLOCK_SIZES)
+    contract.check_unsupported(
+        name, use_tma_aligned_col_major_sf=use_tma_aligned_col_major_sf, mega_moe_sf=mega_moe_sf is not None,
+        mega_moe_block_m=mega_moe_block_m,
+    )  # fmt: skip
+    contract.check_scale_flags(name, round_sf, use_packed_ue8m0)
+    contract.check_hidden(name, x.shape[1], hidden_multiple(num_per_channels), f'num_per_channels {num_per_channels}')
+    if out_bf16 is not None and not with_out_bf16:
+        raise ValueError(f'{name}: out_bf16 needs with_out_bf16=True')
+    if out is not None:
+        if not isinstance(out, tuple) or len(out) != 2:
+            raise TypeError(f'{name}: out must be a tuple (data, sf) of tensors, got {type(out).__name__}')
+        others = {'x': x, 'weight': weight, 'residual': residual, 'out_bf16': out_bf16, 'residual_out': residual_out}
+        others = {k: v for k, v in others.items() if v is not None}
+        for i, ((shape, dtype), part) in enumerate(
+            zip(_results(x, num_per_channels, use_packed_ue8m0), out, strict=False)
+        ):
+            check_out(f'out[{i}]', part, shape=shape, dtype=dtype, device=x.device, inputs=others, memory=memory)
+            others[f'out[{i}]'] = part
+
+
+OP = Operator(
+    'norm_forward_and_per_token_cast',
+    tensor('x', DTYPES, 'T, H'),
+    tensor('weight', DTYPES, 'H', optional=True),
+    scalar('eps', 'positive'),
+    scalar('fmt', 'str'),
+    scalar('num_per_channels', 'int'),
+    tensor('residual', DTYPES, 'T, H', optional=True),
+    scalar('out_scale', 'float'),
+    scalar('use_tma_aligned_col_major_sf', 'bool'),
+    scalar('round_sf', 'bool'),
+    scalar('use_packed_ue8m0', 'bool'),
+    scalar('with_out_bf16', 'bool'),
+    scalar('out', 'any', optional=True),
+    tensor('out_bf16', torch.bfloat16, 'T, H', optional=True, written='written'),
+    tensor('residual_out', DTYPES, 'T, H', optional=True, written='written'),
+    tensor('mega_moe_sf', torch.int32, optional=True),
+    scalar('mega_moe_block_m', 'int'),
+    scalar('with_rstd', 'bool'),
+    limits=check_hidden,
+    extra=_options,
+    choice=lambda x, weight, num_per_channels, residual, round_sf, use_packed_ue8m0, with_out_bf16, with_rstd: {
+        'hidden': x.shape[1],
+        'dtype': x.dtype,
+        'with_weight': weight is not None,
+        'with_residual': residual is not None,
+        'with_rstd': with_rstd,
+        'block_size': num_per_channels,
+        'round_sf': round_sf,
+        'packed_ue8m0': use_packed_ue8m0,
+        'with_out_bf16': with_out_bf16,
+    },
+    choose_config=choose_norm_forward_config,
+    get_kernel=get_norm_forward_kernel,
+)
+
+
+def _run(*args, rstd=None) -> NormForwardAndPerTokenCastResult:
+    """Every check (or the fast path's), the outputs the call did not give, the launch (none for T = 0). Fast
+    path, without out= and TileKernels' options these kernels do not take, for T > 0: by (H, dtype, CUDA index,
+    weight given, residual given, fmt, block, round_sf, packed, with_out_bf16, with_rstd); a key is remembered
+    only after a fully checked call with it, so an unsupported fmt or block never takes it."""
+    (x, weight, eps, fmt, num_per_channels, residual, out_scale, col_major, round_sf, packed, with_out_bf16, out,
+     out_bf16, residual_out, mega_moe_sf, mega_moe_block_m, with_rstd) = args  # fmt: skip
+    key = None
+    if out is None and not col_major and mega_moe_sf is None and mega_moe_block_m == 0:
+        shape = OP.fast_ok(*args)
+        if shape is not None and shape[0]:
+            key = (shape[1], x.dtype, x.get_device(), weight is None, residual is None, fmt, num_per_channels,
+                   round_sf, packed, with_out_bf16, with_rstd)  # fmt: skip
+    launcher, fast = OP.prepare(key, args)
+    if out is None:
+        out = tuple(x.new_empty(shape, dtype=dtype) for shape, dtype in _results(x, num_per_channels, packed))
+    data, sf = out
+    if with_out_bf16 and out_bf16 is None:
+        out_bf16 = x.new_empty(x.shape, dtype=torch.bfloat16)
+    if residual is not None and residual_out is None:
+        residual_out = x.new_empty(x.shape)
+    if with_rstd and rstd is None:
+        rstd = x.new_empty(x.shape[:1], dtype=torch.float32)
+    # bf16 x: its bf16 output is y itself, the kernel's `out`; fp32 x: a separate bf16 row.
+    y_out, bf16_out = (out_bf16, None) if x.dtype == torch.bfloat16 else (None, out_bf16)
+    launch_args = forward_launch_args(
+        x, weight, residual, residual_out, y_out, rstd, data, sf.view(torch.uint8) if packed else sf, bf16_out,
+        eps, out_scale,
+    )  # fmt: skip
+    OP.finish(launcher, fast, key, launch_args, args, empty=not x.shape[0])
+    norm_input = x if residual is None else residual_out
+    return tuple.__new__(NormForwardAndPerTokenCastResult, (QuantTensor(data, sf), out_bf16, rstd, norm_input))
+
+
+def _eager(*args) -> NormForwardAndPerTokenCastResult:
+    return _run(*args)
+
+
+def _fake(*args) -> NormForwardAndPerTokenCastResult:
+    """While torch traces: what `_run` returns (new tensors contiguous)."""
+    OP.check(*args, memory=False)
+    x, num_per_channels, residual, packed, with_out_bf16, out, out_bf16, residual_out, with_rstd = (
+        args[i] for i in (0, 4, 5, 9, 10, 11, 12, 13, 16)
+    )
+    if out is None:
+        out = tuple(x.new_empty(shape, dtype=dtype) for shape, dtype in _results(x, num_per_channels, packed))
+    if with_out_bf16 and out_bf16 is None:
+        out_bf16 = x.new_empty(x.shape, dtype=torch.bfloat16)
+    if residual is not None and residual_out is None:
+        residual_out = torch.empty_like(x)
+    rstd = x.new_empty(x.shape[:1], dtype=torch.float32) if with_rstd else None
+    norm_input = x if residual is None else residual_out
+    return NormForwardAndPerTokenCastResult(QuantTensor(*out), out_bf16, rstd, norm_input)
+
+
+def _public(x, w, eps, fmt, bs, res, scale, round_sf, packed, with_bf16, out=None, out_bf16=None, res_out=None,
+            with_rstd=False) -> tuple:  # fmt: skip
+    """The public arguments of an op call (TileKernels' options these kernels do not take at their defaults)."""
+    return (x, w, eps, fmt, bs, res, scale, False, round_sf, packed, with_bf16, out, out_bf16, res_out, None, 0,
+            with_rstd)  # fmt: skip
+
+
+def _listed(result: NormForwardAndPerTokenCastResult, residual) -> list:
+    """The functional op's outputs: data, sf, then out_bf16, rstd and residual_out where the call makes them."""
+    optional = [result.out_bf16, result.rstd, None if residual is None else result.norm_input]
+    return [*result.out, *(t for t in optional if t is not None)]
+
+
+_HEAD = (
+    'Tensor x, Tensor? weight, float eps, str fmt, int num_per_channels, Tensor? residual, float out_scale, '
+    'bool round_sf, bool use_packed_ue8m0, bool with_out_bf16'
+)
+_functional = OP.define(
+    'norm_forward_and_per_token_cast',
+    f'({_HEAD}, bool with_rstd) -> Tensor[]',
+    lambda *a: _listed(_eager(*_public(*a[:-1], with_rstd=a[-1])), a[5]),
+    lambda *a: _listed(_fake(*_public(*a[:-1], with_rstd=a[-1])), a[5]),
+)
+_into = OP.define(
+    'norm_forward_and_per_token_cast_out',
+    f'({_HEAD}, Tensor(a!) out_data, Tensor(b!) out_sf, Tensor(c!)? out_bf16, Tensor(d!)? residual_out, '
+    'Tensor(e!)? rstd) -> ()',
+    lambda *a: _run(*_public(*a[:10], (a[10], a[11]), a[12], a[13], a[14] is not None), rstd=a[14]),
+    lambda *a: None,
+)
+
+
+def _traced(*args) -> NormForwardAndPerTokenCastResult:
+    """torch.compile, fake tensors, make_fx: the op of the call's form."""
+    (x, weight, eps, fmt, num_per_channels, residual, out_scale, _, round_sf, packed, with_out_bf16, out, out_bf16,
+     residual_out, _, _, with_rstd) = args  # fmt: skip
+    head = (x, weight, float(eps), fmt, num_per_channels, residual, float(out_scale), round_sf, packed, with_out_bf16)
+    if out is None and out_bf16 is None and residual_out is None:
+        values = iter(_functional(*head, with_rstd))
+        data, sf = next(values), next(values)
+        bf16 = next(values) if with_out_bf16 else None
+        rstd = next(values) if with_rstd else None
+        norm_input = x if residual is None else next(values)
+        return NormForwardAndPerTokenCastResult(QuantTensor(data, sf), bf16, rstd, norm_input)
+    result = _fake(*args)  # the buffers the call did not give
+    _into(*head, *result.out, result.out_bf16, None if residual is None else result.norm_input, result.rstd)
+    return result
+
+
+@OP.public(_eager, traced=_traced)
+def norm_forward_and_per_token_cast(
+    x: torch.Tensor,
+    weight: torch.Tensor | None,
+    eps: float,
+    fmt: str,
+    num_per_channels: int,
+    residual: torch.Tensor | None = None,
+    out_scale: float = 1.0,
+    use_tma_aligned_col_major_sf: bool = False,
+    round_sf: bool = False,
+    use_packed_ue8m0: bool = False,
+    with_out_bf16: bool = False,
+    out: tuple[torch.Tensor, torch.Tensor] | None = None,
+    out_bf16: torch.Tensor | None = None,
+    residual_out: torch.Tensor | None = None,
+    mega_moe_sf: torch.Tensor | None = None,
+    mega_moe_block_m: int = 0,
+    with_rstd: bool = False,
+) -> NormForwardAndPerTokenCastResult:
+    """norm_forward's RMSNorm, then per_token_cast of its output (TileKernels 2.1.0's call): y, rounded to x's
+    dtype, is cast in blocks of `num_per_channels` channels by the quant domain's scale rules, so that
+    (data, sf) == per_token_cast(norm_forward(x, weight, eps, residual, out_scale).out, fmt, num_per_channels,
+    round_sf=round_sf, use_packed_ue8m0=use_packed_ue8m0) bit for bit, on either backend.
+
+    Args:
+        x, weight, eps, residual, out_scale, residual_out, with_rstd: as norm_forward (H also a multiple of
+            num_per_channels).
+        fmt: 'e4m3'.
+        num_per_channels: channels per scale factor, 16, 32, 64 or 128.
+        round_sf: power-of-two scale factors; use_packed_ue8m0 (with round_sf): UE8M0 bytes packed four per int32.
+        with_out_bf16: also return y as bf16 (for bf16 x the output norm_forward returns).
+        out: optional (data, sf) buffers of the result's shapes and dtypes.
+        out_bf16: optional (T, H) bf16 buffer, with with_out_bf16.
+        use_tma_aligned_col_major_sf, mega_moe_sf, mega_moe_block_m: TileKernels' column-major scales and its
+            mega-MoE scale layout; only their defaults are supported (ValueError otherwise).
+        Buffers are contiguous, on x's device, and overlap no other argument.
+
+    Returns:
+        NormForwardAndPerTokenCastResult(out, out_bf16, rstd, norm_input), a tuple: out QuantTensor(data (T, H)
+        float8_e4m3fn, sf (T, H / num_per_channels) fp32, or with use_packed_ue8m0 (T, ceil(H /
+        num_per_channels / 4)) int32); out_bf16 (T, H) bf16 or None; rstd (T,) fp32 or None; norm_input as
+        norm_forward's.
+    """

@@ -1,0 +1,210 @@
+"""norm_backward: kernel lowering and configuration (CPU tier), the float64 reference against autograd (CPU tier),
+the argument contract and the torch.library forms (CPU tier), values, weight-gradient accumulation and
+bit-reproducibility (device tier: an accelerator, or the Ascend kernels on the emulator), the benchmark."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+import cann_ops_tilelang
+from cann_ops_tilelang.norm import norm_backward, norm_forward
+from cann_ops_tilelang.norm.norm_backward_kernel import choose_norm_backward_config, make_norm_backward_kernel
+from tests.testing.bench import config_extras, make_param_id
+from tests.testing.generator import by_level, generate_samples, get_test_level
+from tests.testing.lowering import (
+    ASCEND_950_VECTOR_CORES,
+    H200_SMS,
+    assert_ascend_kernel_lowers,
+    assert_cuda_kernel_lowers,
+)
+from tests.testing.numeric import assert_close, assert_equal, count_bytes
+from tests.testing.timing import record_name
+
+from .norm_backward_ref import norm_backward_ref, norm_forward_math
+
+LEVEL = get_test_level()
+EPS = 1e-6
+VARIANTS = by_level(
+    LEVEL,
+    core=[
+        dict(dtype=torch.bfloat16, weight=True, rog=True, hidden=192),
+        dict(dtype=torch.float32, weight=False, rog=False, hidden=192),
+    ],
+    default=generate_samples(
+        dtype=[torch.bfloat16, torch.float32], weight=[True, False], rog=[True, False], hidden=[64, 4096, 7168]
+    ),
+    full=generate_samples(dtype=[torch.bfloat16], weight=[True], rog=[True], hidden=[16384]),
+)
+NUM_TOKENS = by_level(LEVEL, core=(0, 1, 70), default=(130,), full=(4001,))
+BENCHMARK_PARAMS = generate_samples(num_tokens=[4001, 8001], hidden=[4096, 7168], dtype=[torch.bfloat16])
+
+
+def _config(backend, v, stage='rows'):
+    return choose_norm_backward_config(
+        backend=backend, num_cores=ASCEND_950_VECTOR_CORES if backend == 'ascend' else H200_SMS,
+        hidden=v['hidden'], dtype=v['dtype'], with_weight=True if stage == 'reduce' else v['weight'],
+        with_residual_out_grad=v['rog'], stage=stage, accumulate=True,
+    )  # fmt: skip
+
+
+# ---------------------------------------------------------------- CPU tier
+
+
+@pytest.mark.parametrize('v', VARIANTS, ids=make_param_id)
+@pytest.mark.parametrize('backend', ['ascend', 'cuda'])
+def test_norm_backward_kernels_lower(backend, v):
+    lowers = assert_ascend_kernel_lowers if backend == 'ascend' else assert_cuda_kernel_lowers
+    for stage, name in (('rows', 'norm_backward_kernel'), ('reduce', 'norm_weight_grad_reduce_kernel')):
+        cfg = _config(backend, v, stage)
+        lowers(lambda cfg=cfg: make_norm_backward_kernel(cfg), key=cfg, kernel_name=name)
+
+
+def test_norm_backward_config():
+    """Ascend: the widest bf16 rows fit one buffer version; fp32 rows with weight and residual gradient past what
+    UB holds are a ValueError. CUDA: the reduce's block divides the row."""
+    wide = dict(dtype=torch.bfloat16, weight=True, rog=True, hidden=16384)
+    assert _config('ascend', wide).num_stages == 1
+    assert _config('ascend', dict(wide, hidden=4096)).num_stages == 2
+    with pytest.raises(ValueError, match='bytes of UB'):
+        _config('ascend', dict(wide, dtype=torch.float32))
+    for hidden in (64, 192, 16384):
+        cfg = _config('cuda', dict(wide, hidden=hidden), 'reduce')
+        assert hidden % cfg.threads == 0
+        assert cfg.num_partials >= H200_SMS
+
+
+@pytest.mark.parametrize('with_weight', [True, False])
+def test_norm_backward_ref_matches_autograd(with_weight):
+    """The float64 reference's formulas equal autograd through the forward's math."""
+    g = torch.Generator().manual_seed(3)
+    r = torch.randn(9, 128, generator=g, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(128, generator=g, dtype=torch.float64, requires_grad=with_weight) if with_weight else None
+    out_grad = torch.randn(9, 128, generator=g, dtype=torch.float64)
+    rog = torch.randn(9, 128, generator=g, dtype=torch.float64)
+    norm_forward_math(r, weight, EPS, 0.75).backward(out_grad)
+    rstd = (r.detach().square().mean(dim=-1) + EPS).rsqrt()
+    x_grad, weight_grad = norm_backward_ref(out_grad, r.detach(), weight, rstd, rog, 0.75)
+    torch.testing.assert_close(x_grad, r.grad + rog, rtol=1e-12, atol=1e-12)
+    if with_weight:
+        torch.testing.assert_close(weight_grad, weight.grad, rtol=1e-12, atol=1e-12)
+
+
+def _x(num_tokens=4, hidden=64, dtype=torch.bfloat16, device='cpu'):
+    return torch.zeros(num_tokens, hidden, dtype=dtype, device=device)
+
+
+@pytest.mark.parametrize(
+    ('kwargs', 'error', 'match'),
+    [
+        (dict(out_grad=_x().float()), TypeError, 'out_grad must have'),
+        (dict(rstd=torch.zeros(4, dtype=torch.bfloat16)), TypeError, 'rstd must have dtype'),
+        (dict(rstd=torch.zeros(5)), ValueError, 'rstd must have shape'),
+        (dict(weight=torch.zeros(64)), TypeError, 'weight must have the dtype of x'),
+        (dict(weight_grad=torch.zeros(64)), ValueError, 'it needs weight'),
+        (
+            dict(weight=torch.zeros(64, dtype=torch.bfloat16), weight_grad=torch.zeros(64, dtype=torch.float16)),
+            TypeError,
+            'weight_grad must have dtype',
+        ),
+        (dict(residual_out_grad=_x(4, 128)), ValueError, 'residual_out_grad must have shape'),
+        (dict(out_scale=float('nan')), ValueError, 'out_scale'),
+        (dict(x=_x(4, 96), out_grad=_x(4, 96)), ValueError, 'multiple of 64 up to 16384, got 96'),
+        (dict(), RuntimeError, "no kernels for 'cpu' tensors"),
+    ],
+    ids=[
+        'grad-dtype',
+        'rstd-dtype',
+        'rstd-shape',
+        'weight-dtype',
+        'weight-grad-alone',
+        'weight-grad-dtype',
+        'rog-shape',
+        'out-scale',
+        'hidden',
+        'cpu',
+    ],
+)
+def test_norm_backward_contract(kwargs, error, match):
+    args = dict(out_grad=_x(), x=_x(), weight=None, rstd=torch.zeros(4)) | kwargs
+    with pytest.raises(error, match=match):
+        norm_backward(**args)
+
+
+def test_norm_backward_traced():
+    assert list(norm_backward.operator.forms) == ['norm_backward', 'norm_backward_accumulate']
+    with FakeTensorMode():
+        x = _x(5, 128, device='cuda')
+        weight, rstd = torch.empty(128, dtype=x.dtype, device='cuda'), torch.empty(5, device='cuda')
+        result = norm_backward(torch.empty_like(x), x, weight, rstd)
+        assert (result.x_grad.shape, result.weight_grad.shape, result.weight_grad.dtype) == (x.shape, (128,), x.dtype)
+        weight_grad = torch.empty(128, device='cuda')
+        assert norm_backward(torch.empty_like(x), x, weight, rstd, weight_grad=weight_grad).weight_grad is weight_grad
+        assert norm_backward(torch.empty_like(x), x, None, rstd).weight_grad is None
+
+
+# ---------------------------------------------------------------- device tier
+
+
+def _inputs(v, num_tokens, device):
+    g = torch.Generator().manual_seed(num_tokens * 5 + v['hidden'])
+    dtype, hidden = v['dtype'], v['hidden']
+
+    def draw(*shape):
+        return torch.randn(shape, generator=g).to(dtype).to(device)
+
+    x, weight = draw(num_tokens, hidden), draw(hidden) if v['weight'] else None
+    rstd = norm_forward(x, weight, EPS, with_rstd=True).rstd  # the forward's saved rstd
+    return draw(num_tokens, hidden), x, weight, rstd, draw(num_tokens, hidden) if v['rog'] else None
+
+
+@pytest.mark.npu
+@pytest.mark.parametrize('num_tokens', NUM_TOKENS)
+@pytest.mark.parametrize('v', VARIANTS, ids=make_param_id)
+def test_norm_backward_values(v, num_tokens, device):
+    out_grad, x, weight, rstd, rog = _inputs(v, num_tokens, device)
+    result = norm_backward(out_grad, x, weight, rstd, rog, 0.75)
+    x_grad, weight_grad = norm_backward_ref(*(None if t is None else t.cpu() for t in (out_grad, x, weight, rstd, rog)),
+                                            0.75)  # fmt: skip
+    # x_grad: one rounding to x's dtype of a value whose fp32 terms cancel partly (scale: the row's magnitude)
+    rtol = 2**-7 if v['dtype'] == torch.bfloat16 else 2**-18
+    scale = max(1.0, float(x_grad.abs().max())) if num_tokens else 1.0
+    assert_close(result.x_grad.cpu().double(), x_grad, atol=rtol * scale, rtol=rtol)
+    if weight is None:
+        assert result.weight_grad is None
+        return
+    # a new weight gradient has weight's dtype; zeros for T = 0
+    assert result.weight_grad.dtype == weight.dtype
+    assert_close(result.weight_grad.cpu().double(), weight_grad, atol=1e-3 * (1 + num_tokens) ** 0.5,
+                 rtol=2**-7 if weight.dtype == torch.bfloat16 else 1e-5)  # fmt: skip
+    # accumulated into fp32, bit-reproducible from run to run
+    start = torch.randn(v['hidden'], generator=torch.Generator().manual_seed(1)).to(device)
+    first, second = start.clone(), start.clone()
+    again = norm_backward(out_grad, x, weight, rstd, rog, 0.75, first)
+    norm_backward(out_grad, x, weight, rstd, rog, 0.75, second)
+    assert again.weight_grad is first
+    assert_equal(first, second)
+    assert_equal(again.x_grad, result.x_grad)
+    assert_close(first.cpu().double(), start.cpu().double() + weight_grad, atol=1e-3 * (1 + num_tokens) ** 0.5,
+                 rtol=1e-5)  # fmt: skip
+
+
+@pytest.mark.npu
+@pytest.mark.benchmark
+@pytest.mark.skipif('norm_backward' not in cann_ops_tilelang.__all__, reason='baselines record public operators')
+@pytest.mark.parametrize('params', BENCHMARK_PARAMS, ids=make_param_id)
+def test_norm_backward_benchmark(params, device, benchmark_timer, benchmark_record):
+    v = dict(dtype=params['dtype'], weight=True, rog=True, hidden=params['hidden'])
+    out_grad, x, weight, rstd, rog = _inputs(v, params['num_tokens'], device)
+    weight_grad = torch.zeros(params['hidden'], device=device)
+    result = norm_backward(out_grad, x, weight, rstd, rog, 1.0, weight_grad)
+    time_us = benchmark_timer(lambda: norm_backward(out_grad, x, weight, rstd, rog, 1.0, weight_grad))
+    benchmark_record(
+        kernel=record_name('norm', 'norm_backward'),
+        operation='bwd',
+        params=params,
+        time_us=time_us,
+        bandwidth_gbs=count_bytes(out_grad, x, rstd, rog, result.x_grad) / time_us / 1e3,
+        extras=config_extras(norm_backward.operator.config(out_grad, x, weight, rstd, rog, 1.0, weight_grad)),
+    )

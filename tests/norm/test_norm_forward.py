@@ -1,0 +1,275 @@
+"""norm_forward: kernel lowering and configuration (CPU tier), the argument contract and the torch.library forms on
+CPU / fake tensors (CPU tier), values against the float64 reference (device tier: an accelerator, or the Ascend
+kernel on the emulator with --ascend-emulator), the benchmark."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+import cann_ops_tilelang
+from cann_ops_tilelang import config
+from cann_ops_tilelang.norm import norm_forward
+from cann_ops_tilelang.norm.norm_forward_kernel import (
+    NormForwardConfig,
+    choose_norm_forward_config,
+    make_norm_forward_kernel,
+)
+from cann_ops_tilelang.operator import NAMESPACE
+from tests.testing.bench import config_extras, make_param_id
+from tests.testing.generator import by_level, generate_samples, get_test_level
+from tests.testing.lowering import (
+    ASCEND_950_VECTOR_CORES,
+    H200_SMS,
+    assert_ascend_kernel_lowers,
+    assert_cuda_kernel_lowers,
+)
+from tests.testing.numeric import assert_close, assert_equal, count_bytes
+from tests.testing.timing import record_name
+
+from .norm_forward_ref import norm_forward_ref
+
+LEVEL = get_test_level()
+KERNEL_NAME = 'norm_forward_kernel'
+EPS = 1e-6
+# (dtype, weight, residual, rstd, hidden): each its own kernel; level 0 compiles each once.
+VARIANTS = by_level(
+    LEVEL,
+    core=[
+        dict(dtype=torch.bfloat16, weight=True, residual=True, rstd=True, hidden=192),
+        dict(dtype=torch.float32, weight=False, residual=False, rstd=False, hidden=192),
+    ],
+    default=generate_samples(
+        dtype=[torch.bfloat16, torch.float32],
+        weight=[True, False],
+        residual=[True, False],
+        rstd=[True],
+        hidden=[64, 4096, 16384],
+    ),
+)
+NUM_TOKENS = by_level(LEVEL, core=(0, 1, 37), default=(130,), full=(4001,))
+# Relative error against the float64 value: one ulp of x's dtype (the kernels' fp32 math, a few fp32 ulps off, may
+# round a value next to a rounding boundary to the other neighbour), a few fp32 ulps for fp32.
+RTOL = {torch.bfloat16: 2**-7, torch.float32: 2**-20}
+BENCHMARK_PARAMS = generate_samples(
+    num_tokens=[4001, 8001], hidden=[4096, 7168], dtype=[torch.bfloat16], residual=[False, True]
+)
+
+
+def _inputs(v: dict, num_tokens: int, device) -> dict:
+    g = torch.Generator().manual_seed(num_tokens * 131 + v['hidden'])
+    dtype, hidden = v['dtype'], v['hidden']
+
+    def draw(*shape):
+        return torch.randn(shape, generator=g).to(dtype).to(device)
+
+    return {
+        'x': draw(num_tokens, hidden),
+        'weight': draw(hidden) if v['weight'] else None,
+        'residual': draw(num_tokens, hidden) if v['residual'] else None,
+    }
+
+
+def _config(backend: str, v: dict) -> NormForwardConfig:
+    return choose_norm_forward_config(
+        backend=backend, num_cores=ASCEND_950_VECTOR_CORES if backend == 'ascend' else H200_SMS,
+        hidden=v['hidden'], dtype=v['dtype'], with_weight=v['weight'], with_residual=v['residual'],
+        with_rstd=v['rstd'],
+    )  # fmt: skip
+
+
+# ---------------------------------------------------------------- CPU tier: kernels and configurations
+
+
+@pytest.mark.parametrize('v', VARIANTS, ids=make_param_id)
+@pytest.mark.parametrize('backend', ['ascend', 'cuda'])
+def test_norm_forward_kernel_lowers(backend, v):
+    cfg = _config(backend, v)
+    lowers = assert_ascend_kernel_lowers if backend == 'ascend' else assert_cuda_kernel_lowers
+    lowers(lambda: make_norm_forward_kernel(cfg), key=cfg, kernel_name=KERNEL_NAME)
+
+
+def test_norm_forward_config_stages_and_layout():
+    """Two buffer versions where a row's buffers fit UB twice; one at the widest fp32 rows; the CUDA row layout
+    keeps at most 4 chunks a thread and covers the row."""
+    small = dict(hidden=4096, dtype=torch.bfloat16, weight=True, residual=True, rstd=True)
+    wide = dict(hidden=16384, dtype=torch.float32, weight=True, residual=True, rstd=True)
+    assert _config('ascend', small).num_stages == 2
+    assert _config('ascend', wide).num_stages == 1
+    for hidden, dtype in ((64, torch.bfloat16), (4096, torch.bfloat16), (7168, torch.bfloat16), (16384, torch.float32)):
+        cfg = _config('cuda', dict(hidden=hidden, dtype=dtype, weight=True, residual=False, rstd=False))
+        vec = 8 if dtype == torch.bfloat16 else 4
+        assert cfg.threads % 32 == 0
+        assert cfg.chunks <= 4
+        assert cfg.threads * cfg.chunks * vec >= hidden
+
+
+def test_norm_forward_config_rejects():
+    with pytest.raises(ValueError, match='multiple of 64 up to 16384'):
+        NormForwardConfig('cuda', 16448, 'bfloat16', 132, True, False, False, threads=512, chunks=4)
+    with pytest.raises(ValueError, match='torch.bfloat16 or torch.float32'):
+        choose_norm_forward_config(backend='cuda', num_cores=132, hidden=64, dtype=torch.float16,
+                                   with_weight=False, with_residual=False, with_rstd=False)  # fmt: skip
+
+
+# ---------------------------------------------------------------- CPU tier: argument contract
+
+
+def _x(num_tokens=4, hidden=64, dtype=torch.bfloat16, device='cpu'):
+    return torch.zeros(num_tokens, hidden, dtype=dtype, device=device)
+
+
+@pytest.mark.parametrize(
+    ('call', 'error', 'match'),
+    [
+        (lambda x: norm_forward(x.tolist(), None, EPS), TypeError, 'x must be a torch.Tensor'),
+        (lambda x: norm_forward(x.half(), None, EPS), TypeError, 'x must have dtype'),
+        (lambda x: norm_forward(x[0], None, EPS), ValueError, 'x must have 2 dimensions'),
+        (lambda x: norm_forward(_x(4, 96), None, EPS), ValueError, 'multiple of 64 up to 16384, got 96'),
+        (lambda x: norm_forward(_x(1, 16448), None, EPS), ValueError, 'multiple of 64 up to 16384, got 16448'),
+        (lambda x: norm_forward(_x(4, 256)[:, :128], None, EPS), ValueError, 'x must be contiguous'),
+        (lambda x: norm_forward(x, torch.zeros(64), EPS), TypeError, 'weight must have the dtype of x'),
+        (lambda x: norm_forward(x, torch.zeros(32, dtype=x.dtype), EPS), ValueError, 'weight must have shape'),
+        (lambda x: norm_forward(x, None, 0.0), ValueError, 'eps'),
+        (lambda x: norm_forward(x, None, EPS, out_scale=float('inf')), ValueError, 'out_scale'),
+        (lambda x: norm_forward(x, None, EPS, x.float()), TypeError, 'residual must have the dtype of x'),
+        (lambda x: norm_forward(x, None, EPS, out=x), ValueError, 'out'),
+        (lambda x: norm_forward(x, None, EPS, with_rstd=1), TypeError, 'with_rstd'),
+        (lambda x: norm_forward(x, None, EPS), RuntimeError, "no kernels for 'cpu' tensors"),
+        (lambda x: norm_forward(_x(0), None, EPS), RuntimeError, "no kernels for 'cpu' tensors"),
+    ],
+    ids=[
+        'type',
+        'dtype',
+        'rank',
+        'hidden',
+        'too-wide',
+        'strided',
+        'weight-dtype',
+        'weight-shape',
+        'eps',
+        'out-scale',
+        'residual-dtype',
+        'out-alias',
+        'with-rstd',
+        'cpu',
+        'cpu-empty',
+    ],
+)
+def test_norm_forward_contract(call, error, match):
+    with pytest.raises(error, match=match):
+        call(_x())
+
+
+def test_norm_forward_rejects_too_many_elements():
+    x = torch.empty(2**31 // 4096, 4096, dtype=torch.bfloat16, device='meta')
+    with pytest.raises(ValueError, match='at most 2\\*\\*31 - 1 elements'):
+        norm_forward(x, None, EPS)
+
+
+# ---------------------------------------------------------------- CPU tier: torch.library forms
+
+
+def test_norm_forward_forms_registered():
+    forms = norm_forward.operator.forms
+    assert list(forms) == ['norm_forward', 'norm_forward_out']
+    for name, overload in forms.items():
+        assert getattr(getattr(torch.ops, NAMESPACE), name).default is overload
+    written = [a.name for a in forms['norm_forward_out']._schema.arguments if a.alias_info and a.alias_info.is_write]
+    assert written == ['out', 'residual_out', 'rstd']
+
+
+def test_norm_forward_traced_results():
+    """On fake tensors: the functional form's results (shapes, dtypes), out= returning the buffers, the typed
+    errors, and torch.compile(fullgraph=True) tracing both forms."""
+    with FakeTensorMode():
+        x = _x(5, 128, device='cuda')
+        w, res = torch.empty(128, dtype=x.dtype, device='cuda'), torch.empty_like(x)
+        result = norm_forward(x, w, EPS, res, 2.0, with_rstd=True)
+        assert (result.out.shape, result.out.dtype, result.rstd.shape, result.rstd.dtype) == (
+            x.shape, x.dtype, (5,), torch.float32,
+        )  # fmt: skip
+        assert result.norm_input.shape == x.shape
+        assert result.norm_input is not x
+        assert norm_forward(x, None, EPS).norm_input is x
+        out = torch.empty_like(x)
+        assert norm_forward(x, w, EPS, out=out).out is out
+        with pytest.raises(TypeError, match='weight must have the dtype of x'):
+            norm_forward(x, w.float(), EPS)
+        torch._dynamo.reset()
+        compiled = torch.compile(
+            lambda x, w, res, out: (norm_forward(x, w, EPS, res).out, norm_forward(x, w, EPS, out=out).out),
+            fullgraph=True, backend='eager',
+        )  # fmt: skip
+        first, second = compiled(x, w, res, out)
+        assert first.shape == x.shape
+        assert second.shape == x.shape
+
+
+# ---------------------------------------------------------------- device tier: values
+
+
+def _check(result, x, weight, residual, with_rstd):
+    out, rstd, norm_input = norm_forward_ref(x.cpu(), None if weight is None else weight.cpu(), EPS,
+                                             None if residual is None else residual.cpu(), 0.75)  # fmt: skip
+    # out: within one ulp of x's dtype of the float64 value
+    assert_close(result.out.cpu().double(), out.double(), atol=1e-6, rtol=RTOL[x.dtype])
+    assert_equal(result.norm_input.cpu(), norm_input)  # the residual add rounds once: exact
+    if with_rstd:
+        assert_close(result.rstd.cpu().double(), rstd, atol=0, rtol=2**-20)
+    else:
+        assert result.rstd is None
+
+
+@pytest.mark.npu
+@pytest.mark.parametrize('num_tokens', NUM_TOKENS)
+@pytest.mark.parametrize('v', VARIANTS, ids=make_param_id)
+def test_norm_forward_values(v, num_tokens, device):
+    args = _inputs(v, num_tokens, device)
+    x, weight, residual = args['x'], args['weight'], args['residual']
+    result = norm_forward(x, weight, EPS, residual, 0.75, with_rstd=v['rstd'])
+    _check(result, x, weight, residual, v['rstd'])
+    if residual is None:
+        assert result.norm_input is x
+    # out= buffers, poisoned: an element the kernel skips stays NaN
+    out = torch.full_like(x, float('nan'))
+    residual_out = torch.full_like(x, float('nan')) if residual is not None else None
+    again = norm_forward(x, weight, EPS, residual, 0.75, out=out, residual_out=residual_out, with_rstd=v['rstd'])
+    assert again.out is out
+    assert residual is None or again.norm_input is residual_out
+    _check(again, x, weight, residual, v['rstd'])
+    assert_equal(again.out, result.out)  # deterministic
+
+
+@pytest.mark.npu
+def test_norm_forward_config_query(device):
+    v = VARIANTS[0]
+    args = _inputs(v, 3, device)
+    backend, num_cores = config.backend_of(device), config.get_num_cores(device)
+    expected = choose_norm_forward_config(
+        backend=backend, num_cores=num_cores, hidden=v['hidden'], dtype=v['dtype'], with_weight=v['weight'],
+        with_residual=v['residual'], with_rstd=v['rstd'],
+    )  # fmt: skip
+    assert norm_forward.operator.config(args['x'], args['weight'], EPS, args['residual'], with_rstd=True) == expected
+
+
+@pytest.mark.npu
+@pytest.mark.benchmark
+@pytest.mark.skipif('norm_forward' not in cann_ops_tilelang.__all__, reason='baselines record public operators only')
+@pytest.mark.parametrize('params', BENCHMARK_PARAMS, ids=make_param_id)
+def test_norm_forward_benchmark(params, device, benchmark_timer, benchmark_record):
+    v = dict(dtype=params['dtype'], weight=True, residual=params['residual'], hidden=params['hidden'])
+    args = _inputs(v, params['num_tokens'], device)
+    x, weight, residual = args['x'], args['weight'], args['residual']
+    result = norm_forward(x, weight, EPS, residual)
+    out, norm_input = result.out, result.norm_input if residual is not None else None
+    time_us = benchmark_timer(lambda: norm_forward(x, weight, EPS, residual, out=out, residual_out=norm_input))
+    benchmark_record(
+        kernel=record_name('norm', 'norm_forward'),
+        operation='fwd',
+        params=params,
+        time_us=time_us,
+        bandwidth_gbs=count_bytes(x, residual, out, norm_input) / time_us / 1e3,
+        extras=config_extras(norm_forward.operator.config(x, weight, EPS, residual)),
+    )

@@ -1,0 +1,223 @@
+"""norm_forward_and_per_token_cast: kernel lowering (CPU tier), the argument contract and the torch.library forms
+on CPU / fake tensors (CPU tier), and on the device (an accelerator, or the Ascend kernel on the emulator): its bytes
+equal per_token_cast(norm_forward(x)) and the quant reference's cast of its bf16 output, bit for bit; the
+benchmark."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+import cann_ops_tilelang
+from cann_ops_tilelang.norm import norm_forward, norm_forward_and_per_token_cast
+from cann_ops_tilelang.norm.norm_forward_kernel import choose_norm_forward_config, make_norm_forward_kernel
+from cann_ops_tilelang.quant import per_token_cast
+from tests.quant.cast_ref import per_token_cast_format_ref
+from tests.testing.bench import config_extras, make_param_id
+from tests.testing.generator import by_level, generate_samples, get_test_level
+from tests.testing.lowering import (
+    ASCEND_950_VECTOR_CORES,
+    H200_SMS,
+    assert_ascend_kernel_lowers,
+    assert_cuda_kernel_lowers,
+)
+from tests.testing.numeric import assert_close, assert_equal, count_bytes
+from tests.testing.timing import record_name
+
+from .norm_forward_and_per_token_cast_ref import norm_forward_and_per_token_cast_ref
+
+LEVEL = get_test_level()
+EPS = 1e-6
+# scale formats (round_sf, use_packed_ue8m0)
+SCALES = {'fp32': (False, False), 'pow2': (True, False), 'ue8m0': (True, True)}
+VARIANTS = by_level(
+    LEVEL,
+    core=[
+        dict(dtype=torch.bfloat16, block=32, sf='fp32', weight=True, residual=True, bf16=True, hidden=256),
+        dict(dtype=torch.float32, block=16, sf='ue8m0', weight=False, residual=False, bf16=True, hidden=192),
+    ],
+    default=generate_samples(
+        dtype=[torch.bfloat16, torch.float32],
+        block=[16, 32, 64, 128],
+        sf=list(SCALES),
+        weight=[True],
+        residual=[True, False],
+        bf16=[True],
+        hidden=[384, 7168],
+    ),
+    full=generate_samples(
+        dtype=[torch.bfloat16],
+        block=[32, 128],
+        sf=['ue8m0'],
+        weight=[True],
+        residual=[True],
+        bf16=[False],
+        hidden=[16384],
+    ),
+)
+NUM_TOKENS = by_level(LEVEL, core=(0, 1, 37), default=(130,), full=(4001,))
+BENCHMARK_PARAMS = generate_samples(num_tokens=[4001, 8001], hidden=[4096, 7168], residual=[False, True])
+
+
+def _call(x, weight, v, residual=None, **kwargs):
+    round_sf, packed = SCALES[v['sf']]
+    return norm_forward_and_per_token_cast(
+        x, weight, EPS, 'e4m3', v['block'], residual, 0.75, round_sf=round_sf, use_packed_ue8m0=packed, **kwargs
+    )
+
+
+def _config(backend, v):
+    round_sf, packed = SCALES[v['sf']]
+    return choose_norm_forward_config(
+        backend=backend, num_cores=ASCEND_950_VECTOR_CORES if backend == 'ascend' else H200_SMS,
+        hidden=v['hidden'], dtype=v['dtype'], with_weight=v['weight'], with_residual=v['residual'], with_rstd=True,
+        block_size=v['block'], round_sf=round_sf, packed_ue8m0=packed, with_out_bf16=v['bf16'],
+    )  # fmt: skip
+
+
+# ---------------------------------------------------------------- CPU tier
+
+
+@pytest.mark.parametrize('v', VARIANTS, ids=make_param_id)
+@pytest.mark.parametrize('backend', ['ascend', 'cuda'])
+def test_norm_forward_and_per_token_cast_kernel_lowers(backend, v):
+    cfg = _config(backend, v)
+    lowers = assert_ascend_kernel_lowers if backend == 'ascend' else assert_cuda_kernel_lowers
+    lowers(lambda: make_norm_forward_kernel(cfg), key=cfg, kernel_name='norm_forward_kernel')
+
+
+def _x(num_tokens=4, hidden=128, dtype=torch.bfloat16, device='cpu'):
+    return torch.zeros(num_tokens, hidden, dtype=dtype, device=device)
+
+
+@pytest.mark.parametrize(
+    ('kwargs', 'error', 'match'),
+    [
+        (dict(fmt='e5m2'), ValueError, 'fmt must be one of'),
+        (dict(fmt=3), TypeError, 'fmt'),
+        (dict(num_per_channels=48), ValueError, 'num_per_channels must be one of'),
+        (dict(x=_x(4, 192), num_per_channels=128), ValueError, 'multiple of 128'),
+        (dict(use_packed_ue8m0=True), ValueError, 'needs round_sf=True'),
+        (dict(use_tma_aligned_col_major_sf=True), ValueError, 'use_tma_aligned_col_major_sf=True is not supported'),
+        (dict(mega_moe_block_m=128), ValueError, 'mega_moe_block_m=128 is not supported'),
+        (dict(out_bf16=_x(4, 128)), ValueError, 'out_bf16 needs with_out_bf16=True'),
+        (dict(out=_x(4, 128)), TypeError, 'out must be a tuple'),
+        (dict(out=(_x(4, 128), torch.zeros(4, 4))), TypeError, r'out\[0\] must have dtype'),
+        (dict(out=(_x(4, 128).to(torch.float8_e4m3fn), torch.zeros(4, 5))), ValueError, r'out\[1\] must have shape'),
+        (dict(x=_x(4, 96)), ValueError, 'multiple of 64 up to 16384'),
+        (dict(), RuntimeError, "no kernels for 'cpu' tensors"),
+    ],
+    ids=[
+        'fmt',
+        'fmt-type',
+        'block',
+        'block-hidden',
+        'packed',
+        'col-major',
+        'mega-moe',
+        'bf16-buffer',
+        'out-type',
+        'out-dtype',
+        'out-sf-shape',
+        'hidden',
+        'cpu',
+    ],
+)
+def test_norm_forward_and_per_token_cast_contract(kwargs, error, match):
+    args = dict(x=_x(), weight=None, eps=EPS, fmt='e4m3', num_per_channels=32) | kwargs
+    with pytest.raises(error, match=match):
+        norm_forward_and_per_token_cast(**args)
+
+
+def test_norm_forward_and_per_token_cast_traced():
+    forms = norm_forward_and_per_token_cast.operator.forms
+    assert list(forms) == ['norm_forward_and_per_token_cast', 'norm_forward_and_per_token_cast_out']
+    with FakeTensorMode():
+        x = _x(5, 256, device='cuda')
+        result = norm_forward_and_per_token_cast(
+            x, None, EPS, 'e4m3', 32, torch.empty_like(x), round_sf=True, use_packed_ue8m0=True,
+            with_out_bf16=True, with_rstd=True,
+        )  # fmt: skip
+        data, sf = result.out
+        assert (data.shape, data.dtype, sf.shape, sf.dtype) == ((5, 256), torch.float8_e4m3fn, (5, 2), torch.int32)
+        assert (result.out_bf16.dtype, result.rstd.shape, result.norm_input.shape) == (torch.bfloat16, (5,), x.shape)
+        buffers = (torch.empty_like(data), torch.empty(5, 8, device='cuda'))
+        assert norm_forward_and_per_token_cast(x, None, EPS, 'e4m3', 32, out=buffers).out == buffers
+
+
+# ---------------------------------------------------------------- device tier
+
+
+def _inputs(v, num_tokens, device):
+    g = torch.Generator().manual_seed(num_tokens * 7 + v['hidden'] + v['block'])
+
+    def draw(*shape):
+        return (torch.randn(shape, generator=g) * 3).to(v['dtype']).to(device)
+
+    return (draw(num_tokens, v['hidden']), draw(v['hidden']) if v['weight'] else None,
+            draw(num_tokens, v['hidden']) if v['residual'] else None)  # fmt: skip
+
+
+@pytest.mark.npu
+@pytest.mark.parametrize('num_tokens', NUM_TOKENS)
+@pytest.mark.parametrize('v', VARIANTS, ids=make_param_id)
+def test_norm_forward_and_per_token_cast_values(v, num_tokens, device):
+    x, weight, residual = _inputs(v, num_tokens, device)
+    round_sf, packed = SCALES[v['sf']]
+    result = _call(x, weight, v, residual, with_out_bf16=v['bf16'], with_rstd=True)
+    # The fused call is the two operators' composition, bit for bit.
+    plain = norm_forward(x, weight, EPS, residual, 0.75, with_rstd=True)
+    cast = per_token_cast(plain.out, 'e4m3', v['block'], round_sf=round_sf, use_packed_ue8m0=packed)
+    assert_equal(result.out.data.view(torch.uint8), cast.data.view(torch.uint8))
+    assert_equal(result.out.sf, cast.sf)
+    assert_equal(result.rstd, plain.rstd)
+    assert_equal(result.norm_input, plain.norm_input)
+    if v['bf16']:
+        assert_equal(result.out_bf16, plain.out.to(torch.bfloat16))
+    else:
+        assert result.out_bf16 is None
+    # ... and the quant reference's cast of its own output, which is within a rounding of the float64 norm.
+    data, sf = per_token_cast_format_ref(plain.out.cpu(), v['block'], 'e4m3', round_sf=round_sf, packed_ue8m0=packed)
+    assert_equal(result.out.data.cpu().view(torch.uint8), data.view(torch.uint8))
+    assert_equal(result.out.sf.cpu().view(torch.uint8), sf.view(torch.uint8))
+    _, y, _, norm_input = norm_forward_and_per_token_cast_ref(
+        x.cpu(), None if weight is None else weight.cpu(), EPS, v['block'],
+        None if residual is None else residual.cpu(), 0.75, round_sf, packed,
+    )  # fmt: skip
+    rtol = 2**-7 if v['dtype'] == torch.bfloat16 else 2**-20  # one bf16 ulp (test_norm_forward.RTOL)
+    assert_close(plain.out.cpu().double(), y.double(), atol=1e-6, rtol=rtol)
+    assert_equal(result.norm_input.cpu(), norm_input)
+    # out= buffers, poisoned
+    buffers = tuple(torch.full_like(t.view(torch.uint8), 0xFF).view(t.dtype) for t in result.out)
+    again = _call(x, weight, v, residual, with_out_bf16=v['bf16'], out=buffers)
+    assert again.out == buffers
+    assert_equal(buffers[0].view(torch.uint8), result.out.data.view(torch.uint8))
+    assert_equal(buffers[1], result.out.sf)
+
+
+@pytest.mark.npu
+@pytest.mark.benchmark
+@pytest.mark.skipif(
+    'norm_forward_and_per_token_cast' not in cann_ops_tilelang.__all__, reason='baselines record public operators'
+)
+@pytest.mark.parametrize('params', BENCHMARK_PARAMS, ids=make_param_id)
+def test_norm_forward_and_per_token_cast_benchmark(params, device, benchmark_timer, benchmark_record):
+    v = dict(dtype=torch.bfloat16, block=32, sf='ue8m0', weight=True, residual=params['residual'],
+             hidden=params['hidden'])  # fmt: skip
+    x, weight, residual = _inputs(v, params['num_tokens'], device)
+    result = _call(x, weight, v, residual)
+    norm_input = result.norm_input if residual is not None else None
+    time_us = benchmark_timer(lambda: _call(x, weight, v, residual, out=result.out, residual_out=norm_input))
+    round_sf, packed = SCALES[v['sf']]
+    cfg = norm_forward_and_per_token_cast.operator.config(
+        x, weight, EPS, 'e4m3', 32, residual, round_sf=round_sf, use_packed_ue8m0=packed
+    )
+    benchmark_record(
+        kernel=record_name('norm', 'norm_forward_and_per_token_cast'),
+        operation='fwd_cast',
+        params=params,
+        time_us=time_us,
+        bandwidth_gbs=count_bytes(x, residual, norm_input, *result.out) / time_us / 1e3,
+        extras=config_extras(cfg),
+    )
