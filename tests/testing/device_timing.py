@@ -159,3 +159,49 @@ def compile_in_workers(warm: Callable[[object], str | None], work: Iterable[obje
         for error in pool.map(warm, list(work)):
             if error:
                 print(f'(compile: {error})', file=sys.stderr)
+
+
+def agreement(ours, theirs, *, rtol: float = 1e-5, atol: float = 1e-6) -> str:
+    """'equal' (bit for bit), 'close' (floating results within rtol / atol, the others equal) or 'DIFF' between
+    two results (a tensor or a tuple of them)."""
+    ours = tuple(ours) if isinstance(ours, (tuple, list)) else (ours,)
+    theirs = tuple(theirs) if isinstance(theirs, (tuple, list)) else (theirs,)
+    if len(ours) != len(theirs) or any(a.shape != b.shape for a, b in zip(ours, theirs, strict=True)):
+        return 'DIFF (shapes)'
+    if all(torch.equal(a, b) for a, b in zip(ours, theirs, strict=True)):
+        return 'equal'
+    close = all(
+        torch.allclose(a.float(), b.float(), rtol=rtol, atol=atol, equal_nan=True)
+        if a.is_floating_point()
+        else torch.equal(a, b)
+        for a, b in zip(ours, theirs, strict=True)
+    )
+    return 'close' if close else 'DIFF'
+
+
+def print_comparison(cases, calls, *, columns: str, cells, rounds: int, device: torch.device) -> None:
+    """A markdown table of ours against a peer, one row per case: `cells(case)`, the leading cells under
+    `columns` ('a | b'); then the peer's agreement ('-' where the case compares nothing), the device times of
+    ours and the peer (alternating medians), the copy that moves the same bytes, ours / peer and ours' share
+    of that copy. `calls(case)` gives (ours, peer or None, moved bytes, agreement text or None); a case whose
+    calls fail prints why."""
+    print(f'| {columns} | agree | ours us | peer us | copy us | ours / peer | % of copy |')
+    print('|' + ' --- |' * (len(columns.split('|')) + 6))
+    for case in cases:
+        head = f'| {cells(case)} |'
+        try:
+            ours, peer, moved, agree = calls(case)
+        except Exception as exc:  # the row says why; the others still run
+            print(f'{head} failed: {type(exc).__name__}: {str(exc)[:160]} |', flush=True)
+            continue
+        (ours_us, why), (peer_us, _) = alternating_medians([ours, peer], rounds)
+        if ours_us is None:
+            print(f'{head} failed: {why} |', flush=True)
+            continue
+        copy_us, _ = same_traffic_floors(moved, device)
+        peer_text, ratio = (f'{peer_us:.1f}', f'{ours_us / peer_us:.2f}') if peer_us else ('-', '-')
+        print(
+            f'{head} {agree or "-"} | {ours_us:.1f} | {peer_text} | {copy_us:.1f} | {ratio} | '
+            f'{100 * copy_us / ours_us:.0f} |',
+            flush=True,
+        )
