@@ -20,7 +20,13 @@ import dataclasses
 import torch
 
 import cann_ops_tilelang as ops
-from tests.testing.device_timing import alternating_medians, compile_in_workers, same_traffic_floors
+from tests.testing.device_timing import (
+    agreement,
+    alternating_medians,
+    compile_in_workers,
+    print_comparison,
+    same_traffic_floors,
+)
 
 SCALING = 2.5  # routed_scaling_factor of DeepSeek-V3
 
@@ -157,6 +163,30 @@ def _warm(case: Case) -> str | None:
     return None
 
 
+SWIGLU_SHAPES = [(4001, 2048), (8001, 2048), (32768, 1536), (4001, 4096)]  # (rows, I): x is (rows, 2 I) bf16
+SWIGLU_OPS = ('moe_swiglu_forward', 'moe_swiglu_forward_and_per_token_cast')
+
+
+def _swiglu_calls(tk_quant, op: str, rows: int, inter: int, device):
+    """(ours, peer, moved bytes, agreement) of a SwiGLU row: plain rows (no expert layout), top-k weights and
+    DeepSeek-V3's routed scaling; the fused cast to e4m3 with 32-channel UE8M0 scales."""
+    torch.manual_seed(0)
+    x = torch.randn(rows, 2 * inter, device=device).to(torch.bfloat16)
+    w = torch.rand(rows, device=device)
+    if op == 'moe_swiglu_forward':
+        args, kwargs, peer_fn = (x, 'bf16'), {}, tk_quant.swiglu_forward
+        ours_fn = ops.moe.moe_swiglu_forward
+    else:
+        args, kwargs = (x, 'e4m3', 32), {'round_sf': True, 'use_packed_ue8m0': True}
+        ours_fn, peer_fn = ops.moe.moe_swiglu_forward_and_per_token_cast, tk_quant.swiglu_forward_and_per_token_cast
+    kwargs.update(topk_weights=w, routed_scaling_factor=SCALING)
+    result = ours_fn(*args, **kwargs)
+    buffers = tuple(torch.empty_like(t) for t in result) if isinstance(result, tuple) else torch.empty_like(result)
+    agree = agreement(result, peer_fn(*args, **kwargs))
+    moved = _bytes(x, w, *(result if isinstance(result, tuple) else (result,)))
+    return lambda: ours_fn(*args, **kwargs, out=buffers), lambda: peer_fn(*args, **kwargs), moved, agree
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument('--rounds', type=int, default=5)
@@ -164,8 +194,23 @@ def main() -> None:
     parser.add_argument('--ops', default='', help='comma-separated operator names (default: all)')
     parser.add_argument('--no-compile', dest='compile', action='store_false', help='skip the torch.compile column')
     parser.add_argument('--jobs', type=int, default=12, help='compile worker processes')
+    parser.add_argument('--swiglu', action='store_true', help='the SwiGLU rows only (its own table)')
     args = parser.parse_args()
     import tile_kernels.moe as tk  # the peer, where it is installed
+
+    if args.swiglu:
+        import tile_kernels.quant as tk_quant  # the peer's SwiGLU kernels are in its quant domain
+
+        device = torch.device('cuda')
+        print_comparison(
+            [(op, rows, inter) for op in SWIGLU_OPS for rows, inter in SWIGLU_SHAPES],
+            lambda case: _swiglu_calls(tk_quant, *case, device),
+            columns='operator | rows | I',
+            cells=lambda case: ' | '.join(str(v) for v in case),
+            rounds=args.rounds,
+            device=device,
+        )
+        return
 
     device = torch.device('cuda')
     ops_all = ('moe_topk', 'moe_normalize_weight', 'moe_topk_gate', 'moe_topk_gate_backward')

@@ -12,6 +12,9 @@ def test_agreement_tells_equal_close_and_different_results():
     assert device_timing.agreement(a, a + 1) == 'DIFF'
     assert device_timing.agreement((a, torch.arange(3)), (a, torch.arange(1, 4))) == 'DIFF'
     assert device_timing.agreement(a, torch.ones(4)) == 'DIFF (shapes)'
+    e4m3 = a.to(torch.float8_e4m3fn)
+    assert device_timing.agreement(e4m3, e4m3.clone()) == 'equal'
+    assert device_timing.agreement(e4m3, (a * 2).to(torch.float8_e4m3fn)) == 'DIFF'
 
 
 def test_print_comparison_rows(monkeypatch, capsys):

@@ -22,6 +22,7 @@ DTYPES = (torch.float32, torch.bfloat16)
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument('--rounds', type=int, default=5)
+    parser.add_argument('--quick', action='store_true', help='two shapes only')
     args = parser.parse_args()
     device = torch.device('cuda')
 
@@ -33,7 +34,7 @@ def main() -> None:
         return ours, lambda: torch.randn(shape, dtype=dtype, device=device), moved, None
 
     print_comparison(
-        [(shape, dtype) for shape in SHAPES for dtype in DTYPES],
+        [(shape, dtype) for shape in (SHAPES[::2] if args.quick else SHAPES) for dtype in DTYPES],
         calls,
         columns='shape | dtype',
         cells=lambda case: f'{case[0]} | {str(case[1])[6:]}',

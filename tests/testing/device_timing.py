@@ -164,8 +164,7 @@ def compile_in_workers(warm: Callable[[object], str | None], work: Iterable[obje
 def agreement(ours, theirs, *, rtol: float = 1e-5, atol: float = 1e-6) -> str:
     """'equal' (bit for bit), 'close' (floating results within rtol / atol, the others equal) or 'DIFF' between
     two results (a tensor or a tuple of them)."""
-    ours = tuple(ours) if isinstance(ours, (tuple, list)) else (ours,)
-    theirs = tuple(theirs) if isinstance(theirs, (tuple, list)) else (theirs,)
+    ours, theirs = _comparable(ours), _comparable(theirs)
     if len(ours) != len(theirs) or any(a.shape != b.shape for a, b in zip(ours, theirs, strict=True)):
         return 'DIFF (shapes)'
     if all(torch.equal(a, b) for a, b in zip(ours, theirs, strict=True)):
@@ -177,6 +176,12 @@ def agreement(ours, theirs, *, rtol: float = 1e-5, atol: float = 1e-6) -> str:
         for a, b in zip(ours, theirs, strict=True)
     )
     return 'close' if close else 'DIFF'
+
+
+def _comparable(result) -> tuple[torch.Tensor, ...]:
+    """A result's tensors, FP8 ones as their bytes (torch compares no float8 values)."""
+    tensors = tuple(result) if isinstance(result, (tuple, list)) else (result,)
+    return tuple(t.view(torch.uint8) if t.dtype.is_floating_point and t.element_size() == 1 else t for t in tensors)
 
 
 def print_comparison(cases, calls, *, columns: str, cells, rounds: int, device: torch.device) -> None:

@@ -36,6 +36,7 @@ def _inputs(model: str, num_tokens: int, device):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument('--rounds', type=int, default=5)
+    parser.add_argument('--tokens', nargs='+', type=int, default=list(TOKENS))
     args = parser.parse_args()
     from tile_kernels.transform import apply_rotary as peer_apply_rotary  # the peer, where it is installed
 
@@ -57,7 +58,7 @@ def main() -> None:
         )
 
     print_comparison(
-        [(m, t, i) for m in MODELS for t in TOKENS for i in (False, True)],
+        [(m, t, i) for m in MODELS for t in args.tokens for i in (False, True)],
         calls,
         columns='heads | T | pairing',
         cells=lambda case: f'{case[0]} | {case[1]} | {"GPT-J" if case[2] else "NeoX"}',
