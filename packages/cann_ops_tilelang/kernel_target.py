@@ -212,6 +212,19 @@ class Launcher:
             entry(*args)
 
 
+_PLACEHOLDERS: dict[tuple[torch.device, torch.dtype, int], torch.Tensor] = {}
+
+
+def placeholder(device: torch.device, dtype: torch.dtype, ndim: int = 1) -> torch.Tensor:
+    """A one-element tensor a kernel takes in place of an absent optional tensor (its signature keeps the
+    argument; the kernel never reads it), one per device, dtype and rank."""
+    key = (device, dtype, ndim)
+    tensor = _PLACEHOLDERS.get(key)
+    if tensor is None:
+        tensor = _PLACEHOLDERS[key] = torch.zeros((1,) * ndim, dtype=dtype, device=device)
+    return tensor
+
+
 def _no_cuda_device() -> int:
     raise RuntimeError('this torch build has no CUDA')
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import torch
 
+from cann_ops_tilelang.kernel_target import placeholder
 from cann_ops_tilelang.operator import Operator, outs, scalar, tensor
 from cann_ops_tilelang.validation import ALIGN_BYTES
 
@@ -128,16 +129,6 @@ OP = Operator(
     get_kernel=get_moe_topk_gate_kernel,
 )
 
-# Absent optional tensors reach the kernel as one-element placeholders it never reads (one per device and kind).
-_PLACEHOLDERS: dict = {}
-
-
-def _placeholder(device, dtype, ndim):
-    key = (device, dtype, ndim)
-    if key not in _PLACEHOLDERS:
-        _PLACEHOLDERS[key] = torch.zeros((1,) * ndim, dtype=dtype, device=device)
-    return _PLACEHOLDERS[key]
-
 
 def _eager(logits, num_topk, use_shared_as_routed, num_shared_experts, routed_scaling_factor, ep_rank,
            scoring_func, mask, bias, image_bias, image_token_mask, fix_routing_mask, to_physical_map, logical_count,
@@ -158,7 +149,7 @@ def _eager(logits, num_topk, use_shared_as_routed, num_shared_experts, routed_sc
 
     def given(t, dtype, ndim, *, row=False):
         if t is None:
-            return _placeholder(device, dtype, ndim)
+            return placeholder(device, dtype, ndim)
         return t.view(1, -1) if row else t
 
     # The kernel takes unmapped_topk_idx contiguous: a strided one (last dimension contiguous) goes through a copy.

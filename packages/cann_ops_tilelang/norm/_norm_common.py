@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from cann_ops_tilelang.kernel_target import placeholder
 from cann_ops_tilelang.quant._contract import check_numel
 
 HIDDEN_MULTIPLE = 64  # one 64-lane fp32 Ascend register; CUDA 16-byte chunks never straddle a row
@@ -48,19 +49,6 @@ def cuda_row_layout(hidden: int, dtype: str, max_chunks: int) -> tuple[int, int,
     fewest = -(-total // max_chunks)  # threads that keep every thread at or under max_chunks
     threads = min(1024, max(32, -(-fewest // 32) * 32))
     return threads, -(-total // threads), vec
-
-
-_PLACEHOLDERS: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
-
-
-def placeholder(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-    """A one-element tensor the kernels take in place of an absent optional tensor (their signature declares
-    it (1,); they never touch it), one per device and dtype."""
-    key = (device, dtype)
-    tensor = _PLACEHOLDERS.get(key)
-    if tensor is None:
-        tensor = _PLACEHOLDERS[key] = torch.zeros(1, dtype=dtype, device=device)
-    return tensor
 
 
 def forward_launch_args(x, weight, residual, residual_out, out, rstd, data, sf, out_bf16, eps, out_scale) -> tuple:

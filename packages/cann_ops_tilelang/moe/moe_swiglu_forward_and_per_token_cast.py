@@ -1,0 +1,121 @@
+"""moe_swiglu_forward_and_per_token_cast: moe_swiglu_forward's fp32 result cast to FP8 e4m3 per token and block of
+channels in the same pass (TileKernels 2.1.0's `swiglu_forward_and_per_token_cast`): the bytes of
+per_token_cast(moe_swiglu_forward(x, 'fp32', ...)), without the fp32 tensor in between."""
+
+from __future__ import annotations
+
+import torch
+
+from cann_ops_tilelang.operator import Operator, outs, scalar, tensor
+from cann_ops_tilelang.quant import _contract as quant_contract
+from cann_ops_tilelang.quant._quant_tensor import QuantTensor
+from cann_ops_tilelang.quant.per_token_cast import sf_layout
+from cann_ops_tilelang.quant.per_token_cast_kernel import CAST_BLOCK_SIZES, hidden_multiple
+
+from ._swiglu import CLAMP_COUNTERS
+from .moe_swiglu_forward import (
+    check_swiglu_arguments,
+    check_swiglu_sizes,
+    launch_swiglu,
+    swiglu_choice,
+)
+from .moe_swiglu_forward_kernel import choose_moe_swiglu_forward_config, get_moe_swiglu_forward_kernel
+
+
+def _contract(name, W, fmt, num_per_channels, psum_num_tokens_per_expert, topk_weights, routed_scaling_factor,
+              use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, clamp_value, clamped_count):  # fmt: skip
+    quant_contract.check_format(name, fmt)
+    quant_contract.check_block(name, 'num_per_channels', num_per_channels, CAST_BLOCK_SIZES)
+    quant_contract.check_unsupported(name, use_tma_aligned_col_major_sf=use_tma_aligned_col_major_sf)
+    quant_contract.check_scale_flags(name, round_sf, use_packed_ue8m0)
+    check_swiglu_arguments(name, W, hidden_multiple(num_per_channels), psum_num_tokens_per_expert, topk_weights,
+                           routed_scaling_factor, clamp_value, clamped_count)  # fmt: skip
+
+
+def _results(x, num_per_channels, use_packed_ue8m0):
+    """(shape, dtype) of data and sf: per_token_cast's layouts of the (T, I) result."""
+    num_tokens, hidden = x.shape[0], x.shape[1] // 2
+    return ((num_tokens, hidden), torch.float8_e4m3fn), sf_layout(
+        num_tokens, hidden, num_per_channels, use_packed_ue8m0
+    )
+
+
+def _choice(x, fmt, num_per_channels, psum_num_tokens_per_expert, topk_weights, round_sf, use_packed_ue8m0,
+            clamp_value, clamped_count):  # fmt: skip
+    cast = {'block_size': num_per_channels, 'round_sf': round_sf, 'packed_ue8m0': use_packed_ue8m0}
+    return swiglu_choice(x, fmt, psum_num_tokens_per_expert, topk_weights, clamp_value, clamped_count, cast)
+
+
+OP = Operator(
+    'moe_swiglu_forward_and_per_token_cast',
+    tensor('x', (torch.bfloat16, torch.float32), 'T, W'),
+    scalar('fmt', 'str'),
+    scalar('num_per_channels', 'int'),
+    tensor('psum_num_tokens_per_expert', torch.int32, optional=True),  # (E,): checked in _contract
+    tensor('topk_weights', torch.float32, 'T', optional=True),
+    scalar('routed_scaling_factor', 'float', optional=True),
+    scalar('use_tma_aligned_col_major_sf', 'bool'),
+    scalar('round_sf', 'bool'),
+    scalar('use_packed_ue8m0', 'bool'),
+    scalar('clamp_value', 'positive', optional=True),
+    tensor('clamped_count', torch.int64, str(CLAMP_COUNTERS), optional=True, written='updated'),
+    outs('out', 'data', 'sf'),
+    limits=check_swiglu_sizes,
+    extra=_contract,
+    results=_results,
+    choice=_choice,
+    choose_config=choose_moe_swiglu_forward_config,
+    get_kernel=get_moe_swiglu_forward_kernel,
+)
+
+
+def _eager(x, fmt, num_per_channels, psum_num_tokens_per_expert, topk_weights, routed_scaling_factor,
+           use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, clamp_value, clamped_count, out):  # fmt: skip
+    """A call on real tensors (also the kernel of the torch.library forms): every check, then the launch."""
+    args = (x, fmt, num_per_channels, psum_num_tokens_per_expert, topk_weights, routed_scaling_factor,
+            use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, clamp_value, clamped_count, out)  # fmt: skip
+    launcher = OP.plan(*args)
+    if out is None:
+        out = tuple(x.new_empty(shape, dtype=dtype) for shape, dtype in OP.results(*args))
+    data, sf = out
+    if x.shape[0]:  # no rows: nothing to launch, nothing counted
+        # UE8M0 scales reach the kernel as bytes (a uint8 view of the int32 words).
+        launch_swiglu(launcher, x, data, sf.view(torch.uint8) if use_packed_ue8m0 else sf,
+                      psum_num_tokens_per_expert, topk_weights, routed_scaling_factor, clamp_value,
+                      clamped_count)  # fmt: skip
+    return QuantTensor(data, sf)
+
+
+@OP.public(_eager, result=QuantTensor)
+def moe_swiglu_forward_and_per_token_cast(
+    x: torch.Tensor,
+    fmt: str,
+    num_per_channels: int,
+    psum_num_tokens_per_expert: torch.Tensor | None = None,
+    topk_weights: torch.Tensor | None = None,
+    routed_scaling_factor: float | None = None,
+    use_tma_aligned_col_major_sf: bool = False,
+    round_sf: bool = False,
+    use_packed_ue8m0: bool = False,
+    clamp_value: float | None = None,
+    clamped_count: torch.Tensor | None = None,
+    *,
+    out: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> QuantTensor:
+    """moe_swiglu_forward (same arguments, rows, padding and clamp counts) with its fp32 result y cast to e4m3 per
+    row and block of num_per_channels channels, as per_token_cast(y, 'e4m3', num_per_channels, round_sf=...,
+    use_packed_ue8m0=...) casts it: equal bytes (padding rows are y = 0: data 0, the floor's scale).
+
+    Args:
+        x, psum_num_tokens_per_expert, topk_weights, routed_scaling_factor, clamp_value, clamped_count: as
+            moe_swiglu_forward; I a positive multiple of max(64, num_per_channels).
+        fmt: 'e4m3' (TileKernels' 'bf16' / 'fp32' output: moe_swiglu_forward).
+        num_per_channels: channels per scale factor, 16, 32, 64 or 128 (TileKernels: 32 and 128).
+        round_sf, use_packed_ue8m0: per_token_cast's power-of-two and UE8M0 scales (packed needs round_sf).
+        use_tma_aligned_col_major_sf: TileKernels' column-major scales; only False is supported yet (ValueError).
+        out: optional (data, sf) buffers of the result's shapes and dtypes, contiguous, apart from the inputs.
+
+    Returns:
+        QuantTensor(data (T, I) float8_e4m3fn, sf (T, I / num_per_channels) fp32, or with use_packed_ue8m0
+        (T, ceil(I / num_per_channels / 4)) int32), `out` when given.
+    """

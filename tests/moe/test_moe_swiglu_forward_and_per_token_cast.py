@@ -1,0 +1,241 @@
+"""Tests of moe_swiglu_forward_and_per_token_cast.
+
+CPU tier: the Ascend 950 and CUDA kernels lower for every configuration of the level; the argument contract on CPU
+tensors (each wrong argument its typed error, the cast's options among them); the torch.library forms on fake
+tensors. Device tier (`npu`; the Ascend kernel on the emulator with --ascend-emulator): the fused result equals
+per_token_cast(moe_swiglu_forward(x, 'fp32', ...)) bit for bit, data and scales (padding rows included), the clamp
+counts equal moe_swiglu_forward's; the values against the float64 reference within the e4m3 rounding; T = 0 and 1;
+out= buffers; the benchmark (`benchmark`, the peer's shapes).
+"""
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from cann_ops_tilelang import config
+from cann_ops_tilelang.moe import moe_swiglu_forward, moe_swiglu_forward_and_per_token_cast
+from cann_ops_tilelang.moe.moe_swiglu_forward_kernel import (
+    choose_moe_swiglu_forward_config,
+    make_moe_swiglu_forward_kernel,
+)
+from cann_ops_tilelang.quant import QuantTensor, per_token_cast
+from tests.quant.cast_ref import ue8m0_to_fp32
+from tests.testing.bench import config_extras, make_param_id
+from tests.testing.generator import by_level, get_test_level
+from tests.testing.lowering import (
+    ASCEND_950_VECTOR_CORES,
+    H200_SMS,
+    assert_ascend_kernel_lowers,
+    assert_cuda_kernel_lowers,
+)
+from tests.testing.numeric import assert_equal, count_bytes
+from tests.testing.timing import record_name
+
+from .moe_swiglu_forward_ref import moe_swiglu_forward_ref
+from .test_moe_swiglu_forward import EVERY, has, make_inputs
+
+LEVEL = get_test_level()
+KERNEL_NAME = 'moe_swiglu_forward_kernel'
+_SF = {'fp32': (False, False), 'pow2': (True, False), 'ue8m0': (True, True)}  # round_sf, use_packed_ue8m0
+# Level 0: the peer's two blocks, the plain kernel with fp32 scales and the every-option one with packed UE8M0 scales
+# whose rows end in padding (34 blocks of 32), each compiled once (the second with its moe_swiglu_forward and
+# per_token_cast kernels for the bit-for-bit comparison).
+VARIANTS = by_level(
+    LEVEL,
+    core=[
+        dict(dtype='bfloat16', hidden=256, block=128, sf='fp32', options=''),
+        dict(dtype='float32', hidden=1088, block=32, sf='ue8m0', options=EVERY),
+    ],
+    default=[
+        dict(dtype='bfloat16', hidden=4096, block=128, sf='pow2', options='weights+scaling'),
+        dict(dtype='bfloat16', hidden=1088, block=16, sf='fp32', options='layout+clamp+count'),
+        dict(dtype='float32', hidden=640, block=64, sf='ue8m0', options='clamp'),
+        dict(dtype='bfloat16', hidden=7168, block=32, sf='ue8m0', options=EVERY),
+    ],
+    full=[dict(dtype='bfloat16', hidden=16384, block=128, sf='ue8m0', options=EVERY)],
+)
+NUM_TOKENS = by_level(LEVEL, core=(1, 300), default=(161,), full=(4001,))
+PARAMS = [dict(variant, num_tokens=num_tokens) for variant in VARIANTS for num_tokens in NUM_TOKENS]
+X = torch.zeros(4, 256, dtype=torch.bfloat16)
+BENCHMARK_PARAMS = [
+    dict(num_tokens=num_tokens, hidden=hidden, block=block)
+    for num_tokens in (4001, 8192)
+    for hidden in (2048, 4096, 7168)
+    for block in (32, 128)
+]
+
+
+def make_config(backend: str, variant: dict):
+    round_sf, packed = _SF[variant['sf']]
+    return choose_moe_swiglu_forward_config(
+        backend=backend,
+        num_cores=ASCEND_950_VECTOR_CORES if backend == 'ascend' else H200_SMS,
+        hidden=variant['hidden'],
+        in_dtype=variant['dtype'],
+        fmt='e4m3',
+        block_size=variant['block'],
+        round_sf=round_sf,
+        packed_ue8m0=packed,
+        with_layout=has(variant, 'layout'),
+        with_weight=has(variant, 'weights'),
+        clamp=has(variant, 'clamp'),
+        count_clamp=has(variant, 'count'),
+    )
+
+
+def fused(inputs: dict, variant: dict, **kwargs) -> QuantTensor:
+    round_sf, packed = _SF[variant['sf']]
+    return moe_swiglu_forward_and_per_token_cast(
+        **inputs, fmt='e4m3', num_per_channels=variant['block'], round_sf=round_sf, use_packed_ue8m0=packed, **kwargs
+    )
+
+
+def scales_fp32(sf: torch.Tensor, variant: dict) -> torch.Tensor:
+    """The scale of each block as fp32 (UE8M0 bytes decoded)."""
+    if not _SF[variant['sf']][1]:
+        return sf.cpu()
+    blocks = variant['hidden'] // variant['block']
+    return ue8m0_to_fp32(sf.cpu().view(torch.uint8)[:, :blocks])  # byte k of a row: block k, then zero padding
+
+
+# ---------------------------------------------------------------- CPU tier: lowering and contract
+
+
+@pytest.mark.parametrize('variant', VARIANTS, ids=make_param_id)
+def test_moe_swiglu_forward_and_per_token_cast_ascend_kernel_lowers(variant):
+    cfg = make_config('ascend', variant)
+    assert cfg.fp8
+    assert cfg.block_size == variant['block']
+    assert_ascend_kernel_lowers(lambda: make_moe_swiglu_forward_kernel(cfg), key=cfg, kernel_name=KERNEL_NAME)
+
+
+@pytest.mark.parametrize('variant', VARIANTS, ids=make_param_id)
+def test_moe_swiglu_forward_and_per_token_cast_cuda_kernel_lowers(variant):
+    cfg = make_config('cuda', variant)
+    assert_cuda_kernel_lowers(lambda: make_moe_swiglu_forward_kernel(cfg), key=cfg, kernel_name=KERNEL_NAME)
+
+
+@pytest.mark.parametrize(
+    ('args', 'kwargs', 'error', 'match'),
+    [
+        ((X.half(), 'e4m3', 128), {}, TypeError, 'x must have dtype torch.bfloat16 or torch.float32'),
+        ((X, 'bf16', 128), {}, ValueError, "fmt must be 'e4m3'"),
+        ((X, 'e4m3', 48), {}, ValueError, r'num_per_channels must be one of \(16, 32, 64, 128\)'),
+        ((X, 'e4m3', 128), {'use_tma_aligned_col_major_sf': True}, ValueError, 'is not supported yet'),
+        ((X, 'e4m3', 128), {'use_packed_ue8m0': True}, ValueError, 'use_packed_ue8m0=True needs round_sf=True'),
+        ((X[:, :192].clone(), 'e4m3', 32), {}, ValueError, 'I a positive multiple of 64'),
+        ((X[:, :128].clone(), 'e4m3', 128), {}, ValueError, 'I a positive multiple of 128'),
+        ((X, 'e4m3', 128), {'routed_scaling_factor': 2.0}, ValueError, 'routed_scaling_factor needs topk_weights'),
+        ((X, 'e4m3', 128), {'clamped_count': torch.zeros(4, dtype=torch.int64)}, ValueError,
+         'clamped_count needs clamp_value'),
+        ((X, 'e4m3', 128), {'out': (torch.empty(4, 128, dtype=torch.float8_e4m3fn), torch.empty(4, 2))}, ValueError,
+         r'out\[1\] must have shape \(4, 1\)'),
+        ((X, 'e4m3', 32), {'round_sf': True, 'use_packed_ue8m0': True,
+                           'out': (torch.empty(4, 128, dtype=torch.float8_e4m3fn), torch.empty(4, 1))}, TypeError,
+         r'out\[1\] must have dtype torch.int32'),
+        ((X, 'e4m3', 128), {}, RuntimeError, "no kernels for 'cpu' tensors"),
+    ],
+)  # fmt: skip
+def test_moe_swiglu_forward_and_per_token_cast_rejects(args, kwargs, error, match):
+    with pytest.raises(error, match=match):
+        moe_swiglu_forward_and_per_token_cast(*args, **kwargs)
+
+
+FORMS = moe_swiglu_forward_and_per_token_cast.operator.forms
+
+
+def test_moe_swiglu_forward_and_per_token_cast_fake_tensors(monkeypatch):
+    monkeypatch.setattr(config, 'require_accelerator', lambda *tensors: 'cuda')
+    assert list(FORMS) == ['moe_swiglu_forward_and_per_token_cast', 'moe_swiglu_forward_and_per_token_cast_out']
+    with FakeTensorMode():
+        x = torch.empty(161, 2176, dtype=torch.float32, device='cuda')
+        result = moe_swiglu_forward_and_per_token_cast(x, 'e4m3', 32, round_sf=True, use_packed_ue8m0=True)
+        assert isinstance(result, QuantTensor)
+        assert (result.data.shape, result.data.dtype) == ((161, 1088), torch.float8_e4m3fn)
+        assert (tuple(result.sf.shape), result.sf.dtype) == ((161, 9), torch.int32)
+        x = torch.empty(161, 1024, dtype=torch.bfloat16, device='cuda')
+        result = moe_swiglu_forward_and_per_token_cast(x, 'e4m3', 128)
+        assert (tuple(result.sf.shape), result.sf.dtype) == ((161, 4), torch.float32)
+        with pytest.raises(ValueError, match='num_per_channels must be one of'):
+            FORMS['moe_swiglu_forward_and_per_token_cast'](x, 'e4m3', 8, None, None, None, False, False, False, None,
+                                                           None)  # fmt: skip
+
+
+# ---------------------------------------------------------------- device tier
+
+
+@pytest.mark.npu
+@pytest.mark.parametrize('params', PARAMS, ids=make_param_id)
+def test_moe_swiglu_forward_and_per_token_cast_values(params, device):
+    variant, num_tokens = params, params['num_tokens']
+    round_sf, packed = _SF[variant['sf']]
+    inputs = make_inputs(variant, num_tokens, device)
+    counting = has(variant, 'count')
+    clamped = torch.zeros(4, dtype=torch.int64, device=device) if counting else None
+    result = fused(inputs, variant, clamped_count=clamped)
+    # The fused bytes are per_token_cast's of moe_swiglu_forward's fp32 result (padding rows: y = 0).
+    unfused_count = torch.zeros(4, dtype=torch.int64, device=device) if counting else None
+    y = moe_swiglu_forward(**inputs, fmt='fp32', clamped_count=unfused_count)
+    expected = per_token_cast(y, 'e4m3', variant['block'], round_sf=round_sf, use_packed_ue8m0=packed)
+    assert_equal(result.data.view(torch.uint8), expected.data.view(torch.uint8))
+    assert_equal(result.sf, expected.sf)
+    if counting:
+        assert_equal(clamped, unfused_count)
+    # The values: within the e4m3 rounding of the float64 reference (half a step of 3 mantissa bits, or of the
+    # subnormal step sf * 2**-9), the scales of fp32 rounding of the reference's block maxima.
+    reference, counts = moe_swiglu_forward_ref(
+        inputs['x'], inputs.get('psum_num_tokens_per_expert'), inputs.get('topk_weights'),
+        inputs.get('routed_scaling_factor'), inputs.get('clamp_value'),
+    )  # fmt: skip
+    if counting:
+        assert_equal(clamped.cpu(), counts)
+    scale = scales_fp32(result.sf, variant).double().repeat_interleave(variant['block'], dim=1)
+    decoded = result.data.cpu().double() * scale
+    bound = 2.0**-4 * reference.abs() + 2.0**-10 * scale + 1e-6 * scale * 448
+    assert bool(((decoded - reference).abs() <= bound).all())
+    # out=, poisoned buffers: every byte written.
+    buffers = (
+        torch.full_like(result.data.view(torch.uint8), 0x7F).view(torch.float8_e4m3fn),
+        torch.full_like(result.sf, -1),
+    )
+    again = fused(inputs, variant, out=buffers)
+    assert again.data is buffers[0]
+    assert again.sf is buffers[1]
+    assert_equal(again.data.view(torch.uint8), result.data.view(torch.uint8))
+    assert_equal(again.sf, result.sf)
+
+
+@pytest.mark.npu
+def test_moe_swiglu_forward_and_per_token_cast_empty(device):
+    variant = VARIANTS[1]
+    inputs = make_inputs(variant, 0, device)
+    clamped = torch.zeros(4, dtype=torch.int64, device=device)
+    result = fused(inputs, variant, clamped_count=clamped)
+    assert result.data.shape == (0, variant['hidden'])
+    assert result.sf.shape == (0, 9)
+    assert_equal(clamped.cpu(), torch.zeros(4, dtype=torch.int64))
+
+
+@pytest.mark.npu
+@pytest.mark.benchmark
+@pytest.mark.parametrize('params', BENCHMARK_PARAMS, ids=make_param_id)
+def test_moe_swiglu_forward_and_per_token_cast_benchmark(params, device, benchmark_timer, benchmark_record):
+    x = torch.randn(params['num_tokens'], 2 * params['hidden'], device=device).bfloat16()
+    packed = params['block'] == 32  # DeepSeek's UE8M0 32-channel scales; fp32 scales for 128
+    result = moe_swiglu_forward_and_per_token_cast(x, 'e4m3', params['block'], round_sf=packed, use_packed_ue8m0=packed)
+    time_us = benchmark_timer(
+        lambda: moe_swiglu_forward_and_per_token_cast(
+            x, 'e4m3', params['block'], round_sf=packed, use_packed_ue8m0=packed, out=result
+        )
+    )
+    cfg = moe_swiglu_forward_and_per_token_cast.operator.config(
+        x, 'e4m3', params['block'], round_sf=packed, use_packed_ue8m0=packed
+    )
+    benchmark_record(
+        kernel=record_name('moe', 'moe_swiglu_forward_and_per_token_cast'),
+        operation='fwd',
+        params=params,
+        time_us=time_us,
+        bandwidth_gbs=count_bytes(x, *result) / time_us / 1e3,
+        extras=config_extras(cfg),
+    )
