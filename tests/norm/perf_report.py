@@ -25,7 +25,9 @@ OPS = ('norm_forward', 'norm_forward_and_per_token_cast', 'norm_backward')
 
 
 def _bytes(*tensors) -> int:
-    return sum(t.nbytes for t in tensors if isinstance(t, torch.Tensor))
+    """Bytes of the distinct tensors (without a residual, norm_forward's third result is x itself)."""
+    unique = {t.data_ptr(): t for t in tensors if isinstance(t, torch.Tensor)}
+    return sum(t.nbytes for t in unique.values())
 
 
 def _calls(tk, op: str, num_tokens: int, hidden: int, residual: bool, device):
