@@ -75,3 +75,30 @@ class RowScales:
     @property
     def sf_dtype(self) -> str:
         return 'uint8' if self.packed_ue8m0 else 'float32'
+
+
+class CastFormats:
+    """Properties of a cast configuration from its fields fmt ('e4m3', or 'e2m1': FP4 packed two to a byte),
+    e4m3_sf and hidden, for a RowScales configuration (per_token_cast, per_block_cast): list it before RowScales."""
+
+    fmt: str
+    e4m3_sf: bool
+    hidden: int
+
+    @property
+    def sf_dtype(self) -> str:
+        """fp32 scales, UE8M0 bytes, or e4m3 bytes."""
+        return 'float8_e4m3fn' if self.e4m3_sf else RowScales.sf_dtype.fget(self)
+
+    @property
+    def fp4(self) -> bool:
+        return self.fmt == 'e2m1'
+
+    @property
+    def data_cols(self) -> int:
+        """Elements (e4m3) or bytes (FP4, two elements each) of one data row."""
+        return self.hidden // 2 if self.fp4 else self.hidden
+
+    @property
+    def data_dtype(self) -> str:
+        return 'int8' if self.fp4 else 'float8_e4m3fn'

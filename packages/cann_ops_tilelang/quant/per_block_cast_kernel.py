@@ -61,7 +61,7 @@ from cann_ops_tilelang.kernel_target import compile_kernel
 from ._per_block_cast_ascend import ascend_per_block_cast_kernel
 from ._per_block_cast_cuda import cuda_per_block_cast_kernel
 from ._scale_rules import FORMAT_MAX, LANES
-from ._tiling import FLOAT_DTYPE_NAMES, MODES, CastModes, RowScales, divisors
+from ._tiling import FLOAT_DTYPE_NAMES, MODES, CastFormats, CastModes, RowScales, divisors
 
 BLOCK_TOKENS = (16, 32, 64, 128)  # 16: NVFP4's 16 x 16 weight blocks
 BLOCK_CHANNELS = (16, 32, 64, 128)
@@ -80,7 +80,7 @@ def hidden_multiple(block_channels: int) -> int:
 
 
 @dataclasses.dataclass(frozen=True)
-class PerBlockCastConfig(CastModes, RowScales):
+class PerBlockCastConfig(CastModes, CastFormats, RowScales):
     backend: Backend
     hidden: int
     in_dtype: str  # 'bfloat16' or 'float32'
@@ -153,24 +153,6 @@ class PerBlockCastConfig(CastModes, RowScales):
                     f'CUDA: threads {self.threads} cover {self.rows_per_pass} rows per pass, which must divide '
                     f'block_tokens {self.block_tokens}'
                 )
-
-    @property
-    def sf_dtype(self) -> str:
-        """fp32 scales, UE8M0 bytes, or e4m3 bytes."""
-        return 'float8_e4m3fn' if self.e4m3_sf else RowScales.sf_dtype.fget(self)
-
-    @property
-    def fp4(self) -> bool:
-        return self.fmt == 'e2m1'
-
-    @property
-    def data_cols(self) -> int:
-        """Elements (e4m3) or bytes (FP4, two elements each) of one data row."""
-        return self.hidden // 2 if self.fp4 else self.hidden
-
-    @property
-    def data_dtype(self) -> str:
-        return 'int8' if self.fp4 else 'float8_e4m3fn'
 
     @property
     def threads_per_row(self) -> int:

@@ -46,7 +46,7 @@ from cann_ops_tilelang.kernel_target import compile_kernel
 from ._per_token_cast_ascend import ascend_per_token_cast_kernel
 from ._per_token_cast_cuda import cuda_per_token_cast_kernel
 from ._scale_rules import LANES, UE8M0_PACK
-from ._tiling import FLOAT_DTYPE_NAMES, MODES, CastModes, RowScales, divisors
+from ._tiling import FLOAT_DTYPE_NAMES, MODES, CastFormats, CastModes, RowScales, divisors
 
 BLOCK_SIZES = (32, 64, 128)  # per_token_cast_and_cast_back's; 32 first: the only block the peer's Ascend kernel takes
 CAST_BLOCK_SIZES = (16, *BLOCK_SIZES)  # per_token_cast's (and the peer's CUDA kernel's)
@@ -63,7 +63,7 @@ def hidden_multiple(block_size: int) -> int:
 
 
 @dataclasses.dataclass(frozen=True)
-class PerTokenCastConfig(CastModes, RowScales):
+class PerTokenCastConfig(CastModes, CastFormats, RowScales):
     backend: Backend
     hidden: int
     in_dtype: str  # 'bfloat16' or 'float32'
@@ -109,24 +109,6 @@ class PerTokenCastConfig(CastModes, RowScales):
     def block_channels(self) -> int:
         """Channels per scale (RowScales)."""
         return self.block_size
-
-    @property
-    def sf_dtype(self) -> str:
-        """fp32 scales, UE8M0 bytes, or e4m3 bytes."""
-        return 'float8_e4m3fn' if self.e4m3_sf else RowScales.sf_dtype.fget(self)
-
-    @property
-    def fp4(self) -> bool:
-        return self.fmt == 'e2m1'
-
-    @property
-    def data_cols(self) -> int:
-        """Elements (e4m3) or bytes (FP4, two elements each) of one data row."""
-        return self.hidden // 2 if self.fp4 else self.hidden
-
-    @property
-    def data_dtype(self) -> str:
-        return 'int8' if self.fp4 else 'float8_e4m3fn'
 
 
 def choose_per_token_cast_config(
