@@ -150,8 +150,7 @@ __simd_vf__ inline void vf_store_load(__ubuf__ uint8_t *buf_dyn_shmem, int32_t b
 __simd_vf__ inline void vf_unemulated(__ubuf__ uint8_t *buf_dyn_shmem) {
   vector_bool all = asc_create_mask_b32(PAT_ALL);
   auto t = simd_inst::vlds_norm<float>(UBF(0), 0);
-  auto p = simd_inst::vintlv(t, t);
-  (void)p;
+  asc_mull(t, t, t, t, all);  // declared for kernels that name it, not emulated
 }
 
 extern "C" __global__ __vector__ void unit_faults(__gm__ float *in, __gm__ float *out, int32_t mode) {

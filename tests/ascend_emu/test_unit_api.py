@@ -256,7 +256,7 @@ FAULTS = [
         r'asc_loadalign: vector load of UB byte offset 256 stored earlier in the same SIMD VF with no '
         r'asc_mem_bar\(VST_VLD\)',
     ),
-    (9, r'PIPE_V: asc_intlv is declared by the emulator but not emulated \(it was reached\)'),
+    (9, r'PIPE_V: asc_mull is declared by the emulator but not emulated \(it was reached\)'),
     (10, re.escape('PIPE_S: scalar UB store: UB access outside the UB: bytes [280000, 280004) of a 253952-byte UB')),
     (11, re.escape('UB access outside the UB: raw access at byte offset 254052 of a 253952-byte UB (guard page)')),
     (12, re.escape("GM access outside the tensor argument 'out': raw access at byte offset 268 of a 256-byte tensor")),
