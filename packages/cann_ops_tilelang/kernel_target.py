@@ -212,13 +212,14 @@ class Launcher:
             entry(*args)
 
 
-_PLACEHOLDERS: dict[tuple[torch.device, torch.dtype, int], torch.Tensor] = {}
+_PLACEHOLDERS: dict[tuple[torch.device, torch.dtype, int, str], torch.Tensor] = {}
 
 
-def placeholder(device: torch.device, dtype: torch.dtype, ndim: int = 1) -> torch.Tensor:
+def placeholder(device: torch.device, dtype: torch.dtype, ndim: int = 1, role: str = '') -> torch.Tensor:
     """A one-element tensor a kernel takes in place of an absent optional tensor (its signature keeps the
-    argument; the kernel never reads it), one per device, dtype and rank."""
-    key = (device, dtype, ndim)
+    argument; the kernel never reads it), one per device, dtype, rank and `role` (distinct roles: distinct
+    tensors, where two absent arguments of a launch must not alias)."""
+    key = (device, dtype, ndim, role)
     tensor = _PLACEHOLDERS.get(key)
     if tensor is None:
         tensor = _PLACEHOLDERS[key] = torch.zeros((1,) * ndim, dtype=dtype, device=device)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from cann_ops_tilelang.kernel_target import placeholder
 from cann_ops_tilelang.operator import Operator, scalar, tensor
 
 from ..quant import _contract as quant_contract
@@ -20,8 +21,6 @@ from .moe_swiglu_backward_kernel import (
 )
 
 _FLOATS = (torch.bfloat16, torch.float32)
-_PLACEHOLDER_ROLES = ('x_sf', 'topk_weights', 'psum', 'weight_grad', 'act_out', 'x_grad_fp8', 'x_grad_sf')
-_placeholders: dict[tuple, torch.Tensor] = {}
 
 
 def check_sizes(name: str, T: int, H2: int) -> None:
@@ -88,15 +87,6 @@ OP = Operator(
 )
 
 
-def _placeholder(device: torch.device, role: str, dtype: torch.dtype) -> torch.Tensor:
-    """A one-element tensor for a kernel argument the configuration does not use (one per device, role, dtype)."""
-    key = (device, role, dtype)
-    held = _placeholders.get(key)
-    if held is None:
-        held = _placeholders[key] = torch.zeros(1, dtype=dtype, device=device)
-    return held
-
-
 def fast_key(op: Operator, args: tuple, x, act_x_grad, psum, topk_weights, clamp_value, do_recompute, *options):
     """The fast path's key of a call (None: the full path decides): what picks the configuration."""
     shape = op.fast_ok(*args)
@@ -125,7 +115,7 @@ def run_backward(op, prepared, key, args, x, x_sf, act_x_grad, psum, topk_weight
         sf_bytes = sf.view(torch.uint8) if packed else sf
 
     def given(value, role, dtype):
-        return value if value is not None else _placeholder(x.device, role, dtype)
+        return value if value is not None else placeholder(x.device, dtype, role=role)
 
     launch_args = (
         x,
