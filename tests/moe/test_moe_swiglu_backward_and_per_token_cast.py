@@ -24,7 +24,7 @@ from tests.testing.lowering import (
     assert_ascend_kernel_lowers,
     assert_cuda_kernel_lowers,
 )
-from tests.testing.numeric import assert_equal, count_bytes
+from tests.testing.numeric import assert_close, assert_equal, count_bytes
 
 from .moe_swiglu_backward_and_per_token_cast_ref import dequantize_ref, fp8_input_ref
 from .moe_swiglu_backward_ref import token_mask_ref
@@ -182,8 +182,8 @@ def _unfused(args: tuple, kwargs: dict) -> tuple:
 @pytest.mark.npu
 @pytest.mark.parametrize('params', PARAMS, ids=make_param_id)
 def test_moe_swiglu_backward_and_per_token_cast_equals_unfused(params, device):
-    """Bit for bit the unfused composition on token slots; zeros on padding slots (data, scales, everything);
-    the same bits run to run."""
+    """Bit for bit the unfused composition on token slots, except weight_grad (see WEIGHT_GRAD_ORDER); zeros on
+    padding slots (data, scales, everything); the same bits run to run."""
     args, kwargs = make_inputs(params, device)
     result = moe_swiglu_backward_and_per_token_cast(*args, **kwargs)
     expected = _unfused(args, kwargs)
@@ -191,13 +191,23 @@ def test_moe_swiglu_backward_and_per_token_cast_equals_unfused(params, device):
     kept = token_mask_ref(params['num_tokens'], psum)
     flat, wanted = _flatten(result), _flatten(expected)
     assert len(flat) == len(wanted)
-    for got, want in zip(flat, wanted, strict=True):
+    for index, (got, want) in enumerate(zip(flat, wanted, strict=True)):
         got = got.cpu()
         assert (got.shape, got.dtype) == (want.shape, want.dtype)
-        assert_equal(got[kept], want.cpu()[kept])
+        if kwargs.get('topk_weights') is not None and index == WEIGHT_GRAD_INDEX:
+            assert_close(got[kept], want.cpu()[kept], **WEIGHT_GRAD_ORDER)
+        else:
+            assert_equal(got[kept], want.cpu()[kept])
         assert not got[~kept].view(torch.uint8).any()  # padding: 0 bytes (not the floor's scale)
     for first, second in zip(flat, _flatten(moe_swiglu_backward_and_per_token_cast(*args, **kwargs)), strict=True):
         assert_equal(first, second)
+
+
+# weight_grad sums a token's products g * act in an order set by how the kernel spreads channels over threads: the
+# fused kernel's (bf16 stores) and the fp32 kernel's of the composition differ on CUDA, so the sums agree to
+# rounding, not bit for bit (each is the same run to run). Its place in _flatten's list: after x_grad, data, sf.
+WEIGHT_GRAD_INDEX = 3
+WEIGHT_GRAD_ORDER = dict(rtol=1e-5, atol=1e-4)
 
 
 def _flatten(result: tuple) -> list[torch.Tensor]:
