@@ -164,15 +164,40 @@ def _warm(case: Case) -> str | None:
 
 
 SWIGLU_SHAPES = [(4001, 2048), (8001, 2048), (32768, 1536), (4001, 4096)]  # (rows, I): x is (rows, 2 I) bf16
-SWIGLU_OPS = ('moe_swiglu_forward', 'moe_swiglu_forward_and_per_token_cast')
+SWIGLU_OPS = (
+    'moe_swiglu_forward',
+    'moe_swiglu_forward_and_per_token_cast',
+    'moe_swiglu_backward',
+    'moe_swiglu_backward_and_per_token_cast',
+)
 
 
 def _swiglu_calls(tk_quant, op: str, rows: int, inter: int, device):
     """(ours, peer, moved bytes, agreement) of a SwiGLU row: plain rows (no expert layout), top-k weights and
-    DeepSeek-V3's routed scaling; the fused cast to e4m3 with 32-channel UE8M0 scales."""
+    DeepSeek-V3's routed scaling; the forward's fused cast to e4m3 with 32-channel UE8M0 scales; the backwards
+    from bf16 x, or from e4m3 x with 128-channel fp32 scales and the same cast of x's gradient, both recomputing
+    the activation."""
     torch.manual_seed(0)
     x = torch.randn(rows, 2 * inter, device=device).to(torch.bfloat16)
     w = torch.rand(rows, device=device)
+    if op.startswith('moe_swiglu_backward'):
+        grad = torch.randn(rows, inter, device=device).to(torch.bfloat16)
+        kwargs = {'topk_weights': w, 'routed_scaling_factor': SCALING, 'do_recompute': True}
+        if op == 'moe_swiglu_backward':
+            args, peer_fn, ours_fn = (x, grad, 'bf16'), tk_quant.swiglu_backward, ops.moe.moe_swiglu_backward
+            inputs = (x,)
+        else:
+            scales = (x.float().view(rows, -1, 128).abs().amax(-1) / 448).clamp_min(1e-4)
+            data = (x.float().view(rows, -1, 128) / scales[..., None]).to(torch.float8_e4m3fn).view(rows, -1)
+            args = ((data, scales), grad, 'e4m3', 128)
+            peer_fn = tk_quant.swiglu_backward_and_per_token_cast
+            ours_fn = ops.moe.moe_swiglu_backward_and_per_token_cast
+            inputs = (data, scales)
+        result = ours_fn(*args, **kwargs)
+        peer_result = tuple(_flat_tensors(peer_fn(*args, **kwargs)))
+        agree = agreement(tuple(_flat_tensors(result)), peer_result, rtol=2e-2, atol=2e-2)
+        moved = _bytes(*inputs, grad, w, *_flat_tensors(result))
+        return lambda: ours_fn(*args, **kwargs), lambda: peer_fn(*args, **kwargs), moved, agree
     if op == 'moe_swiglu_forward':
         args, kwargs, peer_fn = (x, 'bf16'), {}, tk_quant.swiglu_forward
         ours_fn = ops.moe.moe_swiglu_forward
@@ -185,6 +210,14 @@ def _swiglu_calls(tk_quant, op: str, rows: int, inter: int, device):
     agree = agreement(result, peer_fn(*args, **kwargs))
     moved = _bytes(x, w, *(result if isinstance(result, tuple) else (result,)))
     return lambda: ours_fn(*args, **kwargs, out=buffers), lambda: peer_fn(*args, **kwargs), moved, agree
+
+
+def _flat_tensors(result):
+    for r in result if isinstance(result, tuple) else (result,):
+        if isinstance(r, tuple):
+            yield from _flat_tensors(r)
+        elif isinstance(r, torch.Tensor):
+            yield r
 
 
 def main() -> None:
@@ -203,7 +236,12 @@ def main() -> None:
 
         device = torch.device('cuda')
         print_comparison(
-            [(op, rows, inter) for op in SWIGLU_OPS for rows, inter in SWIGLU_SHAPES],
+            [
+                (op, rows, inter)
+                for op in SWIGLU_OPS
+                if not args.ops or op in args.ops.split(',')
+                for rows, inter in SWIGLU_SHAPES
+            ],
             lambda case: _swiglu_calls(tk_quant, *case, device),
             columns='operator | rows | I',
             cells=lambda case: ' | '.join(str(v) for v in case),
