@@ -30,6 +30,7 @@ from tests.testing.lowering import (
     assert_cuda_kernel_lowers,
 )
 from tests.testing.numeric import assert_close, assert_equal, count_bytes
+from tests.testing.timing import record_name
 
 from .moe_normalize_weight_ref import moe_normalize_weight_fp32_ref, moe_normalize_weight_ref
 
@@ -346,7 +347,7 @@ def test_moe_normalize_weight_benchmark(params, device, benchmark_timer, benchma
     buffers = moe_normalize_weight(x)  # compile and warm up outside the timing
     time_us = benchmark_timer(lambda: moe_normalize_weight(x, out=buffers))
     benchmark_record(
-        kernel='moe_normalize_weight',
+        kernel=record_name('moe', 'moe_normalize_weight'),
         operation='fwd',
         params=params,
         time_us=time_us,

@@ -27,6 +27,7 @@ from tests.testing.lowering import (
     assert_cuda_kernel_lowers,
 )
 from tests.testing.numeric import assert_close, assert_equal, count_bytes
+from tests.testing.timing import record_name
 
 from .moe_swiglu_backward_ref import moe_swiglu_backward_ref, swiglu_forward_f64, token_mask_ref
 
@@ -358,7 +359,7 @@ def test_moe_swiglu_backward_benchmark(params, device, benchmark_timer, benchmar
     result = moe_swiglu_backward(x, grad, 'bf16', topk_weights=weights)  # compile and warm up outside the timing
     time_us = benchmark_timer(lambda: moe_swiglu_backward(x, grad, 'bf16', topk_weights=weights))
     benchmark_record(
-        kernel='moe.moe_swiglu_backward',
+        kernel=record_name('moe', 'moe_swiglu_backward'),
         operation='bwd',
         params=params,
         time_us=time_us,

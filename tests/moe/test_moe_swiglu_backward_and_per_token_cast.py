@@ -25,6 +25,7 @@ from tests.testing.lowering import (
     assert_cuda_kernel_lowers,
 )
 from tests.testing.numeric import assert_close, assert_equal, count_bytes
+from tests.testing.timing import record_name
 
 from .moe_swiglu_backward_and_per_token_cast_ref import dequantize_ref, fp8_input_ref
 from .moe_swiglu_backward_ref import token_mask_ref
@@ -242,7 +243,7 @@ def test_moe_swiglu_backward_and_per_token_cast_benchmark(params, device, benchm
     time_us = benchmark_timer(call)
     cfg = moe_swiglu_backward_and_per_token_cast.operator.config((data, sf), grad, 'e4m3', 128, topk_weights=weights)
     benchmark_record(
-        kernel='moe.moe_swiglu_backward_and_per_token_cast',
+        kernel=record_name('moe', 'moe_swiglu_backward_and_per_token_cast'),
         operation='bwd_cast',
         params=params,
         time_us=time_us,

@@ -33,6 +33,7 @@ from tests.testing.lowering import (
     assert_cuda_kernel_lowers,
 )
 from tests.testing.numeric import assert_close, assert_equal, count_bytes
+from tests.testing.timing import record_name
 
 from .moe_topk_gate_backward_ref import (
     forward_loss_ref,
@@ -510,7 +511,7 @@ def test_moe_topk_gate_backward_benchmark(params, device, benchmark_timer, bench
     out = moe_topk_gate_backward(*args)  # compile and warm up outside the timing
     time_us = benchmark_timer(lambda: moe_topk_gate_backward(*args, out=out))
     benchmark_record(
-        kernel='moe_topk_gate_backward',
+        kernel=record_name('moe', 'moe_topk_gate_backward'),
         operation='bwd',
         params=params,
         time_us=time_us,
