@@ -8,6 +8,7 @@ compiles nothing: kernels are compiled on an operator's first call.
 # (an experimental operator, not exported below, is `cann_ops_tilelang.<domain>.<op>`). Importing a domain
 # touches no device and compiles nothing, so none is imported lazily.
 from cann_ops_tilelang import engram as engram
+from cann_ops_tilelang import mhc as mhc
 from cann_ops_tilelang import moe as moe
 from cann_ops_tilelang import norm as norm
 from cann_ops_tilelang import quant as quant

@@ -1,0 +1,85 @@
+"""Tests of the mhc_pre_apply_mix kernel family's configuration and lowering (mhc_pre_apply_mix_kernel.py): CPU
+tier.
+
+Each (mhc_mult, hidden) of the level lowers once per backend and direction (the token count is dynamic); the
+Ascend kernels' UB stays within its limit, the CUDA kernels access memory in 16-byte vectors where a thread's
+share of a row allows. Lowering checks no values (test_mhc_pre_apply_mix_fwd.py / _bwd.py do).
+"""
+
+import dataclasses
+
+import pytest
+
+from cann_ops_tilelang.mhc._mhc_expand_apply_common import ASCEND_STAGES, ASCEND_UB_BUDGET
+from cann_ops_tilelang.mhc.mhc_pre_apply_mix_kernel import make_mhc_pre_apply_mix_kernel
+from tests.testing.bench import make_param_id
+from tests.testing.generator import generate_samples
+from tests.testing.lowering import assert_ascend_kernel_lowers, assert_cuda_kernel_lowers
+
+from .expand_apply_cases import PARAMS, pre_apply_mix_config
+
+LOWERING_PARAMS = generate_samples(sizes=[p['sizes'] for p in PARAMS], direction=['fwd', 'bwd'])
+
+
+@pytest.mark.parametrize('params', LOWERING_PARAMS, ids=make_param_id)
+def test_mhc_pre_apply_mix_ascend_kernel_lowers(params):
+    cfg = pre_apply_mix_config('ascend', params['direction'], *params['sizes'])
+    assert_ascend_kernel_lowers(
+        lambda: make_mhc_pre_apply_mix_kernel(cfg),
+        key=cfg,
+        kernel_name=f'mhc_pre_apply_mix_{params["direction"]}_kernel',
+    )
+
+
+@pytest.mark.parametrize('params', LOWERING_PARAMS, ids=make_param_id)
+def test_mhc_pre_apply_mix_cuda_kernel_lowers(params):
+    cfg = pre_apply_mix_config('cuda', params['direction'], *params['sizes'])
+    lowered = assert_cuda_kernel_lowers(
+        lambda: make_mhc_pre_apply_mix_kernel(cfg),
+        key=cfg,
+        kernel_name=f'mhc_pre_apply_mix_{params["direction"]}_kernel',
+    )
+    if cfg.vector == 8:
+        assert 'uint4' in lowered.source  # 16-byte loads and stores of the bf16 rows
+    assert 'atomic' not in lowered.source.lower()  # the backward's reduction is a fixed tree
+    if cfg.direction == 'bwd':  # registers for 512 resident threads per SM
+        assert f'__launch_bounds__({cfg.threads}, {512 // cfg.threads})' in lowered.source
+
+
+@pytest.mark.parametrize('mhc', range(1, 9))
+@pytest.mark.parametrize('hidden', [64, 192, 2560, 4096, 7168, 16384])
+def test_mhc_pre_apply_mix_config_tiles(mhc, hidden):
+    """Ascend: a whole number of hidden blocks, the widest whose bf16 tiles fit the UB budget; CUDA: power-of-two
+    blocks; the backward's threads (a power of two, 32 .. 128) each hold whole vectors of every stream row."""
+    for direction, rows in (('fwd', mhc + 1), ('bwd', 2 * mhc + 1)):
+        asc = pre_apply_mix_config('ascend', direction, mhc, hidden)
+        assert hidden % asc.hidden_block == 0
+        assert asc.hidden_block % 64 == 0
+        assert ASCEND_STAGES * rows * 2 * asc.hidden_block <= ASCEND_UB_BUDGET
+        wider = [b for b in range(asc.hidden_block + 64, hidden + 1, 64) if hidden % b == 0]
+        assert not wider or ASCEND_STAGES * rows * 2 * wider[0] > ASCEND_UB_BUDGET
+    fwd = pre_apply_mix_config('cuda', 'fwd', mhc, hidden)
+    assert fwd.token_block * fwd.hidden_block == 4096
+    assert fwd.vector == 8
+    bwd = pre_apply_mix_config('cuda', 'bwd', mhc, hidden)
+    threads, vector, block = bwd.threads, bwd.vector, bwd.hidden_block
+    assert threads in (32, 64, 128)
+    assert vector in (2, 4, 8)
+    assert block % (threads * vector) == 0
+    assert vector == 8 or block // vector == 32  # 16-byte vectors unless the block is too narrow for 32 threads
+
+
+@pytest.mark.parametrize(
+    ('change', 'match'),
+    [
+        ({'direction': 'sideways'}, 'direction must be one of'),
+        ({'mhc': 0}, r'mhc must be in \[1, 8\]'),
+        ({'hidden_block': 384}, 'must be a multiple of 64 dividing'),
+        ({'token_block': 2}, 'a task of this kernel is one token'),
+        ({'threads': 256}, 'whole vectors'),
+    ],
+)
+def test_mhc_pre_apply_mix_config_rejects(change, match):
+    cfg = pre_apply_mix_config('cuda', 'bwd', 4, 1024)
+    with pytest.raises(ValueError, match=match):
+        dataclasses.replace(cfg, **change)
