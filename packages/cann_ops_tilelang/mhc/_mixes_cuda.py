@@ -11,6 +11,8 @@ in column order: the same bits on every run.
 # No `from __future__ import annotations`: TileLang evaluates the prim_func annotations, which
 # refer to the generator's local variables.
 
+from ._mixes_entries import mixes_entry
+
 
 def cuda_mhc_mixes_kernel(cfg):
     """`cfg` is a MhcMixesConfig (backend "cuda")."""
@@ -18,7 +20,6 @@ def cuda_mhc_mixes_kernel(cfg):
 
     f32 = T.float32
     M, W, S, tb, nt = cfg.mhc_mult, cfg.width, cfg.num_scales, cfg.token_block, cfg.threads
-    M2 = M * M
     P = cfg.num_partials
     tile = tb * W  # logits of a tile
     steps = -(-tile // nt)  # logits per thread and tile
@@ -102,81 +103,8 @@ def cuda_mhc_mixes_kernel(cfg):
                         sums[1] += col_s[j]
                 scale_partial[pid, tid] = sums[1]
 
-    if cfg.kind == 'head_fwd':
-
-        @T.prim_func
-        def mhc_head_compute_mix_fwd_kernel(
-            input_mix: T.Tensor((num_tokens, M), f32),
-            mhc_scale: T.Tensor((1,), f32),
-            mhc_base: T.Tensor((M,), f32),
-            output_mix: T.Tensor((num_tokens, M), f32),
-            mhc_pre_eps: T.float32,
-        ):
-            forward(input_mix, mhc_scale, mhc_base, output_mix, output_mix, output_mix, T.float32(1.0), mhc_pre_eps)
-
-        return mhc_head_compute_mix_fwd_kernel
-
-    if cfg.kind == 'split_fwd':
-
-        @T.prim_func
-        def mhc_pre_split_mixes_fwd_kernel(
-            input_mixes: T.Tensor((num_tokens, W), f32),
-            mhc_scale: T.Tensor((3,), f32),
-            mhc_base: T.Tensor((W,), f32),
-            pre_layer_mix: T.Tensor((num_tokens, M), f32),
-            post_layer_mix: T.Tensor((num_tokens, M), f32),
-            comb_res_mix: T.Tensor((num_tokens, M2), f32),
-            mhc_post_mult_value: T.float32,
-            mhc_pre_eps: T.float32,
-        ):
-            forward(
-                input_mixes, mhc_scale, mhc_base, pre_layer_mix, post_layer_mix, comb_res_mix,
-                mhc_post_mult_value, mhc_pre_eps,
-            )  # fmt: skip
-
-        return mhc_pre_split_mixes_fwd_kernel
-
-    if cfg.kind == 'head_bwd':
-
-        @T.prim_func
-        def mhc_head_compute_mix_bwd_kernel(
-            output_mix_grad: T.Tensor((num_tokens, M), f32),
-            input_mix: T.Tensor((num_tokens, M), f32),
-            mhc_scale: T.Tensor((1,), f32),
-            mhc_base: T.Tensor((M,), f32),
-            input_mix_grad: T.Tensor((num_tokens, M), f32),
-            mhc_scale_grad_partial: T.Tensor((P, 1), f32),
-            mhc_base_grad_partial: T.Tensor((P, M), f32),
-        ):
-            backward(
-                output_mix_grad, output_mix_grad, output_mix_grad, input_mix, input_mix, mhc_scale, mhc_base,
-                input_mix_grad, mhc_scale_grad_partial, mhc_base_grad_partial, T.float32(1.0),
-            )  # fmt: skip
-
-        return mhc_head_compute_mix_bwd_kernel
-
-    if cfg.kind == 'split_bwd':
-
-        @T.prim_func
-        def mhc_pre_split_mixes_bwd_kernel(
-            pre_layer_mix_grad: T.Tensor((num_tokens, M), f32),
-            post_layer_mix_grad: T.Tensor((num_tokens, M), f32),
-            comb_res_mix_grad: T.Tensor((num_tokens, M2), f32),
-            input_mixes: T.Tensor((num_tokens, W), f32),
-            post_layer_mix: T.Tensor((num_tokens, M), f32),
-            mhc_scale: T.Tensor((3,), f32),
-            mhc_base: T.Tensor((W,), f32),
-            input_mixes_grad: T.Tensor((num_tokens, W), f32),
-            mhc_scale_grad_partial: T.Tensor((P, 3), f32),
-            mhc_base_grad_partial: T.Tensor((P, W), f32),
-            mhc_post_mult_value: T.float32,
-        ):
-            backward(
-                pre_layer_mix_grad, post_layer_mix_grad, comb_res_mix_grad, input_mixes, post_layer_mix, mhc_scale,
-                mhc_base, input_mixes_grad, mhc_scale_grad_partial, mhc_base_grad_partial, mhc_post_mult_value,
-            )  # fmt: skip
-
-        return mhc_pre_split_mixes_bwd_kernel
+    if cfg.kind != 'split_reduce':
+        return mixes_entry(T, cfg, num_tokens, forward, backward)
 
     # 'split_reduce': thread j < W adds column j of the base partials, thread W + k scale k's, rows in order.
     @T.prim_func
