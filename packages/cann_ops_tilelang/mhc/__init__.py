@@ -11,6 +11,8 @@ from .mhc_post_bwd import mhc_post_bwd
 from .mhc_post_fwd import mhc_post_fwd
 from .mhc_pre_apply_mix_bwd import mhc_pre_apply_mix_bwd
 from .mhc_pre_apply_mix_fwd import mhc_pre_apply_mix_fwd
+from .mhc_pre_big_fuse_bwd import mhc_pre_big_fuse_bwd
+from .mhc_pre_big_fuse_fwd import mhc_pre_big_fuse_fwd
 from .mhc_pre_split_mixes_bwd import mhc_pre_split_mixes_bwd
 from .mhc_pre_split_mixes_fwd import mhc_pre_split_mixes_fwd
 from .mhc_reduce_partials_and_rmsnorm_bwd import mhc_reduce_partials_and_rmsnorm_bwd
@@ -29,6 +31,8 @@ __all__ = [
     'mhc_post_fwd',
     'mhc_pre_apply_mix_bwd',
     'mhc_pre_apply_mix_fwd',
+    'mhc_pre_big_fuse_bwd',
+    'mhc_pre_big_fuse_fwd',
     'mhc_pre_split_mixes_bwd',
     'mhc_pre_split_mixes_fwd',
     'mhc_reduce_partials_and_rmsnorm_bwd',
