@@ -11,7 +11,7 @@ import dataclasses
 import pytest
 
 from cann_ops_tilelang.mhc._mhc_expand_apply_common import ASCEND_STAGES, ASCEND_UB_BUDGET
-from cann_ops_tilelang.mhc.mhc_pre_apply_mix_kernel import make_mhc_pre_apply_mix_kernel
+from cann_ops_tilelang.mhc.mhc_pre_apply_mix_kernel import CUDA_FWD_TILE_ELEMENTS, make_mhc_pre_apply_mix_kernel
 from tests.testing.bench import make_param_id
 from tests.testing.generator import generate_samples
 from tests.testing.lowering import assert_ascend_kernel_lowers, assert_cuda_kernel_lowers
@@ -59,14 +59,28 @@ def test_mhc_pre_apply_mix_config_tiles(mhc, hidden):
         wider = [b for b in range(asc.hidden_block + 64, hidden + 1, 64) if hidden % b == 0]
         assert not wider or ASCEND_STAGES * rows * 2 * wider[0] > ASCEND_UB_BUDGET
     fwd = pre_apply_mix_config('cuda', 'fwd', mhc, hidden)
-    assert fwd.token_block * fwd.hidden_block == 4096
+    assert fwd.token_block * fwd.hidden_block == CUDA_FWD_TILE_ELEMENTS
     assert fwd.vector == 8
+    assert fwd.hidden_inner
+    assert fwd.threads * fwd.vector * 2 == CUDA_FWD_TILE_ELEMENTS  # two 16-byte vectors of every stream a thread
     bwd = pre_apply_mix_config('cuda', 'bwd', mhc, hidden)
     threads, vector, block = bwd.threads, bwd.vector, bwd.hidden_block
     assert threads in (32, 64, 128)
     assert vector in (2, 4, 8)
     assert block % (threads * vector) == 0
     assert vector == 8 or block // vector == 32  # 16-byte vectors unless the block is too narrow for 32 threads
+
+
+@pytest.mark.parametrize('hidden_inner', [True, False])
+def test_mhc_pre_apply_mix_cuda_fwd_grid_orders_lower(hidden_inner):
+    """Both grids of the forward lower: hidden-first on one grid dimension (blockIdx.x split by the constant
+    count of hidden blocks), token-first on two."""
+    cfg = dataclasses.replace(pre_apply_mix_config('cuda', 'fwd', 4, 7168), hidden_inner=hidden_inner)
+    lowered = assert_cuda_kernel_lowers(
+        lambda: make_mhc_pre_apply_mix_kernel(cfg), key=cfg, kernel_name='mhc_pre_apply_mix_fwd_kernel'
+    )
+    assert ('blockIdx.y' in lowered.source) != hidden_inner
+    assert ('/ 7)' in lowered.source) == hidden_inner  # 7168 / 1024 hidden blocks per token tile
 
 
 @pytest.mark.parametrize(
@@ -82,4 +96,12 @@ def test_mhc_pre_apply_mix_config_tiles(mhc, hidden):
 def test_mhc_pre_apply_mix_config_rejects(change, match):
     cfg = pre_apply_mix_config('cuda', 'bwd', 4, 1024)
     with pytest.raises(ValueError, match=match):
+        dataclasses.replace(cfg, **change)
+
+
+@pytest.mark.parametrize('change', [{'threads': 48}, {'threads': 512}, {'token_block': 3, 'threads': 256}])
+def test_mhc_pre_apply_mix_fwd_config_rejects_partial_threads(change):
+    """The forward's threads are whole warps that each take whole vectors of the tile."""
+    cfg = pre_apply_mix_config('cuda', 'fwd', 4, 1024)
+    with pytest.raises(ValueError, match='whole warps'):
         dataclasses.replace(cfg, **change)

@@ -26,6 +26,34 @@ def cuda_mhc_post_bwd_kernel(cfg):
     f32, bf16 = T.float32, T.bfloat16
     num_tokens = T.dynamic('num_tokens')
 
+    @T.macro
+    def _chunk(x_l, r_l, g_l, dx_l, dr_l, comb, post, acc, d_x, d_residual, t, col):
+        """One chunk of every row at column `col`, loaded into x_l, r_l, g_l: its d_x and d_residual stored, its
+        products added to the partial sums `acc`."""
+        for j in T.unroll(ve):
+            xf = T.cast(x_l[j], f32)
+            dx = T.alloc_var(f32)
+            dx = 0.0
+            for o in T.unroll(mhc):
+                gf = T.cast(g_l[o * ve + j], f32)
+                dx += gf * post[o]
+                acc[mm + o] += gf * xf
+            dx_l[j] = T.cast(dx, bf16)
+            for i in T.unroll(mhc):
+                rf = T.cast(r_l[i * ve + j], f32)
+                dr = T.alloc_var(f32)
+                dr = 0.0
+                for o in T.unroll(mhc):
+                    gf = T.cast(g_l[o * ve + j], f32)
+                    dr += comb[i * mhc + o] * gf
+                    acc[i * mhc + o] += rf * gf
+                dr_l[i * ve + j] = T.cast(dr, bf16)
+        for j in T.vectorized(ve):
+            d_x[t, col + j] = dx_l[j]
+        for i in T.unroll(mhc):
+            for j in T.vectorized(ve):
+                d_residual[t, i, col + j] = dr_l[i * ve + j]
+
     @T.prim_func
     def mhc_post_bwd_kernel(
         x: T.Tensor((num_tokens, hidden), bf16),
@@ -40,6 +68,8 @@ def cuda_mhc_post_bwd_kernel(cfg):
     ):
         with T.Kernel(num_tokens, threads=threads) as t:
             tid = T.get_thread_binding()
+            if cfg.min_blocks:
+                T.annotate_min_blocks_per_sm(cfg.min_blocks)
             x_l = T.alloc_local((ve,), bf16)
             r_l = T.alloc_local((mhc * ve,), bf16)
             g_l = T.alloc_local((mhc * ve,), bf16)
@@ -55,40 +85,37 @@ def cuda_mhc_post_bwd_kernel(cfg):
                 post[o] = post_layer_mix[t, o]
             for k in T.unroll(sums):
                 acc[k] = 0.0
-            for c in T.unroll(nc):
-                col = (tid + c * threads) * ve
-                if not guard or col < hidden:
+            if cfg.pipelined:
+                width = threads * ve  # the columns of one chunk of every thread
+                xs = T.alloc_shared((width,), bf16)
+                rs = T.alloc_shared((mhc, width), bf16)
+                gs = T.alloc_shared((mhc, width), bf16)
+                for c in T.Pipelined(nc, num_stages=cfg.pipelined):
+                    T.copy(x[t, c * width], xs, disable_tma=True)
+                    T.copy(residual[t, 0, c * width], rs, disable_tma=True)
+                    T.copy(d_o[t, 0, c * width], gs, disable_tma=True)
                     for j in T.vectorized(ve):
-                        x_l[j] = x[t, col + j]
+                        x_l[j] = xs[tid * ve + j]
                     for i in T.unroll(mhc):
                         for j in T.vectorized(ve):
-                            r_l[i * ve + j] = residual[t, i, col + j]
+                            r_l[i * ve + j] = rs[i, tid * ve + j]
                     for o in T.unroll(mhc):
                         for j in T.vectorized(ve):
-                            g_l[o * ve + j] = d_o[t, o, col + j]
-                    for j in T.unroll(ve):
-                        xf = T.cast(x_l[j], f32)
-                        dx = T.alloc_var(f32)
-                        dx = 0.0
-                        for o in T.unroll(mhc):
-                            gf = T.cast(g_l[o * ve + j], f32)
-                            dx += gf * post[o]
-                            acc[mm + o] += gf * xf
-                        dx_l[j] = T.cast(dx, bf16)
-                        for i in T.unroll(mhc):
-                            rf = T.cast(r_l[i * ve + j], f32)
-                            dr = T.alloc_var(f32)
-                            dr = 0.0
-                            for o in T.unroll(mhc):
-                                gf = T.cast(g_l[o * ve + j], f32)
-                                dr += comb[i * mhc + o] * gf
-                                acc[i * mhc + o] += rf * gf
-                            dr_l[i * ve + j] = T.cast(dr, bf16)
-                    for j in T.vectorized(ve):
-                        d_x[t, col + j] = dx_l[j]
-                    for i in T.unroll(mhc):
+                            g_l[o * ve + j] = gs[o, tid * ve + j]
+                    _chunk(x_l, r_l, g_l, dx_l, dr_l, comb, post, acc, d_x, d_residual, t, c * width + tid * ve)
+            else:
+                for c in T.unroll(nc):
+                    col = (tid + c * threads) * ve
+                    if not guard or col < hidden:
                         for j in T.vectorized(ve):
-                            d_residual[t, i, col + j] = dr_l[i * ve + j]
+                            x_l[j] = x[t, col + j]
+                        for i in T.unroll(mhc):
+                            for j in T.vectorized(ve):
+                                r_l[i * ve + j] = residual[t, i, col + j]
+                        for o in T.unroll(mhc):
+                            for j in T.vectorized(ve):
+                                g_l[o * ve + j] = d_o[t, o, col + j]
+                        _chunk(x_l, r_l, g_l, dx_l, dr_l, comb, post, acc, d_x, d_residual, t, col)
             for k in T.unroll(sums):
                 total = T.warp_reduce_sum(acc[k])
                 if tid % 32 == 0:

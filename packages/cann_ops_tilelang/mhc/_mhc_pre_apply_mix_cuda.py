@@ -2,7 +2,9 @@
 
 - fwd: a thread block takes `token_block` tokens by `hidden_block` columns; per stream it loads the x tile
   (16-byte accesses) and adds mix * x into fp32 accumulators, then stores o's tile. Rows past the token count
-  are masked.
+  are masked. With `hidden_inner` the (1-D) grid walks a token tile's hidden blocks first, so that blocks
+  running side by side read neighbouring bytes of x (a few MB of address range across the GPU instead of a
+  column of every token tile); otherwise the grid is (token tiles, hidden blocks), token tiles first.
 - bwd: a thread block takes one token and walks its hidden row in blocks: per block it reads o_grad, x and
   x_grad once, writes x_grad + mix * o_grad back and keeps per-thread partial sums of o_grad * x; at the end one
   block reduction (TileLang's reduce_sum: fixed order, no atomics) gives the token's mix_grad row.
@@ -32,23 +34,44 @@ def cuda_mhc_pre_apply_mix_kernel(cfg):
         return (m * per_thread + j // vec // threads) * vec + j % vec
 
     if cfg.direction == 'fwd':
+        hidden_blocks = hidden // bh
 
-        @T.prim_func
-        def mhc_pre_apply_mix_fwd_kernel(
-            x: T.Tensor((num_tokens, mhc, hidden), bf16),
-            mix: T.Tensor((num_tokens, mhc), f32),
-            o: T.Tensor((num_tokens, hidden), bf16),
-        ):
-            with T.Kernel(T.ceildiv(num_tokens, bt), hidden // bh, threads=cfg.threads) as (bx, by):
-                acc = T.alloc_fragment((bt, bh), f32)
-                T.clear(acc)
-                for m in T.unroll(mhc):
-                    for i, j in T.Parallel(bt, bh):
-                        if bx * bt + i < num_tokens:
-                            acc[i, j] += mix[bx * bt + i, m] * T.cast(x[bx * bt + i, m, by * bh + j], f32)
+        @T.macro
+        def _accumulate_and_store(x, mix, o, tile, col):
+            """The tile of tokens `tile * bt ..` by columns `col * bh ..`."""
+            acc = T.alloc_fragment((bt, bh), f32)
+            T.clear(acc)
+            for m in T.unroll(mhc):
                 for i, j in T.Parallel(bt, bh):
-                    if bx * bt + i < num_tokens:
-                        o[bx * bt + i, by * bh + j] = T.cast(acc[i, j], bf16)
+                    if tile * bt + i < num_tokens:
+                        acc[i, j] += mix[tile * bt + i, m] * T.cast(x[tile * bt + i, m, col * bh + j], f32)
+            for i, j in T.Parallel(bt, bh):
+                if tile * bt + i < num_tokens:
+                    o[tile * bt + i, col * bh + j] = T.cast(acc[i, j], bf16)
+
+        if cfg.hidden_inner:
+
+            @T.prim_func
+            def mhc_pre_apply_mix_fwd_kernel(
+                x: T.Tensor((num_tokens, mhc, hidden), bf16),
+                mix: T.Tensor((num_tokens, mhc), f32),
+                o: T.Tensor((num_tokens, hidden), bf16),
+            ):
+                # One grid dimension: the token tiles can exceed gridDim.y's 65535; tiles * hidden blocks is at
+                # most tokens * hidden / 64 < 2**31.
+                with T.Kernel(T.ceildiv(num_tokens, bt) * hidden_blocks, threads=cfg.threads) as pid:
+                    _accumulate_and_store(x, mix, o, pid // hidden_blocks, pid % hidden_blocks)
+
+        else:
+
+            @T.prim_func
+            def mhc_pre_apply_mix_fwd_kernel(
+                x: T.Tensor((num_tokens, mhc, hidden), bf16),
+                mix: T.Tensor((num_tokens, mhc), f32),
+                o: T.Tensor((num_tokens, hidden), bf16),
+            ):
+                with T.Kernel(T.ceildiv(num_tokens, bt), hidden_blocks, threads=cfg.threads) as (bx, by):
+                    _accumulate_and_store(x, mix, o, bx, by)
 
         return mhc_pre_apply_mix_fwd_kernel
 

@@ -29,6 +29,16 @@ ASCEND_UB_BUDGET = 200 * 1024
 # CUDA: thread counts tried in order, for a whole number of 16-byte chunks per thread (no predicated thread).
 CUDA_THREAD_CHOICES = (128, 256, 64, 192, 160, 224, 96, 320, 384, 448, 512)
 CUDA_MAX_CHUNKS = 8  # chunks a thread, at most
+CUDA_MAX_RESIDENT_THREADS = 2048  # threads an SM holds (sm_90)
+# Threads each SM must be able to hold, which caps a thread at 128 registers: ptxas otherwise takes ~200 at
+# mhc_mult 4 (it hoists the next chunk's loads), two 128-thread blocks an SM and few loads in flight when a
+# wave is partly empty. Only up to CUDA_CAPPED_MAX_MHC: from mhc_mult 5 the per-token mix values and partial
+# sums, 2 * (M * M + M) registers, leave too few of 128 for a chunk's data (ptxas spills).
+CUDA_RESIDENT_THREADS = 512
+CUDA_CAPPED_MAX_MHC = 4
+# cp.async stages of a row's chunks (where the threads tile the row exactly): two chunks of every row in flight
+# per thread block while it works on a third, as TileKernels' 3-stage pipeline keeps them.
+CUDA_PIPELINE_STAGES = 3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,6 +50,12 @@ class MhcPostBwdConfig:
     threads: int = 128  # CUDA threads a block
     chunks: int = 1  # CUDA 8-column chunks a thread
     tile: int = ASCEND_LANES  # Ascend hidden columns a step; divides H
+    # CUDA: thread blocks each SM must be able to hold (__launch_bounds__' minimum, which caps the registers a
+    # thread); 0: no cap (ptxas then takes ~200 registers at mhc_mult 4: two 128-thread blocks an SM).
+    min_blocks: int = 0
+    # CUDA: 0, each thread loads its chunks into registers; n >= 2, the chunks of all threads go through shared
+    # memory in an n-stage cp.async pipeline (bytes in flight without registers; needs threads * 8 | H).
+    pipelined: int = 0
 
     def __post_init__(self):
         if self.backend not in ('ascend', 'cuda'):
@@ -54,6 +70,10 @@ class MhcPostBwdConfig:
             raise ValueError(f'threads must be a multiple of 32 in 32..1024, got {self.threads}')
         if self.backend == 'cuda' and self.threads * self.chunks * CUDA_VEC < self.hidden:
             raise ValueError('threads * chunks * 8 must cover the hidden size')
+        if self.min_blocks < 0 or self.min_blocks * self.threads > CUDA_MAX_RESIDENT_THREADS:
+            raise ValueError(f'min_blocks * threads must be in 0..{CUDA_MAX_RESIDENT_THREADS}, got {self.min_blocks}')
+        if self.pipelined and (self.pipelined < 2 or self.threads * self.chunks * CUDA_VEC != self.hidden):
+            raise ValueError(f'a pipeline needs >= 2 stages and threads * chunks * 8 == hidden: {self}')
         if self.tile % ASCEND_LANES or self.hidden % self.tile:
             raise ValueError(f'tile {self.tile} must be a multiple of {ASCEND_LANES} dividing hidden {self.hidden}')
 
@@ -84,7 +104,11 @@ def choose_mhc_post_bwd_config(*, backend: Backend, mhc: int, hidden: int, num_c
         return MhcPostBwdConfig('ascend', mhc, hidden, num_cores, tile=tile)
     if backend == 'cuda':
         threads, chunks = _cuda_threads(hidden)
-        return MhcPostBwdConfig('cuda', mhc, hidden, num_cores, threads=threads, chunks=chunks)
+        min_blocks = CUDA_RESIDENT_THREADS // threads if mhc <= CUDA_CAPPED_MAX_MHC else 0
+        stages = CUDA_PIPELINE_STAGES if threads * chunks * CUDA_VEC == hidden else 0
+        return MhcPostBwdConfig(
+            'cuda', mhc, hidden, num_cores, threads=threads, chunks=chunks, min_blocks=min_blocks, pipelined=stages
+        )
     raise ValueError(f'backend must be "ascend" or "cuda", got {backend!r}')
 
 

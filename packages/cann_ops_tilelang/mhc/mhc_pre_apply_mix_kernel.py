@@ -29,17 +29,21 @@ from cann_ops_tilelang.kernel_target import compile_kernel
 from ._mhc_expand_apply_common import (
     ASCEND_STAGES,
     CUDA_MAX_HIDDEN_BLOCK,
-    CUDA_TILE_THREADS,
     CUDA_VECTOR,
     ascend_hidden_block,
     check_config,
     cuda_hidden_block,
-    cuda_tile,
 )
 from ._mhc_pre_apply_mix_ascend import ascend_mhc_pre_apply_mix_kernel
 from ._mhc_pre_apply_mix_cuda import cuda_mhc_pre_apply_mix_kernel
 
 DIRECTIONS = ('fwd', 'bwd')
+# fwd: (T, H) elements of o per thread block, two 16-byte vectors of every stream row per thread (4 * mhc_mult
+# loads in flight per thread at most). Half the 4096 of the expand kernels' tiles: twice the blocks, so that
+# the last wave of a 4001-token grid leaves less of the GPU idle (the previous tile stays reachable through
+# the config, with `hidden_inner=False` for its token-first grid).
+CUDA_FWD_TILE_ELEMENTS = 2048
+CUDA_FWD_VECTORS_PER_THREAD = 2
 # bwd: one token per thread block (its mix_grad row is that block's reduction), hidden blocks in a loop; a
 # power of two of threads from a warp up to 128, each with whole vectors of up to 8 bf16 (16 bytes) of every
 # stream row, at least 32 vectors per row.
@@ -63,6 +67,9 @@ class MhcPreApplyMixConfig:
     vector: int  # CUDA bf16 elements per access (Ascend: 0)
     resident_threads: int  # CUDA bwd: threads per SM the register use must allow (others: 0)
     num_stages: int  # Ascend buffer versions (CUDA: 1)
+    # CUDA fwd: the grid walks a token tile's hidden blocks first (side-by-side blocks read neighbouring bytes);
+    # False: the (token tiles, hidden blocks) grid, token tiles first. Others: unused.
+    hidden_inner: bool = True
 
     def __post_init__(self):
         check_config(self, DIRECTIONS)
@@ -72,6 +79,8 @@ class MhcPreApplyMixConfig:
             unit = self.vector * (self.threads if self.direction == 'bwd' else 1)
             if self.vector < 1 or self.hidden_block % unit:
                 raise ValueError(f'the hidden block must hold whole vectors (bwd: on every thread): {self}')
+            if self.threads % 32 or self.token_block * self.hidden_block % (self.threads * self.vector):
+                raise ValueError(f'threads must be whole warps, each with whole vectors of the tile: {self}')
 
 
 def choose_mhc_pre_apply_mix_config(
@@ -80,16 +89,18 @@ def choose_mhc_pre_apply_mix_config(
     """Pure choice of the compile-time parameters (no device query). Ascend: the widest hidden block whose bf16
     tiles (fwd: x's mhc_mult rows and o's; bwd: x's and x_grad's mhc_mult rows and o_grad's) fit the UB budget
     in ASCEND_STAGES versions. CUDA: hidden blocks of a power of two up to 1024 columns; fwd with tokens enough
-    for CUDA_TILE_ELEMENTS per thread block, bwd one token per block, up to 128 threads with whole
-    vectors of every stream row (up to 16 bytes)."""
+    for CUDA_FWD_TILE_ELEMENTS per thread block on a hidden-first grid, bwd one token per block, up to 128
+    threads with whole vectors of every stream row (up to 16 bytes)."""
     if backend == 'ascend':
         rows = mhc + 1 if direction == 'fwd' else 2 * mhc + 1
         block = ascend_hidden_block(hidden, 2 * rows, ASCEND_STAGES)
         return MhcPreApplyMixConfig(backend, direction, mhc, hidden, num_cores, block, 1, 0, 0, 0, ASCEND_STAGES)
-    if direction == 'fwd':  # the shape of mhc_expand_bwd (mhc_mult rows in, one out): its tiles
-        block, tokens = cuda_tile(hidden)
+    if direction == 'fwd':
+        block = cuda_hidden_block(hidden, CUDA_MAX_HIDDEN_BLOCK)
+        tokens = max(1, CUDA_FWD_TILE_ELEMENTS // block)
+        threads = tokens * block // (CUDA_VECTOR * CUDA_FWD_VECTORS_PER_THREAD)
         return MhcPreApplyMixConfig(
-            backend, direction, mhc, hidden, num_cores, block, tokens, CUDA_TILE_THREADS, CUDA_VECTOR, 0, 1
+            backend, direction, mhc, hidden, num_cores, block, tokens, threads, CUDA_VECTOR, 0, 1
         )
     block = cuda_hidden_block(hidden, CUDA_MAX_HIDDEN_BLOCK)
     vector = min(CUDA_VECTOR, block // CUDA_BWD_MIN_THREADS)
