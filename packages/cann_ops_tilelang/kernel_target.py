@@ -15,6 +15,10 @@ import torch
 
 from cann_ops_tilelang.config import Backend, ascend_emulator, device_guard, get_cuda_arch, kernel_source_requested
 
+# What one SM of the CUDA target (sm_90) holds: the choosers size thread blocks and register caps by it.
+CUDA_MAX_THREADS_PER_SM = 2048
+CUDA_REGS_PER_SM = 65536
+
 
 def tilelang_target(backend: Backend, *, cuda_arch: str | None = None):
     """The TileLang/TVM target object for a backend.

@@ -6,10 +6,11 @@
 # Imported by engram_sinkhorn_step_kernel.py, never the other way round (no import circle): the config comes
 # as `cfg`; the family's shared code comes from _sinkhorn_common.py, and the register model,
 # which the config chooser uses too, lives here.
+from cann_ops_tilelang.kernel_target import CUDA_REGS_PER_SM
+
 from ._sinkhorn_common import CUDA_VEC, cuda_row_macros
 
 CUDA_BLOCKS_PER_SM = 2
-CUDA_REGS_PER_SM = 65536
 
 
 def _cuda_regs_estimate(chunks: int, rows_in_flight: int = 1, stages: int = 2) -> int:

@@ -18,7 +18,7 @@ import functools
 
 from cann_ops_tilelang.config import Backend
 from cann_ops_tilelang.engram._contract import HIDDEN_ALIGN, MAX_HC, MAX_HIDDEN
-from cann_ops_tilelang.kernel_target import compile_kernel
+from cann_ops_tilelang.kernel_target import CUDA_MAX_THREADS_PER_SM, CUDA_REGS_PER_SM, compile_kernel
 
 # The backend bodies. They do not import this module (no import circle): the constant both sides use lives
 # there, and they get the prim_func signature (_engram_gate_fwd_prim_func) as an argument.
@@ -26,7 +26,6 @@ from ._engram_gate_fwd_ascend import ascend_engram_gate_fwd_kernel
 from ._engram_gate_fwd_cuda import CUDA_VEC, cuda_engram_gate_fwd_kernel
 
 # --- CUDA tuning model -----------------------------------------------------------------------
-CUDA_REGS_PER_SM = 65536
 CUDA_MAX_BLOCKS_PER_SM = 8
 
 # --- Ascend 950 model --------------------------------------------------------------------------
@@ -115,7 +114,9 @@ def choose_engram_gate_fwd_config(
                 threads += 32
                 chunks = -(-h8 // threads)
         regs = -(-_cuda_regs_estimate(chunks) // 8) * 8
-        blocks = max(1, min(CUDA_MAX_BLOCKS_PER_SM, CUDA_REGS_PER_SM // (regs * threads), 2048 // threads))
+        blocks = max(
+            1, min(CUDA_MAX_BLOCKS_PER_SM, CUDA_REGS_PER_SM // (regs * threads), CUDA_MAX_THREADS_PER_SM // threads)
+        )
         return EngramGateFwdConfig(
             backend='cuda',
             hc=hc,

@@ -17,9 +17,10 @@ ASCEND_UB_BUDGET = 192 * 1024  # UB bytes the tiles of one kernel may take (all 
 ASCEND_STAGES = 2  # buffer versions: the next task's loads overlap this one's work and stores
 CUDA_VECTOR = 8  # bf16 elements of one 16-byte access
 CUDA_MAX_HIDDEN_BLOCK = 1024
-# The CUDA tiles of the kernels between (T, H) and (T, mhc_mult, H) without a reduction over H (both expand
-# kernels, pre_apply_mix_fwd): 4096 (T, H) elements per thread block of 256 threads, 16 bytes per thread twice
-# per stream, so that a block keeps 8 KB (one stream) to mhc_mult * 8 KB of loads in flight.
+# The CUDA tiles of the expand kernels (between (T, H) and (T, mhc_mult, H), no reduction over H): 4096 (T, H)
+# elements per thread block of 256 threads, 16 bytes per thread twice per stream, so that a block keeps 8 KB (one
+# stream) to mhc_mult * 8 KB of loads in flight. pre_apply_mix_fwd takes tiles of its own size (cuda_tile's
+# `elements`).
 CUDA_TILE_ELEMENTS = 4096
 CUDA_TILE_THREADS = 256
 
@@ -54,11 +55,11 @@ def cuda_hidden_block(hidden: int, cap: int) -> int:
     return block
 
 
-def cuda_tile(hidden: int) -> tuple[int, int]:
-    """(hidden_block, token_block) of a CUDA tile of CUDA_TILE_ELEMENTS: a power-of-two hidden block of up to
-    CUDA_MAX_HIDDEN_BLOCK columns by as many tokens as make up the rest."""
+def cuda_tile(hidden: int, elements: int = CUDA_TILE_ELEMENTS) -> tuple[int, int]:
+    """(hidden_block, token_block) of a CUDA tile of `elements`: a power-of-two hidden block of up to
+    CUDA_MAX_HIDDEN_BLOCK columns by as many tokens (one at least) as make up the rest."""
     block = cuda_hidden_block(hidden, CUDA_MAX_HIDDEN_BLOCK)
-    return block, CUDA_TILE_ELEMENTS // block
+    return block, max(1, elements // block)
 
 
 def ascend_hidden_block(hidden: int, bytes_per_column: int, stages: int) -> int:

@@ -16,7 +16,7 @@ import dataclasses
 import functools
 
 from cann_ops_tilelang.config import Backend
-from cann_ops_tilelang.kernel_target import compile_kernel
+from cann_ops_tilelang.kernel_target import CUDA_MAX_THREADS_PER_SM, compile_kernel
 
 # The backends take the configuration as `cfg` and do not import this module: no import circle.
 from ._mhc_post_bwd_ascend import ascend_mhc_post_bwd_kernel
@@ -29,7 +29,6 @@ ASCEND_UB_BUDGET = 200 * 1024
 # CUDA: thread counts tried in order, for a whole number of 16-byte chunks per thread (no predicated thread).
 CUDA_THREAD_CHOICES = (128, 256, 64, 192, 160, 224, 96, 320, 384, 448, 512)
 CUDA_MAX_CHUNKS = 8  # chunks a thread, at most
-CUDA_MAX_RESIDENT_THREADS = 2048  # threads an SM holds (sm_90)
 # Threads each SM must be able to hold, which caps a thread at 128 registers: ptxas otherwise takes ~200 at
 # mhc_mult 4 (it hoists the next chunk's loads), two 128-thread blocks an SM and few loads in flight when a
 # wave is partly empty. Only up to CUDA_CAPPED_MAX_MHC: from mhc_mult 5 the per-token mix values and partial
@@ -70,8 +69,8 @@ class MhcPostBwdConfig:
             raise ValueError(f'threads must be a multiple of 32 in 32..1024, got {self.threads}')
         if self.backend == 'cuda' and self.threads * self.chunks * CUDA_VEC < self.hidden:
             raise ValueError('threads * chunks * 8 must cover the hidden size')
-        if self.min_blocks < 0 or self.min_blocks * self.threads > CUDA_MAX_RESIDENT_THREADS:
-            raise ValueError(f'min_blocks * threads must be in 0..{CUDA_MAX_RESIDENT_THREADS}, got {self.min_blocks}')
+        if self.min_blocks < 0 or self.min_blocks * self.threads > CUDA_MAX_THREADS_PER_SM:
+            raise ValueError(f'min_blocks * threads must be in 0..{CUDA_MAX_THREADS_PER_SM}, got {self.min_blocks}')
         if self.pipelined and (self.pipelined < 2 or self.threads * self.chunks * CUDA_VEC != self.hidden):
             raise ValueError(f'a pipeline needs >= 2 stages and threads * chunks * 8 == hidden: {self}')
         if self.tile % ASCEND_LANES or self.hidden % self.tile:

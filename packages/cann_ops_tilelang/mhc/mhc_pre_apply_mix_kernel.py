@@ -33,6 +33,7 @@ from ._mhc_expand_apply_common import (
     ascend_hidden_block,
     check_config,
     cuda_hidden_block,
+    cuda_tile,
 )
 from ._mhc_pre_apply_mix_ascend import ascend_mhc_pre_apply_mix_kernel
 from ._mhc_pre_apply_mix_cuda import cuda_mhc_pre_apply_mix_kernel
@@ -96,8 +97,7 @@ def choose_mhc_pre_apply_mix_config(
         block = ascend_hidden_block(hidden, 2 * rows, ASCEND_STAGES)
         return MhcPreApplyMixConfig(backend, direction, mhc, hidden, num_cores, block, 1, 0, 0, 0, ASCEND_STAGES)
     if direction == 'fwd':
-        block = cuda_hidden_block(hidden, CUDA_MAX_HIDDEN_BLOCK)
-        tokens = max(1, CUDA_FWD_TILE_ELEMENTS // block)
+        block, tokens = cuda_tile(hidden, CUDA_FWD_TILE_ELEMENTS)
         threads = tokens * block // (CUDA_VECTOR * CUDA_FWD_VECTORS_PER_THREAD)
         return MhcPreApplyMixConfig(
             backend, direction, mhc, hidden, num_cores, block, tokens, threads, CUDA_VECTOR, 0, 1

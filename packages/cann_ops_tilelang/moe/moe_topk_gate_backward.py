@@ -139,8 +139,8 @@ def moe_topk_gate_backward(
         out: optional (T, E) fp32 buffer, contiguous, on the same device, not overlapping the inputs.
 
     Returns:
-        grad_logits (T, E) fp32 (`out` when given). Non-finite inputs are not checked (no host sync, no device
-        assert): they stay within their token's row, where IEEE arithmetic takes them (a NaN or inf score of a
+        grad_logits (T, E) fp32 (`out` when given). Non-finite inputs are not checked (no host sync, no device-side
+        check): they stay within their token's row, where IEEE arithmetic takes them (a NaN or inf score of a
         chosen expert makes D, and so the row's routed gradient, NaN or 0; an inf gradient gives inf or NaN).
         The other tokens' rows are unaffected.
     """
