@@ -24,8 +24,9 @@ interpretation of the table, so the host time is what hand-written code costs):
 - `plan(<args>)`: check, then the launcher of `choice` (one launcher cache per operator).
 - `fast_ok(<args>)`: what the fast path checks in Python before it trusts a launcher whose compiled entry
   checks every tensor argument (`Launcher.checks_arguments`): plain tensor types, a CUDA device, the first
-  tensor's rank, the scalars, alignment, written tensors apart from the others, no `out=`. It returns the
-  first tensor's shape (for the operator's key), or None where the full path must decide.
+  tensor's rank, the scalars, alignment, written tensors apart from the others, no `out=`, no optional written
+  tensor unless it is declared `fast_when_given`. It returns the first tensor's shape (for the operator's key), or
+  None where the full path must decide.
 - with `@OP.public(eager, returns=..., fake=...)` on the public function's stub (signature and math
   docstring): the public function (traced calls take the torch.library ops, the others `eager`), its
   torch.library forms (functional, and `<name>_out` with `out=`; mutated arguments from `written`; a quantised
@@ -108,15 +109,26 @@ class Arg:
     parts: tuple[str, ...] | None = None  # a tuple argument's items: a quantised tensor's or out's ('data', 'sf')
     label: str | None = None  # the name in messages where it is not `name` (an item of a tuple: 'x[0]')
     sf_dtype: torch.dtype | tuple[torch.dtype, ...] | None = None  # a quantised tensor's scale dtype(s)
+    fast_when_given: bool = False  # an optional written tensor the fast path takes when given (see `tensor`)
 
     @property
     def shown(self) -> str:
         return self.label or self.name
 
 
-def tensor(name, dtype, dims=None, *, like=None, layout='contiguous', aligned=False, optional=False, written=None):
-    """A tensor argument: `dims` as 'T, hc + 1, H' (a symbol not seen before is bound from this tensor)."""
-    return Arg(name, 'tensor', dtype, _dims(dims), like, layout, aligned, optional, written)
+def tensor(
+    name, dtype, dims=None, *, like=None, layout='contiguous', aligned=False, optional=False, written=None,
+    fast_when_given=False,
+):  # fmt: skip
+    """A tensor argument: `dims` as 'T, hc + 1, H' (a symbol not seen before is bound from this tensor).
+
+    fast_when_given (an optional written tensor): the fast path takes a call that gives it, when it is contiguous
+    and apart from every other tensor given (fast_ok checks both); the operator's fast-path key must then say
+    whether it is given. Without it a call that gives the tensor takes the full path."""
+    if fast_when_given and not (optional and written):
+        raise ValueError(f'{name}: fast_when_given is for optional tensors written in place')
+    return Arg(name, 'tensor', dtype, _dims(dims), like, layout, aligned, optional, written,
+               fast_when_given=fast_when_given)  # fmt: skip
 
 
 def out(name, dtype=None, dims=None, *, like=None, aligned=False):
@@ -612,8 +624,9 @@ def _fast_ok_source(args, tensors, outputs, written, params) -> str:
     where the fast path may go on (the operator's key reads it), None otherwise."""
     first = tensors[0]
     tests = [f'{a.name} is None' for a in outputs]
-    # An optional tensor written in place, when given, takes the full path (its overlap checks).
-    tests += [f'{a.name} is None' for a in written if a.optional]
+    # An optional tensor written in place, when given, takes the full path (its overlap checks), unless it is
+    # declared fast_when_given: then the lines after the main test check it.
+    tests += [f'{a.name} is None' for a in written if a.optional and not a.fast_when_given]
     tests += [
         f'({a.name} is None or type({a.name}) in _PLAIN)' if a.optional else f'type({a.name}) in _PLAIN'
         for a in tensors
@@ -663,8 +676,39 @@ def _fast_ok_source(args, tensors, outputs, written, params) -> str:
             if o is w or w.optional or o.optional or (o.written and tensors.index(o) < tensors.index(w)):
                 continue
             faults.append(f'({w.name}_at < {o.name}_end and {o.name}_at < {w.name}_end)')
-    lines.append(f'    return None if {" or ".join(faults)} else shape' if faults else '    return shape')
+    if faults:
+        lines += [f'    if {" or ".join(faults)}:', '        return None']
+    lines += _fast_given_lines(tensors, written, used)
+    lines.append('    return shape')
     return '\n'.join(lines) + '\n'
+
+
+def _fast_given_lines(tensors, written, used) -> list[str]:
+    """fast_ok's lines for the fast_when_given tensors that a call gives: contiguous, and apart from every other
+    tensor given (spans from data_ptr and nbytes; a tensor of another layout is the entry's to refuse)."""
+    lines = []
+    for w in (a for a in written if a.fast_when_given):
+        lines += [
+            f'    if {w.name} is not None:',
+            f'        if not {w.name}.is_contiguous():',
+            '            return None',
+            f'        {w.name}_at = {w.name}.data_ptr()',
+            f'        {w.name}_end = {w.name}_at + {w.name}.nbytes',
+        ]
+        meets = []
+        for o in tensors:
+            if o is w:
+                continue
+            if o in used:
+                meets.append(f'({w.name}_at < {o.name}_end and {o.name}_at < {w.name}_end)')
+            elif o.optional:
+                meets.append(
+                    f'({o.name} is not None and {o.name}.data_ptr() < {w.name}_end and '
+                    f'{w.name}_at < {o.name}.data_ptr() + {o.name}.nbytes)'
+                )
+        if meets:
+            lines += [f'        if {" or ".join(meets)}:', '            return None']
+    return lines
 
 
 def _declared_bytes(a: Arg, symbols: set[str]) -> str | None:

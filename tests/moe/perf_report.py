@@ -4,10 +4,11 @@ the copy that moves the same bytes, and `torch.compile` of the float64-free refe
 state (moe_topk: torch.topk; moe_normalize_weight: a sum and a division).
 
     PYTHONPATH=<tile_kernels 2.1.0> python -m tests.moe.perf_report [--rounds 5] [--ops a,b] [--sweep]
-        [--no-compile] [--jobs N]
+        [--no-compile] [--no-host | --host-only] [--jobs N]
 
 --sweep: every operator over the experts 64 .. 512 (and T = 1 .. 131072) at top-k 8 instead of the fixed table.
---no-compile: no torch.compile column (its compiles take most of a row's time). Every kernel of ours and of the
+--no-compile: no torch.compile column (its compiles take most of a row's time). --no-host: no second table (the
+wall time per eager call at 128 tokens, where the host path and not the kernel sets it). Every kernel of ours and of the
 peer is compiled first, in --jobs processes (TileLang's disk cache hands them to the timing process).
 Our calls go through the public operators (with out= buffers where they have them), the peer's as it is called.
 """
@@ -63,16 +64,21 @@ def _gate_kwargs(case: Case, device) -> dict:
     return kwargs
 
 
-def _calls(case: Case, tk, device, with_compiled: bool = True):
-    """(ours: () -> result, peer: () -> result, moved bytes, compiled reference or None) of a case."""
+def _calls(case: Case, tk, device, with_compiled: bool = True, with_out: bool = True):
+    """(ours: () -> result, peer: () -> result, moved bytes, compiled reference or None) of a case; ours writes
+    into out= buffers unless `with_out` is False (then it allocates its results, as the peer does)."""
     T, E, K = case.num_tokens, case.num_experts, case.num_topk
+
+    def into(*buffers):  # the out= keyword of our call, or none
+        return {'out': buffers[0] if len(buffers) == 1 else buffers} if with_out else {}
+
     logits = _logits(case, device)
     compile_ = torch.compile if with_compiled else (lambda fn: None)
     if case.op == 'moe_topk':
         out = torch.empty(T, K, dtype=torch.int64, device=device)
         compiled = compile_(lambda: torch.topk(logits, K, dim=1).indices)
         return (
-            lambda: ops.moe_topk(logits, K, out=out),
+            lambda: ops.moe_topk(logits, K, **into(out)),
             lambda: tk.topk_gate(logits, K),
             _bytes(logits, out),
             compiled,
@@ -82,7 +88,7 @@ def _calls(case: Case, tk, device, with_compiled: bool = True):
         den, nw = torch.empty(T, device=device), torch.empty(T, K, device=device)
         compiled = compile_(lambda: (w.sum(1), w / w.sum(1, keepdim=True)))
         return (
-            lambda: ops.moe_normalize_weight(w, out=(den, nw)),
+            lambda: ops.moe_normalize_weight(w, **into(den, nw)),
             lambda: tk.normalize_weight(w),
             _bytes(w, den, nw),
             compiled,
@@ -96,7 +102,7 @@ def _calls(case: Case, tk, device, with_compiled: bool = True):
         scores = torch.empty_like(logits) if 'scores' in case.variant else None
         extra = {'scores': scores} if scores is not None else {}
         return (
-            lambda: ops.moe_topk_gate(*args, **kwargs, out=(idx, w), **extra),
+            lambda: ops.moe_topk_gate(*args, **kwargs, **into(idx, w), **extra),
             lambda: tk.moe_topk_gate(*args, **kwargs, **extra),
             _bytes(logits, idx, w, scores, *kwargs.values()),
             None,
@@ -112,7 +118,7 @@ def _calls(case: Case, tk, device, with_compiled: bool = True):
         out = torch.empty_like(logits)
         bargs = (scores, idx, w, grad, SCALING, 'sqrtsoftplus')
         return (
-            lambda: ops.moe_topk_gate_backward(*bargs, **aux, out=out),
+            lambda: ops.moe_topk_gate_backward(*bargs, **aux, **into(out)),
             lambda: tk.moe_topk_gate_backward(*bargs, **aux),
             _bytes(scores, idx, w, grad, out, *aux.values()),
             None,
@@ -146,6 +152,14 @@ TABLE = [
     Case('moe_topk_gate', 'bias', 8001, 384, 6),
     *(Case('moe_topk_gate_backward', v, T, E, 8) for v in ('', 'aux') for T, E in [(4001, 256), (32768, 256)]),
     Case('moe_topk_gate_backward', '', 8001, 384, 6),
+]
+# Host time per eager call: few tokens, so the launch path and not the kernel sets the figure; ours allocates its
+# results as the peer does (no out=).
+HOST_TABLE = [
+    Case('moe_topk', '', 128, 256, 8),
+    Case('moe_normalize_weight', '', 128, 0, 8),
+    *(Case('moe_topk_gate', v, 128, 256, 8) for v in ('', 'bias,shared,mask,scores', 'bias,shared,physical')),
+    *(Case('moe_topk_gate_backward', v, 128, 256, 8) for v in ('', 'aux')),
 ]
 SWEEP_EXPERTS = (64, 128, 256, 384, 512)
 SWEEP_TOKENS = (1, 128, 4001, 32768, 131072)
@@ -228,6 +242,8 @@ def main() -> None:
     parser.add_argument('--no-compile', dest='compile', action='store_false', help='skip the torch.compile column')
     parser.add_argument('--jobs', type=int, default=12, help='compile worker processes')
     parser.add_argument('--swiglu', action='store_true', help='the SwiGLU rows only (its own table)')
+    parser.add_argument('--no-host', dest='host', action='store_false', help='skip the host-time table')
+    parser.add_argument('--host-only', action='store_true', help='the host-time table only')
     args = parser.parse_args()
     import tile_kernels.moe as tk  # the peer, where it is installed
 
@@ -260,6 +276,9 @@ def main() -> None:
     )  # fmt: skip
     if args.ops:
         cases = [c for c in cases if c.op in args.ops.split(',')]
+    if args.host_only:
+        report_host([c for c in HOST_TABLE if not args.ops or c.op in args.ops.split(',')], tk, device, args.rounds)
+        return
     compile_in_workers(_warm, cases, args.jobs)
     print('| operator | variant | T | E | k | agree | ours us | TK us | compiled us | copy us | ours / TK | % copy |')
     print('| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |')
@@ -280,6 +299,29 @@ def main() -> None:
         print(
             f'{head} {agree} | {ours_us:.1f} | {tk_us:.1f} | {compiled_text} | {copy_us:.1f} | '
             f'{ours_us / tk_us:.2f} | {100 * copy_us / ours_us:.0f} |',
+            flush=True,
+        )
+    if args.host:
+        report_host([c for c in HOST_TABLE if not args.ops or c.op in args.ops.split(',')], tk, device, args.rounds)
+
+
+def report_host(cases: list[Case], tk, device, rounds: int) -> None:
+    """Wall time per eager call, back to back (tests.testing.host_timing), the fastest of `rounds` rounds that
+    alternate between ours and the peer's call."""
+    from tests.testing.host_timing import host_time_us
+
+    print()
+    print('| host time per call | variant | T | E | k | ours us | TK us | ours / TK |')
+    print('| --- | --- | --- | --- | --- | --- | --- | --- |')
+    for case in cases:
+        ours, peer, _, _ = _calls(case, tk, device, with_compiled=False, with_out=False)
+        best = [float('inf'), float('inf')]
+        for _ in range(rounds):
+            for i, fn in enumerate((ours, peer)):
+                best[i] = min(best[i], host_time_us(fn, torch.cuda.synchronize, rounds=1))
+        print(
+            f'| {case.op} | {case.variant or "plain"} | {case.num_tokens} | {case.num_experts} | {case.num_topk} | '
+            f'{best[0]:.1f} | {best[1]:.1f} | {best[0] / best[1]:.2f} |',
             flush=True,
         )
 

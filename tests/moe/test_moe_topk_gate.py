@@ -402,6 +402,25 @@ def test_moe_topk_gate_strided_unmapped(device):
 
 
 @pytest.mark.npu
+def test_moe_topk_gate_repeated_calls_keep_the_contract(device):
+    """From the second call of a configuration on, CUDA takes the fast path: the same values, and the same typed
+    errors (a scores buffer aliasing the logits, a bias or a map passed with another rank, a negative ep_rank)."""
+    args, kwargs = make_inputs(CASES[1], 130, device)  # every option
+    for _ in range(3):
+        check_call(args, kwargs)
+    rejected = [
+        (dict(kwargs, scores=args[0]), 'scores'),
+        (dict(kwargs, bias=kwargs['bias'].view(1, -1)), 'bias'),
+        (dict(kwargs, to_physical_map=kwargs['to_physical_map'].unsqueeze(-1)), 'to_physical_map'),
+    ]
+    for bad, match in rejected:
+        with pytest.raises(ValueError, match=match):
+            moe_topk_gate(*args, **bad)
+    with pytest.raises(ValueError, match='ep_rank'):
+        moe_topk_gate(*args[:5], -1, **kwargs)
+
+
+@pytest.mark.npu
 def test_moe_topk_gate_misaligned_logits(device):
     """Logits as a contiguous view 4 bytes into its storage (CUDA: the scalar-load kernel)."""
     args, kwargs = make_inputs(CASES[0], 40, device)

@@ -476,6 +476,30 @@ def test_moe_topk_gate_backward_non_finite_stays_in_its_row(device):
 
 
 @pytest.mark.npu
+def test_moe_topk_gate_backward_unnamed_experts_are_zero(device):
+    """Without the aux term, for sqrtsoftplus and sigmoid, dL/du is zero at an expert no slot names, so dL/dl is
+    exactly 0 there whatever its score (the CUDA kernel does not read it): a NaN or inf score of an unnamed expert
+    leaves the row unchanged. With the aux term (or softmax) the row's sums take every score in."""
+    for num_experts, num_topk, scoring_func, aux in CONFIGS:
+        args = list(make_inputs(6, num_experts, num_topk, scoring_func, aux, device=device))
+        clean = moe_topk_gate_backward(*args).cpu()
+        scores, topk_idx = args[0].cpu().clone(), args[1].cpu()
+        named = torch.zeros_like(scores, dtype=torch.bool)
+        valid = (topk_idx >= 0) & (topk_idx < num_experts)
+        named.scatter_(1, topk_idx.clamp(0, num_experts - 1), valid)
+        poisoned = ~named & (torch.arange(num_experts) % 2 == 0)
+        scores[poisoned] = float('nan')
+        scores[~named & ~poisoned] = float('inf')
+        args[0] = scores.to(device)
+        result = moe_topk_gate_backward(*args).cpu()
+        if aux or scoring_func == 'softmax':
+            assert not result.isfinite().all()
+        else:
+            assert_equal(result, clean)
+            assert (result[~named] == 0).all()
+
+
+@pytest.mark.npu
 def test_moe_topk_gate_backward_config(device):
     num_experts, num_topk, scoring_func, aux = CONFIGS[0]
     args = make_inputs(4, num_experts, num_topk, scoring_func, aux, device=device)

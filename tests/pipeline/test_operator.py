@@ -245,6 +245,37 @@ def test_an_optional_written_tensor_is_checked_when_given_and_takes_the_full_pat
     assert 'if not (y is None and type(x) in _PLAIN' in declared.source  # fast_ok: given, the full path decides
 
 
+def _fast_ok_on_cpu(declared: operator.Operator):
+    """The declared fast_ok with its CUDA test taken out, so that CPU tensors exercise the rest of it."""
+    first = declared.args[0].name
+    namespace = dict(declared.fast_ok.__globals__)
+    exec(declared.source.replace(f'{first}.is_cuda', 'True'), namespace)
+    return namespace['fast_ok']
+
+
+def test_an_optional_written_tensor_declared_fast_when_given_takes_the_fast_path_when_apart():
+    """fast_when_given (moe_topk_gate's scores): a call that gives the tensor takes the fast path when it is
+    contiguous and overlaps no other tensor given; otherwise the full path decides (None)."""
+    name = f'toy_{uuid.uuid4().hex[:8]}'
+    declared = operator.Operator(
+        name,
+        operator.tensor('x', torch.float32, 'n'),
+        operator.tensor('m', torch.float32, 'n', optional=True),
+        operator.tensor('y', torch.float32, optional=True, written='written', fast_when_given=True),
+        choose_config=None,
+        get_kernel=None,
+    )
+    fast_ok = _fast_ok_on_cpu(declared)
+    x, m, buffer = torch.zeros(8), torch.zeros(8), torch.zeros(16)
+    assert fast_ok(x, None, None) == (8,)
+    assert fast_ok(x, m, buffer[:8]) == (8,)  # apart from x and m
+    assert fast_ok(x, None, x) is None  # aliases the input x
+    assert fast_ok(x, buffer[4:12], buffer[:8]) is None  # overlaps the optional m
+    assert fast_ok(x, None, torch.zeros(4, 2).t()) is None  # not contiguous
+    with pytest.raises(ValueError, match='fast_when_given is for optional tensors written in place'):
+        operator.tensor('z', torch.float32, optional=True, fast_when_given=True)
+
+
 def test_an_optional_float_scalar_is_none_in_the_forms_and_on_the_fast_path():
     """An optional float (moe_swiglu_forward's routed_scaling_factor=None): `float?` in the schema, None passed
     through the forms' arguments (ints still become floats), and the fast path accepts None or a finite float."""

@@ -5,13 +5,14 @@ indices (as int32 pairs), the weights and their gradients (with the aux term: th
 grad_scores_sum the tile's sequences need) land in UB. A scalar pass per token walks its K slots in order: the
 slot's expert (-1 unless 0 <= index < E), the sums D and <g, w> and each slot's dL/du (UB arrays). Then one SIMD
 pass per token and 64-expert register: dL/du as the sum of the slots that name each lane's expert (slot order, a
-compare and select per slot: no scatter, no atomics), the aux term, the scoring function's chain rule.
+compare and select per slot: no scatter, no atomics), the aux term, the scoring function's chain rule (without
+the aux term, for sqrtsoftplus and sigmoid, on the named experts' scores only: 0 elsewhere, as on CUDA).
 """
 
 # No `from __future__ import annotations`: TileLang evaluates the prim_func annotations, which
 # refer to the generator's local variables.
 from ._scoring import WEIGHT_SUM_EPS
-from ._scoring_grad import ascend_sqrtsoftplus_grad
+from ._scoring_grad import ascend_sqrtsoftplus_grad, reads_scores_row
 
 ASCEND_LANES = 64  # fp32 lanes of one 256-byte vector register
 _ROW_ALIGN = 8  # 4-byte elements per 32 bytes: UB row pitch granule of the DMA
@@ -42,6 +43,7 @@ def ascend_moe_topk_gate_backward_kernel(cfg):
     idx_pitch = _aligned(2 * K, _ROW_ALIGN)
     slot_pitch = _aligned(K, _ROW_ALIGN)
     sqrtsoftplus_grad = ascend_sqrtsoftplus_grad()
+    whole_row = reads_scores_row(aux, func)
     num_tokens = T.dynamic('num_tokens')
     num_seqs = T.dynamic('num_seqs')
 
@@ -125,10 +127,17 @@ def ascend_moe_topk_gate_backward_kernel(cfg):
                             experts = S.vadds(lanes, c * ASCEND_LANES)
                             grad_u = S.alloc_var(f32)
                             grad_u = zero
+                            u = S.vld(scores_ub[r, c * ASCEND_LANES])
+                            if not whole_row:  # the named experts' scores, 0 elsewhere (reads_scores_row)
+                                named_u = S.alloc_var(f32)
+                                named_u = zero
                             for k in T.serial(K):
                                 hit = S.vcmps(experts, slot_expert_ub[r, k], op='eq')
                                 grad_u = S.vadd(grad_u, S.vsel(S.vdup(slot_grad_ub[r, k], f32), zero, hit))
-                            u = S.vld(scores_ub[r, c * ASCEND_LANES])
+                                if not whole_row:
+                                    named_u = S.vsel(u, named_u, hit)
+                            if not whole_row:
+                                u = named_u
                             if aux:
                                 h = S.vld(aux_grad_ub[seq_row_ub[r], c * ASCEND_LANES])
                                 term = S.vsub(S.vmul(h, inv_total), aux_bias)

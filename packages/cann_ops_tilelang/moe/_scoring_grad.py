@@ -19,6 +19,14 @@ about 2 ulp. u = 0 gives 0 (the series' u / 2 factor), u = inf gives 0, NaN stay
 
 import math
 
+
+def reads_scores_row(aux: bool, scoring_func: str) -> bool:
+    """Whether the backward needs every score of a token: the aux term's and softmax's row sums. Otherwise
+    dL/dl is zero wherever dL/du is, so an expert that no slot names gets exactly 0 whatever its score (the
+    CUDA kernel reads only the slots' scores; the Ascend kernel, which loads the row, masks the others out)."""
+    return aux or scoring_func == 'softmax'
+
+
 SQRTSOFTPLUS_SERIES_LIMIT = 0.5  # x = u^2 below this: the series, else the direct form
 SERIES_TERMS = 9
 # (1 - exp(-x)) / x = sum_n c_n x^n, c_n = (-1)^n / (n + 1)!, highest degree first (Horner order).

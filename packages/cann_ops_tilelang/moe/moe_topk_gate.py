@@ -115,9 +115,9 @@ OP = Operator(
     tensor('fix_routing_mask', torch.bool, 'T', optional=True),
     tensor('to_physical_map', torch.int32, optional=True),  # (E + S, R): checked in _contract
     tensor('logical_count', torch.int32, optional=True),  # (E + S,)
-    tensor('unmapped_topk_idx', torch.int64, layout='rows', optional=True, written='updated'),  # (T, K)
+    tensor('unmapped_topk_idx', torch.int64, layout='rows', optional=True, written='updated', fast_when_given=True),
     tensor('force_random', torch.bool, 'T', optional=True),
-    tensor('scores', torch.float32, 'T, E', optional=True, written='written'),
+    tensor('scores', torch.float32, 'T, E', optional=True, written='written', fast_when_given=True),
     scalar('num_groups', 'int'),
     scalar('topk_groups', 'int'),
     outs('out', 'topk_idx', 'topk_weights'),
@@ -133,11 +133,36 @@ OP = Operator(
 def _eager(logits, num_topk, use_shared_as_routed, num_shared_experts, routed_scaling_factor, ep_rank,
            scoring_func, mask, bias, image_bias, image_token_mask, fix_routing_mask, to_physical_map, logical_count,
            unmapped_topk_idx, force_random, scores, num_groups, topk_groups, out):  # fmt: skip
-    """A call on real tensors (also the kernel of the torch.library forms): every check, then the launch."""
+    """A call on real tensors (also the kernel of the torch.library forms): every check, then the launch. Fast
+    path, without out=: by every value the configuration and the contract's rules read (the presence of each
+    optional tensor among them), the ranks of the tensors passed as rows (the entry sees their flat views), the
+    alignment of logits and the CUDA index; T = 0 takes the checked path and launches nothing."""
     args = (logits, num_topk, use_shared_as_routed, num_shared_experts, routed_scaling_factor, ep_rank, scoring_func,
             mask, bias, image_bias, image_token_mask, fix_routing_mask, to_physical_map, logical_count,
             unmapped_topk_idx, force_random, scores, num_groups, topk_groups, out)  # fmt: skip
-    launcher = OP.plan(*args)
+    key = None
+    shape = OP.fast_ok(*args)
+    if (
+        shape is not None
+        and shape[0]
+        and 0 <= ep_rank <= MAX_EP_RANK
+        and (bias is None or bias.dim() == 1)
+        and (image_bias is None or image_bias.dim() == 1)
+        and (to_physical_map is None or to_physical_map.dim() == 2)
+        and (logical_count is None or logical_count.dim() == 1)
+    ):
+        present = tuple(
+            t is not None
+            for t in (mask, bias, image_bias, image_token_mask, fix_routing_mask, logical_count, unmapped_topk_idx,
+                      force_random, scores)
+        )  # fmt: skip
+        aligned = logits.data_ptr() % ALIGN_BYTES == 0
+        key = (shape[1], num_topk, use_shared_as_routed, num_shared_experts, scoring_func, num_groups, topk_groups,
+               present, _replicas(to_physical_map), aligned, logits.get_device())  # fmt: skip
+    launcher = OP.fast.get(key) if key is not None else None
+    fast = launcher is not None
+    if not fast:
+        launcher = OP.plan(*args)
     if out is None:
         (idx_shape, idx_dtype), (weights_shape, weights_dtype) = _results(
             logits, num_topk, use_shared_as_routed, num_shared_experts
@@ -156,7 +181,7 @@ def _eager(logits, num_topk, use_shared_as_routed, num_shared_experts, routed_sc
     unmapped = unmapped_topk_idx
     if unmapped is not None and not unmapped.is_contiguous():
         unmapped = unmapped.contiguous()
-    launcher.launch(
+    launch_args = (
         logits,
         given(bias, torch.float32, 2, row=True),
         given(image_bias, torch.float32, 2, row=True),
@@ -173,6 +198,12 @@ def _eager(logits, num_topk, use_shared_as_routed, num_shared_experts, routed_sc
         float(routed_scaling_factor),
         ep_rank,
     )
+    if fast:
+        OP.launch(launcher, launch_args, *args)
+    else:
+        launcher.launch(*launch_args)
+        if key is not None:
+            OP.remember(key, launcher)
     if unmapped is not unmapped_topk_idx:
         unmapped_topk_idx.copy_(unmapped)
     return out

@@ -121,6 +121,8 @@ def moe_topk_gate_backward(
             'sqrtsoftplus' (u = sqrt(softplus(l))): du/dl = (1 - exp(-u^2)) / (2u), 0 at u = 0 (a series for small u)
             'sigmoid' (u = sigmoid(l)): du/dl = u (1 - u)
             'softmax' (u = softmax(l) over the E experts): dl = u * (du - <du, u>)
+        Without the aux term, for sqrtsoftplus and sigmoid, an expert that no valid slot names gets exactly 0,
+        whatever its score (dL/du is 0 there; the score is not read).
 
     Deterministic: no atomics; the same inputs give the same bits run to run, and the route term is summed in
     the same order on both backends.

@@ -11,6 +11,7 @@ topk_weights[t], s = routed_scaling_factor, all in fp32:
     aux (grad_scores_sum h, mask): where mask[t], du += h[seq] / sum(u) - (<h[seq], u> / sum(u)) / sum(u),
         seq = t // (T / S), with 1 / sum(u) one division
     grad_logits = du * u'(scoring_func) (_scoring_grad.py); softmax: u * (du - <du, u>)
+    without the aux term, for sqrtsoftplus and sigmoid: exactly 0 where no slot names the expert (reads_scores_row)
 
 No atomics: the same inputs give the same bits run to run, and the route term (D, <g, w>, delta, du before the aux
 term) has the same operation order on both backends (the compilers may still fuse a multiply-add differently:
