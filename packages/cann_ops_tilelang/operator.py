@@ -613,15 +613,18 @@ def _generate(op: Operator, choice, limits, extra, shape_from, results) -> None:
     if args[0].kind == 'quant':
         source += f'    {first} = {args[0].name} if isinstance({args[0].name}, torch.Tensor) else {args[0].name}[0]\n'
     source += f'    return _op.launcher(backend, {first}.device{choose})\n'
-    source += _fast_ok_source(args, tensors, outputs, written, params)
+    source += _fast_ok_source(args, tensors, outputs, written, params, limits)
     exec(source, namespace)  # generated from the declaration's names only
     op.check, op.plan, op.fast_ok = namespace['check'], namespace['plan'], namespace['fast_ok']
     op.source = source  # what the declaration generated (for readers and tests)
 
 
-def _fast_ok_source(args, tensors, outputs, written, params) -> str:
+def _fast_ok_source(args, tensors, outputs, written, params, limits=None) -> str:
     """fast_ok: the fast path's Python checks (see the module docstring). It returns the first tensor's shape
-    where the fast path may go on (the operator's key reads it), None otherwise."""
+    where the fast path may go on (the operator's key reads it), None otherwise. `limits` is called too where it
+    reads the first tensor's first dimension and the first tensor's shape gives all its symbols (a size past
+    them: None, and the full path raises): operators key their fast path by the other sizes, not by the token
+    count."""
     first = tensors[0]
     tests = [f'{a.name} is None' for a in outputs]
     # An optional tensor written in place, when given, takes the full path (its overlap checks), unless it is
@@ -654,6 +657,18 @@ def _fast_ok_source(args, tensors, outputs, written, params) -> str:
                 lines += [f'    {test}', '        return None', f'    {items} = {a.name}']
     lines += [f'    if not ({" and ".join(tests)}):', '        return None']
     lines.append(f'    shape = {first.name}.shape')
+    symbols = [d for d in first.dims or () if d.isidentifier()]
+    whole = bool(symbols) and len(symbols) == len(first.dims)
+    limit_params = list(inspect.signature(limits).parameters) if limits is not None else []
+    # Only limits that read the first dimension (the token count, dynamic: keys leave it out) are called here.
+    checks_limits = (
+        limits is not None and whole and symbols[0] in limit_params and set(limit_params) <= set(symbols) | {'name'}
+    )
+    if whole and (written or checks_limits):
+        lines.append(f'    {", ".join(symbols)}, = shape')
+    if checks_limits:
+        call = ', '.join(f'{p}=_name' if p == 'name' else f'{p}={p}' for p in limit_params)
+        lines += ['    try:', f'        _limits({call})', '    except ValueError:', '        return None']
     # addresses: of the aligned tensors, and with a written tensor, of every tensor it must stay apart from
     used = [a for a in tensors if a.aligned or (written and not a.optional)]
     for a in used:
@@ -661,11 +676,8 @@ def _fast_ok_source(args, tensors, outputs, written, params) -> str:
     if written:
         # A tensor's bytes from its declared shape where the first tensor's symbols give it (no property call; a
         # tensor of another shape is the entry's to refuse, before any launch), else its nbytes.
-        symbols = [d for d in first.dims or () if d.isidentifier()]
-        if symbols and len(symbols) == len(first.dims):
-            lines.append(f'    {", ".join(symbols)}, = shape')
         for a in used:
-            size = _declared_bytes(a, set(symbols) if len(symbols) == len(first.dims or ()) else set())
+            size = _declared_bytes(a, set(symbols) if whole else set())
             lines.append(f'    {a.name}_end = {a.name}_at + {size if size else f"{a.name}.nbytes"}')
     faults = []
     aligned = [a.name for a in used if a.aligned]

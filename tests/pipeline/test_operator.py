@@ -276,6 +276,25 @@ def test_an_optional_written_tensor_declared_fast_when_given_takes_the_fast_path
         operator.tensor('z', torch.float32, optional=True, fast_when_given=True)
 
 
+def test_the_fast_path_checks_the_limits_the_first_tensor_gives():
+    """A size past the declared limits (T * E elements, with T dynamic and so not in the operator's key) sends the
+    call down the full path, which raises the limit's ValueError."""
+    name = f'toy_{uuid.uuid4().hex[:8]}'
+
+    def limits(name, T, E):
+        if T * E > 64:
+            raise ValueError(f'{name}: at most 64 elements, got {T} x {E}')
+
+    declared = operator.Operator(
+        name, operator.tensor('x', torch.float32, 'T, E'), limits=limits, choose_config=None, get_kernel=None
+    )
+    fast_ok = _fast_ok_on_cpu(declared)
+    assert fast_ok(torch.zeros(8, 8)) == (8, 8)
+    assert fast_ok(torch.zeros(9, 8)) is None
+    with pytest.raises(ValueError, match='at most 64 elements, got 9 x 8'):
+        declared.check(torch.zeros(9, 8))
+
+
 def test_an_optional_float_scalar_is_none_in_the_forms_and_on_the_fast_path():
     """An optional float (moe_swiglu_forward's routed_scaling_factor=None): `float?` in the schema, None passed
     through the forms' arguments (ints still become floats), and the fast path accepts None or a finite float."""

@@ -40,11 +40,18 @@ OP = Operator(
 
 
 def _eager(scores, num_topk, out):
-    """A call on real tensors (also the kernel of the torch.library forms): every check, then the launch."""
-    launcher = OP.plan(scores, num_topk, out)
+    """A call on real tensors (also the kernel of the torch.library forms): every check, then the launch. Fast
+    path, without out=: by (E, K, the alignment of scores, CUDA index); T = 0 takes the checked path and launches
+    nothing."""
+    args = (scores, num_topk, out)
+    key = None
+    if out is None:
+        shape = OP.fast_ok(*args)
+        if shape is not None and shape[0]:
+            key = (shape[1], num_topk, scores.data_ptr() % ALIGN_BYTES == 0, scores.get_device())
+    launcher, fast = OP.prepare(key, args)
     result = scores.new_empty((scores.shape[0], num_topk), dtype=torch.int64) if out is None else out
-    if scores.shape[0]:  # no tokens: nothing to launch
-        launcher.launch(scores, result)
+    OP.finish(launcher, fast, key, (scores, result), args, empty=not scores.shape[0])
     return result
 
 
