@@ -7,6 +7,7 @@ from .mhc_fn_normw_merge_bwd import mhc_fn_normw_merge_bwd
 from .mhc_fn_normw_merge_fwd import mhc_fn_normw_merge_fwd
 from .mhc_head_compute_mix_bwd import mhc_head_compute_mix_bwd
 from .mhc_head_compute_mix_fwd import mhc_head_compute_mix_fwd
+from .mhc_multilayer_recompute import mhc_multilayer_recompute
 from .mhc_post_bwd import mhc_post_bwd
 from .mhc_post_fwd import mhc_post_fwd
 from .mhc_pre_apply_mix_bwd import mhc_pre_apply_mix_bwd
@@ -27,6 +28,7 @@ __all__ = [
     'mhc_fn_normw_merge_fwd',
     'mhc_head_compute_mix_bwd',
     'mhc_head_compute_mix_fwd',
+    'mhc_multilayer_recompute',
     'mhc_post_bwd',
     'mhc_post_fwd',
     'mhc_pre_apply_mix_bwd',
