@@ -7,7 +7,8 @@ moves the same bytes.
 Rows: the peer's shapes, mhc_mult 4 by default: the streaming operators (expand, pre_apply_mix, post and their
 backwards) at (T, H) = (4001, 4096), (8001, 7168), (4001, 2560); Sinkhorn at T = 4001 / 8001 with 10 and 20
 repeats; the mixes at T = 4001 / 8001; fn_normw_merge at K = mhc_mult * 4096; the partials' reduction at T = 4001 /
-8001 with 16 splits. Both sides write the same preallocated buffers (the peer's calling convention).
+8001 with 16 splits; mhc_multilayer_recompute over 4 layers at the streaming shapes. Both sides write the same
+preallocated buffers (the peer's calling convention).
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ OTHER_OPS = (
     'mhc_fn_normw_merge_fwd',
     'mhc_reduce_partials_and_rmsnorm_fwd',
 )
+RECOMPUTE_OP = 'mhc_multilayer_recompute'
+RECOMPUTE_LAYERS = 4
 PEER_NAMES = {'mhc_expand_fwd': 'expand_to_mhc_fwd', 'mhc_expand_bwd': 'expand_to_mhc_bwd'}
 
 
@@ -85,6 +88,34 @@ def _stream_calls(tk, op: str, T: int, M: int, H: int, device):
     moved = sum(t.nbytes for t in (*inputs, *written))
     if not written:
         moved += sum(t.nbytes for t in result_ours)
+    return ours, peer, moved, agreement(*compared, rtol=1e-2, atol=1e-2)
+
+
+def _recompute_calls(tk, T: int, M: int, H: int, device):
+    """mhc_multilayer_recompute over RECOMPUTE_LAYERS layers (every layer with its post mapping): the peer builds
+    its pinned pointer table inside the call, so its time includes that copy."""
+    torch.manual_seed(0)
+    L = RECOMPUTE_LAYERS
+    initial = _bf16(T, M, H, device=device)
+    pre = [torch.rand(T, M, device=device) for _ in range(L)]
+    outputs = [_bf16(T, H, device=device) for _ in range(L)]
+    post = [torch.rand(T, M, device=device) * 2 for _ in range(L)]
+    comb = [torch.rand(T, M, M, device=device) * (2 / M) for _ in range(L)]
+
+    def buffers():
+        return [_bf16(T, H, device=device) for _ in range(L)], [_bf16(T, M, H, device=device) for _ in range(L)]
+
+    mine, theirs = buffers(), buffers()
+
+    def ours():
+        return mhc.mhc_multilayer_recompute(initial, pre, outputs, post, comb, *mine)
+
+    def peer():
+        return tk.mhc_multilayer_recompute(initial, pre, outputs, post, comb, *theirs)
+
+    ours(), peer()
+    moved = sum(t.nbytes for t in (initial, *pre, *outputs, *post, *comb, *mine[0], *mine[1]))
+    compared = (*mine[0], *mine[1]), (*theirs[0], *theirs[1])
     return ours, peer, moved, agreement(*compared, rtol=1e-2, atol=1e-2)
 
 
@@ -137,7 +168,9 @@ def _other_calls(tk, op: str, T: int, M: int, detail: int, device):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument('--rounds', type=int, default=5)
-    parser.add_argument('--ops', default=','.join(STREAM_OPS + OTHER_OPS), help='comma-separated operator names')
+    parser.add_argument(
+        '--ops', default=','.join((*STREAM_OPS, *OTHER_OPS, RECOMPUTE_OP)), help='comma-separated operator names'
+    )
     parser.add_argument('--mult', type=int, default=4, help='mhc_mult (the peer: 4)')
     args = parser.parse_args()
     import tile_kernels.mhc as tk  # the peer, where it is installed
@@ -146,9 +179,12 @@ def main() -> None:
     cases = [(op, T, H) for op in STREAM_OPS if op in ops for T, H in STREAM_SHAPES]
     cases += [(op, T, r) for op in OTHER_OPS[:2] if op in ops for T, r in SINKHORN_CASES]
     cases += [(op, T, 0) for op in OTHER_OPS[2:] if op in ops for T in MIX_TOKENS]
+    cases += [(RECOMPUTE_OP, T, H) for T, H in STREAM_SHAPES if RECOMPUTE_OP in ops]
 
     def calls(case):
         op, T, detail = case
+        if op == RECOMPUTE_OP:
+            return _recompute_calls(tk, T, M, detail, device)
         if op in STREAM_OPS:
             return _stream_calls(tk, op, T, M, detail, device)
         return _other_calls(tk, op, T, M, detail, device)
