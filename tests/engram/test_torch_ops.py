@@ -16,6 +16,7 @@ import cann_ops_tilelang
 from cann_ops_tilelang import config, operator
 from cann_ops_tilelang.engram.engram_gate_bwd_kernel import fixed_range_max_tokens
 from cann_ops_tilelang.operator import NAMESPACE, OPERATORS, traced
+from tests.testing.graphs import GraphRecorder
 from tests.testing.lowering import H200_SMS
 
 # Small: the fake tests allocate nothing, the device tests stay quick on the emulator; hc and H (and the hash
@@ -293,15 +294,8 @@ def _hash_and_inplace(ids, multipliers, vocab_sizes, offsets, x, kv, w, mask):
     return rows + 1
 
 
-class _GraphRecorder:
-    """A torch.compile backend that keeps the FX graphs Dynamo hands it and runs them as they are."""
-
-    def __init__(self):
-        self.graphs = []
-
-    def __call__(self, gm, example_inputs):
-        self.graphs.append(gm)
-        return gm.forward
+class _GraphRecorder(GraphRecorder):
+    """The shared recorder, whose targets are every graph's, without the overload suffix."""
 
     def targets(self) -> set[str]:
         # Dynamo records the op packets (`cann_ops_tilelang.engram_gate_fwd`), AOTAutograd the overloads.
@@ -405,12 +399,7 @@ def emulated_cpu(monkeypatch):
 def test_compile_functionalizes_the_mutations(emulated_cpu):
     """AOTAutograd (the 'aot_eager' backend: Inductor's front half; Inductor's own code cannot run on fake
     tensors) functionalizes the in-place ops (auto_functionalized) and traces every op in one graph."""
-    torch._dynamo.reset()
-    graphs = []
-
-    def record(gm, example_inputs):
-        graphs.append(gm)
-        return gm.forward
+    record = GraphRecorder()
 
     backend = aot_autograd(fw_compiler=record)
     with FakeTensorMode():
@@ -419,12 +408,12 @@ def test_compile_functionalizes_the_mutations(emulated_cpu):
         assert (out.shape, grad_x.shape, grad_kv.shape) == ((T, HC, H), (T, HC, H), (T, HC + 1, H))
         chain = _sinkhorn_chain_inputs(emulated_cpu)
         assert torch.compile(_sinkhorn_chain, fullgraph=True, backend=backend)(*chain).shape == (ROWS, HEAD_DIM)
-    assert len(graphs) == 2
-    code = graphs[0].code + graphs[1].code
+    assert len(record.graphs) == 2
+    code = record.graphs[0].code + record.graphs[1].code
     for name in ('engram_grad_w_reduce', 'engram_sinkhorn_momentum_update', 'engram_sinkhorn_step'):
         assert f'{NAMESPACE}.{name}.default' in code  # mutating ops, functionalized
     # grad_w_reduce in the first graph; momentum, step, step_reduce and finalize's out= in the second
-    assert all('auto_functionalized' in gm.code for gm in graphs)
+    assert all('auto_functionalized' in gm.code for gm in record.graphs)
 
 
 def test_functional_ops_outputs_never_require_grad(emulated_cpu):

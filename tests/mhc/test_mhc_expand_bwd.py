@@ -16,6 +16,7 @@ from cann_ops_tilelang import config
 from cann_ops_tilelang.mhc import mhc_expand_bwd
 from cann_ops_tilelang.operator import NAMESPACE, OPERATORS
 from tests.testing.bench import config_extras, make_param_id
+from tests.testing.graphs import GraphRecorder
 from tests.testing.numeric import assert_equal, count_bytes
 from tests.testing.timing import record_name
 
@@ -119,12 +120,7 @@ def test_mhc_expand_bwd_fake_calls():
 
 
 def test_mhc_expand_bwd_compiles_into_one_graph():
-    torch._dynamo.reset()
-    graphs = []
-
-    def record(gm, example_inputs):
-        graphs.append(gm)
-        return gm.forward
+    record = GraphRecorder()
 
     def step(o_grad, x_grad):
         return mhc_expand_bwd(o_grad, x_grad) + 1
@@ -133,8 +129,8 @@ def test_mhc_expand_bwd_compiles_into_one_graph():
         o_grad, x_grad = _buffers(device='cuda')
         result = torch.compile(step, fullgraph=True, backend=record)(o_grad, x_grad)
         assert (result.shape, result.dtype) == (x_grad.shape, x_grad.dtype)
-    assert len(graphs) == 1
-    targets = {str(n.target) for n in graphs[0].graph.nodes if n.op == 'call_function'}
+    assert len(record.graphs) == 1
+    targets = record.targets()
     assert str(FORMS['mhc_expand_bwd']) in targets, targets
 
 

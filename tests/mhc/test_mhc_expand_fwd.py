@@ -15,6 +15,7 @@ from cann_ops_tilelang import config
 from cann_ops_tilelang.mhc import mhc_expand_fwd
 from cann_ops_tilelang.operator import NAMESPACE, OPERATORS
 from tests.testing.bench import config_extras, make_param_id
+from tests.testing.graphs import GraphRecorder
 from tests.testing.numeric import assert_equal, count_bytes
 from tests.testing.timing import record_name
 
@@ -124,12 +125,7 @@ def test_mhc_expand_fwd_fake_calls():
 
 def test_mhc_expand_fwd_compiles_into_one_graph():
     """torch.compile(fullgraph=True) traces the in-place op into one graph (a graph break would raise)."""
-    torch._dynamo.reset()
-    graphs = []
-
-    def record(gm, example_inputs):
-        graphs.append(gm)
-        return gm.forward
+    record = GraphRecorder()
 
     def step(x, o):
         return mhc_expand_fwd(x, o) * 2
@@ -138,8 +134,8 @@ def test_mhc_expand_fwd_compiles_into_one_graph():
         x, o = _buffers(device='cuda')
         doubled = torch.compile(step, fullgraph=True, backend=record)(x, o)
         assert (doubled.shape, doubled.dtype) == (o.shape, o.dtype)
-    assert len(graphs) == 1
-    targets = {str(n.target) for n in graphs[0].graph.nodes if n.op == 'call_function'}
+    assert len(record.graphs) == 1
+    targets = record.targets()
     assert str(FORMS['mhc_expand_fwd']) in targets, targets
 
 

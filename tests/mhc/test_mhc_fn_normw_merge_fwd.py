@@ -19,6 +19,7 @@ from cann_ops_tilelang.mhc.mhc_fn_normw_merge_fwd_kernel import (
 from cann_ops_tilelang.operator import NAMESPACE, OPERATORS
 from tests.testing.bench import make_param_id
 from tests.testing.generator import generate_samples, get_test_level
+from tests.testing.graphs import GraphRecorder
 from tests.testing.lowering import (
     ASCEND_950_VECTOR_CORES,
     H200_SMS,
@@ -171,12 +172,7 @@ def test_mhc_fn_normw_merge_fwd_fake_calls():
 
 
 def test_mhc_fn_normw_merge_fwd_compiles_into_one_graph():
-    torch._dynamo.reset()
-    graphs = []
-
-    def record(gm, example_inputs):
-        graphs.append(gm)
-        return gm.forward
+    record = GraphRecorder()
 
     def merged_twice(fn, normw, out_fn):
         return mhc_fn_normw_merge_fwd(fn, normw, out_fn) * 2
@@ -185,8 +181,8 @@ def test_mhc_fn_normw_merge_fwd_compiles_into_one_graph():
         fn, normw = torch.empty(24, 512, device='cuda'), torch.empty(512, device='cuda')
         result = torch.compile(merged_twice, fullgraph=True, backend=record)(fn, normw, torch.empty_like(fn))
         assert result.shape == fn.shape
-    assert len(graphs) == 1
-    targets = {str(n.target) for n in graphs[0].graph.nodes if n.op == 'call_function'}
+    assert len(record.graphs) == 1
+    targets = record.targets()
     assert str(FORMS['mhc_fn_normw_merge_fwd']) in targets, targets
 
 

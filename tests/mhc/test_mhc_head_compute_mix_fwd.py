@@ -17,6 +17,7 @@ from cann_ops_tilelang.mhc._mixes_kernel import choose_mhc_mixes_config
 from cann_ops_tilelang.operator import NAMESPACE, OPERATORS
 from tests.testing.bench import make_param_id
 from tests.testing.generator import generate_samples, get_test_level
+from tests.testing.graphs import GraphRecorder
 from tests.testing.numeric import assert_close, count_bytes
 from tests.testing.timing import record_name
 
@@ -119,12 +120,7 @@ def test_mhc_head_compute_mix_fwd_traced():
                 call(
                     *make_args(40, 4),
                 )
-    torch._dynamo.reset()
-    graphs = []
-
-    def record(gm, example_inputs):
-        graphs.append(gm)
-        return gm.forward
+    record = GraphRecorder()
 
     def step(x, scale, base, out):
         return mhc_head_compute_mix_fwd(x, scale, base, out, EPS) * 2
@@ -132,8 +128,8 @@ def test_mhc_head_compute_mix_fwd_traced():
     with FakeTensorMode():
         x, scale, base, out, _ = make_args(40, 4, 'cuda')
         assert torch.compile(step, fullgraph=True, backend=record)(x, scale, base, out).shape == x.shape
-    assert len(graphs) == 1
-    assert str(FORM) in {str(n.target) for n in graphs[0].graph.nodes if n.op == 'call_function'}
+    assert len(record.graphs) == 1
+    assert str(FORM) in record.targets()
 
 
 # Device tier.

@@ -16,6 +16,7 @@ from cann_ops_tilelang.mhc import mhc_multilayer_recompute, mhc_post_fwd, mhc_pr
 from cann_ops_tilelang.operator import OPERATORS
 from tests.testing.bench import make_param_id
 from tests.testing.generator import by_level, generate_samples, get_test_level
+from tests.testing.graphs import GraphRecorder
 from tests.testing.numeric import assert_equal, count_bytes
 from tests.testing.timing import record_name
 
@@ -158,12 +159,7 @@ def test_mhc_multilayer_recompute_is_a_composition_not_an_op():
 
 
 def test_mhc_multilayer_recompute_compiles_into_one_graph():
-    torch._dynamo.reset()
-    graphs = []
-
-    def record(gm, example_inputs):
-        graphs.append(gm)
-        return gm.forward
+    record = GraphRecorder()
 
     def step(*args):
         mhc_multilayer_recompute(*args)
@@ -173,8 +169,8 @@ def test_mhc_multilayer_recompute_compiles_into_one_graph():
         args = _zeros(L=2, L_post=1, device='cuda')
         doubled, _ = torch.compile(step, fullgraph=True, backend=record)(*args)
         assert doubled.shape == (4, 256)
-    assert len(graphs) == 1
-    targets = [str(n.target) for n in graphs[0].graph.nodes if n.op == 'call_function']
+    assert len(record.graphs) == 1
+    targets = [str(n.target) for n in record.graphs[0].graph.nodes if n.op == 'call_function']
     stages = [t for t in targets if 'mhc_pre_apply_mix_fwd' in t or 'mhc_post_fwd' in t]
     assert len(stages) == 3, targets  # apply, post, apply
 

@@ -22,6 +22,7 @@ from cann_ops_tilelang.operator import NAMESPACE, OPERATORS
 from tests.testing.bench import make_param_id
 from tests.testing.contract import assert_rejects_extra_dimension, assert_rejects_non_tensor_and_dtype
 from tests.testing.generator import get_test_level
+from tests.testing.graphs import GraphRecorder
 from tests.testing.lowering import (
     ASCEND_950_VECTOR_CORES,
     H200_SMS,
@@ -236,12 +237,7 @@ def test_mhc_post_bwd_fake_calls_raise_the_typed_errors():
 
 
 def test_mhc_post_bwd_compiles_into_one_graph():
-    torch._dynamo.reset()
-    graphs = []
-
-    def record(gm, example_inputs):
-        graphs.append(gm)
-        return gm.forward
+    record = GraphRecorder()
 
     def step(*args):
         result = mhc_post_bwd(*args)
@@ -252,8 +248,8 @@ def test_mhc_post_bwd_compiles_into_one_graph():
         doubled, total = torch.compile(step, fullgraph=True, backend=record)(*args)
         assert doubled.shape == args[0].shape
         assert total.shape == ()
-    assert len(graphs) == 1
-    targets = {str(n.target) for n in graphs[0].graph.nodes if n.op == 'call_function'}
+    assert len(record.graphs) == 1
+    targets = record.targets()
     assert str(FORMS['mhc_post_bwd']) in targets, targets
 
 

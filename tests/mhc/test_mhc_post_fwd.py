@@ -20,6 +20,7 @@ from cann_ops_tilelang.operator import NAMESPACE, OPERATORS
 from tests.testing.bench import make_param_id
 from tests.testing.contract import assert_rejects_extra_dimension, assert_rejects_non_tensor_and_dtype
 from tests.testing.generator import get_test_level
+from tests.testing.graphs import GraphRecorder
 from tests.testing.lowering import (
     ASCEND_950_VECTOR_CORES,
     H200_SMS,
@@ -256,12 +257,7 @@ def test_mhc_post_fwd_fake_calls_raise_the_typed_errors():
 
 
 def test_mhc_post_fwd_compiles_into_one_graph():
-    torch._dynamo.reset()
-    graphs = []
-
-    def record(gm, example_inputs):
-        graphs.append(gm)
-        return gm.forward
+    record = GraphRecorder()
 
     def both_forms(x, residual, post, comb, out):
         return mhc_post_fwd(x, residual, post, comb) * 2, mhc_post_fwd(x, residual, post, comb, out=out)
@@ -270,8 +266,8 @@ def test_mhc_post_fwd_compiles_into_one_graph():
         args = fake_inputs()
         doubled, written = torch.compile(both_forms, fullgraph=True, backend=record)(*args, torch.empty_like(args[1]))
         assert doubled.shape == written.shape == args[1].shape
-    assert len(graphs) == 1
-    targets = {str(n.target) for n in graphs[0].graph.nodes if n.op == 'call_function'}
+    assert len(record.graphs) == 1
+    targets = record.targets()
     assert {str(overload) for overload in FORMS.values()} <= targets, targets
 
 

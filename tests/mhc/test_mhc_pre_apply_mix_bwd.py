@@ -16,6 +16,7 @@ from cann_ops_tilelang import config
 from cann_ops_tilelang.mhc import mhc_pre_apply_mix_bwd
 from cann_ops_tilelang.operator import NAMESPACE, OPERATORS
 from tests.testing.bench import config_extras, make_param_id
+from tests.testing.graphs import GraphRecorder
 from tests.testing.numeric import assert_equal, count_bytes
 from tests.testing.timing import record_name
 
@@ -139,12 +140,7 @@ def test_mhc_pre_apply_mix_bwd_fake_calls():
 
 
 def test_mhc_pre_apply_mix_bwd_compiles_into_one_graph():
-    torch._dynamo.reset()
-    graphs = []
-
-    def record(gm, example_inputs):
-        graphs.append(gm)
-        return gm.forward
+    record = GraphRecorder()
 
     def step(o_grad, x, mix_, x_grad):
         return mhc_pre_apply_mix_bwd(o_grad, x, mix_, x_grad) * 2
@@ -153,8 +149,8 @@ def test_mhc_pre_apply_mix_bwd_compiles_into_one_graph():
         args = _buffers(device='cuda')
         result = torch.compile(step, fullgraph=True, backend=record)(*args)
         assert (result.shape, result.dtype) == (args[2].shape, torch.float32)
-    assert len(graphs) == 1
-    targets = {str(n.target) for n in graphs[0].graph.nodes if n.op == 'call_function'}
+    assert len(record.graphs) == 1
+    targets = record.targets()
     assert str(FORMS['mhc_pre_apply_mix_bwd']) in targets, targets
 
 

@@ -15,6 +15,7 @@ from cann_ops_tilelang import config
 from cann_ops_tilelang.mhc import mhc_pre_apply_mix_fwd
 from cann_ops_tilelang.operator import NAMESPACE, OPERATORS
 from tests.testing.bench import config_extras, make_param_id
+from tests.testing.graphs import GraphRecorder
 from tests.testing.numeric import assert_equal, count_bytes
 from tests.testing.timing import record_name
 
@@ -139,12 +140,7 @@ def test_mhc_pre_apply_mix_fwd_fake_calls():
 
 
 def test_mhc_pre_apply_mix_fwd_compiles_into_one_graph():
-    torch._dynamo.reset()
-    graphs = []
-
-    def record(gm, example_inputs):
-        graphs.append(gm)
-        return gm.forward
+    record = GraphRecorder()
 
     def step(x, mix_, o):
         return mhc_pre_apply_mix_fwd(x, mix_, o) * 2
@@ -153,8 +149,8 @@ def test_mhc_pre_apply_mix_fwd_compiles_into_one_graph():
         x, mix_, o = _buffers(device='cuda')
         result = torch.compile(step, fullgraph=True, backend=record)(x, mix_, o)
         assert (result.shape, result.dtype) == (o.shape, o.dtype)
-    assert len(graphs) == 1
-    targets = {str(n.target) for n in graphs[0].graph.nodes if n.op == 'call_function'}
+    assert len(record.graphs) == 1
+    targets = record.targets()
     assert str(FORMS['mhc_pre_apply_mix_fwd']) in targets, targets
 
 

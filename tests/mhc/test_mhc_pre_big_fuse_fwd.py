@@ -25,6 +25,7 @@ from cann_ops_tilelang.mhc.mhc_pre_big_fuse_fwd import MhcPreBigFuseFwdResult
 from cann_ops_tilelang.mhc.mhc_pre_big_fuse_kernel import choose_mhc_pre_big_fuse_config
 from cann_ops_tilelang.operator import NAMESPACE, OPERATORS
 from tests.testing.bench import make_param_id
+from tests.testing.graphs import GraphRecorder
 from tests.testing.lowering import ASCEND_950_VECTOR_CORES, H200_SMS
 from tests.testing.numeric import assert_equal, count_bytes
 from tests.testing.timing import record_name
@@ -194,12 +195,7 @@ def test_mhc_pre_big_fuse_fwd_fake_calls():
 
 
 def test_mhc_pre_big_fuse_fwd_compiles_into_one_graph():
-    torch._dynamo.reset()
-    graphs = []
-
-    def record(gm, example_inputs):
-        graphs.append(gm)
-        return gm.forward
+    record = GraphRecorder()
 
     def step(*tensors):
         post_mix, comb_mix, layer_input = mhc_pre_big_fuse_fwd(*tensors, *scalars(3), 2)
@@ -209,8 +205,8 @@ def test_mhc_pre_big_fuse_fwd_compiles_into_one_graph():
         tensors = _zeros(device='cuda')
         post2, _, layer_input = torch.compile(step, fullgraph=True, backend=record)(*tensors)
         assert (post2.shape, layer_input.dtype) == ((4, 4), torch.bfloat16)
-    assert len(graphs) == 1
-    targets = {str(n.target) for n in graphs[0].graph.nodes if n.op == 'call_function'}
+    assert len(record.graphs) == 1
+    targets = record.targets()
     assert str(FORMS['mhc_pre_big_fuse_fwd']) in targets, targets
 
 

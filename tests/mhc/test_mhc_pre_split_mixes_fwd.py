@@ -15,6 +15,7 @@ from cann_ops_tilelang.mhc._mixes_kernel import choose_mhc_mixes_config
 from cann_ops_tilelang.mhc.mhc_pre_split_mixes_fwd import MhcPreSplitMixesFwdResult
 from tests.testing.bench import make_param_id
 from tests.testing.generator import generate_samples, get_test_level
+from tests.testing.graphs import GraphRecorder
 from tests.testing.numeric import assert_close, count_bytes
 from tests.testing.timing import record_name
 
@@ -90,12 +91,7 @@ def test_mhc_pre_split_mixes_fwd_traced():
         assert FORM(*args) is None
         with pytest.raises(TypeError, match='input_mixes must have dtype torch.float32'):
             FORM(args[0].half(), *args[1:])
-    torch._dynamo.reset()
-    graphs = []
-
-    def record(gm, example_inputs):
-        graphs.append(gm)
-        return gm.forward
+    record = GraphRecorder()
 
     def step(*args):
         pre, post, comb = mhc_pre_split_mixes_fwd(*args, POST_MULT, EPS)
@@ -104,8 +100,8 @@ def test_mhc_pre_split_mixes_fwd_traced():
     with FakeTensorMode():
         args = make_args(40, 4, 'cuda')[:6]
         torch.compile(step, fullgraph=True, backend=record)(*args)
-    assert len(graphs) == 1
-    assert str(FORM) in {str(n.target) for n in graphs[0].graph.nodes if n.op == 'call_function'}
+    assert len(record.graphs) == 1
+    assert str(FORM) in record.targets()
 
 
 # Device tier.

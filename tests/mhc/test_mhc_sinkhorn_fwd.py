@@ -17,6 +17,7 @@ from cann_ops_tilelang.mhc.mhc_sinkhorn_kernel import choose_mhc_sinkhorn_config
 from cann_ops_tilelang.operator import NAMESPACE, OPERATORS
 from tests.testing.bench import config_extras, make_param_id
 from tests.testing.generator import generate_samples, get_test_level
+from tests.testing.graphs import GraphRecorder
 from tests.testing.lowering import assert_ascend_kernel_lowers, assert_cuda_kernel_lowers
 from tests.testing.numeric import assert_close, count_bytes
 from tests.testing.timing import record_name
@@ -142,12 +143,7 @@ def test_mhc_sinkhorn_fwd_fake_calls():
 
 def test_mhc_sinkhorn_fwd_compiles_into_one_graph():
     """torch.compile(fullgraph=True) traces the call into one graph holding the op (a break would raise)."""
-    torch._dynamo.reset()
-    graphs = []
-
-    def record(gm, example_inputs):
-        graphs.append(gm)
-        return gm.forward
+    record = GraphRecorder()
 
     def step(x, out):
         return mhc_sinkhorn_fwd(x, out, 20, EPS) * 2
@@ -156,8 +152,8 @@ def test_mhc_sinkhorn_fwd_compiles_into_one_graph():
         x = torch.empty(130, 4, 4, device='cuda')
         doubled = torch.compile(step, fullgraph=True, backend=record)(x, torch.empty_like(x))
         assert (doubled.shape, doubled.dtype) == (x.shape, x.dtype)
-    assert len(graphs) == 1
-    targets = {str(n.target) for n in graphs[0].graph.nodes if n.op == 'call_function'}
+    assert len(record.graphs) == 1
+    targets = record.targets()
     assert str(FORMS['mhc_sinkhorn_fwd']) in targets, targets
 
 

@@ -23,6 +23,7 @@ from cann_ops_tilelang.moe.moe_normalize_weight_kernel import (
 from cann_ops_tilelang.operator import NAMESPACE, OPERATORS
 from tests.testing.bench import config_extras, make_param_id
 from tests.testing.generator import by_level, generate_samples, get_test_level
+from tests.testing.graphs import GraphRecorder
 from tests.testing.lowering import (
     ASCEND_950_VECTOR_CORES,
     H200_SMS,
@@ -228,12 +229,7 @@ def test_moe_normalize_weight_fake_calls_raise_the_typed_errors():
 
 
 def test_moe_normalize_weight_compiles_into_one_graph():
-    torch._dynamo.reset()
-    graphs = []
-
-    def record(gm, example_inputs):
-        graphs.append(gm)
-        return gm.forward
+    record = GraphRecorder()
 
     def both_forms(x, denominator, normalized):
         first = moe_normalize_weight(x)
@@ -246,8 +242,8 @@ def test_moe_normalize_weight_compiles_into_one_graph():
             x, torch.empty(130, device='cuda'), torch.empty_like(x)
         )
         assert (doubled.shape, denominator.shape) == (x.shape, (130,))
-    assert len(graphs) == 1
-    targets = {str(n.target) for n in graphs[0].graph.nodes if n.op == 'call_function'}
+    assert len(record.graphs) == 1
+    targets = record.targets()
     assert {str(overload) for overload in FORMS.values()} <= targets, targets
 
 

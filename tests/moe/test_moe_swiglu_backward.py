@@ -20,6 +20,7 @@ from cann_ops_tilelang.moe.moe_swiglu_backward_kernel import (
 from cann_ops_tilelang.operator import NAMESPACE, OPERATORS
 from tests.testing.bench import config_extras, make_param_id
 from tests.testing.generator import by_level, generate_samples, get_test_level
+from tests.testing.graphs import GraphRecorder
 from tests.testing.lowering import (
     ASCEND_950_VECTOR_CORES,
     H200_SMS,
@@ -236,12 +237,7 @@ def test_moe_swiglu_backward_fake_outputs(options):
 
 def test_moe_swiglu_backward_compiles_into_one_graph():
     """torch.compile(fullgraph=True) traces the call into one graph of the op (on fake tensors)."""
-    torch._dynamo.reset()
-    graphs = []
-
-    def record(gm, example_inputs):
-        graphs.append(gm)
-        return gm.forward
+    record = GraphRecorder()
 
     def call(x, grad, weights):
         x_grad, weight_grad = moe_swiglu_backward(x, grad, 'bf16', topk_weights=weights)
@@ -254,8 +250,8 @@ def test_moe_swiglu_backward_compiles_into_one_graph():
             x, grad, torch.empty(130, device='cuda')
         )
         assert (doubled.shape, weight_grad.shape) == ((130, 128), (130,))
-    assert len(graphs) == 1
-    targets = {str(n.target) for n in graphs[0].graph.nodes if n.op == 'call_function'}
+    assert len(record.graphs) == 1
+    targets = record.targets()
     assert str(FORMS['moe_swiglu_backward']) in targets, targets
 
 

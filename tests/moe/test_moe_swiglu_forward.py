@@ -22,6 +22,7 @@ from cann_ops_tilelang.moe.moe_swiglu_forward_kernel import (
 from cann_ops_tilelang.operator import NAMESPACE, OPERATORS
 from tests.testing.bench import config_extras, make_param_id
 from tests.testing.generator import by_level, generate_samples, get_test_level
+from tests.testing.graphs import GraphRecorder
 from tests.testing.lowering import (
     ASCEND_950_VECTOR_CORES,
     H200_SMS,
@@ -265,18 +266,13 @@ def test_moe_swiglu_forward_fake_tensors(monkeypatch):
         assert (y.shape, y.dtype) == ((161, 320), torch.bfloat16)
         with pytest.raises(ValueError, match='clamped_count needs clamp_value'):
             FORMS['moe_swiglu_forward'](x, 'bf16', None, None, None, None, count)
-    torch._dynamo.reset()
-    graphs = []
-
-    def record(gm, example_inputs):
-        graphs.append(gm)
-        return gm.forward
+    record = GraphRecorder()
 
     with FakeTensorMode():
         x = torch.empty(130, 128, dtype=torch.bfloat16, device='cuda')
         y = torch.compile(lambda x: moe_swiglu_forward(x, 'bf16') * 2, fullgraph=True, backend=record)(x)
         assert (y.shape, y.dtype) == ((130, 64), torch.bfloat16)
-    assert len(graphs) == 1
+    assert len(record.graphs) == 1
 
 
 # ---------------------------------------------------------------- device tier

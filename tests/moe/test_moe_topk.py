@@ -22,6 +22,7 @@ from cann_ops_tilelang.moe.moe_topk_kernel import (
 from cann_ops_tilelang.operator import NAMESPACE, OPERATORS
 from tests.testing.bench import make_param_id
 from tests.testing.generator import by_level, generate_samples, get_test_level
+from tests.testing.graphs import GraphRecorder
 from tests.testing.lowering import (
     ASCEND_950_VECTOR_CORES,
     H200_SMS,
@@ -167,12 +168,7 @@ def test_moe_topk_fake_calls():
 
 
 def test_moe_topk_compiles_into_one_graph():
-    torch._dynamo.reset()
-    graphs = []
-
-    def record(gm, example_inputs):
-        graphs.append(gm)
-        return gm.forward
+    record = GraphRecorder()
 
     def both_forms(scores, out):
         return moe_topk(scores, 6) + 1, moe_topk(scores, 6, out=out)
@@ -183,7 +179,7 @@ def test_moe_topk_compiles_into_one_graph():
             scores, torch.empty(130, 6, dtype=torch.int64, device='cuda')
         )
         assert (shifted.shape, written.shape) == ((130, 6), (130, 6))
-    targets = {str(n.target) for n in graphs[0].graph.nodes if n.op == 'call_function'}
+    targets = record.targets()
     assert {str(overload) for overload in FORMS.values()} <= targets
 
 

@@ -21,6 +21,7 @@ from cann_ops_tilelang.moe.moe_topk_gate_kernel import choose_moe_topk_gate_conf
 from cann_ops_tilelang.operator import NAMESPACE, OPERATORS
 from tests.testing.bench import config_extras, make_param_id
 from tests.testing.generator import by_level, generate_samples, get_test_level
+from tests.testing.graphs import GraphRecorder
 from tests.testing.lowering import (
     ASCEND_950_VECTOR_CORES,
     H200_SMS,
@@ -349,12 +350,7 @@ def test_moe_topk_gate_fake_calls():
 
 
 def test_moe_topk_gate_compiles_into_one_graph():
-    torch._dynamo.reset()
-    graphs = []
-
-    def record(gm, example_inputs):
-        graphs.append(gm)
-        return gm.forward
+    record = GraphRecorder()
 
     def route(logits, bias, scores):
         idx, weights = moe_topk_gate(logits, 6, False, 0, 2.5, 1, 'sigmoid', bias=bias, scores=scores)
@@ -366,7 +362,7 @@ def test_moe_topk_gate_compiles_into_one_graph():
             logits, torch.empty(64, device='cuda'), torch.empty(130, 64, device='cuda')
         )
         assert (idx.shape, weights.shape) == ((130, 6), (130, 6))
-    targets = {str(n.target) for n in graphs[0].graph.nodes if n.op == 'call_function'}
+    targets = record.targets()
     assert str(FORMS['moe_topk_gate']) in targets
 
 

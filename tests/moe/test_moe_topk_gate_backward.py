@@ -26,6 +26,7 @@ from cann_ops_tilelang.moe.moe_topk_gate_backward_kernel import (
 from cann_ops_tilelang.operator import NAMESPACE, OPERATORS
 from tests.testing.bench import config_extras, make_param_id
 from tests.testing.generator import by_level, generate_samples, get_test_level
+from tests.testing.graphs import GraphRecorder
 from tests.testing.lowering import (
     ASCEND_950_VECTOR_CORES,
     H200_SMS,
@@ -352,12 +353,7 @@ def test_moe_topk_gate_backward_fake_calls_raise_the_typed_errors():
 
 
 def test_moe_topk_gate_backward_compiles_into_one_graph():
-    torch._dynamo.reset()
-    graphs = []
-
-    def record(gm, example_inputs):
-        graphs.append(gm)
-        return gm.forward
+    record = GraphRecorder()
 
     def both_forms(scores, topk_idx, weights, grad_weights, mask, grad_scores_sum, out):
         first = moe_topk_gate_backward(scores, topk_idx, weights, grad_weights, SCALE, 'softmax', mask, grad_scores_sum)
@@ -369,8 +365,8 @@ def test_moe_topk_gate_backward_compiles_into_one_graph():
         args = [a for a in _on_fake_cuda(real) if isinstance(a, torch.Tensor)]
         doubled = torch.compile(both_forms, fullgraph=True, backend=record)(*args, torch.empty_like(args[0]))
         assert doubled.shape == (12, 16)
-    assert len(graphs) == 1
-    targets = {str(n.target) for n in graphs[0].graph.nodes if n.op == 'call_function'}
+    assert len(record.graphs) == 1
+    targets = record.targets()
     assert {str(overload) for overload in FORMS.values()} <= targets, targets
 
 

@@ -15,6 +15,7 @@ from cann_ops_tilelang.transform import apply_rotary
 from cann_ops_tilelang.transform.apply_rotary_kernel import choose_apply_rotary_config
 from tests.testing.bench import config_extras, make_param_id
 from tests.testing.generator import by_level, generate_samples, get_test_level
+from tests.testing.graphs import GraphRecorder
 from tests.testing.timing import record_name
 
 from .apply_rotary_ref import apply_rotary_ref, make_cos_sin_cache, rotation_tolerance
@@ -117,12 +118,7 @@ def test_apply_rotary_fake_tensors(monkeypatch):
 def test_apply_rotary_compiles_into_one_graph(monkeypatch):
     """torch.compile(fullgraph=True) traces the in-place call into the op (a graph break would raise)."""
     monkeypatch.setattr(config, 'require_accelerator', lambda *tensors: 'cuda')
-    torch._dynamo.reset()
-    graphs = []
-
-    def record(gm, example_inputs):
-        graphs.append(gm)
-        return gm.forward
+    record = GraphRecorder()
 
     def rotate(q, cache, k):
         apply_rotary(q, cache, k, None, False, False, 1)
@@ -132,8 +128,8 @@ def test_apply_rotary_compiles_into_one_graph(monkeypatch):
         q, k = torch.empty(9, 4, 64, dtype=torch.bfloat16), torch.empty(9, 1, 64, dtype=torch.bfloat16)
         doubled = torch.compile(rotate, fullgraph=True, backend=record)(q, torch.empty(SEQLEN_RO, 64), k)
         assert (doubled.shape, doubled.dtype) == (q.shape, q.dtype)
-    assert len(graphs) == 1
-    targets = {str(n.target) for n in graphs[0].graph.nodes if n.op == 'call_function'}
+    assert len(record.graphs) == 1
+    targets = record.targets()
     assert str(FORM) in targets, targets
 
 
