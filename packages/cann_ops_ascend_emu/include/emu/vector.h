@@ -580,6 +580,138 @@ template <emu::calc_vreg V, bool IsMax> inline void reduce_extreme(V &dst, V src
 template <emu::calc_vreg V> inline void asc_reduce_max(V &dst, V src, vector_bool mask) { reduce_extreme<V, true>(dst, src, mask); }
 template <emu::calc_vreg V> inline void asc_reduce_min(V &dst, V src, vector_bool mask) { reduce_extreme<V, false>(dst, src, mask); }
 
+// asc_reduce_sum_datablock / asc_reduce_max_datablock / asc_reduce_min_datablock
+// (reg_vector/asc_reduce_{sum,max,min}_datablock.md): one result per 32-byte data block of src, the 8 results in
+// order in the lowest 8 lanes of dst, every other lane 0. Lanes the mask leaves out take no part (the document:
+// "mask未筛选的元素在输出中置零"; read here as: they count +0 in a sum and are skipped by max / min, and a block
+// with no active lane gives 0). Sums: a binary tree over the block's lanes, as asc_reduce_sum; 16-bit integer
+// sources widen to 32-bit results (the u16 -> u32 and s16 -> s32 forms); half rounds after every addition.
+// max / min: a NaN in the block is the result; max(-0, +0) = +0, min(-0, +0) = -0.
+namespace emu {
+constexpr int DATABLOCK_BYTES = 32;
+template <class D, class S> inline void datablock_sum(D &dst, const S &src, const vector_bool &mask) {
+  using C = typename D::calc;
+  constexpr int per = DATABLOCK_BYTES / S::lane_bytes;
+  D r = zero<D>();
+  for (int b = 0; b < 256 / DATABLOCK_BYTES; ++b) {
+    C t[32];
+    for (int i = 0; i < per; ++i) t[i] = on<S>(mask, b * per + i) ? C(get(src, b * per + i)) : C(0);
+    for (int n = per; n > 1; n /= 2)
+      for (int i = 0; i < n / 2; ++i) {
+        C x = wrap_add(t[2 * i], t[2 * i + 1]);
+        if constexpr (std::is_same_v<D, vector_f16>) x = f16_to_f32(f32_to_f16_rn(x));
+        t[i] = x;
+      }
+    set(r, b, t[0]);
+  }
+  dst = r;
+}
+template <class V, bool IsMax> inline void datablock_extreme(V &dst, const V &src, const vector_bool &mask) {
+  using C = typename V::calc;
+  constexpr int per = DATABLOCK_BYTES / V::lane_bytes;
+  V r = zero<V>();
+  for (int b = 0; b < 256 / DATABLOCK_BYTES; ++b) {
+    bool found = false;
+    C best = C(0);
+    for (int i = 0; i < per; ++i) {
+      if (!on<V>(mask, b * per + i)) continue;
+      C x = get(src, b * per + i);
+      if constexpr (std::is_floating_point_v<C>) {
+        if (std::isnan(x)) {
+          best = x, found = true;
+          break;
+        }
+        if (found && x == best && x == C(0) && std::signbit(x) != std::signbit(best)) {
+          best = IsMax ? C(0) : -C(0);
+          continue;
+        }
+      }
+      if (!found || (IsMax ? x > best : x < best)) best = x, found = true;
+    }
+    set(r, b, found ? best : C(0));
+  }
+  dst = r;
+}
+}  // namespace emu
+template <emu::calc_vreg V> inline void asc_reduce_sum_datablock(V &dst, V src, vector_bool mask) {
+  emu::count_vec();
+  if constexpr (V::lane_bytes == 1 || V::lane_bytes == 8) emu::unemulated("asc_reduce_sum_datablock (8/64-bit lanes)");
+  else emu::datablock_sum(dst, src, mask);
+}
+inline void asc_reduce_sum_datablock(vector_u32 &dst, vector_u16 src, vector_bool mask) {
+  emu::count_vec();
+  emu::datablock_sum(dst, src, mask);
+}
+inline void asc_reduce_sum_datablock(vector_s32 &dst, vector_s16 src, vector_bool mask) {
+  emu::count_vec();
+  emu::datablock_sum(dst, src, mask);
+}
+template <emu::calc_vreg V> inline void asc_reduce_max_datablock(V &dst, V src, vector_bool mask) {
+  emu::count_vec();
+  if constexpr (V::lane_bytes == 1 || V::lane_bytes == 8) emu::unemulated("asc_reduce_max_datablock (8/64-bit lanes)");
+  else emu::datablock_extreme<V, true>(dst, src, mask);
+}
+template <emu::calc_vreg V> inline void asc_reduce_min_datablock(V &dst, V src, vector_bool mask) {
+  emu::count_vec();
+  if constexpr (V::lane_bytes == 1 || V::lane_bytes == 8) emu::unemulated("asc_reduce_min_datablock (8/64-bit lanes)");
+  else emu::datablock_extreme<V, false>(dst, src, mask);
+}
+
+// ---------------------------------------------------------------- gather / scatter (reg_load/asc_gather.md,
+// reg_store/asc_scatter.md). Indices count elements of the UB operand's type ("按元素收集": lane i of dst takes
+// the element at src + index[i]).
+// asc_gather from a register: dst[i] = src[index[i] % lanes] (the document's rule for indices past the register).
+template <emu::vreg V, emu::vreg I> inline void asc_gather(V &dst, V src, I index) {
+  emu::count_vec();
+  static_assert(V::lane_bytes == I::lane_bytes, "asc_gather: index lanes must be as wide as the data lanes");
+  V r;
+  for (int i = 0; i < V::lanes; ++i) r.v[i] = src.v[index.v[i] % V::lanes];
+  dst = r;
+}
+// asc_gather from UB: dst[i] = src[index[i]] for the lanes the mask selects, 0 elsewhere; a b8 source fills
+// 16-bit lanes, zero-extended (the document's constraint). Each gathered element is a UB read of its own.
+template <emu::vreg V, class T, emu::vreg I> inline void asc_gather(V &dst, T *src, I index, vector_bool mask) {
+  emu::count_vec();
+  if constexpr (I::lane_bytes != V::lane_bytes) {
+    emu::unemulated("asc_gather (32-bit indices for 16-bit lanes)");
+  } else {
+    static_assert(sizeof(T) == V::lane_bytes || (sizeof(T) == 1 && V::lane_bytes == 2),
+                  "asc_gather: element and lane width differ");
+    V r = emu::zero<V>();
+    for (int i = 0; i < V::lanes; ++i)
+      if (emu::on<V>(mask, i)) {
+        const T *p = src + index.v[i];
+        emu::vec_load(p, sizeof(T), "asc_gather", false);
+        if constexpr (sizeof(T) == 1) r.v[i] = (typename V::storage)(*(const uint8_t *)p);
+        else std::memcpy(&r.v[i], p, sizeof(T));
+      }
+    dst = r;
+  }
+}
+// asc_scatter to UB: dst[index[i]] = src[i] for the lanes the mask selects; dst 32-byte aligned. Two selected
+// lanes with one index are refused: the hardware keeps one of them, which is not specified.
+template <emu::vreg V, class T, emu::vreg I> inline void asc_scatter(T *dst, V src, I index, vector_bool mask) {
+  emu::count_vec();
+  if constexpr (V::lane_bytes == 1 || I::lane_bytes != V::lane_bytes) {
+    emu::unemulated("asc_scatter (b8 data or index lanes of another width)");
+  } else {
+    static_assert(sizeof(T) == V::lane_bytes, "asc_scatter: element and lane width differ");
+    int64_t base = emu::ub_offset(dst, sizeof(T), emu::T_V, "asc_scatter");
+    emu::check_align32(base, emu::T_V, "asc_scatter", "store");
+    for (int i = 0; i < V::lanes; ++i) {
+      if (!emu::on<V>(mask, i)) continue;
+      for (int j = 0; j < i; ++j)
+        if (emu::on<V>(mask, j) && index.v[j] == index.v[i])
+          emu::fail("PIPE_V", "asc_scatter: lanes %d and %d both write element %llu (indices must be unique)", j, i,
+                    (unsigned long long)index.v[i]);
+      T *p = dst + index.v[i];
+      int64_t off = emu::ub_offset(p, sizeof(T), emu::T_V, "asc_scatter");
+      std::memcpy(p, &src.v[i], sizeof(T));
+      emu::vec_store_bytes(off, sizeof(T), "asc_scatter");
+    }
+  }
+}
+
 // ---------------------------------------------------------------- CCE builtins used by simd_inst.h
 namespace emu {
 template <class M> constexpr bool merging() { return M::value == 1; }
