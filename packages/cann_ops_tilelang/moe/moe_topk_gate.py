@@ -159,10 +159,7 @@ def _eager(logits, num_topk, use_shared_as_routed, num_shared_experts, routed_sc
         aligned = logits.data_ptr() % ALIGN_BYTES == 0
         key = (shape[1], num_topk, use_shared_as_routed, num_shared_experts, scoring_func, num_groups, topk_groups,
                present, _replicas(to_physical_map), aligned, logits.get_device())  # fmt: skip
-    launcher = OP.fast.get(key) if key is not None else None
-    fast = launcher is not None
-    if not fast:
-        launcher = OP.plan(*args)
+    launcher, fast = OP.prepare(key, args)
     if out is None:
         (idx_shape, idx_dtype), (weights_shape, weights_dtype) = _results(
             logits, num_topk, use_shared_as_routed, num_shared_experts
@@ -198,12 +195,7 @@ def _eager(logits, num_topk, use_shared_as_routed, num_shared_experts, routed_sc
         float(routed_scaling_factor),
         ep_rank,
     )
-    if fast:
-        OP.launch(launcher, launch_args, *args)
-    else:
-        launcher.launch(*launch_args)
-        if key is not None:
-            OP.remember(key, launcher)
+    OP.finish(launcher, fast, key, launch_args, args, empty=False)
     if unmapped is not unmapped_topk_idx:
         unmapped_topk_idx.copy_(unmapped)
     return out
