@@ -153,6 +153,16 @@ def test_mhc_multilayer_recompute_refuses_cpu_tensors(num_tokens):
         mhc_multilayer_recompute(*_zeros(T=num_tokens))
 
 
+def test_mhc_multilayer_recompute_takes_any_shape_with_the_element_count():
+    """As through the peer's pointers: leading dimensions on the residual, (T, M, 1) mixes, flat comb matrices."""
+    args = _zeros(T=6)
+    args[0] = args[0].view(2, 3, 4, 256)
+    args[1] = [t.view(6, 4, 1) for t in args[1]]
+    args[4] = [t.view(6, 16) for t in args[4]]
+    with pytest.raises(RuntimeError, match="no kernels for 'cpu' tensors"):  # the contract holds: on to the device
+        mhc_multilayer_recompute(*args)
+
+
 def test_mhc_multilayer_recompute_is_a_composition_not_an_op():
     """No torch.library op of its own: torch.compile traces through it into its stages' ops."""
     assert 'mhc_multilayer_recompute' not in OPERATORS
