@@ -4,13 +4,32 @@ They use TileLang's `simd_inst::` wrappers and the C API the way lowered kernels
 element accesses `((__ubuf__ T *)buf_dyn_shmem)[i]`, `__simd_vf__` functions called from the entry.
 """
 
+import shutil
+
+import cann_ops_ascend_emu as emu
+
 PRELUDE = """
 #include <tl_templates/ascend/common.h>
 #include <tl_templates/ascend/debug.h>
 #include <tl_templates/ascend/simd_inst.h>
 #define UBF(off) ((__ubuf__ float *)(&(((__ubuf__ float *)buf_dyn_shmem)[(off)])))
 #define UBU16(off) ((__ubuf__ uint16_t *)(&(((__ubuf__ uint16_t *)buf_dyn_shmem)[(off)])))
+#define UBU8(off) ((__ubuf__ uint8_t *)(&(((__ubuf__ uint8_t *)buf_dyn_shmem)[(off)])))
 """
+
+
+def use_mutated_header(monkeypatch, tmp_path, header: str, old: str, new: str) -> None:
+    """Build from here on against a copy of the emulator's headers in which include/emu/<header> has its one `old`
+    replaced by `new` (a mutation test: the unit test of the broken behaviour must then fail)."""
+    include = tmp_path / 'include'
+    shutil.copytree(emu.driver.INCLUDE_DIR, include)
+    path = include / 'emu' / header
+    source = path.read_text()
+    assert source.count(old) == 1, f'mutation site {old!r} not found once'
+    path.write_text(source.replace(old, new))
+    monkeypatch.setattr(emu.driver, 'INCLUDE_DIR', include)
+    monkeypatch.setattr(emu.driver, '_EMU_HASH', None)  # a new build-cache key for the mutated headers
+
 
 # in: 9 vectors of 64 floats; out: 9 vectors of 64 floats; bf: 64 + 128 uint16.
 VECTOR_SEMANTICS = (

@@ -27,7 +27,6 @@ TAIL = 37
 FP8_SNIPPET = (
     PRELUDE
     + r"""
-#define UBU8(off) ((__ubuf__ uint8_t *)(&(((__ubuf__ uint8_t *)buf_dyn_shmem)[(off)])))
 __simd_vf__ inline void vf(__ubuf__ uint8_t *buf_dyn_shmem, int32_t tail) {
   vector_bool all8 = asc_create_mask_b8(PAT_ALL);
   vector_bool all32 = asc_create_mask_b32(PAT_ALL);
@@ -176,7 +175,6 @@ OUT = 4096  # UB byte offset of the results
 FP8_MORE_SNIPPET = (
     PRELUDE
     + r"""
-#define UBU8(off) ((__ubuf__ uint8_t *)(&(((__ubuf__ uint8_t *)buf_dyn_shmem)[(off)])))
 #define OUT 4096
 template <class V, class P>
 inline void widen(__ubuf__ uint8_t *buf_dyn_shmem, V src, vector_bool mask, P part, int off) {
@@ -451,7 +449,6 @@ def test_deintlv_lane_order():
 FP8_OPEN_SNIPPET = (
     PRELUDE
     + r"""
-#define UBU8(off) ((__ubuf__ uint8_t *)(&(((__ubuf__ uint8_t *)buf_dyn_shmem)[(off)])))
 __simd_vf__ inline void vf(__ubuf__ uint8_t *buf_dyn_shmem, int32_t mode) {
   vector_bool all8 = asc_create_mask_b8(PAT_ALL);
   vector_f8e4m3 e4;

@@ -11,14 +11,13 @@ dst[i] = src[index[i] % lanes]) and reg_store/asc_scatter.md (dst[index[i]] = sr
 from __future__ import annotations
 
 import functools
-import shutil
 
 import cann_ops_ascend_emu as emu
 import numpy as np
 import pytest
 import torch
 
-from tests.ascend_emu.snippets import PRELUDE
+from tests.ascend_emu.snippets import PRELUDE, use_mutated_header
 
 IN_BYTES, OUT_BYTES = 1792, 2304
 # Input bytes: [0, 256) A: 64 floats; [256, 512) B: 128 int16; [512, 768) IDX: 64 uint32 (a permutation);
@@ -27,7 +26,6 @@ IN_BYTES, OUT_BYTES = 1792, 2304
 SNIPPET = (
     PRELUDE
     + r"""
-#define UBU8(off) ((__ubuf__ uint8_t *)(&(((__ubuf__ uint8_t *)buf_dyn_shmem)[(off)])))
 #define UBS16(off) ((__ubuf__ int16_t *)(&(((__ubuf__ int16_t *)buf_dyn_shmem)[(off)])))
 #define UBU32(off) ((__ubuf__ uint32_t *)(&(((__ubuf__ uint32_t *)buf_dyn_shmem)[(off)])))
 #define OUT 2048
@@ -245,13 +243,6 @@ MUTATIONS = {
 def test_broken_behaviour_fails_its_unit_test(name, monkeypatch, tmp_path):
     old, new, check = MUTATIONS[name]
     check(result())  # the emulator as it is passes
-    include = tmp_path / 'include'
-    shutil.copytree(emu.driver.INCLUDE_DIR, include)
-    path = include / 'emu' / 'vector.h'
-    source = path.read_text()
-    assert source.count(old) == 1, f'mutation site {old!r} not found once'
-    path.write_text(source.replace(old, new))
-    monkeypatch.setattr(emu.driver, 'INCLUDE_DIR', include)
-    monkeypatch.setattr(emu.driver, '_EMU_HASH', None)  # a new build-cache key for the mutated headers
+    use_mutated_header(monkeypatch, tmp_path, 'vector.h', old, new)
     with pytest.raises(AssertionError):
         check(run(emu.SourceKernel(SNIPPET, grid=1)))

@@ -10,21 +10,19 @@ sources back.
 from __future__ import annotations
 
 import functools
-import shutil
 
 import cann_ops_ascend_emu as emu
 import numpy as np
 import pytest
 import torch
 
-from tests.ascend_emu.snippets import PRELUDE
+from tests.ascend_emu.snippets import PRELUDE, use_mutated_header
 
 OUT = 2048  # UB byte offset of the results
 # in bytes: [0, 512) two b32 registers (floats), [512, 1024) two b16 registers. Out bytes: see INTLV_OUT.
 INTLV_SNIPPET = (
     PRELUDE
     + r"""
-#define UBU8(off) ((__ubuf__ uint8_t *)(&(((__ubuf__ uint8_t *)buf_dyn_shmem)[(off)])))
 #define OUT 2048
 __simd_vf__ inline void vf(__ubuf__ uint8_t *buf_dyn_shmem) {
   vector_bool all16 = asc_create_mask_b16(PAT_ALL);
@@ -138,13 +136,6 @@ INTLV_MUTATIONS = {
 def test_broken_intlv_fails_its_unit_test(name, monkeypatch, tmp_path):
     old, new, check = INTLV_MUTATIONS[name]
     check(intlv_result())  # the emulator as it is passes
-    include = tmp_path / 'include'
-    shutil.copytree(emu.driver.INCLUDE_DIR, include)
-    path = include / 'emu' / 'vector.h'
-    source = path.read_text()
-    assert source.count(old) == 1, f'mutation site {old!r} not found once'
-    path.write_text(source.replace(old, new))
-    monkeypatch.setattr(emu.driver, 'INCLUDE_DIR', include)
-    monkeypatch.setattr(emu.driver, '_EMU_HASH', None)  # a new build-cache key for the mutated headers
+    use_mutated_header(monkeypatch, tmp_path, 'vector.h', old, new)
     with pytest.raises(AssertionError):
         check(intlv_run(emu.SourceKernel(INTLV_SNIPPET, grid=1)))

@@ -8,6 +8,7 @@ copies it to the device)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -23,10 +24,11 @@ from .mhc_pre_apply_mix_fwd import mhc_pre_apply_mix_fwd
 NAME = 'mhc_multilayer_recompute'
 
 
-def _items(name: str, values, count: int) -> list:
+def _items(name: str, values, count: int | None = None) -> list:
+    """`values`, a list or tuple (TypeError otherwise) of `count` items (ValueError otherwise; None: any)."""
     if not isinstance(values, (list, tuple)):
         raise TypeError(f'{NAME}: {name} must be a list of tensors, got {type(values).__name__}')
-    if len(values) != count:
+    if count is not None and len(values) != count:
         raise ValueError(f'{NAME}: {name} must hold {count} tensors, got {len(values)}')
     return list(values)
 
@@ -39,18 +41,11 @@ def _checked(
     label = f'{NAME}: {name}'
     check_tensor(label, value, dtype=dtype)
     check_contiguous(label, value)
-    if value.numel() != _numel(shape):
-        raise ValueError(f'{label} must hold {_numel(shape)} elements, got shape {tuple(value.shape)}')
+    if value.numel() != math.prod(shape):
+        raise ValueError(f'{label} must hold {math.prod(shape)} elements, got shape {tuple(value.shape)}')
     if aligned and memory and value.data_ptr() % ALIGN_BYTES:
         raise ValueError(f'{label} must start at a {ALIGN_BYTES}-byte aligned address')
     return value.view(shape)
-
-
-def _numel(shape: tuple[int, ...]) -> int:
-    count = 1
-    for size in shape:
-        count *= size
-    return count
 
 
 def _check_apart(read: list[tuple[str, torch.Tensor]], written: list[tuple[str, torch.Tensor]]) -> None:
@@ -111,17 +106,13 @@ def mhc_multilayer_recompute(
     check_tensor(f'{NAME}: {name}', initial_residual, dtype=torch.bfloat16)
     if initial_residual.dim() < 2:
         raise ValueError(f'{NAME}: {name} must have at least 2 dimensions (..., mhc_mult, hidden)')
-    check_contiguous(f'{NAME}: {name}', initial_residual)
     M, H = initial_residual.shape[-2:]
     check_sizes(NAME, 0, M, H)  # mhc_mult and hidden first: T is the elements over M * H
     T = initial_residual.numel() // (M * H)
     check_sizes(NAME, T, M, H)
-    if not isinstance(pre_mix_list, (list, tuple)):
-        raise TypeError(f'{NAME}: pre_mix_list must be a list of tensors, got {type(pre_mix_list).__name__}')
-    L = len(pre_mix_list)
-    if not isinstance(layer_output_list, (list, tuple)):
-        raise TypeError(f'{NAME}: layer_output_list must be a list of tensors, got {type(layer_output_list).__name__}')
-    L_post = len(layer_output_list)
+    pre_mix_list = _items('pre_mix_list', pre_mix_list)
+    layer_output_list = _items('layer_output_list', layer_output_list)
+    L, L_post = len(pre_mix_list), len(layer_output_list)
     if L < 1 or L_post not in (L, L - 1):
         raise ValueError(
             f'{NAME}: pre_mix_list must hold L >= 1 tensors and layer_output_list L or L - 1, got {L} and {L_post}'
