@@ -236,11 +236,15 @@ class Operator:
         return self.plan(*args), False
 
     def finish(self, launcher: Launcher, fast: bool, key, launch_args: tuple, args: tuple, *, empty: bool) -> None:
-        """Launch what `prepare` gave: the fast path's checked launch, or the planned launch (none for an empty
-        input), remembered under `key` for the next call."""
-        if fast:
+        """Launch what `prepare` gave: the fast path's checked launch, or the planned launch, remembered under
+        `key` for the next call. An empty input launches nothing (a grid of no blocks is a launch error); on the
+        fast path it gets the full checks, which its launch would otherwise have made."""
+        if empty:
+            if fast:
+                self.check(*args)
+        elif fast:
             self.launch(launcher, launch_args, *args)
-        elif not empty:
+        else:
             launcher.launch(*launch_args)
             if key is not None:
                 self.remember(key, launcher)

@@ -69,6 +69,18 @@ def test_an_accepted_launch_runs_no_explanation():
     assert launched == [(1, 2)]
 
 
+def test_an_empty_input_launches_nothing_and_the_fast_path_gets_the_full_checks():
+    """A grid of no blocks is a launch error: a fast path remembered from an earlier call must not launch an
+    empty input; the checks its launch would have made run instead."""
+    checked = []
+    declared = _declared(lambda *args: checked.append(args))
+    launcher = _Rejecting(RuntimeError('grid dimension must be positive'))
+    declared.finish(launcher, True, 'key', ('launch',), ('x',), empty=True)
+    assert (launcher.calls, checked) == (0, [('x',)])
+    declared.finish(launcher, False, 'key', ('launch',), ('x',), empty=True)
+    assert (launcher.calls, checked, declared.fast) == (0, [('x',)], {})
+
+
 # ---------------------------------------------------------------- what a declaration generates
 
 
