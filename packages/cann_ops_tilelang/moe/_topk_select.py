@@ -112,10 +112,22 @@ def make_gate_row(T, cfg, scoring):
         x2 = (x1 ^ (x1 >> 15)) * T.uint32(HASH_MULTIPLIERS[1])
         return x2 ^ (x2 >> 16)
 
+    rows = cfg.backend == 'ascend'  # the expert tables as one row each (gate_shapes)
+
+    def table(values, expert):  # plain Python, called while TileLang parses the macros
+        if rows:
+            return values[0, expert]
+        return values[expert]
+
+    def physical(phys_map, expert, replica):
+        if rows:
+            return phys_map[0, expert * R + replica]
+        return phys_map[expert, replica]
+
     @T.macro
     def lane_count(counts, expert):
         """Replicas of a logical expert: its count clamped into 1..R."""
-        return T.min(T.max(counts[0, expert], 1), R)
+        return T.min(T.max(table(counts, expert), 1), R)
 
     @T.macro
     def route_row(lane, token, masked, random_token, fixed, is_image, logits, lrow, bias, image_bias,
@@ -199,9 +211,9 @@ def make_gate_row(T, cfg, scoring):
                     if cfg.has_scores:
                         scores[srow, expert] = values[i]
                     if cfg.has_image and is_image:
-                        keys[i] = order_key(values[i] + image_bias[0, expert])
+                        keys[i] = order_key(values[i] + table(image_bias, expert))
                     elif cfg.has_bias:
-                        keys[i] = order_key(values[i] + bias[0, expert])
+                        keys[i] = order_key(values[i] + table(bias, expert))
                     else:
                         keys[i] = order_key(values[i])
             if G > 1:
@@ -279,7 +291,7 @@ def make_gate_row(T, cfg, scoring):
                 if lane < P and idx >= 0:
                     seed = T.cast(ep_rank, T.int64) + T.cast(token, T.int64) * REPLICA_STRIDE
                     replica = T.cast(seed % T.cast(lane_count(counts, idx), T.int64), T.int32)
-                    idx = phys_map[0, idx * R + replica]
+                    idx = physical(phys_map, idx, replica)
         if lane < P:
             out_idx[orow, lane] = T.cast(idx, T.int64)
             out_weights[orow, lane] = weight
@@ -288,19 +300,26 @@ def make_gate_row(T, cfg, scoring):
 
 
 def gate_shapes(cfg, num_tokens):
-    """Shapes of the kernel's tensor arguments (absent ones: placeholders of one element)."""
+    """Shapes of the kernel's tensor arguments (absent ones: placeholders of one element). The expert tables:
+    on Ascend each as one row (the UB copies' layout), on CUDA as the caller passes them (no view per call)."""
     E, K, P, L, R = cfg.num_experts, cfg.num_topk, cfg.num_physical_topk, cfg.num_logical_experts, cfg.replicas
     tokens = (num_tokens,)
+    if cfg.backend == 'ascend':
+        bias, physical_map, count = (1, E), (1, L * R), (1, L)
+        absent = (1, 1)
+    else:
+        bias, physical_map, count = (E,), (L, R), (L,)
+        absent = (1,)
     return {
         'logits': (num_tokens, E),
-        'bias': (1, E) if cfg.has_bias else (1, 1),
-        'image_bias': (1, E) if cfg.has_image else (1, 1),
+        'bias': bias if cfg.has_bias else absent,
+        'image_bias': bias if cfg.has_image else absent,
         'image_token_mask': tokens if cfg.has_image else (1,),
         'mask': tokens if cfg.has_mask else (1,),
         'fix_routing_mask': tokens if cfg.has_fixed else (1,),
         'force_random': tokens if cfg.has_random else (1,),
-        'to_physical_map': (1, L * R) if R else (1, 1),
-        'logical_count': (1, L) if R else (1, 1),
+        'to_physical_map': physical_map if R else (1, 1),
+        'logical_count': count if R else absent,
         'unmapped_topk_idx': (num_tokens, K) if cfg.has_unmapped else (1, 1),
         'scores': (num_tokens, E) if cfg.has_scores else (1, 1),
         'topk_idx': (num_tokens, P),

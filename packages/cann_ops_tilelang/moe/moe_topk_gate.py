@@ -130,6 +130,21 @@ OP = Operator(
 )
 
 
+_PLACEHOLDERS: dict[torch.device, tuple[torch.Tensor, ...]] = {}
+
+
+def _placeholders(device: torch.device) -> tuple[torch.Tensor, ...]:
+    """The tensors a launch passes for absent optional ones (fp32 table, bool, int32 map, int32 table, int64
+    rows, fp32 rows; in the ranks of gate_shapes), one lookup per call: the host path of a small batch."""
+    fill = _PLACEHOLDERS.get(device)
+    if fill is None:
+        table = 1 if device.type == 'cuda' else 2  # Ascend: each expert table as one row
+        kinds = ((torch.float32, table), (torch.bool, 1), (torch.int32, 2), (torch.int32, table), (torch.int64, 2),
+                 (torch.float32, 2))  # fmt: skip
+        fill = _PLACEHOLDERS[device] = tuple(placeholder(device, dtype, ndim) for dtype, ndim in kinds)
+    return fill
+
+
 def _eager(logits, num_topk, use_shared_as_routed, num_shared_experts, routed_scaling_factor, ep_rank,
            scoring_func, mask, bias, image_bias, image_token_mask, fix_routing_mask, to_physical_map, logical_count,
            unmapped_topk_idx, force_random, scores, num_groups, topk_groups, out):  # fmt: skip
@@ -151,11 +166,9 @@ def _eager(logits, num_topk, use_shared_as_routed, num_shared_experts, routed_sc
         and (to_physical_map is None or to_physical_map.dim() == 2)
         and (logical_count is None or logical_count.dim() == 1)
     ):
-        present = tuple(
-            t is not None
-            for t in (mask, bias, image_bias, image_token_mask, fix_routing_mask, logical_count, unmapped_topk_idx,
-                      force_random, scores)
-        )  # fmt: skip
+        present = (mask is not None, bias is not None, image_bias is not None, image_token_mask is not None,
+                   fix_routing_mask is not None, logical_count is not None, unmapped_topk_idx is not None,
+                   force_random is not None, scores is not None)  # fmt: skip
         aligned = logits.data_ptr() % ALIGN_BYTES == 0
         key = (shape[1], num_topk, use_shared_as_routed, num_shared_experts, scoring_func, num_groups, topk_groups,
                present, _replicas(to_physical_map), aligned, logits.get_device())  # fmt: skip
@@ -167,29 +180,27 @@ def _eager(logits, num_topk, use_shared_as_routed, num_shared_experts, routed_sc
         out = (logits.new_empty(idx_shape, dtype=idx_dtype), logits.new_empty(weights_shape, dtype=weights_dtype))
     if not logits.shape[0]:  # no tokens: nothing to launch
         return out
-    device = logits.device
-
-    def given(t, dtype, ndim, *, row=False):
-        if t is None:
-            return placeholder(device, dtype, ndim)
-        return t.view(1, -1) if row else t
-
+    fill = _placeholders(logits.device)
+    if not logits.is_cuda:  # Ascend takes the expert tables as rows (gate_shapes); CUDA as they are
+        bias, image_bias, to_physical_map, logical_count = (
+            t if t is None else t.view(1, -1) for t in (bias, image_bias, to_physical_map, logical_count)
+        )
     # The kernel takes unmapped_topk_idx contiguous: a strided one (last dimension contiguous) goes through a copy.
     unmapped = unmapped_topk_idx
     if unmapped is not None and not unmapped.is_contiguous():
         unmapped = unmapped.contiguous()
     launch_args = (
         logits,
-        given(bias, torch.float32, 2, row=True),
-        given(image_bias, torch.float32, 2, row=True),
-        given(image_token_mask, torch.bool, 1),
-        given(mask, torch.bool, 1),
-        given(fix_routing_mask, torch.bool, 1),
-        given(force_random, torch.bool, 1),
-        given(to_physical_map, torch.int32, 2, row=True),
-        given(logical_count, torch.int32, 2, row=True),
-        given(unmapped, torch.int64, 2),
-        given(scores, torch.float32, 2),
+        fill[0] if bias is None else bias,
+        fill[0] if image_bias is None else image_bias,
+        fill[1] if image_token_mask is None else image_token_mask,
+        fill[1] if mask is None else mask,
+        fill[1] if fix_routing_mask is None else fix_routing_mask,
+        fill[1] if force_random is None else force_random,
+        fill[2] if to_physical_map is None else to_physical_map,
+        fill[3] if logical_count is None else logical_count,
+        fill[4] if unmapped is None else unmapped,
+        fill[5] if scores is None else scores,
         out[0],
         out[1],
         float(routed_scaling_factor),

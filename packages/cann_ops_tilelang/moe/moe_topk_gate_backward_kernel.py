@@ -24,11 +24,11 @@ import dataclasses
 import functools
 
 from cann_ops_tilelang.config import Backend
-from cann_ops_tilelang.kernel_target import compile_kernel
+from cann_ops_tilelang.kernel_target import CUDA_MAX_THREADS_PER_SM, CUDA_REGS_PER_SM, compile_kernel
 
 # The backends take the configuration as `cfg` and do not import this module: no import circle.
 from ._moe_topk_gate_backward_ascend import ascend_moe_topk_gate_backward_kernel, ascend_row_bytes
-from ._moe_topk_gate_backward_cuda import cuda_moe_topk_gate_backward_kernel
+from ._moe_topk_gate_backward_cuda import WARP, cuda_moe_topk_gate_backward_kernel, cuda_row_floats
 from ._scoring import SCORING_FUNCS  # the forward's (moe_topk_gate) scoring functions
 
 MAX_EXPERTS = 512  # the issue's range; the Ascend tile's UB rows and the CUDA lanes' registers are sized for it
@@ -37,6 +37,7 @@ _ASCEND_UB_BUDGET = 160 * 1024  # of the 248 KB UB, for all buffer versions of a
 _ASCEND_MAX_ROWS = 32
 _ASCEND_STAGES = 2
 _CUDA_WARPS = 4  # tokens (one warp each) per thread block
+_CUDA_REGS_BESIDES_ROW = 16  # a lane's registers other than its share of the row (addresses, sums, the slot loop)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,6 +51,7 @@ class MoeTopkGateBackwardConfig:
     block_rows: int  # Ascend: tokens per task (one UB tile); CUDA: tokens (warps) per thread block
     num_stages: int  # Ascend buffer versions of the persistent loop (1 on CUDA)
     vector: int  # CUDA: consecutive experts per lane access (4, 2 or 1: what E allows); 1 on Ascend
+    min_blocks: int = 0  # CUDA: thread blocks per SM that ptxas must fit (a register cap); 0: no cap
 
     def __post_init__(self):
         if self.backend not in ('ascend', 'cuda'):
@@ -82,7 +84,12 @@ def choose_moe_topk_gate_backward_config(
         rows = min(_ASCEND_MAX_ROWS, 1 << (_ASCEND_UB_BUDGET // per_row).bit_length() - 1)
         return MoeTopkGateBackwardConfig(backend, *common, rows, _ASCEND_STAGES, 1)
     vector = next(v for v in (4, 2, 1) if num_experts % v == 0)
-    return MoeTopkGateBackwardConfig(backend, *common, _CUDA_WARPS, 1, vector)
+    # The kernel is latency-bound (one token per warp): as many warps per SM as the lanes' share of the row
+    # leaves registers for, capped so that ptxas fits them (allocation granularity 8).
+    threads = _CUDA_WARPS * WARP
+    regs = -(-(cuda_row_floats(num_experts, vector, scoring_func, aux) + _CUDA_REGS_BESIDES_ROW) // 8) * 8
+    min_blocks = min(CUDA_MAX_THREADS_PER_SM // threads, CUDA_REGS_PER_SM // (threads * regs))
+    return MoeTopkGateBackwardConfig(backend, *common, _CUDA_WARPS, 1, vector, min_blocks)
 
 
 def make_moe_topk_gate_backward_kernel(cfg: MoeTopkGateBackwardConfig):
