@@ -214,10 +214,11 @@ def cuda_moe_topk_gate_backward_kernel(cfg):
                     aux_dot = T.warp_reduce_sum(aux_dot)
                     inv_total = T.float32(1.0) / score_total
                 grad_u = T.alloc_local((V,), f32)
-
                 if func == 'softmax':
                     row_dot = T.alloc_var(f32)
                     row_dot = T.float32(0.0)
+                # softmax: a first pass for <dL/du, u>, then the pass that stores; otherwise the storing pass only
+                for storing in (False, True) if func == 'softmax' else (True,):
                     for c in T.unroll(chunks):
                         e0 = c * span + lane * V
                         if not ragged or e0 < E:
@@ -225,24 +226,20 @@ def cuda_moe_topk_gate_backward_kernel(cfg):
                                 grad_u[j] = route[warp, e0 + j]
                             if aux:
                                 add_aux(grad_u, h, c, inside, inv_total, aux_dot)
-                            for j in T.unroll(V):
-                                row_dot = row_dot + grad_u[j] * u[c * V + j]
-                    row_dot = T.warp_reduce_sum(row_dot)
-                for c in T.unroll(chunks):
-                    e0 = c * span + lane * V
-                    if not ragged or e0 < E:
-                        for j in T.vectorized(V):
-                            grad_u[j] = route[warp, e0 + j]
-                        if aux:
-                            add_aux(grad_u, h, c, inside, inv_total, aux_dot)
-                        if func == 'softmax':
-                            for j in T.unroll(V):
-                                grad_u[j] = u[c * V + j] * (grad_u[j] - row_dot)
-                        elif whole_row:
-                            for j in T.unroll(V):
-                                grad_u[j] = chain(grad_u[j], u[c * V + j])
-                        for j in T.vectorized(V):
-                            grad_logits[row, e0 + j] = grad_u[j]
+                            if not storing:
+                                for j in T.unroll(V):
+                                    row_dot = row_dot + grad_u[j] * u[c * V + j]
+                            else:
+                                if func == 'softmax':
+                                    for j in T.unroll(V):
+                                        grad_u[j] = u[c * V + j] * (grad_u[j] - row_dot)
+                                elif whole_row:
+                                    for j in T.unroll(V):
+                                        grad_u[j] = chain(grad_u[j], u[c * V + j])
+                                for j in T.vectorized(V):
+                                    grad_logits[row, e0 + j] = grad_u[j]
+                    if not storing:
+                        row_dot = T.warp_reduce_sum(row_dot)
 
     if aux:
 
