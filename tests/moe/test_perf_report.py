@@ -59,6 +59,19 @@ def test_the_host_table_has_a_row_per_case_with_the_fastest_round(stub_host_time
     assert len(stub_host_timer) == 2 + 2 * 3 * len(cases)  # the thrown-away pair, then 3 rounds of both
 
 
+def test_the_host_ratio_is_the_median_of_the_rounds_own_ratios(monkeypatch, capsys):
+    """A slow stretch of the host that falls on one round moves both of its figures, not the ratio: round
+    ratios 0.5, 2.0 (the slow round, ours first) and 0.5 give 0.50, where the fastest figures' ratio is 0.67."""
+    figures = iter([1.0, 1.0, 10.0, 20.0, 30.0, 15.0, 12.0, 24.0])  # the thrown-away pair, then 3 rounds
+    monkeypatch.setattr(host_timing, 'host_time_us', lambda fn, sync, **sizes: next(figures))
+    monkeypatch.setattr(torch.cuda, 'synchronize', lambda: None)
+    case = perf_report.HOST_TABLE[0]
+    small = perf_report.Case(case.op, case.variant, 4, case.num_experts, case.num_topk)
+    perf_report.report_host([small], _stub_library(), torch.device('cpu'), rounds=3)
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith('| moe_'))
+    assert row.endswith('| 10.0 | 15.0 | 0.50 |'), row
+
+
 @pytest.mark.parametrize('case', perf_report.HOST_TABLE, ids=lambda c: f'{c.op}-{c.variant or "plain"}')
 def test_without_out_our_call_passes_no_buffers(case, monkeypatch):
     """with_out=False: our operator gets no out= keyword (the peer's calls have none)."""
