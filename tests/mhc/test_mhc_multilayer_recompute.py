@@ -1,5 +1,5 @@
-"""Tests of mhc_multilayer_recompute (TileKernels 2.1.0's recompute of several layers), a composition of
-mhc_pre_apply_mix_fwd and mhc_post_fwd.
+"""Tests of mhc_multilayer_recompute (TileKernels 2.1.0's recompute of several layers): on Ascend a fused kernel
+(up to LAYERS_PER_LAUNCH layers a launch), on CUDA a composition of mhc_pre_apply_mix_fwd and mhc_post_fwd.
 
 CPU tier: the argument contract on CPU tensors (typed errors before the device guard), torch.compile on fake
 tensors (one graph of the stages' ops). The stage kernels' lowering is their own tests'. Device tier (`npu`; on a
@@ -13,20 +13,30 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from cann_ops_tilelang.mhc import mhc_multilayer_recompute, mhc_post_fwd, mhc_pre_apply_mix_fwd
+from cann_ops_tilelang.mhc.mhc_multilayer_recompute_kernel import (
+    ASCEND_UB_BUDGET,
+    LAYERS_PER_LAUNCH,
+    MhcMultilayerRecomputeConfig,
+    ascend_ub_bytes,
+    choose_mhc_multilayer_recompute_config,
+    make_mhc_multilayer_recompute_kernel,
+)
 from cann_ops_tilelang.operator import OPERATORS
 from tests.testing.bench import make_param_id
 from tests.testing.generator import by_level, generate_samples, get_test_level
 from tests.testing.graphs import GraphRecorder
+from tests.testing.lowering import assert_ascend_kernel_lowers
 from tests.testing.numeric import assert_equal, count_bytes
 from tests.testing.timing import record_name
 
 from .mhc_multilayer_recompute_ref import mhc_multilayer_recompute_ref
 
 # (mhc_mult, hidden, layers, post layers): level 0 the stages' mhc_mult 4 and hidden 256 (one configuration of each
-# stage); level 1 every other mhc_mult with other widths and layer counts.
+# stage), and more layers than one fused launch takes (two launches, the second from the first's last residual);
+# level 1 every other mhc_mult with other widths and layer counts.
 CASES = by_level(
     get_test_level(),
-    core=[(4, 256, 3, 3), (4, 256, 2, 1)],
+    core=[(4, 256, 3, 3), (4, 256, 2, 1), (4, 256, 5, 4)],
     default=[(1, 64, 1, 0), (2, 192, 2, 2), (3, 1088, 3, 2), (8, 128, 4, 4), (6, 320, 2, 1)],
 )
 PARAMS = generate_samples(case=CASES)
@@ -163,8 +173,54 @@ def test_mhc_multilayer_recompute_takes_any_shape_with_the_element_count():
         mhc_multilayer_recompute(*args)
 
 
+# The fused Ascend kernel: (mhc_mult, hidden, layers, post layers) of each launch the tests above make, and the
+# widest rows.
+FUSED = [(4, 256, 3, 3), (4, 256, 2, 1), (4, 256, 4, 4), (4, 256, 1, 0), (8, 7168, 4, 4), (1, 64, 1, 1)]
+
+
+@pytest.mark.parametrize('case', FUSED, ids=lambda c: 'x'.join(map(str, c)))
+def test_mhc_multilayer_recompute_ascend_kernel_lowers(case):
+    mhc_mult, hidden, layers, post_layers = case
+    cfg = choose_mhc_multilayer_recompute_config(
+        backend='ascend', mhc=mhc_mult, hidden=hidden, layers=layers, post_layers=post_layers, num_cores=64
+    )
+    assert hidden % cfg.tile == 0
+    assert ascend_ub_bytes(mhc_mult, cfg.tile) <= ASCEND_UB_BUDGET
+    lowered = assert_ascend_kernel_lowers(
+        lambda: make_mhc_multilayer_recompute_kernel(cfg), key=cfg, kernel_name='mhc_multilayer_recompute_kernel'
+    )
+    # One VF a layer: the residual goes from layer to layer through UB, not through GM.
+    assert lowered.source.count('__simd_vf__') >= layers
+
+
+def test_mhc_multilayer_recompute_ascend_tiles():
+    """The widest tile dividing H whose buffers fit: half of H = 4096 at M = 4, a seventh of 7168 at M = 8."""
+    choose = choose_mhc_multilayer_recompute_config
+    assert choose(backend='ascend', mhc=4, hidden=4096, layers=4, post_layers=4, num_cores=64).tile == 2048
+    assert choose(backend='ascend', mhc=8, hidden=7168, layers=4, post_layers=4, num_cores=64).tile == 1024
+
+
+@pytest.mark.parametrize(
+    ('fields', 'match'),
+    [
+        ({'backend': 'cuda'}, 'backend must be "ascend"'),
+        ({'mhc': 9}, 'mhc must be in'),
+        ({'hidden': 96}, 'hidden must be a positive multiple'),
+        ({'layers': LAYERS_PER_LAUNCH + 1}, 'layers must be in'),
+        ({'post_layers': 1}, 'post_layers'),
+        ({'tile': 96}, 'tile 96'),
+        ({'hidden': 65536, 'tile': 65536}, 'UB budget'),
+    ],
+)
+def test_mhc_multilayer_recompute_config_rejects(fields, match):
+    base = {'backend': 'ascend', 'mhc': 4, 'hidden': 256, 'layers': 3, 'post_layers': 3, 'num_cores': 64, 'tile': 256}
+    with pytest.raises(ValueError, match=match):
+        MhcMultilayerRecomputeConfig(**base | fields)
+
+
 def test_mhc_multilayer_recompute_is_a_composition_not_an_op():
-    """No torch.library op of its own: torch.compile traces through it into its stages' ops."""
+    """No torch.library op of its own: torch.compile traces through it into its stages' ops (on Ascend too, where
+    the eager call takes the fused kernel)."""
     assert 'mhc_multilayer_recompute' not in OPERATORS
 
 
@@ -192,7 +248,7 @@ def test_mhc_multilayer_recompute_compiles_into_one_graph():
 @pytest.mark.parametrize('params', PARAMS, ids=make_param_id)
 def test_mhc_multilayer_recompute_values(params, device):
     """Each layer against the float64 reference from the layer's own input residual (one bf16 rounding per
-    result); bit for bit the stages called one by one."""
+    result); bit for bit the stages called one by one (on Ascend: the fused kernel against the stages' kernels)."""
     mhc_mult, hidden, layers, post_layers = params['case']
     for num_tokens in NUM_TOKENS:
         inputs = make_inputs(num_tokens, mhc_mult, hidden, layers, post_layers, device)

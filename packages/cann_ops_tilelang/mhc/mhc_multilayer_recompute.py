@@ -1,10 +1,11 @@
 """mhc_multilayer_recompute: the residual streams and layer inputs of several consecutive mHC layers, recomputed
 from the first residual and each layer's mixes and output (TileKernels 2.1.0's call; docs/mhc.md).
 
-A composition of the domain's operators, two launches per layer: mhc_pre_apply_mix_fwd (the layer input) and
-mhc_post_fwd (the next residual). It takes the per-layer tensors as they are, with no table of pointers: each
-launch gets its layer's tensors as arguments (the peer builds a pinned host table of data pointers per call and
-copies it to the device)."""
+On Ascend, eagerly, one fused launch per LAYERS_PER_LAUNCH layers (mhc_multilayer_recompute_kernel.py) keeps each
+residual on chip between its layers. On CUDA for now, and while torch traces, a composition of the domain's
+operators, two launches per layer: mhc_pre_apply_mix_fwd (the layer input) and mhc_post_fwd (the next residual).
+Neither takes a table of pointers: each launch gets its layers' tensors as arguments (the peer builds a pinned host
+table of data pointers per call and copies it to the device)."""
 
 from __future__ import annotations
 
@@ -13,11 +14,17 @@ from collections.abc import Sequence
 
 import torch
 
-from cann_ops_tilelang.config import require_accelerator
+from cann_ops_tilelang.config import get_num_cores, require_accelerator
+from cann_ops_tilelang.kernel_target import Launcher, placeholder
 from cann_ops_tilelang.operator import traced
 from cann_ops_tilelang.validation import ALIGN_BYTES, check_contiguous, check_tensor
 
 from ._mhc_expand_apply_common import check_sizes
+from .mhc_multilayer_recompute_kernel import (
+    LAYERS_PER_LAUNCH,
+    choose_mhc_multilayer_recompute_config,
+    get_mhc_multilayer_recompute_kernel,
+)
 from .mhc_post_fwd import mhc_post_fwd
 from .mhc_pre_apply_mix_fwd import mhc_pre_apply_mix_fwd
 
@@ -149,8 +156,11 @@ def mhc_multilayer_recompute(
     ]
     if memory:
         _check_apart(read, written)
-    require_accelerator(*(t for _, t in (*read, *written)))  # one device, with kernels (RuntimeError)
+    backend = require_accelerator(*(t for _, t in (*read, *written)))  # one device, with kernels (RuntimeError)
     if not T:
+        return
+    if backend == 'ascend' and memory:  # while torch traces, the composition: its stages are torch.library ops
+        _fused(x, pre, out, post, comb, layer_inputs, residuals)
         return
     residual = x
     for layer in range(L):
@@ -158,3 +168,43 @@ def mhc_multilayer_recompute(
         if layer < L_post:
             mhc_post_fwd(out[layer], residual.view(1, T, M, H), post[layer], comb[layer], residuals[layer])
             residual = residuals[layer].view(T, M, H)
+
+
+_LAUNCHERS: dict[tuple, Launcher] = {}
+
+
+def _slots(tensors: list[torch.Tensor], shape: tuple[int, ...], dtype: torch.dtype, device) -> list[torch.Tensor]:
+    """A launch's LAYERS_PER_LAUNCH slots of one list: its layers' tensors viewed as the kernel takes them, then
+    placeholders."""
+    return [t.view(shape) for t in tensors] + [placeholder(device, dtype)] * (LAYERS_PER_LAUNCH - len(tensors))
+
+
+def _fused(x, pre, out, post, comb, layer_inputs, residuals) -> None:
+    """The fused kernel, one launch per LAYERS_PER_LAUNCH layers; a launch after the first starts from the residual
+    the previous one wrote. Slots past a launch's layers take placeholders."""
+    T, M, H = x.shape
+    L, L_post = len(pre), len(out)
+    device = x.device
+    residual = x
+    for first in range(0, L, LAYERS_PER_LAUNCH):
+        layers = min(LAYERS_PER_LAUNCH, L - first)
+        posts = min(layers, L_post - first)
+        key = (device, M, H, layers, posts)
+        launcher = _LAUNCHERS.get(key)
+        if launcher is None:
+            cfg = choose_mhc_multilayer_recompute_config(
+                backend='ascend', mhc=M, hidden=H, layers=layers, post_layers=posts, num_cores=get_num_cores(device)
+            )
+            launcher = _LAUNCHERS[key] = Launcher(get_mhc_multilayer_recompute_kernel, cfg, device)
+
+        launcher.launch(
+            residual,
+            *_slots(pre[first : first + layers], (T, M), torch.float32, device),
+            *_slots(out[first : first + posts], (T, H), torch.bfloat16, device),
+            *_slots(post[first : first + posts], (T, M), torch.float32, device),
+            *_slots(comb[first : first + posts], (T, M * M), torch.float32, device),
+            *_slots(layer_inputs[first : first + layers], (T, H), torch.bfloat16, device),
+            *_slots(residuals[first : first + posts], (T, M, H), torch.bfloat16, device),
+        )
+        if posts:
+            residual = residuals[first + posts - 1].view(T, M, H)
