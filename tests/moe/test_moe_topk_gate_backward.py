@@ -52,7 +52,10 @@ SCALE = 2.5
 CONFIGS = by_level(
     LEVEL,
     core=[(256, 8, 'sqrtsoftplus', False), (72, 6, 'softmax', True), (128, 6, 'sigmoid', True)],
-    default=[(e, k, f, aux) for e in (64, 256, 384) for k in (6, 8) for f in FUNCS for aux in (False, True)][::5],
+    default=[
+        *[(e, k, f, aux) for e in (64, 256, 384) for k in (6, 8) for f in FUNCS for aux in (False, True)][::5],
+        *[(128, 40, 'sqrtsoftplus', True), (72, 36, 'sigmoid', False)],  # K > 32: two slots a lane on CUDA
+    ],
     full=[(e, k, f, aux) for e in (72, 128, 512) for k in (1, 8, 64) if k <= e for f in FUNCS for aux in (False, True)],
 )
 NUM_TOKENS = by_level(LEVEL, core=(1, 67), default=(4001,), full=(8001,))
