@@ -7,8 +7,9 @@ moves the same bytes.
 Rows: the peer's shapes, mhc_mult 4 by default: the streaming operators (expand, pre_apply_mix, post and their
 backwards) at (T, H) = (4001, 4096), (8001, 7168), (4001, 2560); Sinkhorn at T = 4001 / 8001 with 10 and 20
 repeats; the mixes at T = 4001 / 8001; fn_normw_merge at K = mhc_mult * 4096; the partials' reduction at T = 4001 /
-8001 with 16 splits; mhc_multilayer_recompute over 4 layers at the streaming shapes. Both sides write the same
-preallocated buffers (the peer's calling convention).
+8001 with 16 splits; mhc_multilayer_recompute over 4 layers at the streaming shapes, through the operator and
+through the fused CUDA kernel (`mhc_multilayer_recompute_fused`: not yet the operator's CUDA path). Both sides
+write the same preallocated buffers (the peer's calling convention).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import argparse
 import torch
 
 from cann_ops_tilelang import mhc
+from cann_ops_tilelang.mhc.mhc_multilayer_recompute import fused_launches
 from tests.testing.device_timing import agreement, print_comparison
 
 STREAM_SHAPES = ((4001, 4096), (8001, 7168), (4001, 2560))
@@ -42,6 +44,7 @@ OTHER_OPS = (
     'mhc_reduce_partials_and_rmsnorm_fwd',
 )
 RECOMPUTE_OP = 'mhc_multilayer_recompute'
+RECOMPUTE_FUSED = 'mhc_multilayer_recompute_fused'  # the fused CUDA kernel, called directly (not yet dispatched)
 RECOMPUTE_LAYERS = 4
 PEER_NAMES = {'mhc_expand_fwd': 'expand_to_mhc_fwd', 'mhc_expand_bwd': 'expand_to_mhc_bwd'}
 
@@ -91,9 +94,10 @@ def _stream_calls(tk, op: str, T: int, M: int, H: int, device):
     return ours, peer, moved, agreement(*compared, rtol=1e-2, atol=1e-2)
 
 
-def _recompute_calls(tk, T: int, M: int, H: int, device):
+def _recompute_calls(tk, T: int, M: int, H: int, device, fused: bool = False):
     """mhc_multilayer_recompute over RECOMPUTE_LAYERS layers (every layer with its post mapping): the peer builds
-    its pinned pointer table inside the call, so its time includes that copy."""
+    its pinned pointer table inside the call, so its time includes that copy. `fused`: ours is the fused CUDA
+    kernel's launches (`fused_launches`) instead of the operator, which on CUDA still composes the stages."""
     torch.manual_seed(0)
     L = RECOMPUTE_LAYERS
     initial = _bf16(T, M, H, device=device)
@@ -108,6 +112,8 @@ def _recompute_calls(tk, T: int, M: int, H: int, device):
     mine, theirs = buffers(), buffers()
 
     def ours():
+        if fused:
+            return fused_launches('cuda', initial, pre, outputs, post, comb, *mine)
         return mhc.mhc_multilayer_recompute(initial, pre, outputs, post, comb, *mine)
 
     def peer():
@@ -169,7 +175,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument('--rounds', type=int, default=5)
     parser.add_argument(
-        '--ops', default=','.join((*STREAM_OPS, *OTHER_OPS, RECOMPUTE_OP)), help='comma-separated operator names'
+        '--ops',
+        default=','.join((*STREAM_OPS, *OTHER_OPS, RECOMPUTE_OP, RECOMPUTE_FUSED)),
+        help='comma-separated operator names',
     )
     parser.add_argument('--mult', type=int, default=4, help='mhc_mult (the peer: 4)')
     args = parser.parse_args()
@@ -179,12 +187,12 @@ def main() -> None:
     cases = [(op, T, H) for op in STREAM_OPS if op in ops for T, H in STREAM_SHAPES]
     cases += [(op, T, r) for op in OTHER_OPS[:2] if op in ops for T, r in SINKHORN_CASES]
     cases += [(op, T, 0) for op in OTHER_OPS[2:] if op in ops for T in MIX_TOKENS]
-    cases += [(RECOMPUTE_OP, T, H) for T, H in STREAM_SHAPES if RECOMPUTE_OP in ops]
+    cases += [(op, T, H) for op in (RECOMPUTE_OP, RECOMPUTE_FUSED) if op in ops for T, H in STREAM_SHAPES]
 
     def calls(case):
         op, T, detail = case
-        if op == RECOMPUTE_OP:
-            return _recompute_calls(tk, T, M, detail, device)
+        if op in (RECOMPUTE_OP, RECOMPUTE_FUSED):
+            return _recompute_calls(tk, T, M, detail, device, fused=op == RECOMPUTE_FUSED)
         if op in STREAM_OPS:
             return _stream_calls(tk, op, T, M, detail, device)
         return _other_calls(tk, op, T, M, detail, device)

@@ -2,9 +2,10 @@
 (up to LAYERS_PER_LAUNCH layers a launch), on CUDA a composition of mhc_pre_apply_mix_fwd and mhc_post_fwd.
 
 CPU tier: the argument contract on CPU tensors (typed errors before the device guard), torch.compile on fake
-tensors (one graph of the stages' ops). The stage kernels' lowering is their own tests'. Device tier (`npu`; on a
-CPU-only host the Ascend kernels on the emulator with `--ascend-emulator`): every layer against the float64
-reference of that layer, bit equality with the stages called one by one, L_post = L and L - 1, 0 tokens; the
+tensors (one graph of the stages' ops), the fused kernels' configurations and lowering (the stage kernels'
+lowering is their own tests'). Device tier (`npu`; on a CPU-only host the Ascend kernels on the emulator with
+`--ascend-emulator`): every layer against the float64 reference of that layer, bit equality with the stages called
+one by one (the operator, and the device's fused kernel called directly), L_post = L and L - 1, 0 tokens; the
 benchmark.
 """
 
@@ -12,7 +13,9 @@ import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
+from cann_ops_tilelang import config
 from cann_ops_tilelang.mhc import mhc_multilayer_recompute, mhc_post_fwd, mhc_pre_apply_mix_fwd
+from cann_ops_tilelang.mhc.mhc_multilayer_recompute import fused_launches
 from cann_ops_tilelang.mhc.mhc_multilayer_recompute_kernel import (
     ASCEND_UB_BUDGET,
     LAYERS_PER_LAUNCH,
@@ -25,7 +28,7 @@ from cann_ops_tilelang.operator import OPERATORS
 from tests.testing.bench import make_param_id
 from tests.testing.generator import by_level, generate_samples, get_test_level
 from tests.testing.graphs import GraphRecorder
-from tests.testing.lowering import assert_ascend_kernel_lowers
+from tests.testing.lowering import assert_ascend_kernel_lowers, assert_cuda_kernel_lowers
 from tests.testing.numeric import assert_equal, count_bytes
 from tests.testing.timing import record_name
 
@@ -173,8 +176,8 @@ def test_mhc_multilayer_recompute_takes_any_shape_with_the_element_count():
         mhc_multilayer_recompute(*args)
 
 
-# The fused Ascend kernel: (mhc_mult, hidden, layers, post layers) of each launch the tests above make, and the
-# widest rows.
+# The fused kernels: (mhc_mult, hidden, layers, post layers) of each launch the tests below make, and the widest
+# rows.
 FUSED = [(4, 256, 3, 3), (4, 256, 2, 1), (4, 256, 4, 4), (4, 256, 1, 0), (8, 7168, 4, 4), (1, 64, 1, 1)]
 
 
@@ -193,6 +196,21 @@ def test_mhc_multilayer_recompute_ascend_kernel_lowers(case):
     assert lowered.source.count('__simd_vf__') >= layers
 
 
+@pytest.mark.parametrize('case', FUSED, ids=lambda c: 'x'.join(map(str, c)))
+def test_mhc_multilayer_recompute_cuda_kernel_lowers(case):
+    mhc_mult, hidden, layers, post_layers = case
+    cfg = choose_mhc_multilayer_recompute_config(
+        backend='cuda', mhc=mhc_mult, hidden=hidden, layers=layers, post_layers=post_layers, num_cores=132
+    )
+    lowered = assert_cuda_kernel_lowers(
+        lambda: make_mhc_multilayer_recompute_kernel(cfg), key=cfg, kernel_name='mhc_multilayer_recompute_kernel'
+    )
+    # 16-byte accesses, the residual in registers from layer to layer: no shared memory, no barrier.
+    assert 'uint4' in lowered.source
+    assert '__shared__' not in lowered.source
+    assert '__syncthreads' not in lowered.source
+
+
 def test_mhc_multilayer_recompute_ascend_tiles():
     """The widest tile dividing H whose buffers fit: half of H = 4096 at M = 4, a seventh of 7168 at M = 8."""
     choose = choose_mhc_multilayer_recompute_config
@@ -203,12 +221,13 @@ def test_mhc_multilayer_recompute_ascend_tiles():
 @pytest.mark.parametrize(
     ('fields', 'match'),
     [
-        ({'backend': 'cuda'}, 'backend must be "ascend"'),
+        ({'backend': 'npu'}, 'backend must be "ascend" or "cuda"'),
         ({'mhc': 9}, 'mhc must be in'),
         ({'hidden': 96}, 'hidden must be a positive multiple'),
         ({'layers': LAYERS_PER_LAUNCH + 1}, 'layers must be in'),
         ({'post_layers': 1}, 'post_layers'),
         ({'tile': 96}, 'tile 96'),
+        ({'threads': 48}, 'threads must be'),
         ({'hidden': 65536, 'tile': 65536}, 'UB budget'),
     ],
 )
@@ -270,6 +289,21 @@ def test_mhc_multilayer_recompute_values(params, device):
                 got, want = residuals[layer].cpu().double(), ref_residual[0].double()
                 scale = 2.0**-16 * (magnitude.unsqueeze(-2) + 2 * inputs[2][layer].cpu().double().abs().unsqueeze(-2))
                 assert bool(((got - want).abs() <= 2.0**-7 * want.abs() + scale).all()), layer
+
+
+@pytest.mark.npu
+@pytest.mark.parametrize('params', PARAMS, ids=make_param_id)
+def test_mhc_multilayer_recompute_fused_kernel(params, device):
+    """The device's fused kernel called directly, bit for bit the stages called one by one: on CUDA, where the
+    operator still composes the stages, this is the fused kernel's only check."""
+    mhc_mult, hidden, layers, post_layers = params['case']
+    for num_tokens in NUM_TOKENS:
+        inputs = make_inputs(num_tokens, mhc_mult, hidden, layers, post_layers, device)
+        layer_inputs, residuals = poisoned_buffers(num_tokens, mhc_mult, hidden, layers, post_layers, device)
+        fused_launches(config.backend_of(device), *inputs, layer_inputs, residuals)
+        expected_inputs, expected_residuals = chain(*inputs)
+        for actual, expected in zip([*layer_inputs, *residuals], [*expected_inputs, *expected_residuals], strict=True):
+            assert_equal(actual, expected)
 
 
 @pytest.mark.npu

@@ -2,10 +2,10 @@
 from the first residual and each layer's mixes and output (TileKernels 2.1.0's call; docs/mhc.md).
 
 On Ascend, eagerly, one fused launch per LAYERS_PER_LAUNCH layers (mhc_multilayer_recompute_kernel.py) keeps each
-residual on chip between its layers. On CUDA for now, and while torch traces, a composition of the domain's
-operators, two launches per layer: mhc_pre_apply_mix_fwd (the layer input) and mhc_post_fwd (the next residual).
-Neither takes a table of pointers: each launch gets its layers' tensors as arguments (the peer builds a pinned host
-table of data pointers per call and copies it to the device)."""
+residual on chip between its layers. On CUDA (whose fused kernel has not run on a GPU yet), and while torch traces,
+a composition of the domain's operators, two launches per layer: mhc_pre_apply_mix_fwd (the layer input) and
+mhc_post_fwd (the next residual). Neither takes a table of pointers: each launch gets its layers' tensors as
+arguments (the peer builds a pinned host table of data pointers per call and copies it to the device)."""
 
 from __future__ import annotations
 
@@ -159,8 +159,10 @@ def mhc_multilayer_recompute(
     backend = require_accelerator(*(t for _, t in (*read, *written)))  # one device, with kernels (RuntimeError)
     if not T:
         return
-    if backend == 'ascend' and memory:  # while torch traces, the composition: its stages are torch.library ops
-        _fused(x, pre, out, post, comb, layer_inputs, residuals)
+    # While torch traces, the composition: its stages are torch.library ops. CUDA: the composition until the fused
+    # CUDA kernel has run on a GPU (its device tests call fused_launches).
+    if backend == 'ascend' and memory:
+        fused_launches(backend, x, pre, out, post, comb, layer_inputs, residuals)
         return
     residual = x
     for layer in range(L):
@@ -179,9 +181,10 @@ def _slots(tensors: list[torch.Tensor], shape: tuple[int, ...], dtype: torch.dty
     return [t.view(shape) for t in tensors] + [placeholder(device, dtype)] * (LAYERS_PER_LAUNCH - len(tensors))
 
 
-def _fused(x, pre, out, post, comb, layer_inputs, residuals) -> None:
-    """The fused kernel, one launch per LAYERS_PER_LAUNCH layers; a launch after the first starts from the residual
-    the previous one wrote. Slots past a launch's layers take placeholders."""
+def fused_launches(backend, x, pre, out, post, comb, layer_inputs, residuals) -> None:
+    """The fused kernel of `backend` on checked arguments (x (T, M, H), the lists of the operator's views), one
+    launch per LAYERS_PER_LAUNCH layers; a launch after the first starts from the residual the previous one wrote.
+    Slots past a launch's layers take placeholders."""
     T, M, H = x.shape
     L, L_post = len(pre), len(out)
     device = x.device
@@ -189,11 +192,11 @@ def _fused(x, pre, out, post, comb, layer_inputs, residuals) -> None:
     for first in range(0, L, LAYERS_PER_LAUNCH):
         layers = min(LAYERS_PER_LAUNCH, L - first)
         posts = min(layers, L_post - first)
-        key = (device, M, H, layers, posts)
+        key = (device, backend, M, H, layers, posts)
         launcher = _LAUNCHERS.get(key)
         if launcher is None:
             cfg = choose_mhc_multilayer_recompute_config(
-                backend='ascend', mhc=M, hidden=H, layers=layers, post_layers=posts, num_cores=get_num_cores(device)
+                backend=backend, mhc=M, hidden=H, layers=layers, post_layers=posts, num_cores=get_num_cores(device)
             )
             launcher = _LAUNCHERS[key] = Launcher(get_mhc_multilayer_recompute_kernel, cfg, device)
 

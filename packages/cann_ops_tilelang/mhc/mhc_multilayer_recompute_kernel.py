@@ -1,6 +1,7 @@
-"""The fused kernel of mhc_multilayer_recompute: up to LAYERS_PER_LAUNCH consecutive layers in one launch, each
-residual kept on chip between its layers (the math: mhc_multilayer_recompute.py). Ascend 950 only for now: on
-CUDA the operator still composes mhc_pre_apply_mix_fwd and mhc_post_fwd.
+"""The fused kernel of mhc_multilayer_recompute, Ascend 950 and CUDA: up to LAYERS_PER_LAUNCH consecutive layers in
+one launch, each residual kept on chip between its layers (the math: mhc_multilayer_recompute.py). The operator
+takes it on Ascend; on CUDA it still composes mhc_pre_apply_mix_fwd and mhc_post_fwd until the CUDA kernel has
+run on a GPU (its device tests call it directly).
 
 A launch reads the first residual once and per layer its output and mixes, and writes per layer its input and
 residual: against the composition, each residual is neither read back for the layer input nor for the next
@@ -13,29 +14,33 @@ layers).
 import dataclasses
 import functools
 
+from cann_ops_tilelang.config import Backend
 from cann_ops_tilelang.kernel_target import compile_kernel
 
 # The backend takes the configuration as `cfg` and does not import this module: no import circle.
 from ._mhc_multilayer_recompute_ascend import LAYERS_PER_LAUNCH, ascend_mhc_multilayer_recompute_kernel
+from ._mhc_multilayer_recompute_cuda import cuda_mhc_multilayer_recompute_kernel
 from ._mhc_post_common import ASCEND_LANES, HIDDEN_ALIGN, MAX_MHC, ascend_tile
 
 # UB bytes for the big tiles (the residual buffers, the layer inputs and outputs); the mix rows take the rest.
 ASCEND_UB_BUDGET = 160 * 1024
+CUDA_THREADS = 256  # mhc_post_fwd's: 8 warps a block, one 8-column chunk a thread
 
 
 @dataclasses.dataclass(frozen=True)
 class MhcMultilayerRecomputeConfig:
-    backend: str  # 'ascend'
+    backend: Backend
     mhc: int  # M, branches
     hidden: int  # H
     layers: int  # L of this launch, 1..LAYERS_PER_LAUNCH
     post_layers: int  # L_post of this launch: layers or layers - 1
-    num_cores: int  # vector cores
-    tile: int = ASCEND_LANES  # hidden columns a task; divides H
+    num_cores: int  # Ascend: vector cores; CUDA: SMs (informational: the grid covers the chunks)
+    tile: int = ASCEND_LANES  # Ascend hidden columns a task; divides H
+    threads: int = CUDA_THREADS  # CUDA threads a block
 
     def __post_init__(self):
-        if self.backend != 'ascend':
-            raise ValueError(f'backend must be "ascend" (CUDA composes the layer operators), got {self.backend!r}')
+        if self.backend not in ('ascend', 'cuda'):
+            raise ValueError(f'backend must be "ascend" or "cuda", got {self.backend!r}')
         if not 1 <= self.mhc <= MAX_MHC:
             raise ValueError(f'mhc must be in 1..{MAX_MHC}, got {self.mhc}')
         if self.hidden < HIDDEN_ALIGN or self.hidden % HIDDEN_ALIGN:
@@ -49,6 +54,8 @@ class MhcMultilayerRecomputeConfig:
             raise ValueError(f'num_cores must be >= 1, got {self.num_cores}')
         if self.tile % ASCEND_LANES or self.hidden % self.tile:
             raise ValueError(f'tile {self.tile} must be a multiple of {ASCEND_LANES} dividing hidden {self.hidden}')
+        if self.threads % 32 or not 32 <= self.threads <= 1024:
+            raise ValueError(f'threads must be a multiple of 32 in 32..1024, got {self.threads}')
         if ascend_ub_bytes(self.mhc, self.tile) > ASCEND_UB_BUDGET:
             raise ValueError(f'a tile of {self.tile} columns exceeds the UB budget at mhc {self.mhc}')
 
@@ -60,19 +67,25 @@ def ascend_ub_bytes(mhc: int, tile: int) -> int:
 
 
 def choose_mhc_multilayer_recompute_config(
-    *, backend: str, mhc: int, hidden: int, layers: int, post_layers: int, num_cores: int
+    *, backend: Backend, mhc: int, hidden: int, layers: int, post_layers: int, num_cores: int
 ) -> MhcMultilayerRecomputeConfig:
-    """Pure choice of the compile-time parameters (no device query): the widest tile that fits."""
-    tile = ascend_tile(hidden, ascend_ub_bytes(mhc, 1), ASCEND_UB_BUDGET)
-    return MhcMultilayerRecomputeConfig(backend, mhc, hidden, layers, post_layers, num_cores, tile)
+    """Pure choice of the compile-time parameters (no device query): on Ascend the widest tile that fits."""
+    common = (backend, mhc, hidden, layers, post_layers, num_cores)
+    if backend == 'ascend':
+        tile = ascend_tile(hidden, ascend_ub_bytes(mhc, 1), ASCEND_UB_BUDGET)
+        return MhcMultilayerRecomputeConfig(*common, tile=tile)
+    return MhcMultilayerRecomputeConfig(*common)
 
 
 def make_mhc_multilayer_recompute_kernel(cfg: MhcMultilayerRecomputeConfig):
-    """The TileLang prim_func `mhc_multilayer_recompute_kernel` (no compile). Arguments, in order: the first
-    residual (T, M, H) bf16; LAYERS_PER_LAUNCH slots each of pre mixes (T, M) fp32, layer outputs (T, H) bf16,
-    post mixes (T, M) fp32, comb mixes (T, M * M) fp32, layer inputs (T, H) bf16 and residuals (T, M, H) bf16
-    (written); a slot past the configuration's layers (post layers) takes a (1,) placeholder of its dtype."""
-    return ascend_mhc_multilayer_recompute_kernel(cfg)
+    """The TileLang prim_func `mhc_multilayer_recompute_kernel` for `cfg.backend` (no compile). Arguments, in
+    order: the first residual (T, M, H) bf16; LAYERS_PER_LAUNCH slots each of pre mixes (T, M) fp32, layer
+    outputs (T, H) bf16, post mixes (T, M) fp32, comb mixes (T, M * M) fp32, layer inputs (T, H) bf16 and
+    residuals (T, M, H) bf16 (written); a slot past the configuration's layers (post layers) takes a (1,)
+    placeholder of its dtype."""
+    if cfg.backend == 'ascend':
+        return ascend_mhc_multilayer_recompute_kernel(cfg)
+    return cuda_mhc_multilayer_recompute_kernel(cfg)
 
 
 @functools.cache
