@@ -689,9 +689,15 @@ def _fast_ok_source(args, tensors, outputs, written, params, limits=None) -> str
         faults.append(f'({" | ".join(f"{n}_at" for n in aligned)}) % {ALIGN_BYTES}')
     for w in written:
         for o in tensors:
-            if o is w or w.optional or o.optional or (o.written and tensors.index(o) < tensors.index(w)):
-                continue
-            faults.append(f'({w.name}_at < {o.name}_end and {o.name}_at < {w.name}_end)')
+            if o is w or w.optional or (o.written and (o.optional or tensors.index(o) < tensors.index(w))):
+                continue  # an optional written tensor: None on the fast path, or checked when given (below)
+            if o.optional:  # an optional input: apart from the written tensor when given
+                faults.append(
+                    f'({o.name} is not None and {o.name}.data_ptr() < {w.name}_end and '
+                    f'{w.name}_at < {o.name}.data_ptr() + {o.name}.nbytes)'
+                )
+            else:
+                faults.append(f'({w.name}_at < {o.name}_end and {o.name}_at < {w.name}_end)')
     if faults:
         lines += [f'    if {" or ".join(faults)}:', '        return None']
     lines += _fast_given_lines(tensors, written, used)

@@ -288,6 +288,25 @@ def test_an_optional_written_tensor_declared_fast_when_given_takes_the_fast_path
         operator.tensor('z', torch.float32, optional=True, fast_when_given=True)
 
 
+def test_the_fast_path_keeps_a_written_tensor_apart_from_the_optional_inputs_given():
+    """A required written tensor that overlaps an optional input the call gives sends the call to the full path
+    (its typed error), as one that overlaps a required input does."""
+    declared = operator.Operator(
+        f'toy_{uuid.uuid4().hex[:8]}',
+        operator.tensor('x', torch.float32, 'n'),
+        operator.tensor('m', torch.float32, 'n', optional=True),
+        operator.tensor('y', torch.float32, 'n', written='written'),
+        choose_config=None,
+        get_kernel=None,
+    )
+    fast_ok = _fast_ok_on_cpu(declared)
+    x, buffer = torch.zeros(8), torch.zeros(16)
+    assert fast_ok(x, None, buffer[:8]) == (8,)
+    assert fast_ok(x, buffer[8:], buffer[:8]) == (8,)  # apart
+    assert fast_ok(x, buffer[4:12], buffer[:8]) is None  # the optional input overlaps the written tensor
+    assert fast_ok(x, None, x) is None  # the required input
+
+
 def test_the_fast_path_checks_the_limits_the_first_tensor_gives():
     """A size past the declared limits (T * E elements, with T dynamic and so not in the operator's key) sends the
     call down the full path, which raises the limit's ValueError."""
