@@ -14,6 +14,7 @@ are one-element placeholders, never touched.
 # No `from __future__ import annotations`: TileLang evaluates the prim_func annotations, which refer to the
 # generator's local shape variables.
 
+from ._mhc_multilayer_common import argument_shapes
 from ._mhc_post_common import CUDA_VEC
 
 
@@ -28,13 +29,7 @@ def cuda_mhc_multilayer_recompute_kernel(cfg):
     mm = M * M
     f32, bf16 = T.float32, T.bfloat16
     num_tokens = T.dynamic('num_tokens')
-    one = (1,)
-
-    def pre_shape(k):
-        return (num_tokens, M) if k < L else one
-
-    def post_shape(k, shape):
-        return shape if k < L_post else one
+    shape = argument_shapes(cfg, num_tokens)
 
     @T.macro
     def layer(k, r_l, pre, li, lo, post, comb, res, next_l, t, col):
@@ -74,30 +69,30 @@ def cuda_mhc_multilayer_recompute_kernel(cfg):
     @T.prim_func
     def mhc_multilayer_recompute_kernel(
         initial_residual: T.Tensor((num_tokens, M, hidden), bf16),
-        pre0: T.Tensor(pre_shape(0), f32),
-        pre1: T.Tensor(pre_shape(1), f32),
-        pre2: T.Tensor(pre_shape(2), f32),
-        pre3: T.Tensor(pre_shape(3), f32),
-        lo0: T.Tensor(post_shape(0, (num_tokens, hidden)), bf16),
-        lo1: T.Tensor(post_shape(1, (num_tokens, hidden)), bf16),
-        lo2: T.Tensor(post_shape(2, (num_tokens, hidden)), bf16),
-        lo3: T.Tensor(post_shape(3, (num_tokens, hidden)), bf16),
-        post0: T.Tensor(post_shape(0, (num_tokens, M)), f32),
-        post1: T.Tensor(post_shape(1, (num_tokens, M)), f32),
-        post2: T.Tensor(post_shape(2, (num_tokens, M)), f32),
-        post3: T.Tensor(post_shape(3, (num_tokens, M)), f32),
-        comb0: T.Tensor(post_shape(0, (num_tokens, mm)), f32),
-        comb1: T.Tensor(post_shape(1, (num_tokens, mm)), f32),
-        comb2: T.Tensor(post_shape(2, (num_tokens, mm)), f32),
-        comb3: T.Tensor(post_shape(3, (num_tokens, mm)), f32),
-        li0: T.Tensor((num_tokens, hidden) if L > 0 else one, bf16),
-        li1: T.Tensor((num_tokens, hidden) if L > 1 else one, bf16),
-        li2: T.Tensor((num_tokens, hidden) if L > 2 else one, bf16),
-        li3: T.Tensor((num_tokens, hidden) if L > 3 else one, bf16),
-        res0: T.Tensor(post_shape(0, (num_tokens, M, hidden)), bf16),
-        res1: T.Tensor(post_shape(1, (num_tokens, M, hidden)), bf16),
-        res2: T.Tensor(post_shape(2, (num_tokens, M, hidden)), bf16),
-        res3: T.Tensor(post_shape(3, (num_tokens, M, hidden)), bf16),
+        pre0: T.Tensor(shape['pre'][0], f32),
+        pre1: T.Tensor(shape['pre'][1], f32),
+        pre2: T.Tensor(shape['pre'][2], f32),
+        pre3: T.Tensor(shape['pre'][3], f32),
+        lo0: T.Tensor(shape['layer_output'][0], bf16),
+        lo1: T.Tensor(shape['layer_output'][1], bf16),
+        lo2: T.Tensor(shape['layer_output'][2], bf16),
+        lo3: T.Tensor(shape['layer_output'][3], bf16),
+        post0: T.Tensor(shape['post'][0], f32),
+        post1: T.Tensor(shape['post'][1], f32),
+        post2: T.Tensor(shape['post'][2], f32),
+        post3: T.Tensor(shape['post'][3], f32),
+        comb0: T.Tensor(shape['comb'][0], f32),
+        comb1: T.Tensor(shape['comb'][1], f32),
+        comb2: T.Tensor(shape['comb'][2], f32),
+        comb3: T.Tensor(shape['comb'][3], f32),
+        li0: T.Tensor(shape['layer_input'][0], bf16),
+        li1: T.Tensor(shape['layer_input'][1], bf16),
+        li2: T.Tensor(shape['layer_input'][2], bf16),
+        li3: T.Tensor(shape['layer_input'][3], bf16),
+        res0: T.Tensor(shape['residual'][0], bf16),
+        res1: T.Tensor(shape['residual'][1], bf16),
+        res2: T.Tensor(shape['residual'][2], bf16),
+        res3: T.Tensor(shape['residual'][3], bf16),
     ):
         with T.Kernel(T.ceildiv(num_tokens * per_row, threads), threads=threads) as bx:
             tid = T.get_thread_binding()

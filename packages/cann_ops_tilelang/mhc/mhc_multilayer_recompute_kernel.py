@@ -18,7 +18,8 @@ from cann_ops_tilelang.config import Backend
 from cann_ops_tilelang.kernel_target import compile_kernel
 
 # The backend takes the configuration as `cfg` and does not import this module: no import circle.
-from ._mhc_multilayer_recompute_ascend import LAYERS_PER_LAUNCH, ascend_mhc_multilayer_recompute_kernel
+from ._mhc_multilayer_common import LAYERS_PER_LAUNCH
+from ._mhc_multilayer_recompute_ascend import ascend_mhc_multilayer_recompute_kernel
 from ._mhc_multilayer_recompute_cuda import cuda_mhc_multilayer_recompute_kernel
 from ._mhc_post_common import ASCEND_LANES, HIDDEN_ALIGN, MAX_MHC, ascend_tile
 
