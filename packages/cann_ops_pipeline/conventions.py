@@ -86,8 +86,9 @@ def test_level_from_env(environ: Mapping[str, str] | None = None) -> int:
         raise ValueError(f'{LEVEL_ENV}={raw!r} is not a test level: use 0 (core), 1 (default) or 2 (full)') from None
 
 
-def markexpr_problem(markexpr: str) -> str | None:
-    """What is wrong with a `-m` expression, in pytest's words, or None (also None without pytest).
+def markexpr_problem(markexpr: str, option: str = '-m') -> str | None:
+    """What is wrong with a `-m` expression (or a `-k` one: `option`, the same grammar), in pytest's words, or
+    None (also None without pytest).
 
     pytest's parser judges; its exception differs by version (SyntaxError with offset/msg from 9.0,
     ParseError with column/message before), so both are read.
@@ -101,5 +102,5 @@ def markexpr_problem(markexpr: str) -> str | None:
     except Exception as exc:
         column = getattr(exc, 'offset', None) or getattr(exc, 'column', '?')
         message = getattr(exc, 'msg', None) or getattr(exc, 'message', None) or str(exc)
-        return f"Wrong expression passed to '-m': {markexpr}: at column {column}: {message}"
+        return f"Wrong expression passed to '{option}': {markexpr}: at column {column}: {message}"
     return None

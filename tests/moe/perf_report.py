@@ -306,25 +306,24 @@ def main() -> None:
 
 
 def report_host(cases: list[Case], tk, device, rounds: int) -> None:
-    """Wall time per eager call, back to back (tests.testing.host_timing), in `rounds` rounds that alternate
-    between ours and the peer's call: the fastest round of each, and ours / TK as the median of the rounds' own
-    ratios (a round's two figures are taken back to back, so a slow stretch of the host falls on both)."""
-    import statistics
-
-    from tests.testing.host_timing import host_time_us
+    """Wall time per eager call, back to back, ours and the peer's in alternating rounds
+    (tests.testing.host_timing.paired_host_times)."""
+    from tests.testing import host_timing
 
     if cases:  # the first measurement of a process reads high on both sides (H200, 2026-12-04): one thrown away
         for fn in _calls(cases[0], tk, device, with_compiled=False, with_out=False)[:2]:
-            host_time_us(fn, torch.cuda.synchronize, rounds=1)
+            host_timing.host_time_us(fn, torch.cuda.synchronize, rounds=1)
     print()
     print('| host time per call | variant | T | E | k | ours us | TK us | ours / TK |')
     print('| --- | --- | --- | --- | --- | --- | --- | --- |')
     for case in cases:
         ours, peer, _, _ = _calls(case, tk, device, with_compiled=False, with_out=False)
-        times = [[host_time_us(fn, torch.cuda.synchronize, rounds=1) for fn in (ours, peer)] for _ in range(rounds)]
-        ratio = statistics.median(ours_us / peer_us for ours_us, peer_us in times)
+        ours_us, peer_us, ratio = host_timing.paired_host_times(ours, peer, torch.cuda.synchronize, rounds=rounds)
         print(
             f'| {case.op} | {case.variant or "plain"} | {case.num_tokens} | {case.num_experts} | {case.num_topk} | '
-            f'{min(t[0] for t in times):.1f} | {min(t[1] for t in times):.1f} | {ratio:.2f} |',
+            f'{ours_us:.1f} | {peer_us:.1f} | {ratio:.2f} |',
             flush=True,
         )
+
+if __name__ == '__main__':
+    main()

@@ -177,10 +177,11 @@ def test_a_parameter_no_test_has_is_a_usage_error_listing_the_parameters(k_pytes
             {},
             "Wrong expression passed to '-m': npu or: at column 7: expected not OR left parenthesis",
         ),
+        (('-k', 'hc=4'), {}, "Wrong expression passed to '-k': hc=4: at column 3: expected end of input; got ="),
         ((), {LEVEL_ENV: '7'}, f"{LEVEL_ENV}='7' is not a test level: use 0 (core), 1 (default) or 2 (full)"),
         ((), {LEVEL_ENV: 'abc'}, f"{LEVEL_ENV}='abc' is not a test level"),
     ],
-    ids=['markexpr', 'level-7', 'level-abc'],
+    ids=['markexpr', 'keyword', 'level-7', 'level-abc'],
 )
 def test_bad_selection_stops_the_run_before_any_test_with_one_message(
     k_pytester, monkeypatch, xdist, args, env, message

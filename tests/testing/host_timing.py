@@ -43,3 +43,17 @@ def host_time_us(
         sync()
         best = min(best, (time.perf_counter() - start) / calls * 1e6)
     return best
+
+
+def paired_host_times(
+    ours: Callable[[], object], peer: Callable[[], object], sync: Callable[[], object], *, rounds: int
+) -> tuple[float, float, float]:
+    """(ours us, peer us, ours / peer) of two calls timed in `rounds` rounds that alternate between them, one
+    host_time_us round each: the fastest round of each, and the ratio as the median of the rounds' own ratios (a
+    round's two figures are taken back to back, so a slow stretch of the host falls on both; the fastest figures
+    of the two sides may come from different stretches)."""
+    import statistics
+
+    times = [[host_time_us(fn, sync, rounds=1) for fn in (ours, peer)] for _ in range(rounds)]
+    ratio = statistics.median(ours_us / peer_us for ours_us, peer_us in times)
+    return min(t[0] for t in times), min(t[1] for t in times), ratio

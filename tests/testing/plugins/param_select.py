@@ -1,6 +1,6 @@
 """Which tests a run selects: the test level, `-m` and `-K EXPR`, each checked before any test runs.
 
-- The test level (`OPS_TILELANG_TEST_LEVEL`) and the `-m` expression are checked in `pytest_configure`:
+- The test level (`OPS_TILELANG_TEST_LEVEL`) and the `-m` and `-k` expressions are checked in `pytest_configure`:
   in the single process or the xdist controller, so a bad value stops the run at once with one
   message (usage error, exit 4) instead of failing the collection of every module on every worker.
 - `-K EXPR` keeps the tests whose `params` dict satisfies EXPR ('hidden=4096 or hidden=7168').
@@ -36,20 +36,24 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
-def check_markexpr(config: pytest.Config) -> None:
-    """pytest's own checks of `-m` (syntax; marker names under --strict-markers), done here once: pytest
-    itself would do them at deselection, on every xdist worker, each with its INTERNALERROR traceback."""
-    text = config.getoption('markexpr', None)
-    if not text:
-        return
-    try:  # pytest's own message and rules (syntax, marker names under --strict-markers), where it has them
-        from _pytest.mark import _parse_expression, _validate_marker_names
-    except ImportError:  # other pytest versions (e.g. an accelerator host's): the syntax, in pytest's words
-        problem = markexpr_problem(text)
-        if problem is not None:
-            raise pytest.UsageError(problem) from None
-        return
-    _validate_marker_names(_parse_expression(text, "Wrong expression passed to '-m'"), config)
+def check_selection_expressions(config: pytest.Config) -> None:
+    """pytest's own checks of `-m` (syntax; marker names under --strict-markers) and of `-k` (syntax), done here
+    once: pytest itself would do them at deselection, on every xdist worker, which ends `-m` in an INTERNALERROR
+    traceback per worker and `-k` in one from xdist's controller (pytest-xdist 3.x)."""
+    for option, dest in (('-m', 'markexpr'), ('-k', 'keyword')):
+        text = config.getoption(dest, None)
+        if not text:
+            continue
+        try:  # pytest's own message and rules (syntax, marker names under --strict-markers), where it has them
+            from _pytest.mark import _parse_expression, _validate_marker_names
+        except ImportError:  # other pytest versions (e.g. an accelerator host's): the syntax, in pytest's words
+            problem = markexpr_problem(text, option)
+            if problem is not None:
+                raise pytest.UsageError(problem) from None
+            continue
+        expression = _parse_expression(text, f"Wrong expression passed to '{option}'")
+        if option == '-m':
+            _validate_marker_names(expression, config)
 
 
 @pytest.hookimpl(trylast=True)  # after the plugins have registered their markers
@@ -59,7 +63,7 @@ def pytest_configure(config: pytest.Config) -> None:
         test_level_from_env()
     except ValueError as exc:
         raise pytest.UsageError(str(exc)) from None
-    check_markexpr(config)
+    check_selection_expressions(config)
     text = config.getoption('param_expr')
     if text is None:
         return

@@ -1,0 +1,25 @@
+"""Each domain's perf report (tests/<domain>/perf_report.py, run on a GPU host as `python -m`) starts as a
+script: its usage prints without a device or the peer installed."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+TESTS = Path(__file__).resolve().parents[1]
+REPORTS = sorted(p.parent.name for p in TESTS.glob('*/perf_report.py'))
+
+
+def test_every_domain_with_kernels_has_a_report():
+    assert {'engram', 'moe', 'mhc', 'quant'} <= set(REPORTS)
+
+
+@pytest.mark.parametrize('domain', REPORTS)
+def test_perf_report_runs_as_a_module(domain):
+    done = subprocess.run(
+        [sys.executable, '-m', f'tests.{domain}.perf_report', '--help'],
+        cwd=TESTS.parent, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith('usage:'), done.stdout
