@@ -7,9 +7,8 @@ moves the same bytes.
 Rows: the peer's shapes, mhc_mult 4 by default: the streaming operators (expand, pre_apply_mix, post and their
 backwards) at (T, H) = (4001, 4096), (8001, 7168), (4001, 2560); Sinkhorn at T = 4001 / 8001 with 10 and 20
 repeats; the mixes at T = 4001 / 8001; fn_normw_merge at K = mhc_mult * 4096; the partials' reduction at T = 4001 /
-8001 with 16 splits; mhc_multilayer_recompute over 4 layers at the streaming shapes, through the operator and
-through the fused CUDA kernel (`mhc_multilayer_recompute_fused`: not yet the operator's CUDA path). Both sides
-write the same preallocated buffers (the peer's calling convention).
+8001 with 16 splits; mhc_multilayer_recompute over 4 layers at the streaming shapes. Both sides write the same
+preallocated buffers (the peer's calling convention).
 """
 
 from __future__ import annotations
@@ -19,7 +18,6 @@ import argparse
 import torch
 
 from cann_ops_tilelang import mhc
-from cann_ops_tilelang.mhc.mhc_multilayer_recompute import fused_launches
 from tests.testing.device_timing import agreement, print_comparison
 
 STREAM_SHAPES = ((4001, 4096), (8001, 7168), (4001, 2560))
@@ -44,8 +42,10 @@ OTHER_OPS = (
     'mhc_reduce_partials_and_rmsnorm_fwd',
 )
 RECOMPUTE_OP = 'mhc_multilayer_recompute'
-RECOMPUTE_FUSED = 'mhc_multilayer_recompute_fused'  # the fused CUDA kernel, called directly (not yet dispatched)
 RECOMPUTE_LAYERS = 4
+# Host time per call (--host): (T, H, layers) of mhc_multilayer_recompute, where its launches are short; 8 layers
+# are two of our launches, one of the peer's.
+RECOMPUTE_HOST_CASES = ((128, 4096, 4), (128, 4096, 8))
 PEER_NAMES = {'mhc_expand_fwd': 'expand_to_mhc_fwd', 'mhc_expand_bwd': 'expand_to_mhc_bwd'}
 
 
@@ -94,12 +94,10 @@ def _stream_calls(tk, op: str, T: int, M: int, H: int, device):
     return ours, peer, moved, agreement(*compared, rtol=1e-2, atol=1e-2)
 
 
-def _recompute_calls(tk, T: int, M: int, H: int, device, fused: bool = False):
-    """mhc_multilayer_recompute over RECOMPUTE_LAYERS layers (every layer with its post mapping): the peer builds
-    its pinned pointer table inside the call, so its time includes that copy. `fused`: ours is the fused CUDA
-    kernel's launches (`fused_launches`) instead of the operator, which on CUDA still composes the stages."""
+def _recompute_calls(tk, T: int, M: int, H: int, device, L: int = RECOMPUTE_LAYERS):
+    """mhc_multilayer_recompute over L layers (every layer with its post mapping): the peer builds its pinned
+    pointer table inside the call, so its time includes that copy."""
     torch.manual_seed(0)
-    L = RECOMPUTE_LAYERS
     initial = _bf16(T, M, H, device=device)
     pre = [torch.rand(T, M, device=device) for _ in range(L)]
     outputs = [_bf16(T, H, device=device) for _ in range(L)]
@@ -112,8 +110,6 @@ def _recompute_calls(tk, T: int, M: int, H: int, device, fused: bool = False):
     mine, theirs = buffers(), buffers()
 
     def ours():
-        if fused:
-            return fused_launches('cuda', initial, pre, outputs, post, comb, *mine)
         return mhc.mhc_multilayer_recompute(initial, pre, outputs, post, comb, *mine)
 
     def peer():
@@ -176,23 +172,27 @@ def main() -> None:
     parser.add_argument('--rounds', type=int, default=5)
     parser.add_argument(
         '--ops',
-        default=','.join((*STREAM_OPS, *OTHER_OPS, RECOMPUTE_OP, RECOMPUTE_FUSED)),
+        default=','.join((*STREAM_OPS, *OTHER_OPS, RECOMPUTE_OP)),
         help='comma-separated operator names',
     )
     parser.add_argument('--mult', type=int, default=4, help='mhc_mult (the peer: 4)')
+    parser.add_argument('--host', action='store_true', help="mhc_multilayer_recompute's host time only")
     args = parser.parse_args()
     import tile_kernels.mhc as tk  # the peer, where it is installed
 
     device, M, ops = torch.device('cuda'), args.mult, args.ops.split(',')
+    if args.host:
+        report_host(tk, M, device, args.rounds)
+        return
     cases = [(op, T, H) for op in STREAM_OPS if op in ops for T, H in STREAM_SHAPES]
     cases += [(op, T, r) for op in OTHER_OPS[:2] if op in ops for T, r in SINKHORN_CASES]
     cases += [(op, T, 0) for op in OTHER_OPS[2:] if op in ops for T in MIX_TOKENS]
-    cases += [(op, T, H) for op in (RECOMPUTE_OP, RECOMPUTE_FUSED) if op in ops for T, H in STREAM_SHAPES]
+    cases += [(RECOMPUTE_OP, T, H) for T, H in STREAM_SHAPES if RECOMPUTE_OP in ops]
 
     def calls(case):
         op, T, detail = case
-        if op in (RECOMPUTE_OP, RECOMPUTE_FUSED):
-            return _recompute_calls(tk, T, M, detail, device, fused=op == RECOMPUTE_FUSED)
+        if op == RECOMPUTE_OP:
+            return _recompute_calls(tk, T, M, detail, device)
         if op in STREAM_OPS:
             return _stream_calls(tk, op, T, M, detail, device)
         return _other_calls(tk, op, T, M, detail, device)
@@ -205,6 +205,20 @@ def main() -> None:
         rounds=args.rounds,
         device=device,
     )
+
+
+def report_host(tk, M: int, device, rounds: int) -> None:
+    """Wall time per eager call of mhc_multilayer_recompute, back to back, ours and the peer's in alternating
+    rounds (tests.testing.host_timing.paired_host_times)."""
+    from tests.testing import host_timing
+
+    print('| host time per call | T | H | layers | agree | ours us | TK us | ours / TK |')
+    print('| --- | --- | --- | --- | --- | --- | --- | --- |')
+    for T, H, L in RECOMPUTE_HOST_CASES:
+        ours, peer, _, agree = _recompute_calls(tk, T, M, H, device, L)
+        ours_us, peer_us, ratio = host_timing.paired_host_times(ours, peer, torch.cuda.synchronize, rounds=rounds)
+        row = f'| {RECOMPUTE_OP} | {T} | {H} | {L} | {agree} | {ours_us:.1f} | {peer_us:.1f} | {ratio:.2f} |'
+        print(row, flush=True)
 
 
 if __name__ == '__main__':

@@ -1,21 +1,21 @@
-"""Tests of mhc_multilayer_recompute (TileKernels 2.1.0's recompute of several layers): on Ascend a fused kernel
-(up to LAYERS_PER_LAUNCH layers a launch), on CUDA a composition of mhc_pre_apply_mix_fwd and mhc_post_fwd.
+"""Tests of mhc_multilayer_recompute (TileKernels 2.1.0's recompute of several layers): eagerly a fused kernel on
+both backends (up to LAYERS_PER_LAUNCH layers a launch), while torch traces a composition of mhc_pre_apply_mix_fwd
+and mhc_post_fwd.
 
 CPU tier: the argument contract on CPU tensors (typed errors before the device guard), torch.compile on fake
 tensors (one graph of the stages' ops), the fused kernels' configurations and lowering (the stage kernels'
 lowering is their own tests'). Device tier (`npu`; on a CPU-only host the Ascend kernels on the emulator with
 `--ascend-emulator`): every layer against the float64 reference of that layer, bit equality with the stages called
-one by one (the operator, and the device's fused kernel called directly), L_post = L and L - 1, 0 tokens; the
-benchmark.
+one by one, L_post = L and L - 1, 0 tokens; the benchmark.
 """
+
+import dataclasses
 
 import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from cann_ops_tilelang import config
 from cann_ops_tilelang.mhc import mhc_multilayer_recompute, mhc_post_fwd, mhc_pre_apply_mix_fwd
-from cann_ops_tilelang.mhc.mhc_multilayer_recompute import fused_launches
 from cann_ops_tilelang.mhc.mhc_multilayer_recompute_kernel import (
     ASCEND_UB_BUDGET,
     LAYERS_PER_LAUNCH,
@@ -211,6 +211,25 @@ def test_mhc_multilayer_recompute_cuda_kernel_lowers(case):
     assert '__syncthreads' not in lowered.source
 
 
+@pytest.mark.parametrize('prefetch', range(LAYERS_PER_LAUNCH))
+def test_mhc_multilayer_recompute_cuda_kernel_lowers_at_every_prefetch(prefetch):
+    """Every distance the loads may run ahead (the device runs the default one): the same 16-byte accesses, each
+    layer's reads and writes once."""
+    cfg = dataclasses.replace(
+        choose_mhc_multilayer_recompute_config(
+            backend='cuda', mhc=4, hidden=256, layers=3, post_layers=2, num_cores=132
+        ),
+        prefetch=prefetch,
+    )
+    lowered = assert_cuda_kernel_lowers(
+        lambda: make_mhc_multilayer_recompute_kernel(cfg), key=cfg, kernel_name='mhc_multilayer_recompute_kernel'
+    )
+    for k in range(3):
+        assert f'li{k} + ' in lowered.source
+        assert f'pre{k}[' in lowered.source
+    assert 'lo2' not in lowered.source.split('{', 1)[1]  # the third layer has no post mapping: its slot untouched
+
+
 def test_mhc_multilayer_recompute_ascend_tiles():
     """The widest tile dividing H whose buffers fit: half of H = 4096 at M = 4, a seventh of 7168 at M = 8."""
     choose = choose_mhc_multilayer_recompute_config
@@ -228,6 +247,8 @@ def test_mhc_multilayer_recompute_ascend_tiles():
         ({'post_layers': 1}, 'post_layers'),
         ({'tile': 96}, 'tile 96'),
         ({'threads': 48}, 'threads must be'),
+        ({'prefetch': -1}, 'prefetch must be in'),
+        ({'prefetch': LAYERS_PER_LAUNCH}, 'prefetch must be in'),
         ({'hidden': 65536, 'tile': 65536}, 'UB budget'),
     ],
 )
@@ -238,8 +259,8 @@ def test_mhc_multilayer_recompute_config_rejects(fields, match):
 
 
 def test_mhc_multilayer_recompute_is_a_composition_not_an_op():
-    """No torch.library op of its own: torch.compile traces through it into its stages' ops (on Ascend too, where
-    the eager call takes the fused kernel)."""
+    """No torch.library op of its own: torch.compile traces through it into its stages' ops (the eager call takes
+    the fused kernel)."""
     assert 'mhc_multilayer_recompute' not in OPERATORS
 
 
@@ -267,7 +288,7 @@ def test_mhc_multilayer_recompute_compiles_into_one_graph():
 @pytest.mark.parametrize('params', PARAMS, ids=make_param_id)
 def test_mhc_multilayer_recompute_values(params, device):
     """Each layer against the float64 reference from the layer's own input residual (one bf16 rounding per
-    result); bit for bit the stages called one by one (on Ascend: the fused kernel against the stages' kernels)."""
+    result); bit for bit the stages called one by one (the fused kernel against the stages' kernels)."""
     mhc_mult, hidden, layers, post_layers = params['case']
     for num_tokens in NUM_TOKENS:
         inputs = make_inputs(num_tokens, mhc_mult, hidden, layers, post_layers, device)
@@ -289,21 +310,6 @@ def test_mhc_multilayer_recompute_values(params, device):
                 got, want = residuals[layer].cpu().double(), ref_residual[0].double()
                 scale = 2.0**-16 * (magnitude.unsqueeze(-2) + 2 * inputs[2][layer].cpu().double().abs().unsqueeze(-2))
                 assert bool(((got - want).abs() <= 2.0**-7 * want.abs() + scale).all()), layer
-
-
-@pytest.mark.npu
-@pytest.mark.parametrize('params', PARAMS, ids=make_param_id)
-def test_mhc_multilayer_recompute_fused_kernel(params, device):
-    """The device's fused kernel called directly, bit for bit the stages called one by one: on CUDA, where the
-    operator still composes the stages, this is the fused kernel's only check."""
-    mhc_mult, hidden, layers, post_layers = params['case']
-    for num_tokens in NUM_TOKENS:
-        inputs = make_inputs(num_tokens, mhc_mult, hidden, layers, post_layers, device)
-        layer_inputs, residuals = poisoned_buffers(num_tokens, mhc_mult, hidden, layers, post_layers, device)
-        fused_launches(config.backend_of(device), *inputs, layer_inputs, residuals)
-        expected_inputs, expected_residuals = chain(*inputs)
-        for actual, expected in zip([*layer_inputs, *residuals], [*expected_inputs, *expected_residuals], strict=True):
-            assert_equal(actual, expected)
 
 
 @pytest.mark.npu

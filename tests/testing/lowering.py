@@ -43,9 +43,20 @@ def lower_kernel(make_prim_func: Callable[[], object], *, backend: str, key: Has
     cache_key = (backend, key)
     if cache_key not in _cache:
         target = tilelang_target(backend, cuda_arch=CPU_TIER_CUDA_ARCH)
-        source, merged = lower_to_source(make_prim_func(), target)
+        prim_func = make_prim_func()
+        assert_parameter_names_distinct(prim_func)
+        source, merged = lower_to_source(prim_func, target)
         _cache[cache_key] = LoweredKernel(backend=backend, source=source, ub_bytes=merged)
     return _cache[cache_key]
+
+
+def assert_parameter_names_distinct(prim_func) -> None:
+    """Each tensor parameter keeps a name of its own: TileLang names a parameter's buffer after the last Python
+    name bound to it in the kernel's body, and the compiled kernel's host-side argument checks go by that name,
+    so two parameters bound in turn to one name (`lo = lo0` ... `lo = lo1`) fail every call on the device."""
+    names = [prim_func.buffer_map[p].name for p in prim_func.params if p in prim_func.buffer_map]
+    shared = sorted({n for n in names if names.count(n) > 1})
+    assert not shared, f'tensor parameters share the buffer name(s) {shared}: bind no name to a parameter in the body'
 
 
 def assert_ascend_kernel_lowers(

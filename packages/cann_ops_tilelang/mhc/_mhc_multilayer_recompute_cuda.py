@@ -2,10 +2,11 @@
 
 A flat grid over (token, 8-column chunk), mhc_post_fwd's: a thread reads its chunk of the first residual's M rows
 once (16-byte loads) and keeps the residual in registers from layer to layer; per layer it reads its chunk of the
-layer output and the token's mixes (the same addresses across the warp's threads of one token: from L1), and
-writes its chunk of the layer input and of the residual. The expressions are mhc_pre_apply_mix_fwd's and
-mhc_post_fwd's (the layer input summed from +0 over the streams, the residual from post * output), so the results
-equal those operators called layer by layer, bit for bit. No shared memory, no barrier.
+layer output and the token's mixes (the same addresses across the warp's threads of one token: from L1), issued
+cfg.prefetch layers ahead of the layer's arithmetic, and writes its chunk of the layer input and of the residual.
+The expressions are mhc_pre_apply_mix_fwd's and mhc_post_fwd's (the layer input summed from +0 over the streams,
+the residual from post * output), so the results equal those operators called layer by layer, bit for bit. No
+shared memory, no barrier.
 
 The signature has LAYERS_PER_LAUNCH slots per list, the Ascend kernel's; the slots past the configuration's layers
 are one-element placeholders, never touched.
@@ -14,7 +15,7 @@ are one-element placeholders, never touched.
 # No `from __future__ import annotations`: TileLang evaluates the prim_func annotations, which refer to the
 # generator's local shape variables.
 
-from ._mhc_multilayer_common import argument_shapes
+from ._mhc_multilayer_common import LAYERS_PER_LAUNCH, argument_shapes
 from ._mhc_post_common import CUDA_VEC
 
 
@@ -30,14 +31,27 @@ def cuda_mhc_multilayer_recompute_kernel(cfg):
     f32, bf16 = T.float32, T.bfloat16
     num_tokens = T.dynamic('num_tokens')
     shape = argument_shapes(cfg, num_tokens)
+    steps = list(range(L + cfg.prefetch))  # step k: the reads of layer k, the computation of layer k - prefetch
 
     @T.macro
-    def layer(k, r_l, pre, li, lo, post, comb, res, next_l, t, col):
-        """Layer k of the thread's chunk: its input from r_l, and for a post layer the next residual in next_l."""
-        w = T.alloc_local((M,), f32)
-        li_l = T.alloc_local((ve,), bf16)
+    def load(k, pre, lo, post, comb, w, x_l, mix, t, col):
+        """Layer k's reads besides the residual: its pre mixes, and for a post layer its output chunk and mixes
+        (comb row-major [i, o], then post)."""
         for m in T.unroll(M):
             w[m] = pre[t, m]
+        if k < L_post:
+            for j in T.vectorized(ve):
+                x_l[j] = lo[t, col + j]
+            for q in T.unroll(mm):
+                mix[q] = comb[t, q]
+            for o in T.unroll(M):
+                mix[mm + o] = post[t, o]
+
+    @T.macro
+    def layer(k, r_l, w, x_l, mix, li, res, next_l, t, col):
+        """Layer k of the thread's chunk from its loaded reads: its input from r_l, and for a post layer the next
+        residual in next_l."""
+        li_l = T.alloc_local((ve,), bf16)
         for j in T.unroll(ve):  # mhc_pre_apply_mix_fwd: from +0, stream by stream
             acc = T.alloc_var(f32)
             acc = T.float32(0.0)
@@ -47,14 +61,6 @@ def cuda_mhc_multilayer_recompute_kernel(cfg):
         for j in T.vectorized(ve):
             li[t, col + j] = li_l[j]
         if k < L_post:
-            x_l = T.alloc_local((ve,), bf16)
-            mix = T.alloc_local((mm + M,), f32)  # comb row-major [i, o], then post
-            for j in T.vectorized(ve):
-                x_l[j] = lo[t, col + j]
-            for q in T.unroll(mm):
-                mix[q] = comb[t, q]
-            for o in T.unroll(M):
-                mix[mm + o] = post[t, o]
             for o in T.unroll(M):  # mhc_post_fwd: from post * output, then the streams in order
                 for j in T.unroll(ve):
                     out = T.alloc_var(f32)
@@ -96,25 +102,28 @@ def cuda_mhc_multilayer_recompute_kernel(cfg):
     ):
         with T.Kernel(T.ceildiv(num_tokens * per_row, threads), threads=threads) as bx:
             tid = T.get_thread_binding()
-            # The residual of each layer in registers: the first, then one a post layer.
-            r0 = T.alloc_local((M * ve,), bf16)
-            r1 = T.alloc_local((M * ve,), bf16)
-            r2 = T.alloc_local((M * ve,), bf16)
-            r3 = T.alloc_local((M * ve,), bf16)
-            r4 = T.alloc_local((M * ve,), bf16)
+            # The residual of each layer in registers: the first, then one a post layer; each layer's other reads
+            # in registers of its own, loaded cfg.prefetch layers ahead of its computation.
+            r = [T.alloc_local((M * ve,), bf16) for _ in range(LAYERS_PER_LAUNCH + 1)]
+            w = [T.alloc_local((M,), f32) for _ in range(LAYERS_PER_LAUNCH)]
+            x_l = [T.alloc_local((ve,), bf16) for _ in range(LAYERS_PER_LAUNCH)]
+            mix = [T.alloc_local((mm + M,), f32) for _ in range(LAYERS_PER_LAUNCH)]
+            args = [(pre0, lo0, post0, comb0, li0, res0), (pre1, lo1, post1, comb1, li1, res1),
+                    (pre2, lo2, post2, comb2, li2, res2), (pre3, lo3, post3, comb3, li3, res3)]  # fmt: skip
             chunk = bx * threads + tid
             if chunk < num_tokens * per_row:
                 t = chunk // per_row
                 col = (chunk % per_row) * ve
                 for i in T.unroll(M):
                     for j in T.vectorized(ve):
-                        r0[i * ve + j] = initial_residual[t, i, col + j]
-                layer(0, r0, pre0, li0, lo0, post0, comb0, res0, r1, t, col)
-                if L > 1:
-                    layer(1, r1, pre1, li1, lo1, post1, comb1, res1, r2, t, col)
-                if L > 2:
-                    layer(2, r2, pre2, li2, lo2, post2, comb2, res2, r3, t, col)
-                if L > 3:
-                    layer(3, r3, pre3, li3, lo3, post3, comb3, res3, r4, t, col)
+                        r[0][i * ve + j] = initial_residual[t, i, col + j]
+                for k in steps:  # a Python list: unrolled as the kernel is built
+                    # The tensors straight from `args`: a name bound to a parameter here would rename it (the
+                    # host's argument checks go by name).
+                    if k < L:
+                        load(k, args[k][0], args[k][1], args[k][2], args[k][3], w[k], x_l[k], mix[k], t, col)
+                    if k >= cfg.prefetch:
+                        c = k - cfg.prefetch
+                        layer(c, r[c], w[c], x_l[c], mix[c], args[c][4], args[c][5], r[c + 1], t, col)
 
     return mhc_multilayer_recompute_kernel

@@ -1,11 +1,11 @@
 """mhc_multilayer_recompute: the residual streams and layer inputs of several consecutive mHC layers, recomputed
 from the first residual and each layer's mixes and output (TileKernels 2.1.0's call; docs/mhc.md).
 
-On Ascend, eagerly, one fused launch per LAYERS_PER_LAUNCH layers (mhc_multilayer_recompute_kernel.py) keeps each
-residual on chip between its layers. On CUDA (whose fused kernel has not run on a GPU yet), and while torch traces,
-a composition of the domain's operators, two launches per layer: mhc_pre_apply_mix_fwd (the layer input) and
-mhc_post_fwd (the next residual). Neither takes a table of pointers: each launch gets its layers' tensors as
-arguments (the peer builds a pinned host table of data pointers per call and copies it to the device)."""
+Eagerly, on both backends, one fused launch per LAYERS_PER_LAUNCH layers (mhc_multilayer_recompute_kernel.py)
+keeps each residual on chip between its layers. While torch traces, a composition of the domain's operators, two
+per layer: mhc_pre_apply_mix_fwd (the layer input) and mhc_post_fwd (the next residual). Neither takes a table of
+pointers: each launch gets its layers' tensors as arguments (the peer builds a pinned host table of data pointers
+per call and copies it to the device)."""
 
 from __future__ import annotations
 
@@ -159,9 +159,8 @@ def mhc_multilayer_recompute(
     backend = require_accelerator(*(t for _, t in (*read, *written)))  # one device, with kernels (RuntimeError)
     if not T:
         return
-    # While torch traces, the composition: its stages are torch.library ops. CUDA: the composition until the fused
-    # CUDA kernel has run on a GPU (its device tests call fused_launches).
-    if backend == 'ascend' and memory:
+    # While torch traces, the composition: its stages are torch.library ops.
+    if memory:
         fused_launches(backend, x, pre, out, post, comb, layer_inputs, residuals)
         return
     residual = x

@@ -1,7 +1,6 @@
 """The fused kernel of mhc_multilayer_recompute, Ascend 950 and CUDA: up to LAYERS_PER_LAUNCH consecutive layers in
 one launch, each residual kept on chip between its layers (the math: mhc_multilayer_recompute.py). The operator
-takes it on Ascend; on CUDA it still composes mhc_pre_apply_mix_fwd and mhc_post_fwd until the CUDA kernel has
-run on a GPU (its device tests call it directly).
+takes it eagerly on both backends.
 
 A launch reads the first residual once and per layer its output and mixes, and writes per layer its input and
 residual: against the composition, each residual is neither read back for the layer input nor for the next
@@ -25,7 +24,7 @@ from ._mhc_post_common import ASCEND_LANES, HIDDEN_ALIGN, MAX_MHC, ascend_tile
 
 # UB bytes for the big tiles (the residual buffers, the layer inputs and outputs); the mix rows take the rest.
 ASCEND_UB_BUDGET = 160 * 1024
-CUDA_THREADS = 256  # mhc_post_fwd's: 8 warps a block, one 8-column chunk a thread
+CUDA_THREADS = 64  # 2 warps a block, one 8-column chunk a thread (the H200's fastest of 32 to 256: docs/mhc.md)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,6 +37,7 @@ class MhcMultilayerRecomputeConfig:
     num_cores: int  # Ascend: vector cores; CUDA: SMs (informational: the grid covers the chunks)
     tile: int = ASCEND_LANES  # Ascend hidden columns a task; divides H
     threads: int = CUDA_THREADS  # CUDA threads a block
+    prefetch: int = 1  # CUDA: how many layers ahead of its computation a layer's reads are issued
 
     def __post_init__(self):
         if self.backend not in ('ascend', 'cuda'):
@@ -57,6 +57,8 @@ class MhcMultilayerRecomputeConfig:
             raise ValueError(f'tile {self.tile} must be a multiple of {ASCEND_LANES} dividing hidden {self.hidden}')
         if self.threads % 32 or not 32 <= self.threads <= 1024:
             raise ValueError(f'threads must be a multiple of 32 in 32..1024, got {self.threads}')
+        if not 0 <= self.prefetch < LAYERS_PER_LAUNCH:
+            raise ValueError(f'prefetch must be in 0..{LAYERS_PER_LAUNCH - 1}, got {self.prefetch}')
         if ascend_ub_bytes(self.mhc, self.tile) > ASCEND_UB_BUDGET:
             raise ValueError(f'a tile of {self.tile} columns exceeds the UB budget at mhc {self.mhc}')
 

@@ -1,0 +1,28 @@
+"""CPU test of the mhc perf report's host table (the timed parts run on a CUDA host only): the calls and the host
+timer are stubbed, so nothing here launches a kernel."""
+
+import torch
+
+from tests.mhc import perf_report
+from tests.testing import host_timing
+
+
+def test_the_host_table_has_a_row_per_case_with_the_median_round_ratio(monkeypatch, capsys):
+    made = []
+
+    def recompute_calls(tk, T, M, H, device, L):
+        made.append((T, H, L))
+        return (lambda: 'ours'), (lambda: 'peer'), 0, 'equal'
+
+    # Per case, 3 rounds of (ours, peer): round ratios 0.5, 2.0 (a slow round, ours first) and 0.5.
+    figures = iter([10.0, 20.0, 30.0, 15.0, 12.0, 24.0] * len(perf_report.RECOMPUTE_HOST_CASES))
+    monkeypatch.setattr(perf_report, '_recompute_calls', recompute_calls)
+    monkeypatch.setattr(host_timing, 'host_time_us', lambda fn, sync, **sizes: next(figures))
+    monkeypatch.setattr(torch.cuda, 'synchronize', lambda: None)
+    perf_report.report_host(None, 4, torch.device('cpu'), rounds=3)
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith('| mhc_')]
+    assert made == list(perf_report.RECOMPUTE_HOST_CASES)
+    assert rows == [
+        f'| mhc_multilayer_recompute | {T} | {H} | {L} | equal | 10.0 | 15.0 | 0.50 |'
+        for T, H, L in perf_report.RECOMPUTE_HOST_CASES
+    ]
