@@ -10,6 +10,7 @@ one by one, L_post = L and L - 1, 0 tokens; the benchmark.
 """
 
 import dataclasses
+import sys
 
 import pytest
 import torch
@@ -174,6 +175,39 @@ def test_mhc_multilayer_recompute_takes_any_shape_with_the_element_count():
     args[4] = [t.view(6, 16) for t in args[4]]
     with pytest.raises(RuntimeError, match="no kernels for 'cpu' tensors"):  # the contract holds: on to the device
         mhc_multilayer_recompute(*args)
+
+
+def test_mhc_multilayer_recompute_eager_call_views_only_what_the_kernel_reshapes(monkeypatch):
+    """The eager host path, the launch stubbed: with the peer's shapes ((T, M) mixes, (T, H) outputs
+    and inputs, (T, M, H) residuals) only the comb mixes are viewed, (T, M, M) as the kernel's (T, M * M), once a
+    layer (a view costs microseconds, and a call checks 6 L tensors), and the launch gets the caller's tensors."""
+    module = sys.modules[mhc_multilayer_recompute.__module__]
+    launched = []
+
+    class Launcher:
+        def __init__(self, get_kernel, cfg, device):
+            pass
+
+        def launch(self, *args):
+            launched.append(args)
+
+    monkeypatch.setattr(module, 'Launcher', Launcher)
+    monkeypatch.setattr(module, 'require_accelerator', lambda *tensors: 'cuda')
+    monkeypatch.setattr(module, 'get_num_cores', lambda device: 132)
+    monkeypatch.setattr(module, '_LAUNCHERS', {})
+    inputs = make_inputs(3, 4, 64, 4, 4, 'cpu')
+    buffers = poisoned_buffers(3, 4, 64, 4, 4, 'cpu')
+
+    views = []
+    view = torch.Tensor.view
+    monkeypatch.setattr(torch.Tensor, 'view', lambda t, *shape: views.append(shape) or view(t, *shape))
+    mhc_multilayer_recompute(*inputs, *buffers)
+    assert views == [((3, 16),)] * 4
+    (args,) = launched
+    initial, pre, outputs, post, _ = inputs
+    untouched = [initial, *pre, *outputs, *post]
+    assert all(a is b for a, b in zip(args, untouched, strict=False))
+    assert all(a is b for a, b in zip(args[-8:], [*buffers[0], *buffers[1]], strict=True))
 
 
 # The fused kernels: (mhc_mult, hidden, layers, post layers) of each launch the tests below make, and the widest

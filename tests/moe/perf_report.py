@@ -325,5 +325,6 @@ def report_host(cases: list[Case], tk, device, rounds: int) -> None:
             flush=True,
         )
 
+
 if __name__ == '__main__':
     main()

@@ -43,15 +43,18 @@ def _items(name: str, values, count: int | None = None) -> list:
 def _checked(
     name: str, value, dtype: torch.dtype, shape: tuple[int, ...], *, aligned: bool = False, memory: bool = True
 ) -> torch.Tensor:
-    """`value` (any shape with these elements, contiguous: the peer reads it through a pointer) viewed as `shape`
-    (memory=False, fake tensors while torch traces: the alignment is the stages' ops' to check when they run)."""
+    """`value` (any shape with these elements, contiguous: the peer reads it through a pointer) as `shape`, the
+    fused kernel's, viewed only where its shape differs (a view costs microseconds, and a call checks 6 L tensors;
+    memory=False, fake tensors while torch traces: the alignment is the stages' ops' to check when they run)."""
     label = f'{NAME}: {name}'
     check_tensor(label, value, dtype=dtype)
     check_contiguous(label, value)
-    if value.numel() != math.prod(shape):
-        raise ValueError(f'{label} must hold {math.prod(shape)} elements, got shape {tuple(value.shape)}')
     if aligned and memory and value.data_ptr() % ALIGN_BYTES:
         raise ValueError(f'{label} must start at a {ALIGN_BYTES}-byte aligned address')
+    if value.shape == shape:
+        return value
+    if value.numel() != math.prod(shape):
+        raise ValueError(f'{label} must hold {math.prod(shape)} elements, got shape {tuple(value.shape)}')
     return value.view(shape)
 
 
@@ -127,13 +130,13 @@ def mhc_multilayer_recompute(
     memory = not traced(initial_residual)  # fake tensors have no addresses: the stages' ops check them later
     x = _checked(name, initial_residual, torch.bfloat16, (T, M, H), aligned=True, memory=memory)
     pre = [_checked(f'pre_mix_list[{i}]', t, torch.float32, (T, M)) for i, t in enumerate(pre_mix_list)]
-    out = [_checked(f'layer_output_list[{i}]', t, torch.bfloat16, (1, T, H)) for i, t in enumerate(layer_output_list)]
+    out = [_checked(f'layer_output_list[{i}]', t, torch.bfloat16, (T, H)) for i, t in enumerate(layer_output_list)]
     post = [
-        _checked(f'post_mix_list[{i}]', t, torch.float32, (1, T, M, 1))
+        _checked(f'post_mix_list[{i}]', t, torch.float32, (T, M))
         for i, t in enumerate(_items('post_mix_list', post_mix_list, L_post))
     ]
     comb = [
-        _checked(f'comb_mix_list[{i}]', t, torch.float32, (1, T, M, M))
+        _checked(f'comb_mix_list[{i}]', t, torch.float32, (T, M * M))
         for i, t in enumerate(_items('comb_mix_list', comb_mix_list, L_post))
     ]
     layer_inputs = [
@@ -141,7 +144,7 @@ def mhc_multilayer_recompute(
         for i, t in enumerate(_items('layer_input_list', layer_input_list, L))
     ]
     residuals = [
-        _checked(f'residual_list[{i}]', t, torch.bfloat16, (1, T, M, H), aligned=True, memory=memory)
+        _checked(f'residual_list[{i}]', t, torch.bfloat16, (T, M, H), aligned=True, memory=memory)
         for i, t in enumerate(_items('residual_list', residual_list, L_post))
     ]
     read = [
@@ -167,24 +170,32 @@ def mhc_multilayer_recompute(
     for layer in range(L):
         mhc_pre_apply_mix_fwd(residual, pre[layer], layer_inputs[layer])
         if layer < L_post:
-            mhc_post_fwd(out[layer], residual.view(1, T, M, H), post[layer], comb[layer], residuals[layer])
-            residual = residuals[layer].view(T, M, H)
+            mhc_post_fwd(
+                out[layer].view(1, T, H),
+                residual.view(1, T, M, H),
+                post[layer].view(1, T, M, 1),
+                comb[layer].view(1, T, M, M),
+                residuals[layer].view(1, T, M, H),
+            )
+            residual = residuals[layer]
 
 
 _LAUNCHERS: dict[tuple, Launcher] = {}
 
 
-def _slots(tensors: list[torch.Tensor], shape: tuple[int, ...], dtype: torch.dtype, device) -> list[torch.Tensor]:
-    """A launch's LAYERS_PER_LAUNCH slots of one list: its layers' tensors viewed as the kernel takes them, then
+def _slots(tensors: list[torch.Tensor], dtype: torch.dtype, device) -> list[torch.Tensor]:
+    """A launch's LAYERS_PER_LAUNCH slots of one list: its layers' tensors (already in the kernel's shapes), then
     placeholders."""
-    return [t.view(shape) for t in tensors] + [placeholder(device, dtype)] * (LAYERS_PER_LAUNCH - len(tensors))
+    missing = LAYERS_PER_LAUNCH - len(tensors)
+    return tensors if not missing else [*tensors, *[placeholder(device, dtype)] * missing]
 
 
 def fused_launches(backend, x, pre, out, post, comb, layer_inputs, residuals) -> None:
-    """The fused kernel of `backend` on checked arguments (x (T, M, H), the lists of the operator's views), one
-    launch per LAYERS_PER_LAUNCH layers; a launch after the first starts from the residual the previous one wrote.
-    Slots past a launch's layers take placeholders."""
-    T, M, H = x.shape
+    """The fused kernel of `backend` on checked arguments in the kernel's shapes (x and residuals (T, M, H), pre and
+    post (T, M), comb (T, M * M), outputs and layer inputs (T, H)), one launch per LAYERS_PER_LAUNCH layers; a
+    launch after the first starts from the residual the previous one wrote. Slots past a launch's layers take
+    placeholders."""
+    _, M, H = x.shape
     L, L_post = len(pre), len(out)
     device = x.device
     residual = x
@@ -201,12 +212,12 @@ def fused_launches(backend, x, pre, out, post, comb, layer_inputs, residuals) ->
 
         launcher.launch(
             residual,
-            *_slots(pre[first : first + layers], (T, M), torch.float32, device),
-            *_slots(out[first : first + posts], (T, H), torch.bfloat16, device),
-            *_slots(post[first : first + posts], (T, M), torch.float32, device),
-            *_slots(comb[first : first + posts], (T, M * M), torch.float32, device),
-            *_slots(layer_inputs[first : first + layers], (T, H), torch.bfloat16, device),
-            *_slots(residuals[first : first + posts], (T, M, H), torch.bfloat16, device),
+            *_slots(pre[first : first + layers], torch.float32, device),
+            *_slots(out[first : first + posts], torch.bfloat16, device),
+            *_slots(post[first : first + posts], torch.float32, device),
+            *_slots(comb[first : first + posts], torch.float32, device),
+            *_slots(layer_inputs[first : first + layers], torch.bfloat16, device),
+            *_slots(residuals[first : first + posts], torch.bfloat16, device),
         )
         if posts:
-            residual = residuals[first + posts - 1].view(T, M, H)
+            residual = residuals[first + posts - 1]
