@@ -7,7 +7,13 @@ import types
 
 import pytest
 
-from tests.testing.plugins.run_timeline import compile_totals, spread, start_from_proc, summary_lines
+from tests.testing.plugins.run_timeline import (
+    MOST_COMPILED_SHOWN,
+    compile_totals,
+    spread,
+    start_from_proc,
+    summary_lines,
+)
 
 pytest_plugins = ['pytester']
 
@@ -109,7 +115,7 @@ def test_summary_lines_of_a_single_process():
     ]
 
 
-def compiles(kernels, compile_s, lock_wait_s=0.0, slowest=(None, 0.0)):
+def compiles(kernels, compile_s, lock_wait_s=0.0, slowest=(None, 0.0), by_kernel=None):
     """The compile keys of a record (compile_totals' form)."""
     return {
         'kernels': kernels,
@@ -117,6 +123,7 @@ def compiles(kernels, compile_s, lock_wait_s=0.0, slowest=(None, 0.0)):
         'lock_wait_s': lock_wait_s,
         'slowest_kernel': slowest[0],
         'slowest_compile_s': slowest[1],
+        'compile_s_by_kernel': by_kernel or {},
     }
 
 
@@ -124,29 +131,36 @@ def test_compile_totals():
     def compiled(name, lock_wait_s, compile_s):
         return types.SimpleNamespace(name=name, lock_wait_s=lock_wait_s, compile_s=compile_s)
 
-    found = compile_totals([compiled('a', 0.5, 2.0), compiled('b', 3.0, 0.25), compiled('c', 0.0, 7.5)])
-    assert found == compiles(3, 9.75, 3.5, ('c', 7.5))
+    found = compile_totals(
+        [compiled('a', 0.5, 2.0), compiled('b', 3.0, 0.25), compiled('c', 0.0, 7.5), compiled('a', 0.0, 1.0)]
+    )
+    assert found == compiles(4, 10.75, 3.5, ('c', 7.5), {'a': [2, 3.0], 'b': [1, 0.25], 'c': [1, 7.5]})
     assert compile_totals([]) == compiles(0, 0, 0, (None, 0.0))
 
 
 def test_summary_lines_of_workers_that_compiled_kernels():
     workers = {
         'gw0': record(100.1, 102.1, 103.0, 103.5, 115.0, busy=10.0, tests=5, first_seconds=6.0, nodeid='t.py::a')
-        | compiles(3, 30.25, 1.0, ('gate_fwd_kernel', 20.0)),
+        | compiles(3, 30.25, 1.0, ('gate_fwd_kernel', 20.0), {'gate_fwd_kernel': [2, 28.0], 'hash': [1, 2.25]}),
         'gw1': record(100.2, 103.2, 104.0, 104.5, 118.0, busy=12.0, tests=7, first_seconds=1.0, nodeid='t.py::b')
-        | compiles(2, 41.0, 12.5, ('gate_bwd_kernel', 38.2)),
+        | compiles(2, 41.0, 12.5, ('gate_bwd_kernel', 38.2), {'gate_bwd_kernel': [1, 38.2], 'hash': [1, 2.8]}),
         'gw2': record(100.3, 104.3, 104.5) | compiles(0, 0.0),  # got no test
     }
     controller = {'process_start': 98.0, 'session_start': 100.0, 'all_collected': 104.6}
     lines = summary_lines(workers, controller, 120.0)
-    assert len(lines) == 7
-    assert lines[-1] == (
+    assert len(lines) == 8
+    assert lines[-2] == (
         '  kernels: 5 compiled or loaded, 71.2 s compiling (per worker: 0.0 / 30.2 / 41.0), 13.5 s waiting on '
         "other processes' compiles; slowest gate_bwd_kernel 38.2 s on gw1"
     )
-    # The lines before it are those of records without compiles.
+    # Summed over the workers, most first.
+    assert lines[-1] == (
+        '  most compile time (s, compiles or loads): gate_bwd_kernel 38.2 s (1), gate_fwd_kernel 28.0 s (2), '
+        'hash 5.0 s (2)'
+    )
+    # The lines before them are those of records without compiles.
     old_format = {name: {k: v for k, v in rec.items() if k not in compiles(0, 0)} for name, rec in workers.items()}
-    assert summary_lines(old_format, controller, 120.0) == lines[:-1]
+    assert summary_lines(old_format, controller, 120.0) == lines[:-2]
 
 
 def test_summary_lines_of_a_single_process_that_compiled_a_kernel():
@@ -320,3 +334,14 @@ def test_opt_out_and_nothing_without_tests(pytester):
     collect_only = pytester.runpytest_inprocess(*QUIET, '--collect-only')
     for result in (off, collect_only):
         assert 'run timeline' not in result.stdout.str()
+
+
+def test_the_compile_time_line_shows_the_kernels_with_the_most():
+    by_kernel = {f'k{i}': [1, float(i)] for i in range(MOST_COMPILED_SHOWN + 2)}
+    workers = {
+        'main': record(8.0, 10.0, 11.0, 11.0, 14.0, busy=3.0, tests=3, first_seconds=2.0, nodeid='t.py::a')
+        | compiles(len(by_kernel), 21.0, 0.0, ('k6', 6.0), by_kernel)
+    }
+    last = summary_lines(workers, {'process_start': 8.0, 'session_start': 10.0}, 15.0, single=True)[-1]
+    shown = [f'k{i} {i:.1f} s (1)' for i in reversed(range(2, MOST_COMPILED_SHOWN + 2))]
+    assert last == '  most compile time (s, compiles or loads): ' + ', '.join(shown)

@@ -15,7 +15,8 @@ worker, or the single process) records, in wall-clock time (`time.time()`, compa
   test with that test's duration (where per-worker first-use costs show);
 - the kernels it compiled or loaded from TileLang's disk cache during the session
   (`cann_ops_tilelang.kernel_target.compile_records`, where that module was imported): their number, their
-  compile and lock-wait seconds, and the slowest compile, printed as one more line when any process compiled.
+  compile and lock-wait seconds, and the slowest compile, printed as one more line when any process compiled,
+  and the kernels with the most compile time summed over the processes (compiles per kernel name), one line more.
 
 A worker hands its record to the controller (`workeroutput`); the controller (or the single process) prints
 `summary_lines` of them in `pytest_terminal_summary`, all times in seconds from the controller's session
@@ -37,6 +38,7 @@ import pytest
 
 _IMPORTED = time.time()
 _WORKEROUTPUT_KEY = 'ops_tilelang_timeline'
+MOST_COMPILED_SHOWN = 5  # kernels in the compile-time line
 _recorder_key = pytest.StashKey['Recorder']()
 _controller_key = pytest.StashKey['Controller']()
 _KERNEL_TARGET = 'cann_ops_tilelang.kernel_target'
@@ -94,16 +96,23 @@ def process_compiles() -> list:
     return [] if compile_records is None else compile_records()
 
 
-def compile_totals(compiles: Sequence) -> dict[str, float | int | str | None]:
+def compile_totals(compiles: Sequence) -> dict[str, float | int | str | dict | None]:
     """The record's compile keys from compile records (name, lock_wait_s, compile_s): their number, their
-    compile and lock-wait seconds summed, and the slowest compile's kernel name and seconds."""
+    compile and lock-wait seconds summed, the slowest compile's kernel name and seconds, and per kernel name its
+    compiles and seconds."""
     slowest = max(compiles, key=lambda compile_: compile_.compile_s, default=None)
+    by_kernel: dict[str, list] = {}
+    for compile_ in compiles:
+        entry = by_kernel.setdefault(compile_.name, [0, 0.0])
+        entry[0] += 1
+        entry[1] += compile_.compile_s
     return {
         'kernels': len(compiles),
         'compile_s': sum(compile_.compile_s for compile_ in compiles),
         'lock_wait_s': sum(compile_.lock_wait_s for compile_ in compiles),
         'slowest_kernel': None if slowest is None else slowest.name,
         'slowest_compile_s': 0.0 if slowest is None else slowest.compile_s,
+        'compile_s_by_kernel': by_kernel,
     }
 
 
@@ -286,4 +295,14 @@ def summary_lines(
             f"{waited:.1f} s waiting on other processes' compiles; slowest {slowest['slowest_kernel']} "
             f'{slowest["slowest_compile_s"]:.1f} s' + ('' if single else f' on {name}')
         )
+        by_kernel: dict[str, list] = {}
+        for record in compiled.values():
+            for kernel, (count, seconds) in record.get('compile_s_by_kernel', {}).items():
+                entry = by_kernel.setdefault(kernel, [0, 0.0])
+                entry[0] += count
+                entry[1] += seconds
+        if by_kernel:  # where a cold run's compile time goes: the kernels whose configurations to share or cut
+            most = sorted(by_kernel.items(), key=lambda item: -item[1][1])[:MOST_COMPILED_SHOWN]
+            shown = ', '.join(f'{kernel} {seconds:.1f} s ({count})' for kernel, (count, seconds) in most)
+            lines.append(f'  most compile time (s, compiles or loads): {shown}')
     return lines
