@@ -11,6 +11,7 @@ host path moves it all the same.
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Callable
 
@@ -52,8 +53,6 @@ def paired_host_times(
     host_time_us round each: the fastest round of each, and the ratio as the median of the rounds' own ratios (a
     round's two figures are taken back to back, so a slow stretch of the host falls on both; the fastest figures
     of the two sides may come from different stretches)."""
-    import statistics
-
     times = [[host_time_us(fn, sync, rounds=1) for fn in (ours, peer)] for _ in range(rounds)]
     ratio = statistics.median(ours_us / peer_us for ours_us, peer_us in times)
     return min(t[0] for t in times), min(t[1] for t in times), ratio

@@ -1,4 +1,5 @@
-"""What mhc_post_fwd and mhc_post_bwd share: the contract's sizes and the Ascend tile model.
+"""What mhc_post_fwd and mhc_post_bwd (and mhc_multilayer_recompute, their fusion) share: the contract's sizes,
+the configurations' common fields and the Ascend tile model.
 
 Shapes (the peer's, TileKernels 2.1.0): residual (S, T, M, H), x (S, T, H), post_layer_mix (S, T, M, 1),
 comb_res_mix (S, T, M, M); the kernels see the N = S * T tokens as rows.
@@ -12,6 +13,23 @@ HIDDEN_ALIGN = 64  # H: a whole number of 64-lane fp32 vectors (Ascend) and of 1
 MAX_ELEMENTS = 2**31 - 2**20
 ASCEND_LANES = 64  # fp32 lanes of one 256-byte Ascend vector register
 CUDA_VEC = 8  # bf16 elements of one 16-byte CUDA access
+
+
+def check_stream_config(cfg) -> None:
+    """The fields the streaming kernels' configurations share (ValueError): backend, mhc, hidden, num_cores, CUDA
+    threads a block and the Ascend tile."""
+    if cfg.backend not in ('ascend', 'cuda'):
+        raise ValueError(f'backend must be "ascend" or "cuda", got {cfg.backend!r}')
+    if not 1 <= cfg.mhc <= MAX_MHC:
+        raise ValueError(f'mhc must be in 1..{MAX_MHC}, got {cfg.mhc}')
+    if cfg.hidden < HIDDEN_ALIGN or cfg.hidden % HIDDEN_ALIGN:
+        raise ValueError(f'hidden must be a positive multiple of {HIDDEN_ALIGN}, got {cfg.hidden}')
+    if cfg.num_cores < 1:
+        raise ValueError(f'num_cores must be >= 1, got {cfg.num_cores}')
+    if cfg.threads % 32 or not 32 <= cfg.threads <= 1024:
+        raise ValueError(f'threads must be a multiple of 32 in 32..1024, got {cfg.threads}')
+    if cfg.tile % ASCEND_LANES or cfg.hidden % cfg.tile:
+        raise ValueError(f'tile {cfg.tile} must be a multiple of {ASCEND_LANES} dividing hidden {cfg.hidden}')
 
 
 def check_sizes(name: str, S: int, T: int, M: int, H: int) -> None:

@@ -20,7 +20,7 @@ from cann_ops_tilelang.kernel_target import compile_kernel
 from ._mhc_multilayer_common import LAYERS_PER_LAUNCH
 from ._mhc_multilayer_recompute_ascend import ascend_mhc_multilayer_recompute_kernel
 from ._mhc_multilayer_recompute_cuda import cuda_mhc_multilayer_recompute_kernel
-from ._mhc_post_common import ASCEND_LANES, HIDDEN_ALIGN, MAX_MHC, ascend_tile
+from ._mhc_post_common import ASCEND_LANES, ascend_tile, check_stream_config
 
 # UB bytes for the big tiles (the residual buffers, the layer inputs and outputs); the mix rows take the rest.
 ASCEND_UB_BUDGET = 160 * 1024
@@ -40,23 +40,12 @@ class MhcMultilayerRecomputeConfig:
     prefetch: int = 1  # CUDA: how many layers ahead of its computation a layer's reads are issued
 
     def __post_init__(self):
-        if self.backend not in ('ascend', 'cuda'):
-            raise ValueError(f'backend must be "ascend" or "cuda", got {self.backend!r}')
-        if not 1 <= self.mhc <= MAX_MHC:
-            raise ValueError(f'mhc must be in 1..{MAX_MHC}, got {self.mhc}')
-        if self.hidden < HIDDEN_ALIGN or self.hidden % HIDDEN_ALIGN:
-            raise ValueError(f'hidden must be a positive multiple of {HIDDEN_ALIGN}, got {self.hidden}')
+        check_stream_config(self)
         if not 1 <= self.layers <= LAYERS_PER_LAUNCH or self.post_layers not in (self.layers, self.layers - 1):
             raise ValueError(
                 f'layers must be in 1..{LAYERS_PER_LAUNCH} and post_layers layers or layers - 1, '
                 f'got {self.layers} and {self.post_layers}'
             )
-        if self.num_cores < 1:
-            raise ValueError(f'num_cores must be >= 1, got {self.num_cores}')
-        if self.tile % ASCEND_LANES or self.hidden % self.tile:
-            raise ValueError(f'tile {self.tile} must be a multiple of {ASCEND_LANES} dividing hidden {self.hidden}')
-        if self.threads % 32 or not 32 <= self.threads <= 1024:
-            raise ValueError(f'threads must be a multiple of 32 in 32..1024, got {self.threads}')
         if not 0 <= self.prefetch < LAYERS_PER_LAUNCH:
             raise ValueError(f'prefetch must be in 0..{LAYERS_PER_LAUNCH - 1}, got {self.prefetch}')
         if ascend_ub_bytes(self.mhc, self.tile) > ASCEND_UB_BUDGET:

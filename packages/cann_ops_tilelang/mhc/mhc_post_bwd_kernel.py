@@ -21,7 +21,7 @@ from cann_ops_tilelang.kernel_target import CUDA_MAX_THREADS_PER_SM, compile_ker
 # The backends take the configuration as `cfg` and do not import this module: no import circle.
 from ._mhc_post_bwd_ascend import ascend_mhc_post_bwd_kernel
 from ._mhc_post_bwd_cuda import cuda_mhc_post_bwd_kernel
-from ._mhc_post_common import ASCEND_LANES, CUDA_VEC, HIDDEN_ALIGN, MAX_MHC, ascend_tile
+from ._mhc_post_common import ASCEND_LANES, CUDA_VEC, ascend_tile, check_stream_config
 
 # Ascend: UB bytes for the big tiles (one version each: the tiles of a token run in order on one core); the
 # accumulators, mix rows and padding take the rest of the 248 KB.
@@ -57,24 +57,13 @@ class MhcPostBwdConfig:
     pipelined: int = 0
 
     def __post_init__(self):
-        if self.backend not in ('ascend', 'cuda'):
-            raise ValueError(f'backend must be "ascend" or "cuda", got {self.backend!r}')
-        if not 1 <= self.mhc <= MAX_MHC:
-            raise ValueError(f'mhc must be in 1..{MAX_MHC}, got {self.mhc}')
-        if self.hidden < HIDDEN_ALIGN or self.hidden % HIDDEN_ALIGN:
-            raise ValueError(f'hidden must be a positive multiple of {HIDDEN_ALIGN}, got {self.hidden}')
-        if self.num_cores < 1:
-            raise ValueError(f'num_cores must be >= 1, got {self.num_cores}')
-        if self.threads % 32 or not 32 <= self.threads <= 1024:
-            raise ValueError(f'threads must be a multiple of 32 in 32..1024, got {self.threads}')
+        check_stream_config(self)
         if self.backend == 'cuda' and self.threads * self.chunks * CUDA_VEC < self.hidden:
             raise ValueError('threads * chunks * 8 must cover the hidden size')
         if self.min_blocks < 0 or self.min_blocks * self.threads > CUDA_MAX_THREADS_PER_SM:
             raise ValueError(f'min_blocks * threads must be in 0..{CUDA_MAX_THREADS_PER_SM}, got {self.min_blocks}')
         if self.pipelined and (self.pipelined < 2 or self.threads * self.chunks * CUDA_VEC != self.hidden):
             raise ValueError(f'a pipeline needs >= 2 stages and threads * chunks * 8 == hidden: {self}')
-        if self.tile % ASCEND_LANES or self.hidden % self.tile:
-            raise ValueError(f'tile {self.tile} must be a multiple of {ASCEND_LANES} dividing hidden {self.hidden}')
 
 
 def ascend_ub_bytes(mhc: int, tile: int) -> int:

@@ -16,7 +16,7 @@ from cann_ops_tilelang.config import Backend
 from cann_ops_tilelang.kernel_target import compile_kernel
 
 # The backends take the configuration as `cfg` and do not import this module: no import circle.
-from ._mhc_post_common import ASCEND_LANES, HIDDEN_ALIGN, MAX_MHC, ascend_tile
+from ._mhc_post_common import ASCEND_LANES, ascend_tile, check_stream_config
 from ._mhc_post_fwd_ascend import ascend_mhc_post_fwd_kernel
 from ._mhc_post_fwd_cuda import cuda_mhc_post_fwd_kernel
 
@@ -38,18 +38,7 @@ class MhcPostFwdConfig:
     stages: int = ASCEND_STAGES  # Ascend buffer versions of the persistent loop
 
     def __post_init__(self):
-        if self.backend not in ('ascend', 'cuda'):
-            raise ValueError(f'backend must be "ascend" or "cuda", got {self.backend!r}')
-        if not 1 <= self.mhc <= MAX_MHC:
-            raise ValueError(f'mhc must be in 1..{MAX_MHC}, got {self.mhc}')
-        if self.hidden < HIDDEN_ALIGN or self.hidden % HIDDEN_ALIGN:
-            raise ValueError(f'hidden must be a positive multiple of {HIDDEN_ALIGN}, got {self.hidden}')
-        if self.num_cores < 1:
-            raise ValueError(f'num_cores must be >= 1, got {self.num_cores}')
-        if self.threads % 32 or not 32 <= self.threads <= 1024:
-            raise ValueError(f'threads must be a multiple of 32 in 32..1024, got {self.threads}')
-        if self.tile % ASCEND_LANES or self.hidden % self.tile:
-            raise ValueError(f'tile {self.tile} must be a multiple of {ASCEND_LANES} dividing hidden {self.hidden}')
+        check_stream_config(self)
         if self.stages not in (1, 2, 3):
             raise ValueError(f'stages must be 1, 2 or 3, got {self.stages}')
 

@@ -40,13 +40,15 @@ def check_selection_expressions(config: pytest.Config) -> None:
     """pytest's own checks of `-m` (syntax; marker names under --strict-markers) and of `-k` (syntax), done here
     once: pytest itself would do them at deselection, on every xdist worker, which ends `-m` in an INTERNALERROR
     traceback per worker and `-k` in one from xdist's controller (pytest-xdist 3.x)."""
+    try:  # pytest's own message and rules (syntax, marker names under --strict-markers), where it has them
+        from _pytest.mark import _parse_expression, _validate_marker_names
+    except ImportError:  # other pytest versions (e.g. an accelerator host's): the syntax, in pytest's words
+        _parse_expression = _validate_marker_names = None
     for option, dest in (('-m', 'markexpr'), ('-k', 'keyword')):
         text = config.getoption(dest, None)
         if not text:
             continue
-        try:  # pytest's own message and rules (syntax, marker names under --strict-markers), where it has them
-            from _pytest.mark import _parse_expression, _validate_marker_names
-        except ImportError:  # other pytest versions (e.g. an accelerator host's): the syntax, in pytest's words
+        if _parse_expression is None:
             problem = markexpr_problem(text, option)
             if problem is not None:
                 raise pytest.UsageError(problem) from None
