@@ -4,12 +4,20 @@ bit-reproducibility (device tier: an accelerator, or the Ascend kernels on the e
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
+from cann_ops_tilelang.kernel_target import Launcher, placeholder
 from cann_ops_tilelang.norm import norm_backward, norm_forward
-from cann_ops_tilelang.norm.norm_backward_kernel import choose_norm_backward_config, make_norm_backward_kernel
+from cann_ops_tilelang.norm.norm_backward_kernel import (
+    NormBackwardConfig,
+    choose_norm_backward_config,
+    get_norm_backward_kernel,
+    make_norm_backward_kernel,
+)
 from tests.testing.bench import config_extras, make_param_id
 from tests.testing.generator import by_level, generate_samples, get_test_level
 from tests.testing.lowering import (
@@ -36,15 +44,18 @@ VARIANTS = by_level(
     ),
     full=generate_samples(dtype=[torch.bfloat16], weight=[True], rog=[True], hidden=[16384]),
 )
+# The device check of two rows in flight: the measured row at level 0, the partial chunks (hidden 192) from level 1.
+TWO_ROWS_VARIANTS = by_level(LEVEL, core=[dict(dtype=torch.bfloat16, weight=True, rog=True, hidden=4096)],
+                             default=VARIANTS[:2])  # fmt: skip
 NUM_TOKENS = by_level(LEVEL, core=(0, 1, 70), default=(130,), full=(4001,))
 BENCHMARK_PARAMS = generate_samples(num_tokens=[4001, 8001], hidden=[4096, 7168], dtype=[torch.bfloat16])
 
 
-def _config(backend, v, stage='rows'):
+def _config(backend, v, stage='rows', **extra):
     return choose_norm_backward_config(
         backend=backend, num_cores=ASCEND_950_VECTOR_CORES if backend == 'ascend' else H200_SMS,
         hidden=v['hidden'], dtype=v['dtype'], with_weight=True if stage == 'reduce' else v['weight'],
-        with_residual_out_grad=v['rog'], stage=stage, accumulate=True,
+        with_residual_out_grad=v['rog'], stage=stage, accumulate=True, **extra,
     )  # fmt: skip
 
 
@@ -72,6 +83,39 @@ def test_norm_backward_config():
         cfg = _config('cuda', dict(wide, hidden=hidden), 'reduce')
         assert hidden % cfg.threads == 0
         assert cfg.num_partials >= H200_SMS
+
+
+@pytest.mark.parametrize('v', VARIANTS, ids=make_param_id)
+def test_norm_backward_two_rows_in_flight_lowers(v):
+    """The CUDA row kernel with the next row's loads in a second set of registers (where two rows fit)."""
+    if _config('cuda', v).threads > 256:
+        pytest.skip('two rows in flight take blocks of up to 256 threads')
+    cfg = _config('cuda', v, rows_in_flight=2)
+    lowered = assert_cuda_kernel_lowers(
+        lambda: make_norm_backward_kernel(cfg), key=cfg, kernel_name='norm_backward_kernel'
+    )
+    assert 'x_b[' in lowered.source, 'the second set of row registers is missing'
+
+
+def test_norm_backward_rows_in_flight_config():
+    """1 by default; 2 only for the CUDA row kernel with blocks of up to 256 threads, with half the blocks per SM,
+    which the reduce of the same choice sums."""
+    v = dict(dtype=torch.bfloat16, weight=True, rog=False, hidden=4096)
+    one, two = _config('cuda', v), _config('cuda', v, rows_in_flight=2)
+    assert (one.rows_in_flight, two.rows_in_flight) == (1, 2)
+    assert two.num_partials * 2 == one.num_partials
+    assert _config('cuda', v, 'reduce', rows_in_flight=2).num_partials == two.num_partials
+    assert _config('ascend', v).rows_in_flight == 1
+    for bad in (0, 3):
+        with pytest.raises(ValueError, match='rows_in_flight must be 1 or 2'):
+            dataclasses.replace(one, rows_in_flight=bad)
+    with pytest.raises(ValueError, match='rows_in_flight 2 is for the CUDA stage "rows"'):
+        _config('cuda', dict(v, dtype=torch.float32, hidden=7168), rows_in_flight=2)  # 448 threads
+    with pytest.raises(ValueError, match='rows_in_flight 2 is for the CUDA stage "rows"'):
+        _config('ascend', v, rows_in_flight=2)
+    with pytest.raises(ValueError, match='rows_in_flight 2 is for the CUDA stage "rows"'):
+        NormBackwardConfig('cuda', 4096, 'bfloat16', H200_SMS, True, False, 'reduce', threads=128, chunks=1,
+                           rows_in_flight=2)  # fmt: skip
 
 
 @pytest.mark.parametrize('with_weight', [True, False])
@@ -187,6 +231,32 @@ def test_norm_backward_values(v, num_tokens, device):
     assert_equal(again.x_grad, result.x_grad)
     assert_close(first.cpu().double(), start.cpu().double() + weight_grad, atol=1e-3 * (1 + num_tokens) ** 0.5,
                  rtol=1e-5)  # fmt: skip
+
+
+@pytest.mark.npu
+@pytest.mark.parametrize('num_tokens', [1, 70])
+@pytest.mark.parametrize('v', TWO_ROWS_VARIANTS, ids=make_param_id)
+def test_norm_backward_two_rows_in_flight_same_bits(v, num_tokens, device):
+    """The CUDA row kernel gives the same bits with one or two rows in flight (same blocks: few, so that each
+    takes many rows and both tails, a lone last row and a whole last pair, occur)."""
+    if device.type != 'cuda':
+        pytest.skip('two rows in flight is a CUDA kernel')
+    out_grad, x, weight, rstd, rog = _inputs(v, num_tokens, device)
+    results = []
+    for rows_in_flight in (1, 2):
+        cfg = dataclasses.replace(_config('cuda', v), num_partials=3, rows_in_flight=rows_in_flight)
+        x_grad = torch.empty_like(x)
+        partials = (
+            torch.empty(3, v['hidden'], device=device) if weight is not None else placeholder(device, torch.float32)
+        )
+        Launcher(get_norm_backward_kernel, cfg, device).launch(
+            x, placeholder(device, x.dtype) if weight is None else weight, out_grad, rstd,
+            placeholder(device, x.dtype) if rog is None else rog, x_grad, partials, 0.75,
+        )  # fmt: skip
+        results.append((x_grad, partials))
+    assert_equal(results[1][0], results[0][0])
+    if weight is not None:
+        assert_equal(results[1][1], results[0][1])
 
 
 @pytest.mark.npu

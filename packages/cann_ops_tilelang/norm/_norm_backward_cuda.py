@@ -6,7 +6,9 @@ Thread `tid` owns the row's 16-byte chunks tid, tid + threads, ... (norm_forward
 block's partial weight gradient stay in its registers for the whole kernel; per row every load is issued before
 any use, sum(xhat * gw) is reduced by warp shuffles and one shared-memory step (its slots alternate by row
 parity, so one barrier per row suffices), and each thread writes its own x_grad. After the last row the block
-writes its partial to its row of `partials`.
+writes its partial to its row of `partials`. With rows_in_flight 2 the rows go in pairs held in two sets of
+registers, and each row's loads are issued before the previous row is reduced and written, so its memory latency
+overlaps that work; the arithmetic and its order are the same, so the results are the same bits.
 Stage 'reduce': one thread per column sums the partials' column in block order, then adds weight_grad.
 """
 
@@ -57,6 +59,55 @@ def cuda_norm_backward_kernel(cfg, prim_func):
     inv_hidden = 1.0 / hidden
 
     @T.macro
+    def load_row(tid, x, out_grad, rstd, residual_out_grad, x_l, g_l, r_l, rs, t):
+        for c in T.unroll(nc):
+            col = (tid + c * nt) * ve
+            if not guard or col < hidden:
+                for j in T.vectorized(ve):
+                    x_l[c * ve + j] = x[t, col + j]
+                for j in T.vectorized(ve):
+                    g_l[c * ve + j] = out_grad[t, col + j]
+                if with_rog:
+                    for j in T.vectorized(ve):
+                        r_l[c * ve + j] = residual_out_grad[t, col + j]
+            else:
+                for j in T.unroll(ve):
+                    x_l[c * ve + j] = T.cast(0, dtype)
+                    g_l[c * ve + j] = T.cast(0, dtype)
+        rs[0] = rstd[t]
+
+    @T.macro
+    def finish_row(tid, x_grad, out_scale, w_l, acc_l, dot, red, x_l, g_l, r_l, rs, t, slot):
+        # sum(xhat * gw) over the block (shared slots `slot`), the partial weight gradient, x_grad of row t.
+        dot[0] = 0.0
+        for c in T.unroll(nc):
+            for j in T.unroll(ve):
+                xhat = T.cast(x_l[c * ve + j], f32) * rs[0]
+                g = T.cast(g_l[c * ve + j], f32) * out_scale
+                dot[0] += xhat * (g * w_l[c * ve + j])
+                acc_l[c * ve + j] += xhat * g
+        dot[0] = T.warp_reduce_sum(dot[0])
+        if tid % 32 == 0:
+            red[slot, tid // 32] = dot[0]
+        T.sync_threads()
+        dot[0] = red[slot, 0]
+        for q in T.unroll(1, nw):
+            dot[0] += red[slot, q]
+        dot[0] = dot[0] * T.float32(inv_hidden)
+        for c in T.unroll(nc):
+            col = (tid + c * nt) * ve
+            if not guard or col < hidden:
+                for j in T.unroll(ve):
+                    xhat = T.cast(x_l[c * ve + j], f32) * rs[0]
+                    gw = T.cast(g_l[c * ve + j], f32) * out_scale * w_l[c * ve + j]
+                    grad = (gw - xhat * dot[0]) * rs[0]
+                    if with_rog:
+                        grad = grad + T.cast(r_l[c * ve + j], f32)
+                    r_l[c * ve + j] = T.cast(grad, dtype)
+                for j in T.vectorized(ve):
+                    x_grad[t, col + j] = r_l[c * ve + j]
+
+    @T.macro
     def rows_body(x, weight, out_grad, rstd, residual_out_grad, x_grad, partials, out_scale, num_tokens):
         with T.Kernel(num_partials, threads=nt) as b:
             tid = T.get_thread_binding()
@@ -78,50 +129,31 @@ def cuda_norm_backward_kernel(cfg, prim_func):
                     for j in T.unroll(ve):
                         w_l[c * ve + j] = T.cast(weight[col + j], f32)
 
-            for i in T.serial(T.ceildiv(num_tokens - b, num_partials)):
-                t = b + i * num_partials
-                for c in T.unroll(nc):
-                    col = (tid + c * nt) * ve
-                    if not guard or col < hidden:
-                        for j in T.vectorized(ve):
-                            x_l[c * ve + j] = x[t, col + j]
-                        for j in T.vectorized(ve):
-                            g_l[c * ve + j] = out_grad[t, col + j]
-                        if with_rog:
-                            for j in T.vectorized(ve):
-                                r_l[c * ve + j] = residual_out_grad[t, col + j]
-                    else:
-                        for j in T.unroll(ve):
-                            x_l[c * ve + j] = T.cast(0, dtype)
-                            g_l[c * ve + j] = T.cast(0, dtype)
-                rs[0] = rstd[t]
-                dot[0] = 0.0
-                for c in T.unroll(nc):
-                    for j in T.unroll(ve):
-                        xhat = T.cast(x_l[c * ve + j], f32) * rs[0]
-                        g = T.cast(g_l[c * ve + j], f32) * out_scale
-                        dot[0] += xhat * (g * w_l[c * ve + j])
-                        acc_l[c * ve + j] += xhat * g
-                dot[0] = T.warp_reduce_sum(dot[0])
-                if tid % 32 == 0:
-                    red[i % 2, tid // 32] = dot[0]
-                T.sync_threads()
-                dot[0] = red[i % 2, 0]
-                for q in T.unroll(1, nw):
-                    dot[0] += red[i % 2, q]
-                dot[0] = dot[0] * T.float32(inv_hidden)
-                for c in T.unroll(nc):
-                    col = (tid + c * nt) * ve
-                    if not guard or col < hidden:
-                        for j in T.unroll(ve):
-                            xhat = T.cast(x_l[c * ve + j], f32) * rs[0]
-                            gw = T.cast(g_l[c * ve + j], f32) * out_scale * w_l[c * ve + j]
-                            grad = (gw - xhat * dot[0]) * rs[0]
-                            if with_rog:
-                                grad = grad + T.cast(r_l[c * ve + j], f32)
-                            r_l[c * ve + j] = T.cast(grad, dtype)
-                        for j in T.vectorized(ve):
-                            x_grad[t, col + j] = r_l[c * ve + j]
+            if cfg.rows_in_flight == 1:
+                for i in T.serial(T.ceildiv(num_tokens - b, num_partials)):
+                    t = b + i * num_partials
+                    load_row(tid, x, out_grad, rstd, residual_out_grad, x_l, g_l, r_l, rs, t)
+                    finish_row(tid, x_grad, out_scale, w_l, acc_l, dot, red, x_l, g_l, r_l, rs, t, i % 2)
+            else:
+                # Rows in pairs, A (even i) and B (odd i), in two sets of registers: each row's loads are in
+                # flight while the row before it is reduced and written. Same row order, same shared slots.
+                x_b = T.alloc_local((nc * ve,), dtype)
+                g_b = T.alloc_local((nc * ve,), dtype)
+                r_b = T.alloc_local((nc * ve,), dtype)
+                rs_b = T.alloc_local((1,), f32)
+                if b < num_tokens:
+                    load_row(tid, x, out_grad, rstd, residual_out_grad, x_l, g_l, r_l, rs, b)
+                for k in T.serial(T.ceildiv(T.ceildiv(num_tokens - b, num_partials), 2)):
+                    t = b + 2 * k * num_partials
+                    if t + num_partials < num_tokens:
+                        load_row(tid, x, out_grad, rstd, residual_out_grad, x_b, g_b, r_b, rs_b, t + num_partials)
+                    finish_row(tid, x_grad, out_scale, w_l, acc_l, dot, red, x_l, g_l, r_l, rs, t, 0)
+                    if t + num_partials < num_tokens:  # uniform in the block: the barrier inside is safe
+                        if t + 2 * num_partials < num_tokens:
+                            load_row(tid, x, out_grad, rstd, residual_out_grad, x_l, g_l, r_l, rs, t + 2 * num_partials)
+                        finish_row(
+                            tid, x_grad, out_scale, w_l, acc_l, dot, red, x_b, g_b, r_b, rs_b, t + num_partials, 1
+                        )
 
             if with_weight:
                 for c in T.unroll(nc):

@@ -33,7 +33,11 @@ from ._norm_forward_ascend import WEIGHT_TILE
 
 STAGES = ('rows', 'reduce')
 _CUDA_MAX_CHUNKS = 4  # 16-byte chunks per thread and input
-_CUDA_THREADS_PER_SM = 512  # persistent blocks per SM = this / threads: enough rows in flight, few partials
+_CUDA_THREADS_PER_SM = 512  # persistent blocks per SM = this / (threads * rows_in_flight): rows in flight, few partials
+# rows_in_flight 2 holds two rows, the weight and the partial in up to 255 registers a thread: an SM's registers
+# hold that for blocks of up to this many threads (wider blocks would spill).
+_CUDA_TWO_ROWS_MAX_THREADS = 256
+_CUDA_ROWS_IN_FLIGHT = 1  # the default where two rows fit (the device experiment decides)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,6 +55,7 @@ class NormBackwardConfig:
     threads: int = 0  # CUDA threads per block (a row)
     chunks: int = 0  # CUDA 16-byte chunks per thread
     num_stages: int = 1  # Ascend buffer versions of the row loop
+    rows_in_flight: int = 1  # CUDA stage 'rows': 2 loads the next row while this one is reduced and written
 
     def __post_init__(self):
         if self.backend not in ('ascend', 'cuda'):
@@ -67,6 +72,15 @@ class NormBackwardConfig:
             raise ValueError(f'num_partials {self.num_partials} must be >= 1, num_stages 1 or 2')
         if self.backend == 'cuda' and (self.threads % 32 or not 32 <= self.threads <= 1024 or self.chunks < 1):
             raise ValueError(f'CUDA: threads {self.threads} must be whole warps up to 1024, chunks >= 1')
+        if self.rows_in_flight not in (1, 2):
+            raise ValueError(f'rows_in_flight must be 1 or 2, got {self.rows_in_flight}')
+        if self.rows_in_flight == 2 and (
+            self.backend != 'cuda' or self.stage != 'rows' or self.threads > _CUDA_TWO_ROWS_MAX_THREADS
+        ):
+            raise ValueError(
+                f'rows_in_flight 2 is for the CUDA stage "rows" with up to {_CUDA_TWO_ROWS_MAX_THREADS} threads, '
+                f'got backend {self.backend!r}, stage {self.stage!r}, threads {self.threads}'
+            )
 
 
 def ascend_ub_bytes(*, hidden: int, dtype: str, with_weight: bool, with_residual_out_grad: bool) -> tuple[int, int]:
@@ -89,9 +103,11 @@ def choose_norm_backward_config(
     stage: str = 'rows',
     weight_grad_dtype: torch.dtype | str = torch.float32,
     accumulate: bool = False,
+    rows_in_flight: int | None = None,
 ) -> NormBackwardConfig:
     """Pure choice of the compile-time parameters (no device query); ValueError for what the kernels do not take
-    (on Ascend: a row whose buffers do not fit UB)."""
+    (on Ascend: a row whose buffers do not fit UB). CUDA: `rows_in_flight` None takes the default where two rows
+    fit, else 1; it sets the persistent blocks, so the stage 'reduce' of the same call takes the same value."""
     if dtype not in FLOAT_DTYPE_NAMES or weight_grad_dtype not in FLOAT_DTYPE_NAMES:
         raise ValueError(f'dtypes must be torch.bfloat16 or torch.float32, got {dtype!r}, {weight_grad_dtype!r}')
     name = FLOAT_DTYPE_NAMES[dtype]
@@ -105,14 +121,17 @@ def choose_norm_backward_config(
         per_stage, resident = ascend_ub_bytes(
             hidden=hidden, dtype=name, with_weight=with_weight, with_residual_out_grad=with_residual_out_grad
         )
-        return make(num_partials=num_cores, num_stages=ascend_stages('norm_backward', per_stage, resident))
+        num_stages = ascend_stages('norm_backward', per_stage, resident)
+        return make(num_partials=num_cores, num_stages=num_stages, rows_in_flight=rows_in_flight or 1)
     if backend == 'cuda':
         threads, chunks, _ = cuda_row_layout(hidden, name, _CUDA_MAX_CHUNKS)
-        partials = num_cores * max(1, _CUDA_THREADS_PER_SM // threads)
+        if rows_in_flight is None:
+            rows_in_flight = _CUDA_ROWS_IN_FLIGHT if threads <= _CUDA_TWO_ROWS_MAX_THREADS else 1
+        partials = num_cores * max(1, _CUDA_THREADS_PER_SM // (threads * rows_in_flight))
         if stage == 'reduce':
             # One column per thread; a block's columns divide the row.
             return make(num_partials=partials, threads=divisors(hidden, HIDDEN_MULTIPLE, REDUCE_THREADS)[0], chunks=1)
-        return make(num_partials=partials, threads=threads, chunks=chunks)
+        return make(num_partials=partials, threads=threads, chunks=chunks, rows_in_flight=rows_in_flight)
     raise ValueError(f'backend must be "ascend" or "cuda", got {backend!r}')
 
 
