@@ -1,19 +1,30 @@
 """Tests of mhc_sinkhorn_kernel.py's configuration: the chooser is pure and hashable, refuses what the operators'
-contract refuses, and sizes the backward's blocks to its on-chip store."""
+contract refuses, and sizes the backward's blocks to its on-chip store; the CUDA kernels' Newton reciprocal
+(lowered on the CPU, values on a GPU)."""
 
 import dataclasses
+import re
 
 import pytest
+import torch
 
+from cann_ops_tilelang.kernel_target import Launcher
 from cann_ops_tilelang.mhc.mhc_sinkhorn_kernel import (
     MAX_REPEAT,
     MhcSinkhornConfig,
     choose_mhc_sinkhorn_config,
+    get_mhc_sinkhorn_kernel,
+    make_mhc_sinkhorn_kernel,
     steps,
     store_bytes_per_token,
 )
+from tests.testing.generator import by_level, get_test_level
+from tests.testing.lowering import assert_cuda_kernel_lowers
+from tests.testing.numeric import assert_close
 
-from .sinkhorn_cases import make_config
+from .mhc_sinkhorn_bwd_ref import mhc_sinkhorn_bwd_ref
+from .mhc_sinkhorn_fwd_ref import mhc_sinkhorn_fwd_ref
+from .sinkhorn_cases import ATOL, EPS, RTOL, make_config, random_logits
 
 
 def test_mhc_sinkhorn_config_is_pure_and_hashable():
@@ -56,3 +67,59 @@ def test_mhc_sinkhorn_bwd_config_fits_the_store():
             make_config(backend, 'bwd', 4, MAX_REPEAT + 1)
         with pytest.raises(ValueError, match='2 tokens of the backward overflow its 131072 B store'):
             MhcSinkhornConfig(backend, 'bwd', 8, MAX_REPEAT, 8, 2, 1)
+
+
+def test_mhc_sinkhorn_reciprocal_is_a_cuda_choice():
+    assert make_config('cuda', 'fwd', 4, 3).reciprocal == make_config('ascend', 'fwd', 4, 3).reciprocal == 'ieee'
+    dataclasses.replace(make_config('cuda', 'bwd', 4, 3), reciprocal='newton')
+    with pytest.raises(ValueError, match=r"reciprocal must be one of \('ieee',\) on ascend"):
+        dataclasses.replace(make_config('ascend', 'fwd', 4, 3), reciprocal='newton')
+    with pytest.raises(ValueError, match='reciprocal must be one of'):
+        dataclasses.replace(make_config('cuda', 'fwd', 4, 3), reciprocal='fast')
+
+
+# (mhc_mult, repeat, tokens) of the Newton reciprocal's device check, an option off by default: from level 1 (level 0
+# compiles only what calls launch).
+NEWTON_CASES = by_level(get_test_level(), core=[], default=[(4, 20, 130), (8, 3, 33), (1, 2, 65)])
+
+
+def _newton(direction, mhc_mult, repeat):
+    return dataclasses.replace(make_config('cuda', direction, mhc_mult, repeat), reciprocal='newton')
+
+
+@pytest.mark.parametrize('direction', ['fwd', 'bwd'])
+def test_mhc_sinkhorn_newton_reciprocal_lowers_without_division(direction):
+    """The Newton configuration's steps take __fdividef's reciprocal, refined by fused multiply-adds; no IEEE
+    division is left (the IEEE configuration divides once per row)."""
+    name = f'mhc_sinkhorn_{direction}_kernel'
+    sources = {}
+    for reciprocal in ('ieee', 'newton'):
+        cfg = dataclasses.replace(make_config('cuda', direction, 4, 3), reciprocal=reciprocal)
+        lowered = assert_cuda_kernel_lowers(lambda cfg=cfg: make_mhc_sinkhorn_kernel(cfg), key=cfg, kernel_name=name)
+        sources[reciprocal] = re.sub(r'/\*.*?\*/', '', lowered.source)  # no comments: '/' is a division
+    division = re.compile(r'[)\w] / [(\w]')
+    assert division.search(sources['ieee'])
+    assert not division.search(sources['newton'])
+    assert '__fdividef(' in sources['newton']
+    assert '__fmaf_rn(' in sources['newton']
+
+
+@pytest.mark.npu
+@pytest.mark.parametrize(('mhc_mult', 'repeat', 'tokens'), NEWTON_CASES)
+def test_mhc_sinkhorn_newton_reciprocal_values(mhc_mult, repeat, tokens, device):
+    """The CUDA kernels with the Newton reciprocal against the float64 references (the operators' tolerance)."""
+    if device.type != 'cuda':
+        pytest.skip('the Newton reciprocal is a CUDA configuration')
+    mm = mhc_mult * mhc_mult
+    x = random_logits((tokens, mhc_mult, mhc_mult), device)
+    grad_output = torch.randn_like(x)
+    out, grad_input = torch.full_like(x, float('nan')), torch.full_like(x, float('nan'))
+    Launcher(get_mhc_sinkhorn_kernel, _newton('fwd', mhc_mult, repeat), device).launch(
+        x.view(tokens, mm), out.view(tokens, mm), EPS
+    )
+    Launcher(get_mhc_sinkhorn_kernel, _newton('bwd', mhc_mult, repeat), device).launch(
+        grad_output.view(tokens, mm), x.view(tokens, mm), grad_input.view(tokens, mm), EPS
+    )
+    assert_close(out.cpu().double(), mhc_sinkhorn_fwd_ref(x.cpu().double(), repeat, EPS), atol=ATOL, rtol=RTOL)
+    expected = mhc_sinkhorn_bwd_ref(grad_output.cpu(), x.cpu(), repeat, EPS)
+    assert_close(grad_input.cpu().double(), expected, atol=ATOL, rtol=RTOL)

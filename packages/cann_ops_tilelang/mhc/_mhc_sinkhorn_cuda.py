@@ -10,12 +10,23 @@ token once; the backward keeps its iterates in shared memory, each thread its ow
 from ._mhc_sinkhorn_routine import make_sinkhorn_routines
 
 
+def newton_reciprocal(T):
+    """1 / x for positive normal x without IEEE division's slow-path branch: the hardware's approximate reciprocal
+    (__fdividef, within 2 ulp) refined by one Newton step, r + r * (1 - x * r) (within an ulp of 1 / x)."""
+
+    def reciprocal(x):
+        r = T.call_extern(T.float32, '__fdividef', T.float32(1.0), x)
+        return T.ieee_fmaf(r, T.ieee_fmaf(-x, r, T.float32(1.0)), r)
+
+    return reciprocal
+
+
 def cuda_mhc_sinkhorn_fwd_kernel(cfg):
     """`cfg` is a MhcSinkhornConfig (backend "cuda", direction "fwd")."""
     import tilelang.language as T
 
     mm, tokens, repeat = cfg.mhc_mult * cfg.mhc_mult, cfg.tokens, cfg.repeat
-    routine = make_sinkhorn_routines(T, cfg.mhc_mult)
+    routine = make_sinkhorn_routines(T, cfg.mhc_mult, newton_reciprocal(T) if cfg.reciprocal == 'newton' else None)
     num_tokens = T.dynamic('num_tokens')
 
     @T.prim_func
@@ -40,7 +51,7 @@ def cuda_mhc_sinkhorn_bwd_kernel(cfg):
     import tilelang.language as T
 
     mm, tokens, repeat = cfg.mhc_mult * cfg.mhc_mult, cfg.tokens, cfg.repeat
-    routine = make_sinkhorn_routines(T, cfg.mhc_mult)
+    routine = make_sinkhorn_routines(T, cfg.mhc_mult, newton_reciprocal(T) if cfg.reciprocal == 'newton' else None)
     num_tokens = T.dynamic('num_tokens')
 
     @T.prim_func

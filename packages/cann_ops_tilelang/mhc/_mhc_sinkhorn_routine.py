@@ -7,18 +7,26 @@ and act on local arrays; the kernels move the values between those and their buf
 
 A normalisation step divides each row (column) by its sum + eps; the reciprocal is taken once per row and the
 row multiplied by it (at most one rounding more than a division per element, well inside the tolerance of
-the fp32 results). The backward recomputes each step's sum from the step's stored input in the same order as
-the forward, so it sees the forward's denominators bit for bit.
+the fp32 results). The kernel supplies the reciprocal: a CUDA configuration takes one without IEEE division's
+slow-path branch per row (MhcSinkhornConfig.reciprocal). The backward recomputes each step's sum from the step's
+stored input in the same order as the forward, so it sees the forward's denominators bit for bit.
 """
 
 import types
 
 
-def make_sinkhorn_routines(T, m: int):
+def ieee_reciprocal(T):
+    """1 / x, correctly rounded: the reciprocal of a backend without a faster one."""
+    return lambda x: T.float32(1.0) / x
+
+
+def make_sinkhorn_routines(T, m: int, reciprocal=None):
     """The macros of m x m matrices on T, by name: softmax_eps, normalize, normalize_backward, softmax_backward,
     read / write (a buffer row [row, element] <-> a local array), keep / fetch (a local array <-> the backward's
-    store [step, element, thread]); then forward and backward, the whole routines."""
+    store [step, element, thread]); then forward and backward, the whole routines. `reciprocal(x)` is the
+    expression of 1 / x for positive x (default: ieee_reciprocal)."""
     mm = m * m
+    reciprocal = reciprocal or ieee_reciprocal(T)
 
     def at(i, j, transposed):
         """Index of element (i, j) of the row-major matrix, or of (j, i) for a column step."""
@@ -37,7 +45,7 @@ def make_sinkhorn_routines(T, m: int):
                 a[i * m + j] = T.exp(a[i * m + j] - top)
                 total = total + a[i * m + j]
             inverse = T.alloc_var(T.float32, init=0.0)
-            inverse = T.float32(1.0) / total
+            inverse = reciprocal(total)
             for j in T.unroll(m):
                 a[i * m + j] = a[i * m + j] * inverse + eps
 
@@ -49,7 +57,7 @@ def make_sinkhorn_routines(T, m: int):
             for j in T.unroll(m):
                 total = total + a[at(i, j, transposed)]
             inverse = T.alloc_var(T.float32, init=0.0)
-            inverse = T.float32(1.0) / (total + eps)
+            inverse = reciprocal(total + eps)
             for j in T.unroll(m):
                 a[at(i, j, transposed)] = a[at(i, j, transposed)] * inverse
 
@@ -64,7 +72,7 @@ def make_sinkhorn_routines(T, m: int):
                 total = total + x[at(i, j, transposed)]
                 dot = dot + g[at(i, j, transposed)] * x[at(i, j, transposed)]
             inverse = T.alloc_var(T.float32, init=0.0)
-            inverse = T.float32(1.0) / (total + eps)
+            inverse = reciprocal(total + eps)
             dot = dot * inverse
             for j in T.unroll(m):
                 g[at(i, j, transposed)] = (g[at(i, j, transposed)] - dot) * inverse

@@ -23,6 +23,7 @@ from ._mhc_sinkhorn_cuda import cuda_mhc_sinkhorn_bwd_kernel, cuda_mhc_sinkhorn_
 
 MHC_MULTS = range(1, 9)  # mhc_mult: the matrix of a token is mhc_mult x mhc_mult
 DIRECTIONS = ('fwd', 'bwd')
+RECIPROCALS = {'ascend': ('ieee',), 'cuda': ('ieee', 'newton')}
 _WORD = 4  # bytes of an fp32
 # The backward's iterate store per block: shared memory (opted in above 48 KB) or UB (216 KB with SIMT).
 _STORE_BYTES = 128 * 1024
@@ -52,6 +53,9 @@ class MhcSinkhornConfig:
     num_cores: int  # Ascend: vector cores (persistent grid); CUDA: SMs (informational)
     tokens: int  # tokens per CUDA thread block / Ascend UB block, one thread each
     num_stages: int  # Ascend buffer versions of the persistent loop (unused on CUDA)
+    # 1 / x of the normalisation steps: 'ieee' (correctly rounded) or, CUDA only, 'newton' (the approximate
+    # reciprocal and one Newton step, no slow-path branch: _mhc_sinkhorn_cuda.newton_reciprocal)
+    reciprocal: str = 'ieee'
 
     def __post_init__(self):
         if self.backend not in ('ascend', 'cuda'):
@@ -62,6 +66,8 @@ class MhcSinkhornConfig:
             raise ValueError(f'mhc_mult must be in 1..8, got {self.mhc_mult}')
         if not 1 <= self.repeat <= (MAX_REPEAT if self.direction == 'bwd' else 2**31 - 1):
             raise ValueError(f'repeat {self.repeat} is out of range for the {self.direction} kernel')
+        if self.reciprocal not in RECIPROCALS[self.backend]:
+            raise ValueError(f'reciprocal must be one of {RECIPROCALS[self.backend]} on {self.backend}')
         if self.num_cores < 1 or self.tokens < 1 or self.num_stages < 1:
             raise ValueError('num_cores, tokens and num_stages must be >= 1')
         if self.direction == 'bwd' and self.tokens * store_bytes_per_token(self.mhc_mult, self.repeat) > _STORE_BYTES:
