@@ -129,8 +129,38 @@ def _byte_span(t: torch.Tensor) -> tuple[int, int]:
     return (start, start + extent * t.element_size())
 
 
+def _arc(t: torch.Tensor, period: int) -> tuple[int, int] | None:
+    """(first byte mod period, bytes) of the arc that holds t's bytes modulo `period`, or None where they need
+    more than one period: the dimensions whose byte strides are multiples of the period add nothing mod period,
+    the others add at most their extent."""
+    size = t.element_size()
+    extent = size + sum(
+        (n - 1) * stride * size
+        for n, stride in zip(t.shape, t.stride(), strict=True)
+        if n > 1 and stride * size % period
+    )
+    return (t.data_ptr() % period, extent) if extent <= period else None
+
+
+def _apart_by_period(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether, for a period among the two tensors' byte strides, their bytes modulo it lie in disjoint arcs (then
+    no byte is shared): views of one buffer that interleave, such as the query and key heads of a fused qkv
+    projection, or the columns of a matrix split in two."""
+    periods = {
+        stride * t.element_size() for t in (a, b) for n, stride in zip(t.shape, t.stride(), strict=True) if n > 1
+    }
+    for period in sorted(periods - {0}, reverse=True):
+        arcs = _arc(a, period), _arc(b, period)
+        if None not in arcs:
+            (x, x_bytes), (y, y_bytes) = arcs
+            if (y - x) % period >= x_bytes and (x - y) % period >= y_bytes:
+                return True
+    return False
+
+
 def may_overlap(a: torch.Tensor, b: torch.Tensor, *, memory: bool = True) -> bool:
-    """Whether two tensors' memory ranges intersect (conservative for strided views).
+    """Whether two tensors may share memory: their byte ranges intersect and, for strided views, no period of their
+    strides keeps them apart (_apart_by_period; still conservative where none proves it).
 
     With memory=False (tensors without storage: fake tensors while torch traces) only the same tensor
     passed twice counts; the memory ranges are checked when the traced op runs on real tensors."""
@@ -140,7 +170,9 @@ def may_overlap(a: torch.Tensor, b: torch.Tensor, *, memory: bool = True) -> boo
     b0, b1 = _byte_span(b)
     # Addresses of different devices may coincide: the device comparison (two torch.device objects) only
     # where the ranges intersect.
-    return a0 < b1 and b0 < a1 and a.device == b.device
+    if not (a0 < b1 and b0 < a1 and a.device == b.device):
+        return False
+    return (a.is_contiguous() and b.is_contiguous()) or not _apart_by_period(a, b)
 
 
 def check_no_overlap(

@@ -46,8 +46,69 @@ def test_overlap_detection():
     buf = torch.zeros(16)
     assert may_overlap(buf[:8], buf[4:12])
     assert not may_overlap(buf[:8], buf[8:])
-    assert may_overlap(buf[::2], buf[1::2])  # conservative for interleaved views
+    assert not may_overlap(buf[::2], buf[1::2])  # interleaved, apart
+    assert may_overlap(buf[::2], buf[2::4])  # interleaved, sharing every other element
     assert not may_overlap(buf, torch.zeros(16))
+    matrix = torch.zeros(6, 10)
+    assert not may_overlap(matrix[:, :4], matrix[:, 4:])
+    assert may_overlap(matrix[:, :5], matrix[:, 4:])
+    assert may_overlap(matrix[:, :4], matrix.t()[:4])  # the same columns, transposed
+    assert not may_overlap(matrix[:, :4], matrix.t()[4:])
+    # bytes, not elements: bf16 columns 0..3 against the fp32 view of columns 4..7
+    bf16 = torch.zeros(6, 8, dtype=torch.bfloat16)
+    assert not may_overlap(bf16[:, :4], bf16.view(torch.float32)[:, 2:])
+    assert may_overlap(bf16[:, :5], bf16.view(torch.float32)[:, 2:])
+
+
+def test_overlap_of_fused_qkv_views():
+    """The query, key and value heads of one fused projection, (tokens, heads, head_dim) views of its rows."""
+    tokens, head_dim, q_heads, kv_heads = 7, 64, 8, 2
+    qkv = torch.zeros(tokens, (q_heads + 2 * kv_heads) * head_dim, dtype=torch.bfloat16)
+    q, k, v = qkv.split([q_heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
+    q, k, v = (t.view(tokens, -1, head_dim) for t in (q, k, v))
+    assert not may_overlap(q, k)
+    assert not may_overlap(k, v)
+    assert not may_overlap(q[..., :32], k[..., 32:])  # partial rotary parts
+    assert may_overlap(q, qkv[:, q_heads * head_dim - 1 :])
+    assert may_overlap(k, qkv.view(-1)[q_heads * head_dim + 5 :: 3])
+
+
+def _bytes_of(t: torch.Tensor) -> set[int]:
+    """Every byte address of t (small tensors), the exact answer may_overlap approximates from above."""
+    size, start = t.element_size(), t.data_ptr()
+    offsets = {0}
+    for n, stride in zip(t.shape, t.stride(), strict=True):
+        offsets = {o + i * stride * size for o in offsets for i in range(n)}
+    return {start + o + b for o in offsets for b in range(size)} if t.numel() else set()
+
+
+def test_overlap_is_never_missed():
+    """Random strided views of one buffer (repeated and zero strides, other element sizes): whenever they share a
+    byte, may_overlap says so; and the period test proves most interleaved disjoint pairs apart."""
+    generator = torch.Generator().manual_seed(5)
+    buf = torch.zeros(512, dtype=torch.int16)
+
+    def randint(low, high):
+        return int(torch.randint(low, high, (1,), generator=generator))
+
+    def view():
+        base = buf if randint(0, 2) else buf.view(torch.int32)
+        dims = randint(1, 4)
+        shape = [randint(1, 5) for _ in range(dims)]
+        strides = [randint(0, 9) for _ in range(dims)]
+        return base.as_strided(shape, strides, randint(0, 40))
+
+    disjoint_interleaved = proved = 0
+    for _ in range(3000):
+        a, b = view(), view()
+        shared = bool(_bytes_of(a) & _bytes_of(b))
+        if shared:
+            assert may_overlap(a, b), (a.shape, a.stride(), a.storage_offset(), b.shape, b.stride(), b.storage_offset())
+        elif min(_bytes_of(a)) < max(_bytes_of(b)) and min(_bytes_of(b)) < max(_bytes_of(a)):
+            disjoint_interleaved += 1  # the spans meet, the bytes do not
+            proved += not may_overlap(a, b)
+    assert disjoint_interleaved > 100
+    assert proved > disjoint_interleaved // 3, (proved, disjoint_interleaved)
 
 
 def test_check_out():

@@ -82,6 +82,23 @@ def test_apply_rotary_rejects_aliasing_the_inputs():
         _call(torch.zeros(5, 4, 64), CACHE, key, key.view(torch.int32).view(-1)[:5])
 
 
+def _fused_qkv(tokens, q_heads, kv_heads, rot_dim, dtype, device=None):
+    """(qkv, query, key): the query and key heads of one fused projection's rows, (tokens, heads, rot_dim) views."""
+    qkv = torch.randn(tokens, (q_heads + 2 * kv_heads) * rot_dim, device=device).to(dtype)
+    query, key, _ = qkv.split([q_heads * rot_dim, kv_heads * rot_dim, kv_heads * rot_dim], dim=-1)
+    return qkv, query.view(tokens, q_heads, rot_dim), key.view(tokens, kv_heads, rot_dim)
+
+
+def test_apply_rotary_takes_fused_qkv_views():
+    """Query and key heads of one fused qkv buffer interleave by token without sharing a byte: the contract takes
+    them (on CPU tensors the device check is the one left to fail)."""
+    _, query, key = _fused_qkv(5, 4, 2, 64, torch.bfloat16)
+    with pytest.raises(RuntimeError, match="no kernels for 'cpu' tensors"):
+        _call(query, CACHE, key)
+    with pytest.raises(ValueError, match='query and key must not overlap'):
+        _call(query, CACHE, query.view(5, 2, 128)[..., 32:96])
+
+
 def test_apply_rotary_rejects_a_span_past_int32():
     # A view whose elements reach past 2**31 - 1 (meta: no memory behind it).
     wide = torch.empty(2, 4, 2**30, dtype=torch.bfloat16, device='meta')[:, :, :64]
@@ -235,6 +252,22 @@ def test_apply_rotary_values(case, device):
     _assert_rotated(q, rotated, cache, case, positions, conjugate=True)
     back = (q.cpu().double() - q_before.cpu().double()).abs()
     assert bool((back <= 2 * rotation_tolerance(q_before, q.dtype, case['interleaved'])).all())
+
+
+@pytest.mark.npu
+def test_apply_rotary_fused_qkv(device):
+    """Query and key as views of one fused qkv buffer, rotated in one call (the first level-0 case's kernel); the
+    value heads are untouched."""
+    case = CASES[0]
+    qkv, q, k = _fused_qkv(5, *case['heads'], case['rot_dim'], _DTYPES[case['dtype']], device)
+    cache = make_cos_sin_cache(_cache_rows(case), case['rot_dim']).to(device)
+    before = qkv.clone()
+    q_before, k_before = q.clone(), k.clone()
+    apply_rotary(q, cache, k, None, case['interleaved'], False, case['offset'])
+    _assert_rotated(q, q_before, cache, case, None)
+    _assert_rotated(k, k_before, cache, case, None)
+    value = slice((case['heads'][0] + case['heads'][1]) * case['rot_dim'], None)
+    assert torch.equal(qkv[:, value].cpu(), before[:, value].cpu())
 
 
 @pytest.mark.npu
