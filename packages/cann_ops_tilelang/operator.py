@@ -263,22 +263,34 @@ class Operator:
         self.check(*check_args)
         raise error
 
-    def public(self, eager: Callable, *, returns: str = '()', result=None, fake: Callable | None = None, traced=None):
+    def public(
+        self, eager: Callable, *, returns: str = '()', result=None, fake: Callable | None = None, traced=None,
+        batched: Callable | None = None,
+    ):  # fmt: skip
         """Decorator of the public function's stub, whose signature (the declared arguments, in order) and docstring
         it keeps; the body is not run. The public function calls `eager` with every argument, positionally, or,
         while torch traces, after the memory-free check, `traced` (default: the torch.library forms made here
         from the declaration, whose
         functional form returns `returns`, a schema type, and whose `<name>_out` form takes `out=`). `fake` makes
         the functional form's outputs from the public arguments (after the memory-free check); `result`, a
-        NamedTuple type, wraps a tuple that the forms return, or, for `returns='()'`, the written tensors."""
+        NamedTuple type, wraps a tuple that the forms return, or, for `returns='()'`, the written tensors.
+        `batched(function, *args)`, where given, takes a call whose first tensor has one dimension more than
+        declared (a batch of token rows, as the peer's 3-D calls): it calls `function`, the public function, on
+        views of the rows and gives the results their batch dimension back (see `batch_rows`)."""
 
         def declare(stub: Callable) -> Callable:
             self._signature = inspect.signature(stub)
             names = list(self._signature.parameters)
             if self.args and names != [a.name for a in self.args]:
                 raise ValueError(f'{self.name}: the declared arguments {[a.name for a in self.args]} are not {names}')
+            rank = None
+            if batched is not None:
+                dims = self.args[0].dims if self.args else None
+                if dims is None:
+                    raise ValueError(f'{self.name}: batched needs the first argument declared with its dims')
+                rank = len(dims) + 1
             call = self._define_forms(eager, returns, result, fake) if traced is None else self._checked(traced)
-            function = _public_function(stub, names, eager, call)
+            function = _public_function(stub, names, eager, call, batched, rank)
             function.operator = self
             return function
 
@@ -423,10 +435,14 @@ class Operator:
         return self._results(**{p: values[p] for p in self._results_params})
 
 
-def _public_function(stub: Callable, names: list[str], eager: Callable, call: Callable) -> Callable:
+def _public_function(
+    stub: Callable, names: list[str], eager: Callable, call: Callable, batched: Callable | None = None,
+    batched_rank: int | None = None,
+) -> Callable:  # fmt: skip
     """The public function with the stub's signature: `traced(first)` picks `call`, else `eager` (generated, so a
-    call costs what the hand-written `if traced(x): ...; return _eager(x, ...)` costs)."""
-    namespace = {'traced': traced, '_traced_call': call, '_eager': eager}
+    call costs what the hand-written `if traced(x): ...; return _eager(x, ...)` costs); with `batched`, a first
+    tensor of `batched_rank` dimensions goes to it first."""
+    namespace = {'traced': traced, '_traced_call': call, '_eager': eager, '_batched': batched, '_Tensor': torch.Tensor}
     params, keyword_only = [], False
     for i, p in enumerate(inspect.signature(stub).parameters.values()):
         if p.kind is p.KEYWORD_ONLY and not keyword_only:
@@ -438,8 +454,15 @@ def _public_function(stub: Callable, names: list[str], eager: Callable, call: Ca
             namespace[f'_default{i}'] = p.default
             params.append(f'{p.name}=_default{i}')
     args = ', '.join(names)
+    batch = ''
+    if batched is not None:
+        batch = (
+            f'    if isinstance({names[0]}, _Tensor) and {names[0]}.dim() == {batched_rank}:\n'
+            f'        return _batched({stub.__name__}, {", ".join(names)})\n'
+        )
     source = (
         f'def {stub.__name__}({", ".join(params)}):\n'
+        f'{batch}'
         f'    if traced({names[0]}):\n'
         f'        return _traced_call({args})\n'
         f'    return _eager({args})\n'

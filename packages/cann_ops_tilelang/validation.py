@@ -206,3 +206,17 @@ def check_out(
         if value is not None and may_overlap(out, value, memory=memory):
             raise ValueError(f'{name} must not alias the input {input_name}')
     return out
+
+
+def batch_rows(name: str, label: str, value, lead: tuple[int, ...]):
+    """A tensor of a batched call, (*lead, ...), as the rows its unbatched call takes, (prod(lead), ...): a view, so
+    a buffer written through it is the caller's. None, and what is not a tensor (the unbatched call's checks name
+    it), pass as they are; ValueError for another leading shape or rows that no view can merge."""
+    if not isinstance(value, torch.Tensor):
+        return value
+    if tuple(value.shape[: len(lead)]) != lead or value.dim() <= len(lead):
+        raise ValueError(f'{name}: {label} must have the batch and tokens of x, {lead}, got shape {tuple(value.shape)}')
+    try:
+        return value.view(-1, *value.shape[len(lead) :])
+    except (RuntimeError, ValueError):  # torch's view error (ValueError on fake tensors)
+        raise ValueError(f'{name}: {label} must be contiguous, got strides {value.stride()}') from None

@@ -206,6 +206,31 @@ def test_norm_forward_traced_results():
         assert second.shape == x.shape
 
 
+def test_norm_forward_batched_traced_results():
+    """A (B, T, H) x, the peer's batched call, on fake tensors: results (B, T, ...), given buffers returned, the
+    batched tensors' errors, and torch.compile(fullgraph=True) tracing it."""
+    with FakeTensorMode():
+        x = torch.empty(2, 5, 128, dtype=torch.bfloat16, device='cuda')
+        w, res = torch.empty(128, dtype=x.dtype, device='cuda'), torch.empty_like(x)
+        result = norm_forward(x, w, EPS, res, 2.0, with_rstd=True)
+        assert (result.out.shape, result.rstd.shape, result.norm_input.shape) == (x.shape, (2, 5), x.shape)
+        assert norm_forward(x, None, EPS).norm_input is x
+        out, res_out = torch.empty_like(x), torch.empty_like(x)
+        given = norm_forward(x, w, EPS, res, out=out, residual_out=res_out)
+        assert given.out is out
+        assert given.norm_input is res_out
+        with pytest.raises(ValueError, match=r'residual must have the batch and tokens of x, \(2, 5\)'):
+            norm_forward(x, w, EPS, torch.empty(10, 128, dtype=x.dtype, device='cuda'))
+        with pytest.raises(ValueError, match='norm_forward: x must be contiguous'):
+            norm_forward(x.transpose(0, 1), w, EPS)
+        with pytest.raises(TypeError, match='weight must have the dtype of x'):
+            norm_forward(x, w.float(), EPS)
+        torch._dynamo.reset()
+        compiled = torch.compile(lambda x, w: norm_forward(x, w, EPS, with_rstd=True), fullgraph=True, backend='eager')
+        traced = compiled(x, w)
+        assert (traced.out.shape, traced.rstd.shape) == (x.shape, (2, 5))
+
+
 # ---------------------------------------------------------------- device tier: values
 
 
@@ -239,6 +264,19 @@ def test_norm_forward_values(v, num_tokens, device):
     assert residual is None or again.norm_input is residual_out
     _check(again, x, weight, residual, v['rstd'])
     assert_equal(again.out, result.out)  # deterministic
+
+
+@pytest.mark.npu
+def test_norm_forward_batched_values(device):
+    """A (B, T, H) x gives the bits of its rows' call, in (B, T, ...) results (the first variant's kernel)."""
+    v = VARIANTS[0]
+    args = _inputs(v, 6, device)
+    x, weight, residual = args['x'], args['weight'], args['residual']
+    rows = norm_forward(x, weight, EPS, residual, 0.75, with_rstd=True)
+    batched = norm_forward(x.view(2, 3, -1), weight, EPS, residual.view(2, 3, -1), 0.75, with_rstd=True)
+    assert_equal(batched.out, rows.out.view(2, 3, -1))
+    assert_equal(batched.rstd, rows.rstd.view(2, 3))
+    assert_equal(batched.norm_input, rows.norm_input.view(2, 3, -1))
 
 
 @pytest.mark.npu

@@ -145,6 +145,24 @@ def test_norm_forward_and_per_token_cast_traced():
         assert norm_forward_and_per_token_cast(x, None, EPS, 'e4m3', 32, out=buffers).out == buffers
 
 
+def test_norm_forward_and_per_token_cast_batched_traced():
+    """A (B, T, H) x, the peer's batched call, on fake tensors: data, sf, out_bf16 and rstd (B, T, ...), given
+    buffers returned, a buffer of other tokens refused."""
+    with FakeTensorMode():
+        x = _x(10, 256, device='cuda').view(2, 5, 256)
+        result = norm_forward_and_per_token_cast(
+            x, None, EPS, 'e4m3', 32, torch.empty_like(x), round_sf=True, use_packed_ue8m0=True,
+            with_out_bf16=True, with_rstd=True,
+        )  # fmt: skip
+        data, sf = result.out
+        assert (data.shape, sf.shape, sf.dtype) == ((2, 5, 256), (2, 5, 2), torch.int32)
+        assert (result.out_bf16.shape, result.rstd.shape, result.norm_input.shape) == (x.shape, (2, 5), x.shape)
+        buffers = (torch.empty_like(data), torch.empty(2, 5, 8, device='cuda'))
+        assert norm_forward_and_per_token_cast(x, None, EPS, 'e4m3', 32, out=buffers).out == buffers
+        with pytest.raises(ValueError, match=r'out\[1\] must have the batch and tokens of x, \(2, 5\)'):
+            norm_forward_and_per_token_cast(x, None, EPS, 'e4m3', 32, out=(data, torch.empty(10, 8, device='cuda')))
+
+
 # ---------------------------------------------------------------- device tier
 
 
@@ -193,6 +211,20 @@ def test_norm_forward_and_per_token_cast_values(v, num_tokens, device):
     assert again.out == buffers
     assert_equal(buffers[0].view(torch.uint8), result.out.data.view(torch.uint8))
     assert_equal(buffers[1], result.out.sf)
+
+
+@pytest.mark.npu
+def test_norm_forward_and_per_token_cast_batched_values(device):
+    """A (B, T, H) x gives the bits of its rows' call, in (B, T, ...) results (the first variant's kernel)."""
+    v = VARIANTS[0]
+    x, weight, residual = _inputs(v, 6, device)
+    rows = _call(x, weight, v, residual, with_out_bf16=v['bf16'], with_rstd=True)
+    batched = _call(x.view(2, 3, -1), weight, v, residual.view(2, 3, -1), with_out_bf16=v['bf16'], with_rstd=True)
+    assert_equal(batched.out.data.view(torch.uint8), rows.out.data.view(torch.uint8).view(2, 3, -1))
+    assert_equal(batched.out.sf, rows.out.sf.view(2, 3, -1))
+    assert_equal(batched.out_bf16, rows.out_bf16.view(2, 3, -1))
+    assert_equal(batched.rstd, rows.rstd.view(2, 3))
+    assert_equal(batched.norm_input, rows.norm_input.view(2, 3, -1))
 
 
 @pytest.mark.npu

@@ -229,6 +229,40 @@ def test_public_function_forms_and_config(monkeypatch):
         declared.public(eager)(lambda x, y, out=None: None)
 
 
+def test_public_function_hands_a_batched_first_tensor_to_batched():
+    """With `batched`, a first tensor of one dimension more than declared goes to it, with the public function to
+    call on its rows; other ranks and other types go on as before (the checks name them)."""
+    name = f'toy_{uuid.uuid4().hex[:8]}'
+    declared = operator.Operator(
+        name, operator.tensor('x', torch.float32, 'T, n'), operator.scalar('scale', 'float'), choose_config=None,
+        get_kernel=None,
+    )  # fmt: skip
+    seen, eager_seen = [], []
+
+    def batched(function, x, scale):
+        seen.append(tuple(x.shape))
+        return function(x.view(-1, x.shape[-1]), scale).view(x.shape)
+
+    def eager(x, scale):
+        eager_seen.append(tuple(x.shape) if isinstance(x, torch.Tensor) else type(x))
+        return x
+
+    @declared.public(eager, returns='Tensor', batched=batched)
+    def toy(x: torch.Tensor, scale: float = 2.0) -> torch.Tensor:
+        """Toy docstring."""
+
+    rows = torch.ones(3, 4)
+    assert toy(rows) is rows
+    assert toy(rows.view(1, 3, 4), 3.0).shape == (1, 3, 4)
+    assert seen == [(1, 3, 4)]
+    toy([[1.0]])
+    toy(torch.ones(1, 1, 3, 4))
+    assert eager_seen == [(3, 4), (3, 4), list, (1, 1, 3, 4)]  # the eager path's checks refuse the last two
+    with pytest.raises(ValueError, match='batched needs the first argument declared with its dims'):
+        operator.Operator(f'{name}_any', operator.tensor('x', torch.float32), choose_config=None,
+                          get_kernel=None).public(lambda x: x, batched=batched)(lambda x: None)  # fmt: skip
+
+
 def test_an_optional_written_tensor_is_checked_when_given_and_takes_the_full_path(monkeypatch):
     """An optional tensor written in place (moe_topk_gate's scores): `Tensor(a!)?` in the schema, its overlaps
     checked only when it is given, and a call that gives it leaves the fast path to the full check."""

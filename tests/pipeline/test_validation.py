@@ -5,6 +5,7 @@ import torch
 
 from cann_ops_tilelang.engram._contract import check_hc_hidden
 from cann_ops_tilelang.validation import (
+    batch_rows,
     check_bool,
     check_last_dim_contiguous,
     check_out,
@@ -71,6 +72,24 @@ def test_overlap_of_fused_qkv_views():
     assert not may_overlap(q[..., :32], k[..., 32:])  # partial rotary parts
     assert may_overlap(q, qkv[:, q_heads * head_dim - 1 :])
     assert may_overlap(k, qkv.view(-1)[q_heads * head_dim + 5 :: 3])
+
+
+def test_batch_rows():
+    x = torch.zeros(2, 3, 8)
+    rows = batch_rows('op', 'x', x, (2, 3))
+    assert rows.shape == (6, 8)
+    assert rows.data_ptr() == x.data_ptr()
+    assert batch_rows('op', 'sf', torch.zeros(2, 3, 1, 4), (2, 3)).shape == (6, 1, 4)
+    assert batch_rows('op', 'out', None, (2, 3)) is None
+    assert batch_rows('op', 'out', [1], (2, 3)) == [1]  # the unbatched call's checks name it
+    with pytest.raises(
+        ValueError, match=r'op: out must have the batch and tokens of x, \(2, 3\), got shape \(3, 2, 8\)'
+    ):
+        batch_rows('op', 'out', torch.zeros(3, 2, 8), (2, 3))
+    with pytest.raises(ValueError, match='op: rstd must have the batch and tokens of x'):
+        batch_rows('op', 'rstd', torch.zeros(2, 3), (2, 3))
+    with pytest.raises(ValueError, match=r'op: residual must be contiguous, got strides \(8, 16, 1\)'):
+        batch_rows('op', 'residual', torch.zeros(3, 2, 8).transpose(0, 1), (2, 3))
 
 
 def _bytes_of(t: torch.Tensor) -> set[int]:

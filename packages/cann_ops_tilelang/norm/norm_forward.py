@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import torch
 
 from cann_ops_tilelang.operator import Operator, scalar, tensor
+from cann_ops_tilelang.validation import batch_rows
 
 from ._norm_common import check_hidden, check_same_dtype, forward_launch_args
 from .norm_forward_kernel import choose_norm_forward_config, get_norm_forward_kernel
@@ -121,7 +123,22 @@ def _traced(x, weight, eps, residual, out_scale, out, residual_out, with_rstd) -
     return NormForwardResult(out, rstd, x if residual is None else residual_out)
 
 
-@OP.public(_eager, traced=_traced)
+def _batched(function, x, weight, eps, residual, out_scale, out, residual_out, with_rstd) -> NormForwardResult:
+    """A (B, T, H) x (the peer's batched call): the call on its B * T rows, the results (B, T, ...)."""
+    lead = tuple(x.shape[:2])
+    rows = functools.partial(batch_rows, 'norm_forward', lead=lead)
+    residual_out = None if residual is None else residual_out  # ignored without residual, as unbatched
+    flat = function(rows('x', x), weight, eps, rows('residual', residual), out_scale, rows('out', out),
+                    rows('residual_out', residual_out), with_rstd)  # fmt: skip
+    norm_input = x if residual is None else residual_out if residual_out is not None else flat.norm_input.view(x.shape)
+    return NormForwardResult(
+        flat.out.view(x.shape) if out is None else out,
+        None if flat.rstd is None else flat.rstd.view(lead),
+        norm_input,
+    )
+
+
+@OP.public(_eager, traced=_traced, batched=_batched)
 def norm_forward(
     x: torch.Tensor,
     weight: torch.Tensor | None,
@@ -140,7 +157,8 @@ def norm_forward(
 
     Args:
         x: (T, H) bf16 or fp32, contiguous; T >= 0 (T = 0: empty results, no launch), H a multiple of 64 up to
-            16384, T * H < 2**31.
+            16384, T * H < 2**31. Or (B, T, H), as the peer's batched call: its B * T rows, and the tensors of x's
+            shape (residual, out, residual_out) and the results (B, T, ...).
         weight: (H,) of x's dtype, contiguous, or None (unit weight).
         eps: finite float > 0.
         residual: optional (T, H) of x's dtype, contiguous.
@@ -151,6 +169,6 @@ def norm_forward(
         Buffers are contiguous, on x's device, and overlap no other argument.
 
     Returns:
-        NormForwardResult(out, rstd, norm_input), a tuple: out (T, H) x's dtype; rstd (T,) fp32 or None;
+        NormForwardResult(out, rstd, norm_input), a tuple: out (T, H) x's dtype; rstd (T,) (x.shape[:-1]) fp32 or None;
         norm_input r (residual_out), or x itself without residual (what norm_backward takes as x).
     """

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import torch
@@ -12,7 +13,7 @@ from cann_ops_tilelang.quant import _contract as contract
 from cann_ops_tilelang.quant._quant_tensor import QuantTensor
 from cann_ops_tilelang.quant.per_token_cast import sf_layout
 from cann_ops_tilelang.quant.per_token_cast_kernel import CAST_BLOCK_SIZES, hidden_multiple
-from cann_ops_tilelang.validation import check_out
+from cann_ops_tilelang.validation import batch_rows, check_out
 
 from ._norm_common import check_hidden, check_same_dtype, forward_launch_args
 from .norm_forward import DTYPES
@@ -198,7 +199,34 @@ def _traced(*args) -> NormForwardAndPerTokenCastResult:
     return result
 
 
-@OP.public(_eager, traced=_traced)
+def _batched(function, x, weight, eps, fmt, num_per_channels, residual, out_scale, use_tma_aligned_col_major_sf,
+             round_sf, use_packed_ue8m0, with_out_bf16, out, out_bf16, residual_out, mega_moe_sf, mega_moe_block_m,
+             with_rstd) -> NormForwardAndPerTokenCastResult:  # fmt: skip
+    """A (B, T, H) x (the peer's batched call): the call on its B * T rows, the results (B, T, ...)."""
+    lead = tuple(x.shape[:2])
+    rows = functools.partial(batch_rows, 'norm_forward_and_per_token_cast', lead=lead)
+    flat_out = out
+    if isinstance(out, tuple) and len(out) == 2:
+        flat_out = (rows('out[0]', out[0]), rows('out[1]', out[1]))
+    residual_out = None if residual is None else residual_out  # ignored without residual, as unbatched
+    flat = function(
+        rows('x', x), weight, eps, fmt, num_per_channels, rows('residual', residual), out_scale,
+        use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, with_out_bf16, flat_out, rows('out_bf16', out_bf16),
+        rows('residual_out', residual_out), mega_moe_sf, mega_moe_block_m, with_rstd,
+    )  # fmt: skip
+    data, sf = flat.out
+    if out is None:
+        out = QuantTensor(data.view(x.shape), sf.view(*lead, *sf.shape[1:]))
+    norm_input = x if residual is None else residual_out if residual_out is not None else flat.norm_input.view(x.shape)
+    return NormForwardAndPerTokenCastResult(
+        QuantTensor(*out),
+        None if flat.out_bf16 is None else out_bf16 if out_bf16 is not None else flat.out_bf16.view(x.shape),
+        None if flat.rstd is None else flat.rstd.view(lead),
+        norm_input,
+    )
+
+
+@OP.public(_eager, traced=_traced, batched=_batched)
 def norm_forward_and_per_token_cast(
     x: torch.Tensor,
     weight: torch.Tensor | None,
@@ -240,5 +268,5 @@ def norm_forward_and_per_token_cast(
         NormForwardAndPerTokenCastResult(out, out_bf16, rstd, norm_input), a tuple: out QuantTensor(data (T, H)
         float8_e4m3fn, sf (T, H / num_per_channels) fp32, or with use_packed_ue8m0 (T, ceil(H /
         num_per_channels / 4)) int32); out_bf16 (T, H) bf16 or None; rstd (T,) fp32 or None; norm_input as
-        norm_forward's.
+        norm_forward's. A (B, T, H) x (norm_forward's batched call): each of them (B, T, ...).
     """
