@@ -129,31 +129,26 @@ def _byte_span(t: torch.Tensor) -> tuple[int, int]:
     return (start, start + extent * t.element_size())
 
 
-def _arc(t: torch.Tensor, period: int) -> tuple[int, int] | None:
-    """(first byte mod period, bytes) of the arc that holds t's bytes modulo `period`, or None where they need
-    more than one period: the dimensions whose byte strides are multiples of the period add nothing mod period,
-    the others add at most their extent."""
+def _steps(t: torch.Tensor) -> list[tuple[int, int]]:
+    """(index range, byte stride) of each dimension of t that has more than one index."""
     size = t.element_size()
-    extent = size + sum(
-        (n - 1) * stride * size
-        for n, stride in zip(t.shape, t.stride(), strict=True)
-        if n > 1 and stride * size % period
-    )
-    return (t.data_ptr() % period, extent) if extent <= period else None
+    return [(n - 1, stride * size) for n, stride in zip(t.shape, t.stride(), strict=True) if n > 1]
 
 
 def _apart_by_period(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Whether, for a period among the two tensors' byte strides, their bytes modulo it lie in disjoint arcs (then
     no byte is shared): views of one buffer that interleave, such as the query and key heads of a fused qkv
-    projection, or the columns of a matrix split in two."""
-    periods = {
-        stride * t.element_size() for t in (a, b) for n, stride in zip(t.shape, t.stride(), strict=True) if n > 1
-    }
-    for period in sorted(periods - {0}, reverse=True):
-        arcs = _arc(a, period), _arc(b, period)
-        if None not in arcs:
-            (x, x_bytes), (y, y_bytes) = arcs
-            if (y - x) % period >= x_bytes and (x - y) % period >= y_bytes:
+    projection, or the columns of a matrix split in two. A tensor's arc modulo a period starts at its first byte;
+    the dimensions whose strides are multiples of the period add nothing to it, the others their extent."""
+    steps_a, steps_b = _steps(a), _steps(b)
+    size_a, size_b = a.element_size(), b.element_size()
+    start_a, start_b = a.data_ptr(), b.data_ptr()
+    for period in sorted({step for _, step in steps_a + steps_b} - {0}, reverse=True):
+        arc_a = size_a + sum(n * step for n, step in steps_a if step % period)
+        arc_b = size_b + sum(n * step for n, step in steps_b if step % period)
+        if arc_a <= period and arc_b <= period:
+            x, y = start_a % period, start_b % period
+            if (y - x) % period >= arc_a and (x - y) % period >= arc_b:
                 return True
     return False
 
