@@ -506,7 +506,7 @@ def _generate(op: Operator, choice, limits, extra, shape_from, results) -> None:
         '_PLAIN': PLAIN_TENSOR_TYPES,
         '_INF': math.inf,
         '_config': config,  # its require_accelerator looked up per call (tests fake a device there)
-        **{f: getattr(validation, f) for f in dir(validation) if f.startswith(('check_', 'may_overlap'))},
+        **{f: getattr(validation, f) for f in dir(validation) if f.startswith(('check_', 'may_overlap', 'span_'))},
     }
     params = ', '.join(names)
     body = []
@@ -701,11 +701,8 @@ def _fast_ok_source(args, tensors, outputs, written, params, limits=None) -> str
     for a in used:
         lines.append(f'    {a.name}_at = {a.name}.data_ptr()')
     if written:
-        # A tensor's bytes from its declared shape where the first tensor's symbols give it (no property call; a
-        # tensor of another shape is the entry's to refuse, before any launch), else its nbytes.
         for a in used:
-            size = _declared_bytes(a, set(symbols) if whole else set())
-            lines.append(f'    {a.name}_end = {a.name}_at + {size if size else f"{a.name}.nbytes"}')
+            lines.append(f'    {a.name}_end = {a.name}_at + {_end_bytes(a, set(symbols) if whole else set())}')
     faults = []
     aligned = [a.name for a in used if a.aligned]
     if aligned:
@@ -717,7 +714,7 @@ def _fast_ok_source(args, tensors, outputs, written, params, limits=None) -> str
             if o.optional:  # an optional input: apart from the written tensor when given
                 faults.append(
                     f'({o.name} is not None and {o.name}.data_ptr() < {w.name}_end and '
-                    f'{w.name}_at < {o.name}.data_ptr() + {o.name}.nbytes)'
+                    f'{w.name}_at < {o.name}.data_ptr() + {_end_bytes(o)})'
                 )
             else:
                 faults.append(f'({w.name}_at < {o.name}_end and {o.name}_at < {w.name}_end)')
@@ -730,7 +727,7 @@ def _fast_ok_source(args, tensors, outputs, written, params, limits=None) -> str
 
 def _fast_given_lines(tensors, written, used) -> list[str]:
     """fast_ok's lines for the fast_when_given tensors that a call gives: contiguous, and apart from every other
-    tensor given (spans from data_ptr and nbytes; a tensor of another layout is the entry's to refuse)."""
+    tensor given (spans from data_ptr and _end_bytes)."""
     lines = []
     for w in (a for a in written if a.fast_when_given):
         lines += [
@@ -749,11 +746,20 @@ def _fast_given_lines(tensors, written, used) -> list[str]:
             elif o.optional:
                 meets.append(
                     f'({o.name} is not None and {o.name}.data_ptr() < {w.name}_end and '
-                    f'{w.name}_at < {o.name}.data_ptr() + {o.name}.nbytes)'
+                    f'{w.name}_at < {o.name}.data_ptr() + {_end_bytes(o)})'
                 )
         if meets:
             lines += [f'        if {" or ".join(meets)}:', '            return None']
     return lines
+
+
+def _end_bytes(a: Arg, symbols: frozenset[str] | set[str] = frozenset()) -> str:
+    """fast_ok's expression of a tensor's bytes from its first: of its declared shape where the first tensor's
+    symbols give it (no property call; a tensor of another shape is the entry's to refuse, before any launch), else
+    nbytes; a 'rows' tensor's span (span_bytes), which its gaps between rows make more than nbytes."""
+    if a.layout != 'contiguous':
+        return f'span_bytes({a.name})'
+    return _declared_bytes(a, set(symbols)) or f'{a.name}.nbytes'
 
 
 def _declared_bytes(a: Arg, symbols: set[str]) -> str | None:

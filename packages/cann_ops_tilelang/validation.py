@@ -129,6 +129,12 @@ def _byte_span(t: torch.Tensor) -> tuple[int, int]:
     return (start, start + extent * t.element_size())
 
 
+def span_bytes(t: torch.Tensor) -> int:
+    """Bytes from t's first byte to its last: nbytes, or more for a strided view with gaps between its rows."""
+    start, end = _byte_span(t)
+    return end - start
+
+
 def _steps(t: torch.Tensor) -> list[tuple[int, int]]:
     """(index range, byte stride) of each dimension of t that has more than one index."""
     size = t.element_size()

@@ -322,6 +322,29 @@ def test_an_optional_written_tensor_declared_fast_when_given_takes_the_fast_path
         operator.tensor('z', torch.float32, optional=True, fast_when_given=True)
 
 
+def test_the_fast_path_measures_strided_rows_by_their_span():
+    """A 'rows' tensor (outer strides free) reaches past nbytes where its rows have gaps: a written tensor there
+    overlaps it, and the fast path must leave such a call to the full check (engram's kv, rotary's query)."""
+    declared = operator.Operator(
+        f'toy_{uuid.uuid4().hex[:8]}',
+        operator.tensor('kv', torch.float32, 'T, n', layout='rows'),
+        operator.tensor('m', torch.float32, layout='rows', optional=True),
+        operator.tensor('y', torch.float32, 'T, n', written='written'),
+        choose_config=None,
+        get_kernel=None,
+    )
+    fast_ok = _fast_ok_on_cpu(declared)
+    buffer = torch.zeros(8, 8)
+    kv = buffer[:, :4]  # 8 rows of 4, every other half-row a gap: 32 elements over a span of 60
+    assert fast_ok(kv, None, torch.zeros(8, 4)) == (8, 4)
+    tail = buffer.view(-1)[32:64].view(8, 4)  # past kv's nbytes, inside its span: rows 4..7 of kv
+    assert fast_ok(kv, None, tail) is None
+    assert declared.check.__globals__['may_overlap'](kv, tail)  # the full check refuses it
+    m = buffer[4:, 4:]  # elements 36..39, 44..47, 52..55, 60..63: nbytes reach 52
+    assert fast_ok(kv[:1], m, buffer.view(-1)[56:64].view(2, 4)) is None  # the optional input's span, likewise
+    assert fast_ok(kv[:1], m, torch.zeros(2, 4)) == (1, 4)
+
+
 def test_the_fast_path_keeps_a_written_tensor_apart_from_the_optional_inputs_given():
     """A required written tensor that overlaps an optional input the call gives sends the call to the full path
     (its typed error), as one that overlaps a required input does."""
