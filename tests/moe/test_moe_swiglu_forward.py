@@ -8,12 +8,14 @@ empty experts and padding (zeros, x not needed there), clamp counts added to cla
 two runs bit-identical, the configuration query, opcheck; the benchmark (`benchmark`, the peer's shapes).
 """
 
+import itertools
+
 import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from cann_ops_tilelang import config
-from cann_ops_tilelang.moe import moe_swiglu_forward
+from cann_ops_tilelang.moe import moe_swiglu_forward, moe_swiglu_forward_and_per_token_cast
 from cann_ops_tilelang.moe.moe_swiglu_forward_kernel import (
     MoeSwigluForwardConfig,
     choose_moe_swiglu_forward_config,
@@ -275,6 +277,87 @@ def test_moe_swiglu_forward_fake_tensors(monkeypatch):
     assert len(record.graphs) == 1
 
 
+# ---------------------------------------------------------------- CPU tier: the fast path's flow
+
+
+@pytest.fixture
+def stub_cuda_launches(monkeypatch):
+    """CPU tensors taken as CUDA ones: each swiglu forward's fast_ok without its device test, one core count, and
+    launches recorded (a launcher's entry then counts as checking its arguments, as a loaded kernel's does)."""
+    from cann_ops_tilelang import operator
+    from cann_ops_tilelang.kernel_target import Launcher
+
+    launches = []
+    for op in (moe_swiglu_forward.operator, moe_swiglu_forward_and_per_token_cast.operator):
+        namespace = dict(op.fast_ok.__globals__)
+        exec(op.source.replace('x.is_cuda', 'True'), namespace)
+        monkeypatch.setattr(op, 'fast_ok', namespace['fast_ok'])
+        monkeypatch.setattr(op, 'fast', {})
+        monkeypatch.setattr(op, '_launchers', {})
+
+    def launch(self, *args):
+        self.checks_arguments = True
+        launches.append((self.cfg, args))
+
+    monkeypatch.setattr(config, 'require_accelerator', lambda *tensors: 'cuda')
+    monkeypatch.setattr(operator, 'get_num_cores', lambda device: H200_SMS)
+    monkeypatch.setattr(Launcher, 'launch', launch)
+    return launches
+
+
+def test_moe_swiglu_forward_fast_path_flow(stub_cuda_launches, monkeypatch):
+    """A second call of a key launches the remembered launcher without the full check, with the arguments the
+    full path gives it; out=, clamped_count, an empty expert table or no rows take the full path every time."""
+    op = moe_swiglu_forward.operator
+    plans = []
+    plan = op.plan
+    monkeypatch.setattr(op, 'plan', lambda *args: plans.append(args) or plan(*args))
+    x = torch.randn(5, 128)
+    weights, psum = torch.rand(5), torch.tensor([3, 5], dtype=torch.int32)
+    for _ in range(3):
+        y = moe_swiglu_forward(x, 'bf16', psum, weights, 2.0, 4.0)
+        assert (y.shape, y.dtype) == ((5, 64), torch.bfloat16)
+    assert len(plans) == 1
+    first, *repeats = stub_cuda_launches
+    assert all(cfg is first[0] for cfg, _ in repeats)
+    for (_, args), (_, again) in itertools.pairwise(stub_cuda_launches):
+        assert args[0] is again[0]
+        assert args[1] is not again[1]  # a new output each call
+        assert all(a is b for a, b in zip(args[2:6], again[2:6], strict=True))  # the inputs and placeholders
+        assert args[6:] == again[6:] == (2.0, 4.0)
+    moe_swiglu_forward(x, 'bf16', psum, None, None, 4.0)  # another key: full path once, then fast
+    moe_swiglu_forward(x, 'bf16', psum, None, None, 4.0)
+    assert len(plans) == 2
+    for call in (
+        lambda: moe_swiglu_forward(x, 'bf16', psum, weights, 2.0, 4.0, out=torch.empty(5, 64, dtype=torch.bfloat16)),
+        lambda: moe_swiglu_forward(x, 'bf16', psum, weights, 2.0, 4.0, torch.zeros(4, dtype=torch.int64)),
+        lambda: moe_swiglu_forward(x[:0], 'bf16', psum, weights[:0], 2.0, 4.0),
+    ):
+        call()
+    assert len(plans) == 5
+    with pytest.raises(ValueError, match='psum_num_tokens_per_expert must have shape'):
+        moe_swiglu_forward(x, 'bf16', psum[:0], weights, 2.0, 4.0)
+    with pytest.raises(ValueError, match='routed_scaling_factor needs topk_weights'):
+        moe_swiglu_forward(x, 'bf16', psum, None, 2.0, 4.0)
+
+
+def test_moe_swiglu_forward_and_per_token_cast_fast_path_flow(stub_cuda_launches, monkeypatch):
+    """The fused cast's key holds its cast options too: another block or scale format is planned once more."""
+    op = moe_swiglu_forward_and_per_token_cast.operator
+    plans = []
+    plan = op.plan
+    monkeypatch.setattr(op, 'plan', lambda *args: plans.append(args) or plan(*args))
+    x = torch.randn(5, 256)
+    for block, round_sf, packed in ((32, False, False), (32, False, False), (64, False, False), (32, True, True),
+                                    (32, True, True)):  # fmt: skip
+        data, sf = moe_swiglu_forward_and_per_token_cast(x, 'e4m3', block, round_sf=round_sf, use_packed_ue8m0=packed)
+        assert data.shape == (5, 128)
+        assert sf.dtype == (torch.int32 if packed else torch.float32)
+    assert len(plans) == 3
+    packed_sf = stub_cuda_launches[-1][1][2]
+    assert packed_sf.dtype == torch.uint8  # UE8M0 words reach the kernel as bytes on the fast path too
+
+
 # ---------------------------------------------------------------- device tier
 
 
@@ -292,6 +375,46 @@ def test_moe_swiglu_forward_values(params, device):
     out = torch.full_like(y, float('nan'))
     assert moe_swiglu_forward(**inputs, fmt=variant['fmt'], out=out) is out
     assert_equal(out, y)
+    if clamped is None:  # twice more without out=: on CUDA the second takes the fast path
+        for _ in range(2):
+            assert_equal(moe_swiglu_forward(**inputs, fmt=variant['fmt']), y)
+
+
+def _spoiled(inputs: dict):
+    """(name, inputs) variants that the contract refuses, one argument spoiled in each."""
+    x = inputs['x']
+    yield 'x-dtype', inputs | {'x': x.to(torch.float16)}
+    yield 'x-width', inputs | {'x': x[:, :-64].clone()}
+    yield 'x-strided', inputs | {'x': torch.zeros((*x.shape, 2), dtype=x.dtype, device=x.device)[..., 0]}
+    for name in ('psum_num_tokens_per_expert', 'topk_weights'):
+        if name in inputs:
+            value = inputs[name]
+            yield (
+                f'{name}-dtype',
+                inputs | {name: value.to(torch.int64 if value.is_floating_point() else torch.float32)},
+            )
+            yield f'{name}-length', inputs | {name: value[:1].clone() if name == 'topk_weights' else value[:0]}
+
+
+@pytest.mark.npu
+@pytest.mark.cuda_only
+@pytest.mark.parametrize('variant', VARIANTS[:2], ids=make_param_id)
+def test_moe_swiglu_forward_fast_path_keeps_the_contract(variant, device):
+    """After a launch has warmed the fast path (CUDA: it trusts a compiled entry that checks its arguments), a
+    spoiled argument gets the full check's exception type and message."""
+    inputs = make_inputs(variant, 33, device)
+    inputs.pop('clamped_count', None)
+    for _ in range(2):
+        moe_swiglu_forward(**inputs, fmt=variant['fmt'])
+    assert moe_swiglu_forward.operator.fast, 'no fast-path launcher after a full-path launch'
+    for what, spoiled in _spoiled(inputs):
+        args = (spoiled['x'], variant['fmt'], spoiled.get('psum_num_tokens_per_expert'), spoiled.get('topk_weights'),
+                spoiled.get('routed_scaling_factor'), spoiled.get('clamp_value'), None, None)  # fmt: skip
+        with pytest.raises(Exception) as full:
+            moe_swiglu_forward.operator.check(*args)
+        with pytest.raises(type(full.value)) as fast:
+            moe_swiglu_forward(**spoiled, fmt=variant['fmt'])
+        assert str(fast.value) == str(full.value), what
 
 
 @pytest.mark.npu

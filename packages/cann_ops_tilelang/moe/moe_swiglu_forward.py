@@ -64,13 +64,10 @@ def _choice(x, fmt, psum_num_tokens_per_expert, topk_weights, clamp_value, clamp
     return swiglu_choice(x, fmt, psum_num_tokens_per_expert, topk_weights, clamp_value, clamped_count)
 
 
-def launch_swiglu(launcher, x, data, sf, psum, topk_weights, routed_scaling_factor, clamp_value, clamped_count):
-    """Launch a planned moe_swiglu_forward kernel (T >= 1) and add its clamp counts to clamped_count."""
+def swiglu_launch_args(x, data, sf, psum, topk_weights, routed_scaling_factor, clamp_value, counts=None) -> tuple:
+    """The arguments of a moe_swiglu_forward kernel launch, placeholders for what the call does not give."""
     device = x.device
-    counts = None
-    if clamped_count is not None:
-        counts = x.new_empty(launcher.cfg.count_slots(x.shape[0]), dtype=torch.int32)
-    launcher.launch(
+    return (
         x,
         data,
         placeholder(device, torch.float32, 2) if sf is None else sf,
@@ -80,8 +77,26 @@ def launch_swiglu(launcher, x, data, sf, psum, topk_weights, routed_scaling_fact
         1.0 if routed_scaling_factor is None else float(routed_scaling_factor),
         0.0 if clamp_value is None else float(clamp_value),
     )
+
+
+def launch_swiglu(launcher, x, data, sf, psum, topk_weights, routed_scaling_factor, clamp_value, clamped_count):
+    """Launch a planned moe_swiglu_forward kernel (T >= 1) and add its clamp counts to clamped_count."""
+    counts = None
+    if clamped_count is not None:
+        counts = x.new_empty(launcher.cfg.count_slots(x.shape[0]), dtype=torch.int32)
+    launcher.launch(*swiglu_launch_args(x, data, sf, psum, topk_weights, routed_scaling_factor, clamp_value, counts))
     if clamped_count is not None:
         clamped_count.add_(fold_counts(launcher.cfg, counts))
+
+
+def swiglu_fast_key(shape, x, psum, topk_weights, routed_scaling_factor, clamp_value, *options) -> tuple | None:
+    """The fast path's key of a call that OP.fast_ok let on (`shape`, x's): the sizes and the presence of each
+    optional argument, which the choice and the contract's rules read, and `options` (fmt and the cast's flags);
+    None without rows or with an empty expert table (the full path decides)."""
+    if shape is None or not shape[0] or (psum is not None and (psum.dim() != 1 or not psum.shape[0])):
+        return None
+    return (shape[1], x.dtype, x.get_device(), psum is None, topk_weights is None, routed_scaling_factor is None,
+            clamp_value is None, *options)  # fmt: skip
 
 
 def _contract(name, W, fmt, psum_num_tokens_per_expert, topk_weights, routed_scaling_factor, clamp_value,
@@ -118,6 +133,16 @@ def _eager(x, fmt, psum_num_tokens_per_expert, topk_weights, routed_scaling_fact
            out):  # fmt: skip
     """A call on real tensors (also the kernel of the torch.library forms): every check, then the launch."""
     args = (x, fmt, psum_num_tokens_per_expert, topk_weights, routed_scaling_factor, clamp_value, clamped_count, out)
+    key = swiglu_fast_key(OP.fast_ok(*args), x, psum_num_tokens_per_expert, topk_weights, routed_scaling_factor,
+                          clamp_value, fmt)  # fmt: skip
+    if key is not None:  # no out= and no clamped_count (OP.fast_ok): one launch of a remembered launcher
+        launcher, fast = OP.prepare(key, args)
+        ((shape, dtype),) = OP.results(*args)
+        out = x.new_empty(shape, dtype=dtype)
+        launch_args = swiglu_launch_args(x, out, None, psum_num_tokens_per_expert, topk_weights,
+                                         routed_scaling_factor, clamp_value)  # fmt: skip
+        OP.finish(launcher, fast, key, launch_args, args, empty=False)
+        return out
     launcher = OP.plan(*args)
     if out is None:
         ((shape, dtype),) = OP.results(*args)

@@ -18,6 +18,8 @@ from .moe_swiglu_forward import (
     check_swiglu_sizes,
     launch_swiglu,
     swiglu_choice,
+    swiglu_fast_key,
+    swiglu_launch_args,
 )
 from .moe_swiglu_forward_kernel import choose_moe_swiglu_forward_config, get_moe_swiglu_forward_kernel
 
@@ -74,6 +76,18 @@ def _eager(x, fmt, num_per_channels, psum_num_tokens_per_expert, topk_weights, r
     """A call on real tensors (also the kernel of the torch.library forms): every check, then the launch."""
     args = (x, fmt, num_per_channels, psum_num_tokens_per_expert, topk_weights, routed_scaling_factor,
             use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, clamp_value, clamped_count, out)  # fmt: skip
+    key = None
+    if not use_tma_aligned_col_major_sf:
+        key = swiglu_fast_key(OP.fast_ok(*args), x, psum_num_tokens_per_expert, topk_weights, routed_scaling_factor,
+                              clamp_value, fmt, num_per_channels, round_sf, use_packed_ue8m0)  # fmt: skip
+    if key is not None:  # no out= and no clamped_count (OP.fast_ok): one launch of a remembered launcher
+        launcher, fast = OP.prepare(key, args)
+        data, sf = (x.new_empty(shape, dtype=dtype) for shape, dtype in OP.results(*args))
+        launch_args = swiglu_launch_args(x, data, sf.view(torch.uint8) if use_packed_ue8m0 else sf,
+                                         psum_num_tokens_per_expert, topk_weights, routed_scaling_factor,
+                                         clamp_value)  # fmt: skip
+        OP.finish(launcher, fast, key, launch_args, args, empty=False)
+        return QuantTensor(data, sf)
     launcher = OP.plan(*args)
     if out is None:
         out = tuple(x.new_empty(shape, dtype=dtype) for shape, dtype in OP.results(*args))
