@@ -10,6 +10,7 @@ import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
+from cann_ops_tilelang import config
 from cann_ops_tilelang.kernel_target import Launcher, placeholder
 from cann_ops_tilelang.norm import norm_backward, norm_forward
 from cann_ops_tilelang.norm.norm_backward_kernel import (
@@ -39,11 +40,16 @@ VARIANTS = by_level(
         dict(dtype=torch.bfloat16, weight=True, rog=True, hidden=192),
         dict(dtype=torch.float32, weight=False, rog=False, hidden=192),
     ],
-    default=generate_samples(
-        dtype=[torch.bfloat16, torch.float32], weight=[True, False], rog=[True, False], hidden=[64, 4096, 7168]
-    ),
+    default=[
+        *generate_samples(
+            dtype=[torch.bfloat16, torch.float32], weight=[True, False], rog=[True, False], hidden=[64, 4096, 7168]
+        ),
+        dict(dtype=torch.float32, weight=True, rog=True, hidden=16384),  # Ascend: in two pieces a row
+    ],
     full=generate_samples(dtype=[torch.bfloat16], weight=[True], rog=[True], hidden=[16384]),
 )
+# The Ascend row kernel in pieces against whole rows (hidden, pieces): two and four pieces of a small row.
+PIECES = by_level(LEVEL, core=[(256, 2)], default=[(256, 4), (192, 3)])
 # The device check of two rows in flight, an option off by default: from level 1 (level 0 compiles only what calls
 # launch), the measured row and the partial chunks (hidden 192).
 TWO_ROWS_VARIANTS = by_level(LEVEL, core=[], default=[dict(dtype=torch.bfloat16, weight=True, rog=True, hidden=4096),
@@ -73,17 +79,35 @@ def test_norm_backward_kernels_lower(backend, v):
 
 
 def test_norm_backward_config():
-    """Ascend: the widest bf16 rows fit one buffer version; fp32 rows with weight and residual gradient past what
-    UB holds are a ValueError. CUDA: the reduce's block divides the row."""
+    """Ascend: the widest bf16 rows fit whole in one buffer version; fp32 rows with weight and residual gradient
+    past what UB holds go in the fewest pieces that fit (15040: 235 registers, 5 pieces of 47). CUDA: the reduce's
+    block divides the row."""
     wide = dict(dtype=torch.bfloat16, weight=True, rog=True, hidden=16384)
-    assert _config('ascend', wide).num_stages == 1
+    assert (_config('ascend', wide).num_stages, _config('ascend', wide).pieces) == (1, 1)
     assert _config('ascend', dict(wide, hidden=4096)).num_stages == 2
-    with pytest.raises(ValueError, match='bytes of UB'):
-        _config('ascend', dict(wide, dtype=torch.float32))
+    fp32 = dict(wide, dtype=torch.float32)
+    assert [_config('ascend', dict(fp32, hidden=h)).pieces for h in (12032, 12096, 15040, 16384)] == [1, 3, 5, 2]
+    assert [_config('ascend', dict(fp32, rog=False, hidden=h)).pieces for h in (15040, 15104, 16384)] == [1, 2, 2]
+    for bad in (dict(pieces=3), dict(pieces=0)):  # 16384 / 3 columns; none
+        with pytest.raises(ValueError, match='pieces .* must divide the row'):
+            dataclasses.replace(_config('ascend', fp32), **bad)
+    with pytest.raises(ValueError, match='more than one is for the Ascend stage "rows"'):
+        dataclasses.replace(_config('cuda', fp32), pieces=2)
     for hidden in (64, 192, 16384):
         cfg = _config('cuda', dict(wide, hidden=hidden), 'reduce')
         assert hidden % cfg.threads == 0
         assert cfg.num_partials >= H200_SMS
+
+
+@pytest.mark.parametrize('hidden', [15040, 16384])
+def test_norm_backward_ascend_pieces_lower(hidden):
+    """The widest fp32 rows with weight and residual gradient, in pieces, lower within UB."""
+    cfg = _config('ascend', dict(dtype=torch.float32, weight=True, rog=True, hidden=hidden))
+    assert cfg.pieces > 1
+    lowered = assert_ascend_kernel_lowers(
+        lambda: make_norm_backward_kernel(cfg), key=cfg, kernel_name='norm_backward_kernel'
+    )
+    assert lowered.ub_bytes <= lowered.ub_limit
 
 
 @pytest.mark.parametrize('v', VARIANTS, ids=make_param_id)
@@ -232,6 +256,25 @@ def test_norm_backward_values(v, num_tokens, device):
     assert_equal(again.x_grad, result.x_grad)
     assert_close(first.cpu().double(), start.cpu().double() + weight_grad, atol=1e-3 * (1 + num_tokens) ** 0.5,
                  rtol=1e-5)  # fmt: skip
+
+
+@pytest.mark.npu
+@pytest.mark.parametrize(('hidden', 'pieces'), PIECES, ids=lambda v: str(v))
+def test_norm_backward_ascend_pieces_same_bits(hidden, pieces, device):
+    """The Ascend row kernel in pieces gives the bits of whole rows: x_grad and the partial weight gradients
+    (fp32 with weight and residual gradient; 70 rows over the cores, so that cores take one row and two)."""
+    if config.backend_of(device) != 'ascend':
+        pytest.skip('row pieces are an Ascend kernel')
+    v = dict(dtype=torch.float32, weight=True, rog=True, hidden=hidden)
+    out_grad, x, weight, rstd, rog = _inputs(v, 70, device)
+    results = []
+    for cfg in (_config('ascend', v), dataclasses.replace(_config('ascend', v), pieces=pieces)):
+        x_grad = torch.full_like(x, float('nan'))
+        partials = torch.full((cfg.num_partials, hidden), float('nan'), device=device)
+        Launcher(get_norm_backward_kernel, cfg, device).launch(x, weight, out_grad, rstd, rog, x_grad, partials, 0.75)
+        results.append((x_grad, partials))
+    assert_equal(results[1][0], results[0][0])
+    assert_equal(results[1][1], results[0][1])
 
 
 @pytest.mark.npu

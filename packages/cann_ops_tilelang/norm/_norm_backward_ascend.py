@@ -135,4 +135,90 @@ def ascend_norm_backward_kernel(cfg, prim_func):
             if with_weight:
                 T.copy(acc_ub, partials[cid, 0:hidden])
 
-    return prim_func(T, cfg, rows_body)
+    if cfg.pieces == 1:
+        return prim_func(T, cfg, rows_body)
+
+    # A row in pieces (cfg.pieces: the row's buffers do not fit UB whole). The first pass over the pieces sums
+    # xhat * gw into one register, kept in dot_ub between pieces, and adds to the partial; the second reads each
+    # piece again and writes its x_grad. The register sums the same chunks in the same order as row_vf: the bits
+    # of the whole-row kernel.
+    piece = hidden // cfg.pieces
+    piece_chunks = piece // LANES
+
+    @T.macro
+    def first_pass_vf(x_ub, g_ub, st_ub, w_ub, acc_ub, dot_ub, p, out_scale):
+        with T.SimdVF():
+            rstd = S.vld(st_ub[0], dist='BRC_B32')
+            dot = S.alloc_var(f32)
+            dot = S.vld(dot_ub[0])
+            for c in T.serial(piece_chunks):
+                xhat = S.vmul(load_f32(x_ub, c), rstd)
+                g = S.vmuls(load_f32(g_ub, c), out_scale)
+                if with_weight:
+                    column = (p * piece_chunks + c) * LANES
+                    S.vmula(dot, xhat, S.vmul(g, S.vld(w_ub[column])))
+                    partial = S.alloc_var(f32)
+                    partial = S.vld(acc_ub[column])
+                    S.vmula(partial, xhat, g)
+                    S.vsts(acc_ub[column], partial)
+                else:
+                    S.vmula(dot, xhat, g)
+            S.vsts(dot_ub[0], dot)
+
+    @T.macro
+    def second_pass_vf(x_ub, g_ub, rog_ub, st_ub, w_ub, dot_ub, p, out_scale):
+        with T.SimdVF():
+            rstd = S.vld(st_ub[0], dist='BRC_B32')
+            mean = S.vdupv(S.vdiv(S.vcadd(S.vld(dot_ub[0])), S.vdup(float(hidden), f32)))
+            for c in T.serial(piece_chunks):
+                xhat = S.vmul(load_f32(x_ub, c), rstd)
+                gw = S.vmuls(load_f32(g_ub, c), out_scale)
+                if with_weight:
+                    gw = S.vmul(gw, S.vld(w_ub[(p * piece_chunks + c) * LANES]))
+                grad = S.vmul(S.vsub(gw, S.vmul(xhat, mean)), rstd)
+                if with_rog:
+                    grad = S.vadd(grad, load_f32(rog_ub, c))
+                store_row(g_ub, c, grad)
+
+    @T.macro
+    def pieces_body(x, weight, out_grad, rstd, residual_out_grad, x_grad, partials, out_scale, num_tokens):
+        with T.Kernel(grid) as cid:
+            x_ub = T.alloc_shared((piece,), dtype)
+            g_ub = T.alloc_shared((piece,), dtype)  # out_grad, then x_grad
+            st_ub = T.alloc_shared((8,), f32)  # rstd in element 0 (one 32-byte block)
+            dot_ub = T.alloc_shared((LANES,), f32)  # the first pass's register between pieces
+            versions = {x_ub: stages, g_ub: stages, st_ub: stages, dot_ub: 1}
+            rog_ub = w_ub = acc_ub = stage_ub = None
+            if with_rog:
+                rog_ub = T.alloc_shared((piece,), dtype)
+                versions[rog_ub] = stages
+            if with_weight:
+                w_ub = T.alloc_shared((hidden,), f32)
+                acc_ub = T.alloc_shared((hidden,), f32)
+                stage_ub = T.alloc_shared((tile,), dtype)
+                versions.update({w_ub: 1, acc_ub: 1, stage_ub: 1})
+            T.annotate_buffer_versions(versions)
+            if with_weight:
+                stage_weight(weight, stage_ub, w_ub, 1.0)
+                with T.SimdVF():
+                    for c in T.serial(chunks):
+                        S.vsts(acc_ub[c * LANES], S.vdup(0.0, f32))
+            for t in T.Persistent([num_tokens], grid, cid, group_size=1, num_stages=stages):
+                T.copy(rstd[t : t + 1], st_ub[0:1])
+                with T.SimdVF():
+                    S.vsts(dot_ub[0], S.vdup(0.0, f32))
+                for p in T.serial(cfg.pieces):
+                    T.copy(x[t, p * piece : p * piece + piece], x_ub)
+                    T.copy(out_grad[t, p * piece : p * piece + piece], g_ub)
+                    first_pass_vf(x_ub, g_ub, st_ub, w_ub, acc_ub, dot_ub, p, out_scale)
+                for p in T.serial(cfg.pieces):
+                    T.copy(x[t, p * piece : p * piece + piece], x_ub)
+                    T.copy(out_grad[t, p * piece : p * piece + piece], g_ub)
+                    if with_rog:
+                        T.copy(residual_out_grad[t, p * piece : p * piece + piece], rog_ub)
+                    second_pass_vf(x_ub, g_ub, rog_ub, st_ub, w_ub, dot_ub, p, out_scale)
+                    T.copy(g_ub, x_grad[t, p * piece : p * piece + piece])
+            if with_weight:
+                T.copy(acc_ub, partials[cid, 0:hidden])
+
+    return prim_func(T, cfg, pieces_body)

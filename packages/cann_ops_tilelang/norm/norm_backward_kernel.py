@@ -28,7 +28,15 @@ from cann_ops_tilelang.quant._tiling import FLOAT_DTYPE_NAMES, divisors
 # The backend bodies (they do not import this module: no import circle).
 from ._norm_backward_ascend import ascend_norm_backward_kernel
 from ._norm_backward_cuda import REDUCE_THREADS, cuda_norm_backward_kernel
-from ._norm_common import DTYPE_BYTES, HIDDEN_MULTIPLE, MAX_HIDDEN, ascend_stages, cuda_row_layout
+from ._norm_common import (
+    ASCEND_UB_BUDGET,
+    DTYPE_BYTES,
+    HIDDEN_MULTIPLE,
+    LANES,
+    MAX_HIDDEN,
+    ascend_stages,
+    cuda_row_layout,
+)
 from ._norm_forward_ascend import WEIGHT_TILE
 
 STAGES = ('rows', 'reduce')
@@ -56,6 +64,7 @@ class NormBackwardConfig:
     chunks: int = 0  # CUDA 16-byte chunks per thread
     num_stages: int = 1  # Ascend buffer versions of the row loop
     rows_in_flight: int = 1  # CUDA stage 'rows': 2 loads the next row while this one is reduced and written
+    pieces: int = 1  # Ascend stage 'rows': column pieces a row's buffers hold at a time (more where a row overflows UB)
 
     def __post_init__(self):
         if self.backend not in ('ascend', 'cuda'):
@@ -72,6 +81,12 @@ class NormBackwardConfig:
             raise ValueError(f'num_partials {self.num_partials} must be >= 1, num_stages 1 or 2')
         if self.backend == 'cuda' and (self.threads % 32 or not 32 <= self.threads <= 1024 or self.chunks < 1):
             raise ValueError(f'CUDA: threads {self.threads} must be whole warps up to 1024, chunks >= 1')
+        if self.pieces < 1 or self.hidden % (self.pieces * LANES) or (self.pieces > 1 and (
+                self.backend != 'ascend' or self.stage != 'rows')):  # fmt: skip
+            raise ValueError(
+                f'pieces {self.pieces} must divide the row into multiples of {LANES} columns, and more than '
+                f'one is for the Ascend stage "rows"'
+            )
         if self.rows_in_flight not in (1, 2):
             raise ValueError(f'rows_in_flight must be 1 or 2, got {self.rows_in_flight}')
         if self.rows_in_flight == 2 and (
@@ -83,13 +98,29 @@ class NormBackwardConfig:
             )
 
 
-def ascend_ub_bytes(*, hidden: int, dtype: str, with_weight: bool, with_residual_out_grad: bool) -> tuple[int, int]:
-    """(bytes per buffer version, resident bytes) of the Ascend row kernel: x, out_grad (then x_grad),
-    residual_out_grad, rstd; the fp32 weight, its staging tile and the partial weight gradient."""
-    row = hidden * DTYPE_BYTES[dtype]
-    per_stage = row * (3 if with_residual_out_grad else 2) + 32
+def ascend_ub_bytes(
+    *, hidden: int, dtype: str, with_weight: bool, with_residual_out_grad: bool, pieces: int = 1
+) -> tuple[int, int]:
+    """(bytes per buffer version, resident bytes) of the Ascend row kernel: a piece (hidden / pieces columns) of
+    x, out_grad (then x_grad) and residual_out_grad, rstd; the fp32 weight, its staging tile and the partial weight
+    gradient (whole rows), and with pieces the sum of a row's first pass (one register)."""
+    piece = hidden // pieces * DTYPE_BYTES[dtype]
+    per_stage = piece * (3 if with_residual_out_grad else 2) + 32
     resident = (2 * hidden * 4 + WEIGHT_TILE * DTYPE_BYTES[dtype]) if with_weight else 0
-    return per_stage, resident
+    return per_stage, resident + (LANES * 4 if pieces > 1 else 0)
+
+
+def _ascend_pieces(name: str, hidden: int, dtype: str, with_weight: bool, with_rog: bool) -> tuple[int, int]:
+    """(pieces, buffer versions) of the Ascend row kernel: whole rows where they fit UB, else the fewest pieces
+    that do (a row is then read twice, once per pass); ValueError where none fits."""
+    for pieces in (p for p in range(1, hidden // LANES + 1) if hidden % (p * LANES) == 0):
+        per_stage, resident = ascend_ub_bytes(
+            hidden=hidden, dtype=dtype, with_weight=with_weight, with_residual_out_grad=with_rog, pieces=pieces
+        )
+        if per_stage + resident <= ASCEND_UB_BUDGET:
+            return pieces, ascend_stages(name, per_stage, resident)
+    return 1, ascend_stages(name, *ascend_ub_bytes(hidden=hidden, dtype=dtype, with_weight=with_weight,
+                                                    with_residual_out_grad=with_rog))  # fmt: skip
 
 
 def choose_norm_backward_config(
@@ -118,11 +149,8 @@ def choose_norm_backward_config(
     if backend == 'ascend':
         if stage == 'reduce':
             return make(num_partials=num_cores)
-        per_stage, resident = ascend_ub_bytes(
-            hidden=hidden, dtype=name, with_weight=with_weight, with_residual_out_grad=with_residual_out_grad
-        )
-        num_stages = ascend_stages('norm_backward', per_stage, resident)
-        return make(num_partials=num_cores, num_stages=num_stages, rows_in_flight=rows_in_flight or 1)
+        pieces, num_stages = _ascend_pieces('norm_backward', hidden, name, with_weight, with_residual_out_grad)
+        return make(num_partials=num_cores, num_stages=num_stages, rows_in_flight=rows_in_flight or 1, pieces=pieces)
     if backend == 'cuda':
         threads, chunks, _ = cuda_row_layout(hidden, name, _CUDA_MAX_CHUNKS)
         if rows_in_flight is None:
