@@ -4,8 +4,9 @@ norm_backward_kernel.py).
 Stage 'rows': before the loop each core keeps the weight in fp32 and zeroes its partial weight gradient (both
 resident in UB). A persistent loop of whole rows over the vector cores: x, out_grad (and residual_out_grad) and
 rstd land in UB; one SIMD VF makes two passes in 64-lane fp32 registers: the first sums xhat * gw (one register,
-folded by vcadd) and adds xhat * g to the partial, the second writes x_grad over the out_grad row. After the loop
-the core's partial goes to its row of `partials`.
+folded by vcadd) and adds xhat * g to the partial, the second writes x_grad over the out_grad row. A row too
+wide for UB goes in column pieces, each read once per pass (cfg.pieces). After the loop the core's partial goes
+to its row of `partials`.
 Stage 'reduce': a task per tile of columns sums the partials' rows of the tile in core order (R rows per DMA),
 then adds weight_grad where it accumulates.
 """
@@ -102,48 +103,13 @@ def ascend_norm_backward_kernel(cfg, prim_func):
                     grad = S.vadd(grad, load_f32(rog_ub, c))
                 store_row(g_ub, c, grad)
 
-    @T.macro
-    def rows_body(x, weight, out_grad, rstd, residual_out_grad, x_grad, partials, out_scale, num_tokens):
-        with T.Kernel(grid) as cid:
-            x_ub = T.alloc_shared((hidden,), dtype)
-            g_ub = T.alloc_shared((hidden,), dtype)  # out_grad, then x_grad
-            st_ub = T.alloc_shared((8,), f32)  # rstd in element 0 (one 32-byte block)
-            versions = {x_ub: stages, g_ub: stages, st_ub: stages}
-            rog_ub = w_ub = acc_ub = stage_ub = None
-            if with_rog:
-                rog_ub = T.alloc_shared((hidden,), dtype)
-                versions[rog_ub] = stages
-            if with_weight:
-                w_ub = T.alloc_shared((hidden,), f32)
-                acc_ub = T.alloc_shared((hidden,), f32)
-                stage_ub = T.alloc_shared((tile,), dtype)
-                versions.update({w_ub: 1, acc_ub: 1, stage_ub: 1})
-            T.annotate_buffer_versions(versions)
-            if with_weight:
-                stage_weight(weight, stage_ub, w_ub, 1.0)
-                with T.SimdVF():
-                    for c in T.serial(chunks):
-                        S.vsts(acc_ub[c * LANES], S.vdup(0.0, f32))
-            for t in T.Persistent([num_tokens], grid, cid, group_size=1, num_stages=stages):
-                T.copy(x[t, 0:hidden], x_ub)
-                T.copy(out_grad[t, 0:hidden], g_ub)
-                T.copy(rstd[t : t + 1], st_ub[0:1])
-                if with_rog:
-                    T.copy(residual_out_grad[t, 0:hidden], rog_ub)
-                row_vf(x_ub, g_ub, rog_ub, st_ub, w_ub, acc_ub, out_scale)
-                T.copy(g_ub, x_grad[t, 0:hidden])
-            if with_weight:
-                T.copy(acc_ub, partials[cid, 0:hidden])
-
-    if cfg.pieces == 1:
-        return prim_func(T, cfg, rows_body)
-
-    # A row in pieces (cfg.pieces: the row's buffers do not fit UB whole). The first pass over the pieces sums
+    # A row whose buffers do not fit UB whole goes in pieces (cfg.pieces): the first pass over the pieces sums
     # xhat * gw into one register, kept in dot_ub between pieces, and adds to the partial; the second reads each
     # piece again and writes its x_grad. The register sums the same chunks in the same order as row_vf: the bits
     # of the whole-row kernel.
-    piece = hidden // cfg.pieces
-    piece_chunks = piece // LANES
+    pieces = cfg.pieces
+    width = hidden // pieces
+    piece_chunks = width // LANES
 
     @T.macro
     def first_pass_vf(x_ub, g_ub, st_ub, w_ub, acc_ub, dot_ub, p, out_scale):
@@ -181,22 +147,24 @@ def ascend_norm_backward_kernel(cfg, prim_func):
                 store_row(g_ub, c, grad)
 
     @T.macro
-    def pieces_body(x, weight, out_grad, rstd, residual_out_grad, x_grad, partials, out_scale, num_tokens):
+    def rows_body(x, weight, out_grad, rstd, residual_out_grad, x_grad, partials, out_scale, num_tokens):
         with T.Kernel(grid) as cid:
-            x_ub = T.alloc_shared((piece,), dtype)
-            g_ub = T.alloc_shared((piece,), dtype)  # out_grad, then x_grad
+            x_ub = T.alloc_shared((width,), dtype)
+            g_ub = T.alloc_shared((width,), dtype)  # out_grad, then x_grad
             st_ub = T.alloc_shared((8,), f32)  # rstd in element 0 (one 32-byte block)
-            dot_ub = T.alloc_shared((LANES,), f32)  # the first pass's register between pieces
-            versions = {x_ub: stages, g_ub: stages, st_ub: stages, dot_ub: 1}
-            rog_ub = w_ub = acc_ub = stage_ub = None
+            versions = {x_ub: stages, g_ub: stages, st_ub: stages}
+            rog_ub = w_ub = acc_ub = stage_ub = dot_ub = None
             if with_rog:
-                rog_ub = T.alloc_shared((piece,), dtype)
+                rog_ub = T.alloc_shared((width,), dtype)
                 versions[rog_ub] = stages
             if with_weight:
                 w_ub = T.alloc_shared((hidden,), f32)
                 acc_ub = T.alloc_shared((hidden,), f32)
                 stage_ub = T.alloc_shared((tile,), dtype)
                 versions.update({w_ub: 1, acc_ub: 1, stage_ub: 1})
+            if pieces > 1:
+                dot_ub = T.alloc_shared((LANES,), f32)  # the first pass's register between pieces
+                versions[dot_ub] = 1
             T.annotate_buffer_versions(versions)
             if with_weight:
                 stage_weight(weight, stage_ub, w_ub, 1.0)
@@ -204,21 +172,30 @@ def ascend_norm_backward_kernel(cfg, prim_func):
                     for c in T.serial(chunks):
                         S.vsts(acc_ub[c * LANES], S.vdup(0.0, f32))
             for t in T.Persistent([num_tokens], grid, cid, group_size=1, num_stages=stages):
-                T.copy(rstd[t : t + 1], st_ub[0:1])
-                with T.SimdVF():
-                    S.vsts(dot_ub[0], S.vdup(0.0, f32))
-                for p in T.serial(cfg.pieces):
-                    T.copy(x[t, p * piece : p * piece + piece], x_ub)
-                    T.copy(out_grad[t, p * piece : p * piece + piece], g_ub)
-                    first_pass_vf(x_ub, g_ub, st_ub, w_ub, acc_ub, dot_ub, p, out_scale)
-                for p in T.serial(cfg.pieces):
-                    T.copy(x[t, p * piece : p * piece + piece], x_ub)
-                    T.copy(out_grad[t, p * piece : p * piece + piece], g_ub)
+                if pieces == 1:
+                    T.copy(x[t, 0:hidden], x_ub)
+                    T.copy(out_grad[t, 0:hidden], g_ub)
+                    T.copy(rstd[t : t + 1], st_ub[0:1])
                     if with_rog:
-                        T.copy(residual_out_grad[t, p * piece : p * piece + piece], rog_ub)
-                    second_pass_vf(x_ub, g_ub, rog_ub, st_ub, w_ub, dot_ub, p, out_scale)
-                    T.copy(g_ub, x_grad[t, p * piece : p * piece + piece])
+                        T.copy(residual_out_grad[t, 0:hidden], rog_ub)
+                    row_vf(x_ub, g_ub, rog_ub, st_ub, w_ub, acc_ub, out_scale)
+                    T.copy(g_ub, x_grad[t, 0:hidden])
+                else:
+                    T.copy(rstd[t : t + 1], st_ub[0:1])
+                    with T.SimdVF():
+                        S.vsts(dot_ub[0], S.vdup(0.0, f32))
+                    for p in T.serial(pieces):
+                        T.copy(x[t, p * width : p * width + width], x_ub)
+                        T.copy(out_grad[t, p * width : p * width + width], g_ub)
+                        first_pass_vf(x_ub, g_ub, st_ub, w_ub, acc_ub, dot_ub, p, out_scale)
+                    for p in T.serial(pieces):
+                        T.copy(x[t, p * width : p * width + width], x_ub)
+                        T.copy(out_grad[t, p * width : p * width + width], g_ub)
+                        if with_rog:
+                            T.copy(residual_out_grad[t, p * width : p * width + width], rog_ub)
+                        second_pass_vf(x_ub, g_ub, rog_ub, st_ub, w_ub, dot_ub, p, out_scale)
+                        T.copy(g_ub, x_grad[t, p * width : p * width + width])
             if with_weight:
                 T.copy(acc_ub, partials[cid, 0:hidden])
 
-    return prim_func(T, cfg, pieces_body)
+    return prim_func(T, cfg, rows_body)
