@@ -9,8 +9,9 @@ An operator's `<op>.py` declares, in one `Operator(...)`:
   `scalar(name, kind)`;
 - `limits` (a function raising ValueError on sizes the kernels do not take: its parameters name shape symbols),
   `extra` (plain-code checks the table cannot say: its parameters name arguments, symbols, `memory`);
-  `results` ((shape, dtype) of each output buffer: its parameters name arguments; the out= check, the fake
-  kernels and the eager path's allocation read it);
+  `results` ((shape, dtype) of each output buffer, or (shape, dtype, strides) for a buffer of another layout
+  than the contiguous one: its parameters name arguments; the out= check, the fake kernels and the eager path's
+  allocation, `Operator.new_outputs`, read it);
 - `choice` (the keyword arguments of `choose_config` besides backend and num_cores: its parameters name
   arguments, `backend`, `device`), `choose_config` and `get_kernel` from `<op>_kernel.py`.
 
@@ -76,6 +77,27 @@ _FAST_TESTS = {
 }
 
 
+def new_output(like: torch.Tensor, layout: tuple) -> torch.Tensor:
+    """An uninitialised tensor on `like`'s device of one `results` item: (shape, dtype), contiguous, or (shape,
+    dtype, strides) over a buffer of max(size * stride) elements, the whole padded buffer of which a padded or
+    permuted layout is a view (torch.empty((K, T_pad))[:, :T].T has strides (1, T_pad) and K * T_pad elements
+    behind it), so a reader of the padding (a TMA box) stays inside the allocation. Sizes may be symbolic (fake
+    tensors while torch traces)."""
+    shape, dtype = layout[0], layout[1]
+    strides = layout[2] if len(layout) > 2 else None
+    if strides is None:
+        return like.new_empty(shape, dtype=dtype)
+    extent = 0
+    for size, stride in zip(shape, strides, strict=True):
+        extent = torch.sym_max(extent, size * stride)
+    return like.new_empty((extent,), dtype=dtype).as_strided(shape, strides)
+
+
+def _strides_of(layout: tuple):
+    """The strides of a `results` item, None for a contiguous one (the generated out= checks)."""
+    return layout[2] if len(layout) > 2 else None
+
+
 def traced(tensor) -> bool:
     """Whether a call whose first tensor argument is `tensor` must go through its torch.library op.
 
@@ -133,14 +155,15 @@ def tensor(
 
 def out(name, dtype=None, dims=None, *, like=None, aligned=False):
     """The optional output buffer (the public signature's last argument): contiguous, apart from every input;
-    dtype None: that of `like`; neither dims nor like: the shape and dtype the operator's `results` gives."""
+    dtype None: that of `like`; neither dims nor like: the shape and dtype the operator's `results` gives (and its
+    strides instead of contiguity where `results` gives strides)."""
     return Arg(name, 'out', dtype, _dims(dims), like, 'contiguous', aligned, optional=True)
 
 
 def outs(name, *parts):
     """The optional output buffers (the public signature's last argument), a tuple such as (data, sf): each
     contiguous, apart from every input and from the others, of the shape and dtype the operator's `results`
-    gives."""
+    gives (of its strides, where it gives strides, instead of contiguous)."""
     return Arg(name, 'out', layout='contiguous', optional=True, parts=parts)
 
 
@@ -391,7 +414,7 @@ class Operator:
             self.check(*args, memory=False)
             if fake is None and self._results is not None:
                 first = next(t for t in values if isinstance(t, torch.Tensor))
-                outputs = tuple(first.new_empty(shape, dtype=dtype) for shape, dtype in self.results(*args))
+                outputs = self.new_outputs(first, *args)
                 return outputs if parts else outputs[0]
             return None if fake is None else fake(*args)
 
@@ -430,9 +453,15 @@ class Operator:
 
     def results(self, *args, **kwargs) -> tuple:
         """((shape, dtype), ...) of the output buffers of a call with these public arguments, from the declaration's
-        `results` (the operator's eager path allocates from it, the fake kernels and the out= check read it)."""
+        `results` (the operator's eager path allocates from it, the fake kernels and the out= check read it); an
+        item (shape, dtype, strides) is a buffer of those strides."""
         values = dict(zip(self._arg_names, args, strict=False)) | kwargs
         return self._results(**{p: values[p] for p in self._results_params})
+
+    def new_outputs(self, like: torch.Tensor, *args, **kwargs) -> tuple[torch.Tensor, ...]:
+        """New output buffers of a call with these public arguments on `like`'s device, of the layouts `results`
+        gives (new_output): what the eager path allocates and the fake kernels return, so both have one layout."""
+        return tuple(new_output(like, layout) for layout in self.results(*args, **kwargs))
 
 
 def _public_function(
@@ -502,6 +531,7 @@ def _generate(op: Operator, choice, limits, extra, shape_from, results) -> None:
         '_extra': extra,
         '_choice': choice,
         '_results': results,
+        '_strides_of': _strides_of,
         'torch': torch,
         '_PLAIN': PLAIN_TENSOR_TYPES,
         '_INF': math.inf,
@@ -588,21 +618,20 @@ def _generate(op: Operator, choice, limits, extra, shape_from, results) -> None:
             for i, item in enumerate(items):
                 body.append(
                     f'    check_out({f"{a.name}[{i}]"!r}, {item}, shape=_layout[{i}][0], dtype=_layout[{i}][1], '
-                    f'device={first}.device, inputs={inputs}}}, memory=memory)'
+                    f'device={first}.device, inputs={inputs}}}, memory=memory, strides=_strides_of(_layout[{i}]))'
                 )
                 inputs += f', {f"{a.name}[{i}]"!r}: {item}'
             continue
         namespace[f'_dtype_{a.name}'] = a.dtype
         dtype = f'_dtype_{a.name}' if a.dtype is not None else f'{a.like}.dtype'
         shape = shape_of(a)
+        strides = ''
         if shape is None:  # neither dims nor like: the layout `results` gives
-            body.append(
-                f'    (_shape, _dtype), = _results({_injected(results, {n: n for n in names}, "results", op.name)})'
-            )
-            shape, dtype = '_shape', '_dtype'
+            body.append(f'    _layout, = _results({_injected(results, {n: n for n in names}, "results", op.name)})')
+            shape, dtype, strides = '_layout[0]', '_layout[1]', ', strides=_strides_of(_layout)'
         body.append(
             f'    check_out({a.name!r}, {a.name}, shape={shape}, dtype={dtype}, device={first}.device, '
-            f'inputs={inputs}}}, memory=memory)'
+            f'inputs={inputs}}}, memory=memory{strides})'
         )
         if a.aligned is True:
             body.append(f'    check_aligned({a.name!r}, {a.name}, memory=memory)')

@@ -38,6 +38,19 @@ def check_contiguous(name: str, value: torch.Tensor) -> None:
         raise ValueError(f'{name} must be contiguous, got strides {value.stride()} for shape {tuple(value.shape)}')
 
 
+def check_strides(name: str, value: torch.Tensor, strides: Sequence[int]) -> None:
+    """`value` has `strides` where they address anything: a dimension of size 1 may have any stride, an empty
+    tensor any strides (as torch's is_contiguous reads a contiguous layout)."""
+    if value.numel() == 0:
+        return
+    got = value.stride()
+    if any(n > 1 and g != s for n, g, s in zip(value.shape, got, strides, strict=True)):
+        raise ValueError(
+            f'{name} must have strides {tuple(strides)} for shape {tuple(value.shape)} (the layout the call '
+            f'returns), got {got}'
+        )
+
+
 def check_last_dim_contiguous(name: str, value: torch.Tensor) -> None:
     """The innermost dimension has stride 1; outer strides are free (non-negative)."""
     if value.dim() and value.shape[-1] > 1 and value.stride(-1) != 1:
@@ -195,14 +208,18 @@ def check_out(
     device: torch.device,
     inputs: dict[str, torch.Tensor],
     memory: bool = True,
+    strides: Sequence[int] | None = None,
 ) -> torch.Tensor:
-    """Validate a caller-provided output buffer: type, dtype, shape, device, contiguity, aliasing (memory=False:
-    see may_overlap)."""
+    """Validate a caller-provided output buffer: type, dtype, shape, device, contiguity (or, given `strides`, those
+    strides: check_strides), aliasing (memory=False: see may_overlap)."""
     check_tensor(name, out, dtype=dtype)
     check_shape(name, out, shape)
     if out.device != device:
         raise RuntimeError(f'{name} must be on {device}, got {out.device}')
-    check_contiguous(name, out)
+    if strides is None:
+        check_contiguous(name, out)
+    else:
+        check_strides(name, out, strides)
     for input_name, value in inputs.items():
         if value is not None and may_overlap(out, value, memory=memory):
             raise ValueError(f'{name} must not alias the input {input_name}')

@@ -531,3 +531,77 @@ def test_forms_flatten_quantised_inputs_and_tuple_outputs(monkeypatch):
             choose_config=None,
             get_kernel=None,
         ).public(lambda x, anything: x)(lambda x, anything: None)
+
+
+def _column_major(name: str) -> operator.Operator:
+    """A toy operator whose outputs are y (T, n), contiguous, and z (T, 3), column-major in a buffer of T rounded
+    up to 4 columns: `results` gives z's strides."""
+    return operator.Operator(
+        name,
+        operator.tensor('x', torch.float32, 'T, n'),
+        operator.outs('out', 'y', 'z'),
+        results=lambda x: (
+            (x.shape, torch.float32),
+            ((x.shape[0], 3), torch.float32, (1, -(-x.shape[0] // 4) * 4)),
+        ),
+        choose_config=lambda **choice: choice,
+        get_kernel=None,
+    )
+
+
+def test_results_strides_lay_out_the_new_outputs_and_check_given_ones():
+    declared = _column_major('cm_outs')
+    x = torch.zeros(5, 2)
+    y, z = declared.new_outputs(x, x, None)
+    assert y.is_contiguous()
+    assert (tuple(z.shape), z.stride()) == ((5, 3), (1, 8))
+    assert z.untyped_storage().nbytes() == 3 * 8 * 4  # the whole padded buffer, as torch.empty(3, 8)[:, :5].T
+    empty = declared.new_outputs(x[:0], x[:0], None)[1]
+    assert (tuple(empty.shape), empty.stride(), empty.untyped_storage().nbytes()) == ((0, 3), (1, 0), 0)
+    with pytest.raises(RuntimeError, match="no kernels for 'cpu' tensors"):
+        declared.check(x, (torch.empty(5, 2), torch.empty(3, 8)[:, :5].T))  # valid: the device decides
+    with pytest.raises(ValueError, match=r'out\[1\] must have strides \(1, 8\) for shape \(5, 3\) .*, got \(3, 1\)'):
+        declared.check(x, (torch.empty(5, 2), torch.empty(5, 3)))
+    with pytest.raises(ValueError, match=r'out\[0\] must be contiguous'):  # y keeps the contiguous layout
+        declared.check(x, (torch.empty(2, 5).T, z))
+    shared = torch.zeros(24)
+    with pytest.raises(ValueError, match=r'out\[1\] must not alias the input x'):
+        declared.check(shared[:10].view(5, 2), (torch.empty(5, 2), shared.as_strided((5, 3), (1, 8))))
+    single = operator.Operator(
+        'cm_out',
+        operator.tensor('x', torch.float32, 'T, n'),
+        operator.out('out'),
+        results=lambda x: (((x.shape[0], 3), torch.float32, (1, x.shape[0])),),
+        choose_config=lambda **choice: choice,
+        get_kernel=None,
+    )
+    with pytest.raises(ValueError, match=r'out must have strides \(1, 5\) for shape \(5, 3\)'):
+        single.check(x, torch.empty(5, 3))
+    with pytest.raises(RuntimeError, match="no kernels for 'cpu' tensors"):
+        single.check(x, torch.empty(3, 5).T)
+
+
+def test_fake_outputs_take_the_strides_results_gives(monkeypatch):
+    """The functional form's fake kernel returns what the eager path allocates (Operator.new_outputs), strides
+    included, also for symbolic sizes (make_fx's symbolic tracing, as torch.compile's dynamic shapes)."""
+    name = f'cm_{uuid.uuid4().hex[:8]}'
+    declared = _column_major(name)
+
+    def eager(x, out):
+        return out if out is not None else declared.new_outputs(x, x, out)
+
+    @declared.public(eager, result=_Pair)
+    def column_major(x, *, out=None):
+        """Toy."""
+
+    monkeypatch.setattr(config, 'require_accelerator', lambda *tensors: 'cuda')
+    with FakeTensorMode():
+        for tokens, stride in ((5, 8), (8, 8), (1, 4), (0, 0)):
+            y, z = column_major(torch.zeros(tokens, 2))
+            assert y.is_contiguous()
+            assert (tuple(z.shape), z.stride()) == ((tokens, 3), (1, stride))
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    traced = make_fx(lambda x: column_major(x)[1], tracing_mode='symbolic')(torch.zeros(5, 2))
+    assert traced(torch.zeros(6, 2)).stride() == (1, 8)
+    assert traced(torch.zeros(9, 2)).stride() == (1, 12)

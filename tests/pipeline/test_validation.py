@@ -146,6 +146,31 @@ def test_check_out():
         check_out('out', ok, shape=(2, 4), dtype=torch.float32, device=torch.device('meta'), inputs={})
 
 
+def test_check_out_of_given_strides():
+    """A buffer of another layout than the contiguous one: its strides where they address anything (a dimension of
+    size 1 may have any stride, an empty buffer any strides), instead of contiguity."""
+    x = torch.zeros(2, 4)
+    padded = torch.empty(3, 8)[:, :5].T  # (5, 3), strides (1, 8): a column-major view of a padded buffer
+    args = dict(shape=(5, 3), dtype=torch.float32, device=x.device, inputs={'x': x})
+    assert check_out('out', padded, strides=(1, 8), **args) is padded
+    with pytest.raises(ValueError, match=r'out must have strides \(1, 8\) for shape \(5, 3\) \(the layout the call '
+                       r'returns\), got \(3, 1\)'):  # fmt: skip
+        check_out('out', torch.empty(5, 3), strides=(1, 8), **args)
+    with pytest.raises(ValueError, match=r'got \(1, 5\)'):
+        check_out('out', torch.empty(3, 5).T, strides=(1, 8), **args)
+    column = dict(args, shape=(5, 1))
+    assert check_out('out', torch.empty(5, 1), strides=(1, 8), **column) is not None  # (1, 1): one column
+    row = dict(args, shape=(1, 3))
+    assert check_out('out', torch.empty(3, 8)[:, :1].T, strides=(1, 8), **row) is not None
+    assert check_out('out', torch.empty(3, 8)[:, :1].T, strides=(7, 8), **row) is not None  # one row: any stride
+    with pytest.raises(ValueError, match=r'must have strides \(1, 8\) for shape \(1, 3\) .*, got \(3, 1\)'):
+        check_out('out', torch.empty(1, 3), strides=(1, 8), **row)
+    empty = dict(args, shape=(0, 3))
+    assert check_out('out', torch.empty(0, 3), strides=(1, 0), **empty) is not None
+    with pytest.raises(ValueError, match='out must not alias the input x'):
+        check_out('out', x.view(-1)[:6].view(3, 2).T, strides=(1, 2), **dict(args, shape=(2, 3)))
+
+
 @pytest.mark.parametrize(('hc', 'hidden'), [(1, 64), (8, 16384), (3, 192)])
 def test_engram_limits_accept(hc, hidden):
     check_hc_hidden('op', hc, hidden)

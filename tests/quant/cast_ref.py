@@ -98,6 +98,23 @@ def per_token_cast_ref(
     return e4m3_ref(scaled), sf
 
 
+def tma_col_major_sf(shape: tuple[int, int], dtype: torch.dtype, backend: str, device=None) -> torch.Tensor:
+    """An uninitialised column-major scale tensor of logical shape (T, K) as TileKernels 2.1.0 allocates it for
+    use_tma_aligned_col_major_sf (its rule, restated): a (K, T_pad) buffer of the scales' storage dtype (packed
+    UE8M0: bytes, 4 a word) whose last dimension is T rounded up to 16 bytes on CUDA and T itself on Ascend, torn
+    to strides (T_pad, 1) when T_pad is 0 (torch gives a zero-size last dimension stride 1), cut to its first T
+    columns, viewed as the scale dtype, and transposed."""
+    num_tokens, k = shape
+    storage = torch.uint8 if dtype == torch.int32 else dtype  # packed UE8M0: bytes, 4 per int32 word
+    width = num_tokens * (4 if dtype == torch.int32 else 1)
+    per = 16 // storage.itemsize
+    padded = -(-width // per) * per if backend == 'cuda' else width
+    buffer = torch.empty((k, padded), dtype=storage, device=device)
+    if padded == 0:
+        buffer = buffer.as_strided(buffer.shape, (padded, 1))
+    return buffer[:, :width].view(dtype).T
+
+
 def padded_hidden(block_size: int) -> int:
     """A hidden size whose UE8M0 scale rows end in padding on both backends: 17, 34 or 9 blocks of 64, 32 or 128."""
     return 1088 if block_size <= 64 else 1152

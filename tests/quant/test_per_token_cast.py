@@ -21,6 +21,7 @@ from tests.quant.cast_ref import (
     per_token_cast_format_ref,
     per_token_cast_precomputed_ref,
     scaled_rows,
+    tma_col_major_sf,
 )
 from tests.testing.bench import config_extras, make_param_id
 from tests.testing.generator import by_level, generate_samples, get_test_level
@@ -104,7 +105,8 @@ X = torch.zeros(4, 256, dtype=torch.bfloat16)
         ((X, 'e4m3', 128), {'x_block_size': (1, 128)}, ValueError, r'x_block_size=\(1, 128\) is not supported yet'),
         ((X, 'e2m1', 128), {'use_e4m3_sf': True, 'round_sf': True}, ValueError, 'use_e4m3_sf=True and round_sf'),
         ((X, 'e4m3', 128), {'stochastic_cast': True}, ValueError, 'stochastic_cast=True is not supported yet'),
-        ((X, 'e4m3', 128), {'use_tma_aligned_col_major_sf': True}, ValueError, 'use_tma_aligned_col_major_sf=True'),
+        ((X, 'e4m3', 128), {'use_tma_aligned_col_major_sf': 1}, TypeError, 'use_tma_aligned_col_major_sf must be a'),
+        ((X, 'e4m3', 128), {'use_tma_aligned_col_major_sf': True}, RuntimeError, "no kernels for 'cpu' tensors"),
         ((X[:, :192].clone(), 'e4m3', 128), {}, ValueError, 'multiple of 128 for num_per_channels 128, got 192'),
         ((X[:, :96].contiguous(), 'e4m3', 32), {}, ValueError, 'positive multiple of 64 for num_per_channels 32'),
         ((X[:, :96].contiguous(), 'e2m1', 16), {}, ValueError, 'positive multiple of 64 for num_per_channels 16'),
@@ -270,6 +272,151 @@ def test_per_token_cast_halves_values(variant, device):
         _without_nan_signs(data.cpu().view(torch.uint8), x, inverse, fmt),
         _without_nan_signs(expected.view(torch.uint8), x, inverse, fmt),
     )
+
+
+# ---------------------------------------------------------------- column-major scales (use_tma_aligned_col_major_sf)
+
+# Kernel configurations of their own (col_major_sf), at H = padded_hidden(block). Level 0: two, UE8M0 bytes of a
+# padded row (bf16 x, e4m3 data) and E4M3 scales of FP4 data (fp32 x, NVFP4's layout); level 1 adds fp32 and
+# power-of-two scales and the other blocks.
+_COL_MAJOR_CORE = [
+    dict(dtype='bfloat16', block=64, sf='ue8m0', fmt='e4m3'),
+    dict(dtype='float32', block=16, sf='e4m3', fmt='e2m1'),
+]
+COL_MAJOR_VARIANTS = by_level(
+    LEVEL,
+    core=_COL_MAJOR_CORE,
+    default=[
+        *_COL_MAJOR_CORE,
+        dict(dtype='bfloat16', block=32, sf='fp32', fmt='e4m3'),
+        dict(dtype='float32', block=128, sf='fp32', fmt='e2m1'),
+        dict(dtype='float32', block=32, sf='ue8m0', fmt='e2m1'),
+        dict(dtype='bfloat16', block=16, sf='e4m3', fmt='e4m3'),
+        dict(dtype='bfloat16', block=128, sf='pow2', fmt='e2m1'),
+        dict(dtype='float32', block=64, sf='pow2', fmt='e4m3'),
+    ],
+)
+COL_MAJOR_TOKENS = by_level(LEVEL, core=(0, 1, 37), default=(0, 1, 37, 300))  # 37: not a multiple of 4 (nor 16)
+_SF_DTYPES = {'fp32': torch.float32, 'pow2': torch.float32, 'ue8m0': torch.int32, 'e4m3': torch.float8_e4m3fn}
+
+
+def _backend(device) -> str:
+    return 'cuda' if torch.device(device).type == 'cuda' else 'ascend'
+
+
+def _logical(sf: torch.Tensor) -> torch.Tensor:
+    """The scales' bytes in the logical (row-major) order, whatever the layout."""
+    return sf.cpu().flatten().view(torch.uint8)
+
+
+def _assert_peer_layout(sf: torch.Tensor, num_tokens: int, sf_name: str, backend: str) -> None:
+    """sf has TileKernels' column-major layout on `backend`: its strides, and the whole padded buffer behind it."""
+    peer = tma_col_major_sf((num_tokens, sf.shape[1]), _SF_DTYPES[sf_name], backend)
+    assert (tuple(sf.shape), sf.dtype, sf.stride()) == (tuple(peer.shape), peer.dtype, peer.stride())
+    assert sf.untyped_storage().nbytes() - sf.storage_offset() * sf.element_size() >= peer.untyped_storage().nbytes()
+
+
+@pytest.mark.parametrize('num_tokens', [0, 1, 3, 4, 5, 16, 17, 37])
+@pytest.mark.parametrize('backend', ['ascend', 'cuda'])
+def test_per_token_cast_col_major_fake_strides(num_tokens, backend, monkeypatch):
+    """While torch traces: the fake kernels return the column-major scales with TileKernels' strides on each
+    backend (CUDA: T rounded up to 16 bytes, 4 fp32 / int32 words or 16 E4M3 bytes; Ascend: T), every scale
+    format, the cast and the scales alone; the data stays row-major."""
+    monkeypatch.setattr(config, 'require_accelerator', lambda *tensors: backend)
+    with FakeTensorMode():
+        x = torch.empty(num_tokens, 1088, dtype=torch.bfloat16, device='cuda' if backend == 'cuda' else 'cpu')
+        for block, sf, fmt in ((32, 'fp32', 'e4m3'), (64, 'ue8m0', 'e4m3'), (16, 'e4m3', 'e2m1'), (64, 'pow2', 'e2m1')):
+            round_sf, packed, e4m3_sf = _FORMATS[sf]
+            result = _cast(x, block, sf, fmt, use_tma_aligned_col_major_sf=True)
+            assert result.data.is_contiguous()
+            _assert_peer_layout(result.sf, num_tokens, sf, backend)
+            alone = per_token_cast_with_sf_only(x, fmt, block, True, round_sf, packed, e4m3_sf)
+            _assert_peer_layout(alone, num_tokens, sf, backend)
+
+
+def test_per_token_cast_col_major_out_buffers():
+    """A given column-major sf buffer must have the strides the call would return (CPU tensors: the Ascend rule,
+    T_pad = T); a row-major one is refused by name. Valid buffers reach the device check."""
+    data = torch.empty(4, 256, dtype=torch.float8_e4m3fn)
+    row_major = torch.empty(4, 2)
+    with pytest.raises(ValueError, match=r'out\[1\] must have strides \(1, 4\) for shape \(4, 2\) .* got \(2, 1\)'):
+        _cast(X, out=(data, row_major), use_tma_aligned_col_major_sf=True)
+    with pytest.raises(ValueError, match=r'out\[1\] must be contiguous'):  # and the other way round
+        _cast(X, out=(data, tma_col_major_sf((4, 2), torch.float32, 'ascend')))
+    padded = torch.empty(2, 8).T[:4]  # a padded buffer, but not the padding of this backend's layout
+    with pytest.raises(ValueError, match=r'must have strides \(1, 4\) for shape \(4, 2\) .* got \(1, 8\)'):
+        _cast(X, out=(data, padded), use_tma_aligned_col_major_sf=True)
+    with pytest.raises(RuntimeError, match="no kernels for 'cpu' tensors"):
+        _cast(X, out=(data, tma_col_major_sf((4, 2), torch.float32, 'ascend')), use_tma_aligned_col_major_sf=True)
+    with pytest.raises(ValueError, match=r'out_sf must have strides \(1, 4\)'):
+        per_token_cast_with_sf_only(X, 'e4m3', 32, True, True, True, out_sf=torch.empty(4, 2, dtype=torch.int32))
+    words = tma_col_major_sf((4, 2), torch.int32, 'ascend')
+    with pytest.raises(RuntimeError, match="no kernels for 'cpu' tensors"):
+        per_token_cast_with_sf_only(X, 'e4m3', 32, True, True, True, out_sf=words)
+    # One token, or one scale per row: a dimension of size 1 may have any stride (the same bytes either way).
+    one = torch.zeros(1, 256, dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError, match="no kernels for 'cpu' tensors"):
+        _cast(one, out=(data[:1], torch.empty(1, 2)), use_tma_aligned_col_major_sf=True)
+    with pytest.raises(ValueError, match='the given scales are read row-major'):
+        per_token_cast_with_precomputed_sf(X, 'e4m3', 128, torch.ones(4, 2), use_tma_aligned_col_major_sf=True)
+
+
+@pytest.mark.npu
+@pytest.mark.parametrize('variant', COL_MAJOR_VARIANTS, ids=make_param_id)
+@pytest.mark.parametrize('num_tokens', COL_MAJOR_TOKENS)
+def test_per_token_cast_col_major_values(variant, num_tokens, device):
+    """The column-major call writes the row-major call's data and scale values (bit for bit) in TileKernels'
+    layout of this backend, into a new buffer or a given one (poisoned: every scale overwritten, the CUDA padding
+    columns untouched)."""
+    block, sf, fmt = variant['block'], variant['sf'], variant['fmt']
+    x = scaled_rows(num_tokens, padded_hidden(block), variant['dtype'], device)
+    rows = _cast(x, block, sf, fmt)
+    result = _cast(x, block, sf, fmt, use_tma_aligned_col_major_sf=True)
+    assert_equal(result.data.cpu().view(torch.uint8), rows.data.cpu().view(torch.uint8))
+    assert_equal(_logical(result.sf), _logical(rows.sf))
+    _assert_peer_layout(result.sf, num_tokens, sf, _backend(device))
+    buffer = tma_col_major_sf(tuple(rows.sf.shape), rows.sf.dtype, _backend(device), device)
+    nbytes = buffer.untyped_storage().nbytes()
+    whole = torch.empty(0, dtype=torch.uint8, device=device).set_(buffer.untyped_storage(), 0, (nbytes,))
+    whole.fill_(0xA5)  # the buffer's bytes, CUDA's padding columns included
+    again = _cast(x, block, sf, fmt, use_tma_aligned_col_major_sf=True, out=(torch.empty_like(rows.data), buffer))
+    assert again.sf is buffer
+    assert_equal(_logical(buffer), _logical(rows.sf))
+    if num_tokens:
+        k, width = rows.sf.shape[1], num_tokens * rows.sf.element_size()
+        image = torch.full((k, nbytes // k), 0xA5, dtype=torch.uint8)
+        image[:, :width] = rows.sf.cpu().T.flatten().view(torch.uint8).view(k, width)
+        assert_equal(whole.cpu().view(k, -1), image)  # each scale row written, its padding left alone
+
+
+@pytest.mark.npu
+@pytest.mark.parametrize('variant', COL_MAJOR_VARIANTS[2:], ids=make_param_id)  # level 1: new configurations
+def test_per_token_cast_col_major_sf_only_values(variant, device):
+    """per_token_cast_with_sf_only writes the same column-major scales."""
+    block, sf, fmt = variant['block'], variant['sf'], variant['fmt']
+    round_sf, packed, e4m3_sf = _FORMATS[sf]
+    x = scaled_rows(37, padded_hidden(block), variant['dtype'], device)
+    rows = _cast(x, block, sf, fmt)
+    alone = per_token_cast_with_sf_only(x, fmt, block, True, round_sf, packed, e4m3_sf)
+    assert_equal(_logical(alone), _logical(rows.sf))
+    _assert_peer_layout(alone, 37, sf, _backend(device))
+
+
+@pytest.mark.npu
+@pytest.mark.parametrize(
+    ('hidden', 'block', 'sf'),
+    by_level(LEVEL, core=[], default=[(7168, 128, 'fp32'), (8192, 32, 'ue8m0'), (4736, 32, 'ue8m0')]),
+)
+def test_per_token_cast_col_major_column_tiles(hidden, block, sf, device):
+    """Rows cut into several tasks / thread blocks (7168: 2 on Ascend, 4 on CUDA; 8192 with 32-channel UE8M0
+    words: 2 tasks of 32 words), and a row whose row-major Ascend task would split a word (4736: 74 blocks a task),
+    which the column-major configuration keeps in one task."""
+    x = scaled_rows(37, hidden, 'bfloat16', device)
+    rows = _cast(x, block, sf)
+    result = _cast(x, block, sf, use_tma_aligned_col_major_sf=True)
+    assert_equal(result.data.cpu().view(torch.uint8), rows.data.cpu().view(torch.uint8))
+    assert_equal(_logical(result.sf), _logical(rows.sf))
+    _assert_peer_layout(result.sf, 37, sf, _backend(device))
 
 
 # The peer's shapes (tokens 4001 / 8001, hidden 4096 / 7168), 128-channel fp32 and 32-channel UE8M0 scales.

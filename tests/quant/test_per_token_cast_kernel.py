@@ -4,6 +4,9 @@ accelerator, or the Ascend kernel on the emulator with --ascend-emulator)."""
 
 from __future__ import annotations
 
+import dataclasses
+import re
+
 import pytest
 import torch
 
@@ -64,7 +67,7 @@ NUM_TOKENS = by_level(LEVEL, core=(1, 67), default=(3, 300), full=(4001,))
 ASC = dict(backend='ascend', num_cores=64)
 
 
-def _config(backend: str, num_cores: int, variant: dict, hidden: int, mode: str = 'cast'):
+def _config(backend: str, num_cores: int, variant: dict, hidden: int, mode: str = 'cast', col_major_sf: bool = False):
     round_sf, packed, e4m3_sf = FORMATS[variant['sf']]
     return choose_per_token_cast_config(
         backend=backend,
@@ -77,6 +80,7 @@ def _config(backend: str, num_cores: int, variant: dict, hidden: int, mode: str 
         mode=mode,
         fmt=variant['fmt'],
         e4m3_sf=e4m3_sf,
+        col_major_sf=col_major_sf,
     )
 
 
@@ -474,3 +478,107 @@ def test_per_token_cast_config_modes():
         )  # fmt: skip
     with pytest.raises(ValueError, match='mode must be one of'):
         choose_per_token_cast_config(backend='cuda', num_cores=132, hidden=256, in_dtype='bfloat16', mode='both')
+
+
+# ---------------------------------------------------------------- column-major scales (col_major_sf)
+
+# The configurations of test_per_token_cast.py's level-0 column-major values (hidden padded_hidden(block)): UE8M0
+# bytes of a padded row, E4M3 scales of FP4 data. Level 1 lowers the other scale formats and the scales alone.
+_COL_MAJOR_CORE = [
+    dict(in_dtype='bfloat16', block_size=64, sf='ue8m0', fmt='e4m3'),
+    dict(in_dtype='float32', block_size=16, sf='e4m3', fmt='e2m1'),
+]
+_COL_MAJOR_LOWERING = by_level(
+    LEVEL,
+    core=[(v, 'cast') for v in _COL_MAJOR_CORE],
+    default=[
+        *[(v, 'cast') for v in _COL_MAJOR_CORE],
+        (dict(in_dtype='bfloat16', block_size=32, sf='fp32', fmt='e4m3'), 'cast'),
+        (dict(in_dtype='float32', block_size=128, sf='pow2', fmt='e2m1'), 'cast'),
+        (dict(in_dtype='float32', block_size=32, sf='ue8m0', fmt='e2m1'), 'sf_only'),
+        (dict(in_dtype='bfloat16', block_size=32, sf='fp32', fmt='e4m3'), 'sf_only'),
+        (dict(in_dtype='bfloat16', block_size=16, sf='e4m3', fmt='e4m3'), 'sf_only'),
+    ],
+)
+
+
+def test_per_token_cast_config_col_major():
+    """The layout is a configuration field of its own; on Ascend, a task of column-major UE8M0 scales holds whole
+    int32 words (the row when it fits in one task); given scales are read row-major only."""
+    args = dict(num_cores=64, in_dtype='bfloat16', block_size=32, round_sf=True, packed_ue8m0=True)
+    rows = choose_per_token_cast_config(backend='ascend', hidden=7168, **args)
+    cols = choose_per_token_cast_config(backend='ascend', hidden=7168, col_major_sf=True, **args)
+    assert cols.col_major_sf
+    assert not rows.col_major_sf
+    assert cols != rows
+    assert hash(cols) != hash(rows)
+    assert cols.block_k == rows.block_k == 3584  # 112 blocks, 28 words a task
+    # 4736 = 37 * 128: the row-major task of 2368 channels holds 74 blocks, 18.5 words
+    assert choose_per_token_cast_config(backend='ascend', hidden=4736, **args).block_k == 2368
+    assert choose_per_token_cast_config(backend='ascend', hidden=4736, col_major_sf=True, **args).block_k == 4736
+    # past a one-task row (8192): the largest whole-word task that divides the row
+    wide = choose_per_token_cast_config(backend='ascend', hidden=3 * 4736, col_major_sf=True, **args)
+    assert (wide.block_k, wide.groups_per_tile % UE8M0_PACK) == (384, 0)
+    cuda = choose_per_token_cast_config(backend='cuda', hidden=2176, col_major_sf=True, **args | {'num_cores': 132})
+    # 34 blocks, 8.5 words a thread block: the CUDA kernel stores the bytes one by one, whole words or not
+    assert (cuda.block_k, cuda.num_col_tiles) == (1088, 2)
+    with pytest.raises(ValueError, match='need whole int32 words per task'):
+        dataclasses.replace(cols, hidden=4736, block_k=2368)
+    with pytest.raises(ValueError, match='mode "precomputed" reads row-major scales'):
+        choose_per_token_cast_config(
+            backend='cuda', num_cores=132, hidden=256, in_dtype='bfloat16', mode='precomputed', col_major_sf=True
+        )
+
+
+_SF_DMA = re.compile(
+    r'asc_copy_ub2gm_align\(\(__gm__ uint8_t\*\)\(\(&\(out_sf\[[^;]*, (\d+), (\d+), '
+    r'static_cast<asc_store_l2_cache_mode>\(\d+\), ([^,;]+), (\d+)\);'
+)
+
+
+@pytest.mark.parametrize('backend', ['ascend', 'cuda'])
+@pytest.mark.parametrize(
+    ('variant', 'mode'), _COL_MAJOR_LOWERING, ids=lambda v: v if isinstance(v, str) else make_param_id(v)
+)
+def test_per_token_cast_col_major_lowers(backend, variant, mode):
+    """Both kernels write the column-major scales themselves, the row stride a launch argument: on CUDA one store
+    per scale (UE8M0: per byte) at k * stride + t; on Ascend one DMA per task whose bursts are single scales (fp32
+    4 bytes, E4M3 1 byte) or UE8M0 words, read back to back from UB and stored a row stride apart."""
+    hidden = padded_hidden(variant['block_size'])
+    cfg = _config(backend, ASCEND_950_VECTOR_CORES if backend == 'ascend' else H200_SMS, variant, hidden, mode, True)
+    lower = assert_ascend_kernel_lowers if backend == 'ascend' else assert_cuda_kernel_lowers
+    source = lower(lambda: make_per_token_cast_kernel(cfg), key=cfg, kernel_name=KERNEL_NAME).source
+    if backend == 'cuda':
+        assert 'int sf_stride' in source
+        return
+    ((n_burst, len_burst, gm_stride, ub_stride),) = _SF_DMA.findall(source)
+    sf_bytes = 1 if cfg.sf_dtype in ('uint8', 'float8_e4m3fn') else 4
+    burst = UE8M0_PACK if cfg.packed_ue8m0 else sf_bytes
+    bursts = (cfg.groups_per_tile + cfg.sf_padding) * sf_bytes // burst  # a task's scales, or its words
+    assert (int(n_burst), int(len_burst), int(ub_stride)) == (bursts, burst, burst)
+    assert 'sf_stride' in gm_stride
+
+
+@pytest.mark.npu
+@pytest.mark.parametrize('variant', _COL_MAJOR_CORE, ids=make_param_id)
+def test_per_token_cast_kernel_col_major_row_stride(variant, device):
+    """The kernel writes the transposed scales at any row stride >= T: TileKernels' CUDA padding on every backend
+    (here 48 >= 37 tokens, so on the emulator the Ascend kernel meets a padded stride too), each scale once, the
+    padding columns untouched; the data as the row-major kernel writes it."""
+    num_tokens, stride = 37, 48
+    x = scaled_rows(num_tokens, padded_hidden(variant['block_size']), variant['in_dtype'], device)
+    cfg = _config(backend_of(device), get_num_cores(device), variant, x.shape[1], col_major_sf=True)
+    ref_out, ref_sf = _reference(x, variant)  # (T, sf_cols), UE8M0 as bytes
+    ref_bytes = ref_sf.view(torch.uint8)
+    # rows of the transposed scales, and the bytes of a token in a row: a UE8M0 word, or one scale
+    rows, width = (cfg.sf_cols // UE8M0_PACK, UE8M0_PACK) if cfg.packed_ue8m0 else (cfg.sf_cols, ref_sf.element_size())
+    image = ref_bytes.reshape(num_tokens, rows, width).permute(1, 0, 2).reshape(rows, width * num_tokens).contiguous()
+    buffer = torch.full((rows, width * stride), 0xA5, dtype=torch.uint8, device=device)
+    sf = buffer[:, : width * num_tokens]
+    if not cfg.packed_ue8m0:
+        sf = sf.view(getattr(torch, cfg.sf_dtype))
+    out = torch.empty((num_tokens, cfg.data_cols), dtype=getattr(torch, cfg.data_dtype), device=device)
+    launch_kernel(get_per_token_cast_kernel, cfg, device, x, out, sf)
+    assert_equal(buffer[:, : width * num_tokens].cpu().contiguous(), image)
+    assert buffer[:, width * num_tokens :].eq(0xA5).all()
+    assert_data_equal(out, ref_out, _nan_products(x, variant), variant['fmt'])

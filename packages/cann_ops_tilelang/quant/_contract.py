@@ -62,6 +62,21 @@ def sf_layout(num_tokens: int, hidden: int, block, packed: bool) -> tuple[tuple[
     return (rows, -(-(hidden // bc) // UE8M0_PACK)), PACKED_SF_DTYPE
 
 
+TMA_ALIGN_BYTES = 16  # what TMA needs of a column-major scale buffer's row stride (the peer's CUDA padding)
+
+
+def col_major_sf_strides(num_tokens: int, dtype: torch.dtype, device: torch.device) -> tuple[int, int]:
+    """Strides of TileKernels' column-major scales (use_tma_aligned_col_major_sf) of T tokens, the peer's rule per
+    backend: the (T, K) scales are a view buf[:, :T].T of a (K, T_pad) buffer, on CUDA T_pad = T rounded up to 16
+    bytes of the scale dtype (TMA's alignment: 4 fp32 or packed int32 words, 16 E4M3 bytes), on Ascend T_pad = T
+    (CPU tensors reach the Ascend kernels only, on the emulator). Strides (1, T_pad); T = 0 gives (1, 0), as the
+    peer's buffer of a zero-size last dimension."""
+    if device.type != 'cuda':
+        return 1, num_tokens
+    per = TMA_ALIGN_BYTES // dtype.itemsize
+    return 1, -(-num_tokens // per) * per
+
+
 def check_given_scales(name: str, sf: torch.Tensor, x_shape, block, use_packed_ue8m0: bool, blocks_are: str) -> None:
     """The fp32 scales a `_with_precomputed_sf` cast takes: of sf_layout's shape (`blocks_are` says what one
     scale covers, for the message); packed UE8M0 is not taken there."""

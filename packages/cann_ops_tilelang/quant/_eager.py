@@ -2,7 +2,9 @@
 path's key, the checked plan otherwise, the outputs (out= or new tensors of the declared layout), the launch.
 
 The three forms differ only in what the kernel takes and writes: 'cast' (x, data, sf), 'sf_only' (x, sf),
-'precomputed' (x, sf, data). UE8M0 scales reach the kernels as bytes (a uint8 view of the int32 words)."""
+'precomputed' (x, sf, data). UE8M0 scales reach the kernels as bytes (a uint8 view of the int32 words);
+column-major scales (use_tma_aligned_col_major_sf, where the operator has them) as their transpose sf.T, rows of
+the padded buffer (of UE8M0 bytes: sf.T.view(torch.uint8))."""
 
 from __future__ import annotations
 
@@ -17,37 +19,46 @@ from ._quant_tensor import QuantTensor
 _UNSUPPORTED = ('x_block_size', 'use_tma_aligned_col_major_sf', 'stochastic_cast')  # if declared
 
 
-def cast_eager(op: Operator, mode: str, block_arg: str) -> Callable:
+def cast_eager(op: Operator, mode: str, block_arg: str, *, col_major: bool = False) -> Callable:
     """The eager function of `op`, a cast of mode 'cast', 'sf_only' or 'precomputed' whose arguments are x, fmt,
     the block (`block_arg`), options, and last the out buffer(s). Fast path, without out= and TileKernels' options
-    these kernels do not have: by (H, dtype, CUDA index, fmt, block, round_sf, packed, E4M3 scales); round_sf does
-    not change a 'precomputed' kernel (the inverse is 1 / sf either way), so it is not part of that key. A key is
-    cached only after a fully checked call with it succeeded, so an unsupported fmt never takes the fast path."""
+    these kernels do not have: by (H, dtype, CUDA index, fmt, block, round_sf, packed, E4M3 scales, column-major
+    scales); round_sf does not change a 'precomputed' kernel (the inverse is 1 / sf either way), so it is not part
+    of that key. A key is cached only after a fully checked call with it succeeded, so an unsupported fmt never
+    takes the fast path. `col_major`: the operator writes use_tma_aligned_col_major_sf's column-major scales (its
+    outputs' layout from the declaration's `results`); otherwise that option is one it refuses."""
     index = {a.name: i for i, a in enumerate(op.args)}
     block_at, round_at, packed_at = index[block_arg], index['round_sf'], index['use_packed_ue8m0']
-    unsupported = [index[name] for name in _UNSUPPORTED if name in index]
+    col_major_at = index['use_tma_aligned_col_major_sf'] if col_major else None
+    unsupported = [index[name] for name in _UNSUPPORTED if name in index and index[name] != col_major_at]
     sf_at = index.get('sf')
     e4m3_sf_at = index.get('use_e4m3_sf')
+
+    def kernel_sf(sf, packed, transposed):
+        """The scales as the kernel takes them: transposed when column-major, bytes when packed."""
+        sf = sf.T if transposed else sf
+        return sf.view(torch.uint8) if packed else sf
 
     def eager(*args):
         x, fmt, out = args[0], args[1], args[-1]
         packed = args[packed_at]
+        transposed = col_major_at is not None and args[col_major_at]
         key = None
         if out is None and not any(args[i] for i in unsupported):
             shape = op.fast_ok(*args)
             if shape is not None and shape[0]:
                 round_sf = args[round_at] and mode != 'precomputed'
                 e4m3_sf = e4m3_sf_at is not None and args[e4m3_sf_at]
-                key = (shape[1], x.dtype, x.get_device(), fmt, args[block_at], round_sf, packed, e4m3_sf)
+                key = (shape[1], x.dtype, x.get_device(), fmt, args[block_at], round_sf, packed, e4m3_sf, transposed)
         launcher, fast = op.prepare(key, args)
-        outputs = tuple(x.new_empty(s, dtype=d) for s, d in op.results(*args)) if out is None else out
+        outputs = op.new_outputs(x, *args) if out is None else out
         if mode == 'cast':
             data, sf = outputs
-            launch_args = (x, data, sf.view(torch.uint8) if packed else sf)
+            launch_args = (x, data, kernel_sf(sf, packed, transposed))
             result = QuantTensor(data, sf)
         elif mode == 'sf_only':
             result = outputs[0] if out is None else out
-            launch_args = (x, result.view(torch.uint8) if packed else result)
+            launch_args = (x, kernel_sf(result, packed, transposed))
         else:
             result = outputs[0] if out is None else out
             launch_args = (x, args[sf_at], result)

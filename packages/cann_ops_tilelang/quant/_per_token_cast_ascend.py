@@ -9,13 +9,26 @@ back to GM. Mode 'sf_only' skips the third pass and the data row; mode 'precompu
 (fp32 or e4m3) instead of the first two passes and takes their IEEE reciprocals. Where a product can pass 448
 (given scales, E4M3 scales that saturate or round down) it is clamped to +-448 before the e4m3 narrowing, so
 no kernel relies on the conversion's saturation setting; the e2m1 rounding saturates by construction.
+
+Column-major scales (cfg.col_major_sf): the task's scales leave UB as they are (dense, one task's run) in one DMA
+whose bursts are single scales (fp32 4 bytes, E4M3 1 byte) or packed UE8M0 words (4 bytes), each burst to the next
+row of the transposed GM view (asc_copy_ub2gm_align: n_burst = the task's scales, a UB stride equal to the burst
+length, the GM stride the view's row stride). No UB transpose, no extra pass: the same bytes as the row-major
+kernel, scattered by the DMA. (The peer transposes 32 tokens' scales in UB to write 128-byte runs; with one token
+per task the bursts stay short, which only a device can price.)
 """
 
 # No `from __future__ import annotations`: TileLang evaluates the prim_func annotations, which
 # refer to the generator's local shape variables.
 
 # Imported by per_token_cast_kernel.py, never the other way round (no import circle): the config comes as `cfg`.
-from ._scale_rules import LANES, ascend_cast_scales_macro, ascend_e4m3_sf_inverses_macro, ascend_precomputed_macros
+from ._scale_rules import (
+    LANES,
+    UE8M0_PACK,
+    ascend_cast_scales_macro,
+    ascend_e4m3_sf_inverses_macro,
+    ascend_precomputed_macros,
+)
 from .fp4 import ascend_e2m1_macros
 
 
@@ -122,6 +135,7 @@ def ascend_per_token_cast_kernel(cfg):
     e2m1_codes, store_code_pairs = ascend_e2m1_macros(T)
     quarter_masks = ascend_quarter_masks_macro(T)
     writes_data, computes_sf = cfg.writes_data, cfg.computes_sf
+    col_major, packed = cfg.col_major_sf, cfg.packed_ue8m0
     # Products past 448: given scales, and E4M3 scales (saturated at 448, or rounded below c / 448).
     clamps = not fp4 and (not computes_sf or cfg.e4m3_sf)
 
@@ -193,25 +207,35 @@ def ascend_per_token_cast_kernel(cfg):
                 cast_vf(x_ub, amax_ub, inv_ub, sf_ub, out_ub)
                 if writes_data:
                     T.copy(out_ub[0:data_len], out[t, j * data_len : j * data_len + data_len])
-                if computes_sf:
+                if computes_sf and not col_major:
                     T.copy(sf_ub[0:sf_len], out_sf[t, j * groups : j * groups + sf_len])
+                elif computes_sf and packed:  # whole words: groups % 4 == 0, or the row's padding ends the task
+                    word, words = j * (groups // UE8M0_PACK), sf_len // UE8M0_PACK
+                    T.copy(sf_ub[0:sf_len], out_sf[word : word + words, UE8M0_PACK * t : UE8M0_PACK * (t + 1)])
+                elif computes_sf:
+                    T.copy(sf_ub[0:sf_len], out_sf[j * groups : j * groups + sf_len, t])
 
     sf_shape = (num_tokens, cfg.sf_cols)
     data_shape = (num_tokens, cfg.data_cols)
+    out_sf_type = T.Tensor(sf_shape, sf_dtype)
+    if col_major:  # the transposed column-major scales: rows of stride sf_stride >= T
+        sf_stride = T.dynamic('sf_stride')
+        cm_shape = (cfg.sf_cols // UE8M0_PACK, UE8M0_PACK * num_tokens) if packed else (cfg.sf_cols, num_tokens)
+        out_sf_type = T.StridedTensor(cm_shape, (sf_stride, 1), sf_dtype)
     if cfg.mode == 'cast':
 
         @T.prim_func
         def per_token_cast_kernel(
             x: T.Tensor((num_tokens, hidden), in_dtype),
             out: T.Tensor(data_shape, data_dtype),
-            out_sf: T.Tensor(sf_shape, sf_dtype),
+            out_sf: out_sf_type,
         ):
             body(x, out, out_sf, None)
 
     elif cfg.mode == 'sf_only':
 
         @T.prim_func
-        def per_token_cast_kernel(x: T.Tensor((num_tokens, hidden), in_dtype), out_sf: T.Tensor(sf_shape, sf_dtype)):
+        def per_token_cast_kernel(x: T.Tensor((num_tokens, hidden), in_dtype), out_sf: out_sf_type):
             body(x, None, out_sf, None)
 
     else:

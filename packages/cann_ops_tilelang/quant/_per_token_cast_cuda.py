@@ -6,6 +6,14 @@ conversion), or rounded to an e2m1 code (fp4.cuda_e2m1_code: compares on the gri
 rounding as the Ascend kernel; sm_90 has no FP4 conversion) and packed two codes a byte.
 Mode 'sf_only' skips the data stores; mode 'precomputed' takes the IEEE reciprocals of the given scales (fp32 or
 e4m3) instead of the reduction (the saturating narrowing caps what they overflow).
+
+Column-major scales (cfg.col_major_sf): the thread block of token t stores its scales at out_sf[k, t] of the
+transposed view, so its `groups` stores are 4-byte (UE8M0 / E4M3: 1-byte) stores T_aligned elements apart instead
+of one run. That is fine as it is: blockIdx.x is the token, so the blocks of neighbouring tokens run at the same
+time and fill the same 32-byte sectors, which the write-back L2 merges before they reach DRAM (the DRAM traffic
+stays the scale bytes); what grows is the L2 store requests, one per scale instead of one per 32 bytes, e.g. 56
+per 7168-channel bf16 row (14 KiB read, 7 KiB written) with 128-channel blocks, about 1 % of the row's requests.
+Several tokens per block would coalesce them, at the cost of the one-token tiling the chooser measured (docs/quant.md).
 """
 
 # No `from __future__ import annotations`: TileLang evaluates the prim_func annotations, which
@@ -40,7 +48,16 @@ def cuda_per_token_cast_kernel(cfg):
     )  # fmt: skip
 
     writes_data, computes_sf = cfg.writes_data, cfg.computes_sf
+    col_major, packed = cfg.col_major_sf, cfg.packed_ue8m0
     num_tokens = T.dynamic('num_tokens')
+
+    def sf_at(t, k):
+        """The indices of token t's scale element k (a UE8M0 byte when packed) in the kernel's out_sf."""
+        if not col_major:
+            return t, k
+        if packed:  # word k // 4 of token t, byte k % 4 of the word
+            return k // 4, 4 * t + k % 4
+        return k, t
 
     @T.macro
     def load_runs(x, t, j, xv):
@@ -84,9 +101,9 @@ def cuda_per_token_cast_kernel(cfg):
                     T.reduce_absmax(xv, amax, dim=1)
                 for g in T.Parallel(groups):
                     if writes_data:
-                        out_sf[t, j * groups + g], inverse[g] = scale_and_inverse(T.cast(amax[g], T.float32))
+                        out_sf[sf_at(t, j * groups + g)], inverse[g] = scale_and_inverse(T.cast(amax[g], T.float32))
                     else:
-                        out_sf[t, j * groups + g] = scale_and_inverse(T.cast(amax[g], T.float32))[0]
+                        out_sf[sf_at(t, j * groups + g)] = scale_and_inverse(T.cast(amax[g], T.float32))[0]
                 if writes_data:
                     if fp4:
                         codes = T.alloc_local((run,), T.uint32)
@@ -100,7 +117,7 @@ def cuda_per_token_cast_kernel(cfg):
                             )
                 if padding > 0 and j == n_tiles - 1:
                     for p in T.serial(padding):
-                        out_sf[t, num_blocks + p] = T.uint8(0)
+                        out_sf[sf_at(t, num_blocks + p)] = T.uint8(0)
             elif fp4:
                 # One streaming pass: the scale's load and reciprocal are the same for a thread's vector of a block.
                 xv = T.alloc_fragment((groups, runs, run), in_dtype)  # the runs' 16-byte loads
@@ -121,20 +138,25 @@ def cuda_per_token_cast_kernel(cfg):
 
     sf_shape = (num_tokens, cfg.sf_cols)
     data_shape = (num_tokens, cfg.data_cols)
+    out_sf_type = T.Tensor(sf_shape, sf_dtype)
+    if col_major:  # the transposed column-major scales: rows of stride sf_stride >= T
+        sf_stride = T.dynamic('sf_stride')
+        cm_shape = (cfg.sf_cols // 4, 4 * num_tokens) if packed else (cfg.sf_cols, num_tokens)
+        out_sf_type = T.StridedTensor(cm_shape, (sf_stride, 1), sf_dtype)
     if cfg.mode == 'cast':
 
         @T.prim_func
         def per_token_cast_kernel(
             x: T.Tensor((num_tokens, hidden), in_dtype),
             out: T.Tensor(data_shape, data_dtype),
-            out_sf: T.Tensor(sf_shape, sf_dtype),
+            out_sf: out_sf_type,
         ):
             body(x, out, out_sf, None)
 
     elif cfg.mode == 'sf_only':
 
         @T.prim_func
-        def per_token_cast_kernel(x: T.Tensor((num_tokens, hidden), in_dtype), out_sf: T.Tensor(sf_shape, sf_dtype)):
+        def per_token_cast_kernel(x: T.Tensor((num_tokens, hidden), in_dtype), out_sf: out_sf_type):
             body(x, None, out_sf, None)
 
     else:

@@ -27,29 +27,36 @@ def sf_layout(
     return shape, contract.E4M3_SF_DTYPE if e4m3_sf else dtype
 
 
-def _results(x, fmt, num_per_channels, use_packed_ue8m0, use_e4m3_sf):
-    """(shape, dtype) of data and sf."""
+def _sf_result(x, num_per_channels, use_tma_aligned_col_major_sf, use_packed_ue8m0, use_e4m3_sf):
+    """(shape, dtype) of sf, with its strides when column-major (contract.col_major_sf_strides: the peer's rule on
+    x's backend)."""
+    shape, dtype = sf_layout(*x.shape, num_per_channels, use_packed_ue8m0, use_e4m3_sf)
+    if not use_tma_aligned_col_major_sf:
+        return shape, dtype
+    return shape, dtype, contract.col_major_sf_strides(x.shape[0], dtype, x.device)
+
+
+def _results(x, fmt, num_per_channels, use_tma_aligned_col_major_sf, use_packed_ue8m0, use_e4m3_sf):
+    """(shape, dtype) of data, (shape, dtype[, strides]) of sf."""
     return (
         contract.data_layout(*x.shape, fmt),
-        sf_layout(*x.shape, num_per_channels, use_packed_ue8m0, use_e4m3_sf),
+        _sf_result(x, num_per_channels, use_tma_aligned_col_major_sf, use_packed_ue8m0, use_e4m3_sf),
     )
 
 
-def _options(name, H, fmt, num_per_channels, x_block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0,
-             use_e4m3_sf, stochastic_cast):  # fmt: skip
+def _options(name, H, fmt, num_per_channels, x_block_size, round_sf, use_packed_ue8m0, use_e4m3_sf, stochastic_cast):
+    """The rules of the three calls (use_tma_aligned_col_major_sf: any bool; per_token_cast_with_precomputed_sf
+    refuses True)."""
     contract.check_cast_format(name, fmt, FORMATS)
     contract.check_block(name, 'num_per_channels', num_per_channels, CAST_BLOCK_SIZES)
-    contract.check_unsupported(
-        name, x_block_size=x_block_size, use_tma_aligned_col_major_sf=use_tma_aligned_col_major_sf,
-        stochastic_cast=stochastic_cast,
-    )  # fmt: skip
+    contract.check_unsupported(name, x_block_size=x_block_size, stochastic_cast=stochastic_cast)
     contract.check_scale_flags(name, round_sf, use_packed_ue8m0)
     contract.check_e4m3_sf(name, use_e4m3_sf, round_sf)
     contract.check_hidden(name, H, hidden_multiple(num_per_channels), f'num_per_channels {num_per_channels}')
 
 
 def _choice(mode):
-    def choice(x, fmt, num_per_channels, round_sf, use_packed_ue8m0, use_e4m3_sf):
+    def choice(x, fmt, num_per_channels, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, use_e4m3_sf):
         return {
             'hidden': x.shape[1],
             'in_dtype': x.dtype,
@@ -59,21 +66,24 @@ def _choice(mode):
             'mode': mode,
             'fmt': fmt,
             'e4m3_sf': use_e4m3_sf,
+            'col_major_sf': use_tma_aligned_col_major_sf,
         }
 
     return choice
 
 
-def _half_options(name, H, fmt, num_per_channels, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0,
-                  use_e4m3_sf):  # fmt: skip
-    _options(name, H, fmt, num_per_channels, None, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0,
-             use_e4m3_sf, False)  # fmt: skip
+def _half_options(name, H, fmt, num_per_channels, round_sf, use_packed_ue8m0, use_e4m3_sf):
+    _options(name, H, fmt, num_per_channels, None, round_sf, use_packed_ue8m0, use_e4m3_sf, False)
 
 
 def _precomputed_options(name, x, fmt, num_per_channels, sf, use_tma_aligned_col_major_sf, round_sf,
                          use_packed_ue8m0, use_e4m3_sf):  # fmt: skip
-    _half_options(name, x.shape[1], fmt, num_per_channels, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0,
-                  use_e4m3_sf)  # fmt: skip
+    _half_options(name, x.shape[1], fmt, num_per_channels, round_sf, use_packed_ue8m0, use_e4m3_sf)
+    if use_tma_aligned_col_major_sf:
+        raise ValueError(
+            f'{name}: use_tma_aligned_col_major_sf=True is not supported: the given scales are read row-major (as '
+            'TileKernels 2.1.0 reads them)'
+        )
     contract.check_given_scales(name, sf, x.shape, (1, num_per_channels), use_packed_ue8m0,
                                 f'one per token and block of {num_per_channels}')  # fmt: skip
     wanted = contract.E4M3_SF_DTYPE if use_e4m3_sf else torch.float32
@@ -114,8 +124,8 @@ SF_ONLY = Operator(
     out('out_sf'),
     extra=_half_options,
     choice=_choice('sf_only'),
-    results=lambda x, num_per_channels, use_packed_ue8m0, use_e4m3_sf: (
-        sf_layout(*x.shape, num_per_channels, use_packed_ue8m0, use_e4m3_sf),
+    results=lambda x, num_per_channels, use_tma_aligned_col_major_sf, use_packed_ue8m0, use_e4m3_sf: (
+        _sf_result(x, num_per_channels, use_tma_aligned_col_major_sf, use_packed_ue8m0, use_e4m3_sf),
     ),
     **_LIMITS,
     **_KERNEL,
@@ -139,7 +149,7 @@ PRECOMPUTED = Operator(
 )
 
 
-@OP.public(cast_eager(OP, 'cast', 'num_per_channels'), result=QuantTensor)
+@OP.public(cast_eager(OP, 'cast', 'num_per_channels', col_major=True), result=QuantTensor)
 def per_token_cast(
     x: torch.Tensor,
     fmt: str,
@@ -173,11 +183,15 @@ def per_token_cast(
             packed four per int32 (zero padding).
         use_e4m3_sf: the scale factors as float8_e4m3fn (not with round_sf). A block maximum past 448 * m
             saturates its scale at 448, so its data saturates too.
-        x_block_size, use_tma_aligned_col_major_sf, stochastic_cast: TileKernels' options for pre-quantised
-            inputs, column-major scale factors and stochastic rounding; only their defaults are supported yet
+        use_tma_aligned_col_major_sf: sf column-major, as TMA-loading FP8 GEMMs (DeepGEMM) read it: the same
+            shape and values, strides (1, T_pad), a view buf[:, :T].T of a (K, T_pad) buffer; T_pad is T rounded up
+            to 16 bytes of sf's dtype on CUDA (4 fp32 / int32, 16 E4M3), T on Ascend (TileKernels' rule per
+            backend; T = 0: strides (1, 0)).
+        x_block_size, stochastic_cast: TileKernels' options for pre-quantised inputs and stochastic rounding; only
+            their defaults are supported yet (ValueError otherwise).
+        out: optional (data, sf) buffers of the result's shapes and dtypes, on x's device, not overlapping x or each
+            other; data contiguous, sf contiguous or, with use_tma_aligned_col_major_sf, of the strides above
             (ValueError otherwise).
-        out: optional (data, sf) buffers of the result's shapes and dtypes, contiguous, on x's device, not
-            overlapping x or each other.
 
     Returns:
         QuantTensor(data, sf), a tuple: data (T, H) float8_e4m3fn, or FP4 (T, H / 2) int8; sf (T, H /
@@ -189,7 +203,7 @@ def per_token_cast(
     """
 
 
-@SF_ONLY.public(cast_eager(SF_ONLY, 'sf_only', 'num_per_channels'), returns='Tensor')
+@SF_ONLY.public(cast_eager(SF_ONLY, 'sf_only', 'num_per_channels', col_major=True), returns='Tensor')
 def per_token_cast_with_sf_only(
     x: torch.Tensor,
     fmt: str,
@@ -200,8 +214,9 @@ def per_token_cast_with_sf_only(
     use_e4m3_sf: bool = False,
     out_sf: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """The scale factors of per_token_cast (same arguments and rules; TileKernels 2.1.0's call), without the
-    data: x is read once and only sf is written. out_sf: an optional buffer of sf's shape and dtype."""
+    """The scale factors of per_token_cast (same arguments and rules, column-major scales included; TileKernels
+    2.1.0's call), without the data: x is read once and only sf is written. out_sf: an optional buffer of sf's shape,
+    dtype and layout."""
 
 
 @PRECOMPUTED.public(cast_eager(PRECOMPUTED, 'precomputed', 'num_per_channels'), returns='Tensor')
@@ -219,6 +234,6 @@ def per_token_cast_with_precomputed_sf(
     """The data of per_token_cast from given scale factors (TileKernels 2.1.0's call): data = narrow(x * (1 /
     fp32(sf))) per block (IEEE reciprocal; e4m3 clamped to +-448 then to nearest even, FP4 e2m1 as per_token_cast),
     for sf (T, H / num_per_channels) contiguous, fp32, or float8_e4m3fn with use_e4m3_sf. round_sf does not change
-    the result; use_packed_ue8m0 is not supported (ValueError). A scale of 0 gives inverse inf: the block's values
-    become +-448 (FP4 +-6) and its zeros NaN (FP4 +-6). out: an optional buffer of the data's shape and dtype
-    ((T, H) float8_e4m3fn, or FP4 (T, H / 2) int8)."""
+    the result; use_packed_ue8m0 and use_tma_aligned_col_major_sf are not supported (ValueError; the peer refuses
+    them too). A scale of 0 gives inverse inf: the block's values become +-448 (FP4 +-6) and its zeros NaN (FP4 +-6).
+    out: an optional buffer of the data's shape and dtype ((T, H) float8_e4m3fn, or FP4 (T, H / 2) int8)."""

@@ -23,9 +23,11 @@ scales the inf block's scale saturates at 448, its finite values are x / 448 and
 NaN in a block is unspecified (the max reductions of the backends may drop it), as in the peer.
 
 Supported: x contiguous (T, H), T >= 1 per launch (the interface skips empty inputs), H a positive multiple of
-max(64, block_size). The peer also takes H = 64 * odd with block 128 (a short last block), strided rows,
-pre-quantised inputs and column-major scales; these kernels do not. The peer's Ascend kernel takes only 32-channel
-blocks and no E4M3 scales; these take every block and scale format on both backends.
+max(64, block_size). The scales are written row-major, or (`col_major_sf`, TileKernels'
+use_tma_aligned_col_major_sf) straight into a column-major buffer: the same values, token t's scale k at element
+k * S + t for a row stride S >= T of the launch (packed UE8M0: word k). The peer also takes H = 64 * odd with block
+128 (a short last block), strided rows and pre-quantised inputs; these kernels do not. The peer's Ascend kernel
+takes only 32-channel blocks and no E4M3 scales; these take every block and scale format on both backends.
 
 One generator builds the Ascend 950 kernel (vector cores, SIMD: _per_token_cast_ascend.py) or the CUDA kernel
 (_per_token_cast_cuda.py), chosen by `cfg.backend`; both take (x, out, out_sf) and are bit-exact against
@@ -77,6 +79,10 @@ class PerTokenCastConfig(CastModes, CastFormats, RowScales):
     mode: str = 'cast'  # 'cast', 'sf_only' or 'precomputed' (MODES)
     fmt: str = 'e4m3'  # output format (FORMATS)
     e4m3_sf: bool = False  # scales as e4m3 bytes (not with round_sf)
+    # The scales written column-major (TileKernels' use_tma_aligned_col_major_sf): scale k of token t at
+    # out_sf[k, t] of a (sf_cols, T) view whose row stride is a launch argument (T rounded up, or T itself);
+    # packed UE8M0: the bytes of word w of token t at out_sf[w, 4 t : 4 t + 4] of a (sf_cols / 4, 4 T) uint8 view.
+    col_major_sf: bool = False
 
     def __post_init__(self):
         if self.backend not in ('ascend', 'cuda'):
@@ -104,6 +110,19 @@ class PerTokenCastConfig(CastModes, CastFormats, RowScales):
             raise ValueError(f'mode must be one of {MODES}, got {self.mode!r}')
         if self.mode == 'precomputed' and self.round_sf:
             raise ValueError('mode "precomputed" reads fp32 scales: round_sf and packed_ue8m0 do not apply there')
+        if self.col_major_sf and not self.computes_sf:
+            raise ValueError('col_major_sf: mode "precomputed" reads row-major scales (as TileKernels)')
+        if (
+            self.col_major_sf
+            and self.packed_ue8m0
+            and self.backend == 'ascend'
+            and self.num_col_tiles > 1
+            and self.groups_per_tile % UE8M0_PACK
+        ):
+            raise ValueError(
+                f'Ascend: column-major UE8M0 scales need whole int32 words per task: block_k {self.block_k} must '
+                f'hold a multiple of {UE8M0_PACK} blocks of {self.block_size}, or be the whole row'
+            )
 
     @property
     def block_channels(self) -> int:
@@ -123,10 +142,12 @@ def choose_per_token_cast_config(
     mode: str = 'cast',
     fmt: str = 'e4m3',
     e4m3_sf: bool = False,
+    col_major_sf: bool = False,
 ) -> PerTokenCastConfig:
     """Pure choice of the compile-time parameters (no device query). `in_dtype`: torch.bfloat16 / torch.float32
     (or their names). In mode 'precomputed' round_sf is dropped (the inverse is 1 / sf either way). Invalid
-    combinations raise ValueError."""
+    combinations raise ValueError. `col_major_sf` changes only where the scales are stored (and, on Ascend with
+    packed UE8M0 scales, keeps a task's scale bytes to whole int32 words)."""
     if in_dtype not in FLOAT_DTYPE_NAMES:
         raise ValueError(f'in_dtype must be torch.bfloat16 or torch.float32, got {in_dtype!r}')
     dtype = FLOAT_DTYPE_NAMES[in_dtype]
@@ -142,11 +163,15 @@ def choose_per_token_cast_config(
             raise ValueError('mode "precomputed" reads fp32 scales: packed_ue8m0 is not supported there')
         round_sf = False
     make = functools.partial(PerTokenCastConfig, backend, hidden, dtype, block_size, round_sf, packed_ue8m0, num_cores,
-                             mode=mode, fmt=fmt, e4m3_sf=e4m3_sf)  # fmt: skip
+                             mode=mode, fmt=fmt, e4m3_sf=e4m3_sf, col_major_sf=col_major_sf)  # fmt: skip
     if backend == 'ascend':
         # The largest task that fits the buffers: the op streams x once, so fewer, longer DMAs per core.
         block_k = divisors(hidden, unit, _ASCEND_MAX_BLOCK_K)[0]
         padded = packed_ue8m0 and (hidden // block_size) % UE8M0_PACK != 0
+        if col_major_sf and packed_ue8m0 and not padded and (block_k // block_size) % UE8M0_PACK:
+            # Column-major UE8M0 words go out one burst each: a task holds whole words, the row if it fits.
+            whole = hidden <= _ASCEND_MAX_ROW
+            block_k = hidden if whole else divisors(hidden, UE8M0_PACK * block_size, _ASCEND_MAX_BLOCK_K)[0]
         if padded and block_k != hidden:
             if hidden > _ASCEND_MAX_ROW:
                 raise ValueError(
@@ -168,7 +193,9 @@ def make_per_token_cast_kernel(cfg: PerTokenCastConfig):
     """The TileLang prim_func `per_token_cast_kernel(x, out, out_sf)` for `cfg.backend` (no compile).
 
     x: (T, hidden) cfg.in_dtype; out: (T, cfg.data_cols) cfg.data_dtype (float8_e4m3fn, or FP4 bytes int8);
-    out_sf: (T, cfg.sf_cols) cfg.sf_dtype. T is dynamic and must be >= 1.
+    out_sf: (T, cfg.sf_cols) cfg.sf_dtype, or with cfg.col_major_sf a view (cfg.sf_cols, T) of row stride S >= T
+    (the interface's column-major scales transposed: sf.T), packed UE8M0 bytes (cfg.sf_cols / 4, 4 T) of row stride
+    4 S (sf.T.view(torch.uint8)). T is dynamic and must be >= 1.
     """
     if cfg.backend == 'ascend':
         return ascend_per_token_cast_kernel(cfg)
