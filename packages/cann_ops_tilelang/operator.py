@@ -145,7 +145,8 @@ def tensor(
     """A tensor argument: `dims` as 'T, hc + 1, H' (a symbol not seen before is bound from this tensor).
 
     fast_when_given (an optional written tensor): the fast path takes a call that gives it, when it is contiguous
-    and apart from every other tensor given (fast_ok checks both); the operator's fast-path key must then say
+    (layout 'rows': whatever its outer strides, the entry checks the last) and apart from every other tensor given
+    (fast_ok checks both, by spans); the operator's fast-path key must then say
     whether it is given. Without it a call that gives the tensor takes the full path."""
     if fast_when_given and not (optional and written):
         raise ValueError(f'{name}: fast_when_given is for optional tensors written in place')
@@ -755,16 +756,16 @@ def _fast_ok_source(args, tensors, outputs, written, params, limits=None) -> str
 
 
 def _fast_given_lines(tensors, written, used) -> list[str]:
-    """fast_ok's lines for the fast_when_given tensors that a call gives: contiguous, and apart from every other
-    tensor given (spans from data_ptr and _end_bytes)."""
+    """fast_ok's lines for the fast_when_given tensors that a call gives: contiguous (a 'rows' tensor: any outer
+    strides, its span measured), and apart from every other tensor given (spans from data_ptr and _end_bytes)."""
     lines = []
     for w in (a for a in written if a.fast_when_given):
+        lines.append(f'    if {w.name} is not None:')
+        if w.layout == 'contiguous':
+            lines += [f'        if not {w.name}.is_contiguous():', '            return None']
         lines += [
-            f'    if {w.name} is not None:',
-            f'        if not {w.name}.is_contiguous():',
-            '            return None',
             f'        {w.name}_at = {w.name}.data_ptr()',
-            f'        {w.name}_end = {w.name}_at + {w.name}.nbytes',
+            f'        {w.name}_end = {w.name}_at + {_end_bytes(w)}',
         ]
         meets = []
         for o in tensors:

@@ -22,6 +22,7 @@ from cann_ops_tilelang.moe.moe_swiglu_forward_kernel import (
     make_moe_swiglu_forward_kernel,
 )
 from cann_ops_tilelang.operator import NAMESPACE, OPERATORS
+from tests.testing import fast_path
 from tests.testing.bench import config_extras, make_param_id
 from tests.testing.generator import by_level, generate_samples, get_test_level
 from tests.testing.graphs import GraphRecorder
@@ -282,36 +283,15 @@ def test_moe_swiglu_forward_fake_tensors(monkeypatch):
 
 @pytest.fixture
 def stub_cuda_launches(monkeypatch):
-    """CPU tensors taken as CUDA ones: each swiglu forward's fast_ok without its device test, one core count, and
-    launches recorded (a launcher's entry then counts as checking its arguments, as a loaded kernel's does)."""
-    from cann_ops_tilelang import operator
-    from cann_ops_tilelang.kernel_target import Launcher
-
-    launches = []
-    for op in (moe_swiglu_forward.operator, moe_swiglu_forward_and_per_token_cast.operator):
-        namespace = dict(op.fast_ok.__globals__)
-        exec(op.source.replace('x.is_cuda', 'True'), namespace)
-        monkeypatch.setattr(op, 'fast_ok', namespace['fast_ok'])
-        monkeypatch.setattr(op, 'fast', {})
-        monkeypatch.setattr(op, '_launchers', {})
-
-    def launch(self, *args):
-        self.checks_arguments = True
-        launches.append((self.cfg, args))
-
-    monkeypatch.setattr(config, 'require_accelerator', lambda *tensors: 'cuda')
-    monkeypatch.setattr(operator, 'get_num_cores', lambda device: H200_SMS)
-    monkeypatch.setattr(Launcher, 'launch', launch)
-    return launches
+    return fast_path.stub_cuda_launches(
+        monkeypatch, moe_swiglu_forward.operator, moe_swiglu_forward_and_per_token_cast.operator
+    )
 
 
 def test_moe_swiglu_forward_fast_path_flow(stub_cuda_launches, monkeypatch):
     """A second call of a key launches the remembered launcher without the full check, with the arguments the
     full path gives it; out=, clamped_count, an empty expert table or no rows take the full path every time."""
-    op = moe_swiglu_forward.operator
-    plans = []
-    plan = op.plan
-    monkeypatch.setattr(op, 'plan', lambda *args: plans.append(args) or plan(*args))
+    plans = fast_path.count_plans(monkeypatch, moe_swiglu_forward.operator)
     x = torch.randn(5, 128)
     weights, psum = torch.rand(5), torch.tensor([3, 5], dtype=torch.int32)
     for _ in range(3):
@@ -343,10 +323,7 @@ def test_moe_swiglu_forward_fast_path_flow(stub_cuda_launches, monkeypatch):
 
 def test_moe_swiglu_forward_and_per_token_cast_fast_path_flow(stub_cuda_launches, monkeypatch):
     """The fused cast's key holds its cast options too: another block or scale format is planned once more."""
-    op = moe_swiglu_forward_and_per_token_cast.operator
-    plans = []
-    plan = op.plan
-    monkeypatch.setattr(op, 'plan', lambda *args: plans.append(args) or plan(*args))
+    plans = fast_path.count_plans(monkeypatch, moe_swiglu_forward_and_per_token_cast.operator)
     x = torch.randn(5, 256)
     for block, round_sf, packed in ((32, False, False), (32, False, False), (64, False, False), (32, True, True),
                                     (32, True, True)):  # fmt: skip

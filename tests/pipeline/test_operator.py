@@ -12,6 +12,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from cann_ops_tilelang import config, operator
+from tests.testing.fast_path import fast_ok_on_cpu
 
 
 @pytest.fixture(autouse=True)
@@ -291,14 +292,6 @@ def test_an_optional_written_tensor_is_checked_when_given_and_takes_the_full_pat
     assert 'if not (y is None and type(x) in _PLAIN' in declared.source  # fast_ok: given, the full path decides
 
 
-def _fast_ok_on_cpu(declared: operator.Operator):
-    """The declared fast_ok with its CUDA test taken out, so that CPU tensors exercise the rest of it."""
-    first = declared.args[0].name
-    namespace = dict(declared.fast_ok.__globals__)
-    exec(declared.source.replace(f'{first}.is_cuda', 'True'), namespace)
-    return namespace['fast_ok']
-
-
 def test_an_optional_written_tensor_declared_fast_when_given_takes_the_fast_path_when_apart():
     """fast_when_given (moe_topk_gate's scores): a call that gives the tensor takes the fast path when it is
     contiguous and overlaps no other tensor given; otherwise the full path decides (None)."""
@@ -311,7 +304,7 @@ def test_an_optional_written_tensor_declared_fast_when_given_takes_the_fast_path
         choose_config=None,
         get_kernel=None,
     )
-    fast_ok = _fast_ok_on_cpu(declared)
+    fast_ok = fast_ok_on_cpu(declared)
     x, m, buffer = torch.zeros(8), torch.zeros(8), torch.zeros(16)
     assert fast_ok(x, None, None) == (8,)
     assert fast_ok(x, m, buffer[:8]) == (8,)  # apart from x and m
@@ -333,7 +326,7 @@ def test_the_fast_path_measures_strided_rows_by_their_span():
         choose_config=None,
         get_kernel=None,
     )
-    fast_ok = _fast_ok_on_cpu(declared)
+    fast_ok = fast_ok_on_cpu(declared)
     buffer = torch.zeros(8, 8)
     kv = buffer[:, :4]  # 8 rows of 4, every other half-row a gap: 32 elements over a span of 60
     assert fast_ok(kv, None, torch.zeros(8, 4)) == (8, 4)
@@ -356,7 +349,7 @@ def test_the_fast_path_keeps_a_written_tensor_apart_from_the_optional_inputs_giv
         choose_config=None,
         get_kernel=None,
     )
-    fast_ok = _fast_ok_on_cpu(declared)
+    fast_ok = fast_ok_on_cpu(declared)
     x, buffer = torch.zeros(8), torch.zeros(16)
     assert fast_ok(x, None, buffer[:8]) == (8,)
     assert fast_ok(x, buffer[8:], buffer[:8]) == (8,)  # apart
@@ -376,7 +369,7 @@ def test_the_fast_path_checks_the_limits_the_first_tensor_gives():
     declared = operator.Operator(
         name, operator.tensor('x', torch.float32, 'T, E'), limits=limits, choose_config=None, get_kernel=None
     )
-    fast_ok = _fast_ok_on_cpu(declared)
+    fast_ok = fast_ok_on_cpu(declared)
     assert fast_ok(torch.zeros(8, 8)) == (8, 8)
     assert fast_ok(torch.zeros(9, 8)) is None
     with pytest.raises(ValueError, match='at most 64 elements, got 9 x 8'):

@@ -13,6 +13,7 @@ from cann_ops_tilelang import config
 from cann_ops_tilelang.operator import NAMESPACE, OPERATORS
 from cann_ops_tilelang.transform import apply_rotary
 from cann_ops_tilelang.transform.apply_rotary_kernel import choose_apply_rotary_config
+from tests.testing import fast_path
 from tests.testing.bench import config_extras, make_param_id
 from tests.testing.generator import by_level, generate_samples, get_test_level
 from tests.testing.graphs import GraphRecorder
@@ -97,6 +98,39 @@ def test_apply_rotary_takes_fused_qkv_views():
         _call(query, CACHE, key)
     with pytest.raises(ValueError, match='query and key must not overlap'):
         _call(query, CACHE, query.view(5, 2, 128)[..., 32:96])
+
+
+def test_apply_rotary_fast_path_flow(monkeypatch):
+    """CPU tensors taken as CUDA ones: a second call of a configuration launches without the full check, query and
+    key (partial-rotary views too) in one launch; calls whose spans meet (fused qkv views) or that the compiled
+    entry could not refuse (an offset past the cache, no tokens) take the full check every time."""
+    op = apply_rotary.operator
+    launches = fast_path.stub_cuda_launches(monkeypatch, op)
+    plans = fast_path.count_plans(monkeypatch, op)
+    q = torch.randn(5, 4, 96).to(torch.bfloat16)[..., 32:]
+    k = torch.randn(5, 2, 64).to(torch.bfloat16)
+    positions = torch.arange(5)
+    for _ in range(3):
+        _call(q, CACHE, k, positions, seqlen_offset=2)
+    assert len(plans) == 1
+    assert [len(args) for _, args in launches] == [6] * 3  # query, key, cache, positions, offset, sin's sign
+    assert launches[-1][1][0].shape == (1, 5, 4, 64)
+    assert launches[-1][1][3].shape == (1, 5)
+    assert launches[-1][1][4:] == (2, 1.0)
+    _call(q, CACHE, k, positions, conjugate=True)  # a runtime argument: the same launcher
+    assert (len(plans), launches[-1][1][5]) == (1, -1.0)
+    wide = torch.zeros(5, 4, 96, dtype=torch.bfloat16)
+    for _ in range(2):
+        _call(wide[..., :64], CACHE)  # another configuration (no key, no positions): planned once
+    assert len(plans) == 2
+    with pytest.raises(ValueError, match=r'seqlen_offset must be in \[0, 43\]'):
+        _call(wide[..., :64], CACHE, seqlen_offset=44)
+    _call(wide[:0, :, :64], CACHE)  # no tokens: the full check, no launch
+    assert (len(plans), len(launches)) == (4, 6)
+    _, fused_q, fused_k = _fused_qkv(5, 4, 2, 64, torch.bfloat16)
+    for _ in range(2):
+        _call(fused_q, CACHE, fused_k)
+    assert (len(plans), len(launches)) == (6, 8)
 
 
 def test_apply_rotary_rejects_a_span_past_int32():

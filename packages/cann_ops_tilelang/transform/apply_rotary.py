@@ -132,7 +132,7 @@ OP = Operator(
     'apply_rotary',
     tensor('query', DTYPES, layout='rows', written='updated'),
     tensor('cos_sin_cache', torch.float32, 'seqlen_ro, rot_dim', layout='rows'),
-    tensor('key', DTYPES, layout='rows', optional=True, written='updated'),
+    tensor('key', DTYPES, layout='rows', optional=True, written='updated', fast_when_given=True),
     tensor('positions', (torch.int32, torch.int64), layout='rows', optional=True),
     scalar('interleaved', 'bool'),
     scalar('conjugate', 'bool'),
@@ -145,15 +145,46 @@ OP = Operator(
 )
 
 
+def _tail(positions, interleaved, conjugate, seqlen_offset) -> tuple:
+    """The launch arguments after the tensors rotated and the cache: positions (batch, seqlen) where given, the
+    offset, sin's sign (the inverse rotation negates sin)."""
+    tail = (seqlen_offset, -1.0 if conjugate else 1.0)
+    return tail if positions is None else (positions if positions.dim() == 2 else positions.unsqueeze(0), *tail)
+
+
+def _fast_key(query, cos_sin_cache, key, positions, interleaved, conjugate, seqlen_offset) -> tuple | None:
+    """The fast path's key of a call (CUDA, tokens, OP.fast_ok's checks passed; None: the full path decides): the
+    configuration's choice, which the key holds whole, and the rank. Here too, what the compiled entry cannot
+    check: the int32 spans, the offset, and without positions the cache rows read."""
+    shape = OP.fast_ok(query, cos_sin_cache, key, positions, interleaved, conjugate, seqlen_offset)
+    if shape is None or len(shape) not in (3, 4) or not query.numel() or (key is not None and key.dim() != len(shape)):
+        return None
+    rows = cos_sin_cache.shape[0]
+    if positions is None and not 0 <= seqlen_offset <= rows - shape[-3]:
+        return None
+    if not (_OFFSET_RANGE[0] <= seqlen_offset <= _OFFSET_RANGE[1] and rows and _span(query) <= MAX_SPAN):
+        return None
+    if any(t is not None and _span(t) > MAX_SPAN for t in (key, cos_sin_cache, positions)):
+        return None
+    choice = _choice(query, cos_sin_cache, key, positions, interleaved, 'cuda')
+    return (query.get_device(), len(shape), *choice.values())
+
+
 def _eager(query, cos_sin_cache, key, positions, interleaved, conjugate, seqlen_offset) -> None:
-    """A call on real tensors (also the kernel of the torch.library form): every check, then, for tokens, one
-    launch on CUDA (query and key together), one per tensor on Ascend (query, then key with its head count)."""
-    launcher = OP.plan(query, cos_sin_cache, key, positions, interleaved, conjugate, seqlen_offset)
+    """A call on real tensors (also the kernel of the torch.library form): every check (or the fast path's), then,
+    for tokens, one launch on CUDA (query and key together), one per tensor on Ascend (query, then key with its
+    head count)."""
+    args = (query, cos_sin_cache, key, positions, interleaved, conjugate, seqlen_offset)
+    fast_key = _fast_key(*args)
+    if fast_key is not None:  # CUDA, with tokens: one launch of a remembered launcher
+        launcher, fast = OP.prepare(fast_key, args)
+        launch_args = (_as_4d(query), *(() if key is None else (_as_4d(key),)), cos_sin_cache, *_tail(*args[3:]))
+        OP.finish(launcher, fast, fast_key, launch_args, args, empty=False)
+        return
+    launcher = OP.plan(*args)
     if not query.numel():  # no tokens (heads and rot_dim are >= 1): nothing to launch
         return
-    tail = (seqlen_offset, -1.0 if conjugate else 1.0)  # sin_sign: the inverse rotation negates sin
-    if positions is not None:
-        tail = (positions if positions.dim() == 2 else positions.unsqueeze(0), *tail)
+    tail = _tail(*args[3:])
     backend = launcher.cfg.backend
     if backend == 'cuda' and key is not None:
         launcher.launch(_as_4d(query), _as_4d(key), cos_sin_cache, *tail)
@@ -199,8 +230,8 @@ def apply_rotary(
         cos_sin_cache: (seqlen_ro, rot_dim) fp32, last dimension contiguous, seqlen_ro >= 1; cos in the first half of
             a row, sin in the second. rot_dim: a multiple of 32 in [32, 256].
         key: None, or like query (same dtype, rank and tokens) with its own number of heads (GQA / MQA), updated in
-            place; query and key must not overlap (two views of one fused qkv buffer whose rows interleave count as
-            overlapping: rotate them in two calls).
+            place; query and key must not share a byte (the query and key heads of one fused qkv buffer, whose
+            token rows interleave, do not).
         positions: None, or int32 / int64 of shape (tokens,) / (batch, seqlen), last dimension contiguous. A row
             outside [0, seqlen_ro) after adding seqlen_offset is clamped into it (read on the device: no host
             sync, no fault).
