@@ -18,6 +18,7 @@ from cann_ops_tilelang.moe.moe_swiglu_backward_kernel import (
     make_moe_swiglu_backward_kernel,
 )
 from cann_ops_tilelang.operator import NAMESPACE, OPERATORS
+from tests.testing import fast_path
 from tests.testing.bench import config_extras, make_param_id
 from tests.testing.generator import by_level, generate_samples, get_test_level
 from tests.testing.graphs import GraphRecorder
@@ -253,6 +254,30 @@ def test_moe_swiglu_backward_compiles_into_one_graph():
     assert len(record.graphs) == 1
     targets = record.targets()
     assert str(FORMS['moe_swiglu_backward']) in targets, targets
+
+
+# ---------------------------------------------------------------- CPU tier: the fast path's flow
+
+
+def test_moe_swiglu_backward_fast_path_flow(monkeypatch):
+    """CPU tensors taken as CUDA ones: a second call of a key launches without the full check; routed scaling
+    without weights, whose key no earlier call remembered, still gets the contract's error (it once found the key of
+    the call without weights), and so does an empty expert table."""
+    op = moe_swiglu_backward.operator
+    launches = fast_path.stub_cuda_launches(monkeypatch, op)
+    plans = fast_path.count_plans(monkeypatch, op)
+    x, grad = torch.randn(5, 256, dtype=torch.bfloat16), torch.randn(5, 128, dtype=torch.bfloat16)
+    psum = torch.tensor([2, 5], dtype=torch.int32)
+    for _ in range(3):
+        moe_swiglu_backward(x, grad, 'bf16', psum, None, None, 4.0)
+    assert (len(plans), len(launches)) == (1, 3)
+    with pytest.raises(ValueError, match='routed_scaling_factor needs topk_weights'):
+        moe_swiglu_backward(x, grad, 'bf16', psum, None, 2.0, 4.0)
+    with pytest.raises(ValueError, match='at least one expert'):
+        moe_swiglu_backward(x, grad, 'bf16', psum[:0], None, None, 4.0)
+    with pytest.raises(ValueError, match='at least one expert'):
+        moe_swiglu_backward(x, grad, 'bf16', psum[0], None, None, 4.0)  # 0-D: no IndexError on the fast path
+    assert len(launches) == 3
 
 
 # ---------------------------------------------------------------- device tier

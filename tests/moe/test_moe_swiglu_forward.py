@@ -206,8 +206,8 @@ _COUNT = torch.zeros(4, dtype=torch.int64)
         ((X, 'bf16'), {'psum_num_tokens_per_expert': _PSUM.long()}, TypeError,
          'psum_num_tokens_per_expert must have dtype torch.int32'),
         ((X, 'bf16'), {'psum_num_tokens_per_expert': _PSUM.view(1, 1)}, ValueError,
-         r'psum_num_tokens_per_expert must have shape \(E,\), E >= 1'),
-        ((X, 'bf16'), {'psum_num_tokens_per_expert': _PSUM[:0]}, ValueError, 'E >= 1'),
+         'psum_num_tokens_per_expert must be 1-D with at least one expert'),
+        ((X, 'bf16'), {'psum_num_tokens_per_expert': _PSUM[:0]}, ValueError, 'at least one expert'),
         ((X, 'bf16'), {'routed_scaling_factor': 2.0}, ValueError, 'routed_scaling_factor needs topk_weights'),
         ((X, 'bf16'), {'topk_weights': torch.ones(4), 'routed_scaling_factor': float('nan')}, ValueError,
          'routed_scaling_factor'),
@@ -315,7 +315,7 @@ def test_moe_swiglu_forward_fast_path_flow(stub_cuda_launches, monkeypatch):
     ):
         call()
     assert len(plans) == 5
-    with pytest.raises(ValueError, match='psum_num_tokens_per_expert must have shape'):
+    with pytest.raises(ValueError, match='psum_num_tokens_per_expert must be 1-D with at least one expert'):
         moe_swiglu_forward(x, 'bf16', psum[:0], weights, 2.0, 4.0)
     with pytest.raises(ValueError, match='routed_scaling_factor needs topk_weights'):
         moe_swiglu_forward(x, 'bf16', psum, None, 2.0, 4.0)

@@ -13,6 +13,7 @@ from cann_ops_tilelang.kernel_target import placeholder
 from cann_ops_tilelang.operator import Operator, scalar, tensor
 
 from ..quant import _contract as quant_contract
+from ._swiglu_contract import check_layout_options, swiglu_fast_key
 from .moe_swiglu_backward_kernel import (
     HIDDEN_UNIT,
     OUT_FORMATS,
@@ -30,17 +31,6 @@ def check_sizes(name: str, T: int, H2: int) -> None:
             f'{name}: x must have a last dimension 2 * H with H a positive multiple of {HIDDEN_UNIT}, got {H2}'
         )
     quant_contract.check_numel(name, T, H2)
-
-
-def check_layout_options(name: str, psum_num_tokens_per_expert, topk_weights, routed_scaling_factor) -> None:
-    """The expert layout and weights: psum (E,) int32 with E >= 1; routed_scaling_factor only with topk_weights."""
-    psum = psum_num_tokens_per_expert
-    if psum is not None and (psum.dim() != 1 or psum.shape[0] < 1):
-        raise ValueError(
-            f'{name}: psum_num_tokens_per_expert must be 1-D with at least one expert, got shape {tuple(psum.shape)}'
-        )
-    if routed_scaling_factor is not None and topk_weights is None:
-        raise ValueError(f'{name}: routed_scaling_factor needs topk_weights')
 
 
 def _options(name, fmt, psum_num_tokens_per_expert, topk_weights, routed_scaling_factor):
@@ -85,16 +75,6 @@ OP = Operator(
     choose_config=choose_moe_swiglu_backward_config,
     get_kernel=get_moe_swiglu_backward_kernel,
 )
-
-
-def fast_key(op: Operator, args: tuple, x, act_x_grad, psum, topk_weights, clamp_value, do_recompute, *options):
-    """The fast path's key of a call (None: the full path decides): what picks the configuration."""
-    shape = op.fast_ok(*args)
-    if shape is None or not shape[0]:
-        return None
-    experts = None if psum is None else psum.shape[0]
-    return (shape[1], x.dtype, act_x_grad.dtype, x.get_device(), experts, topk_weights is None, clamp_value is None,
-            do_recompute, *options)  # fmt: skip
 
 
 def run_backward(op, prepared, key, args, x, x_sf, act_x_grad, psum, topk_weights, routed_scaling_factor,
@@ -146,7 +126,8 @@ def _eager(x, act_x_grad, fmt, psum_num_tokens_per_expert, topk_weights, routed_
            do_recompute):  # fmt: skip
     args = (x, act_x_grad, fmt, psum_num_tokens_per_expert, topk_weights, routed_scaling_factor, clamp_value,
             do_recompute)  # fmt: skip
-    key = fast_key(OP, args, x, act_x_grad, psum_num_tokens_per_expert, topk_weights, clamp_value, do_recompute, fmt)
+    key = swiglu_fast_key(OP.fast_ok(*args), x, psum_num_tokens_per_expert, topk_weights, routed_scaling_factor,
+                          clamp_value, act_x_grad.dtype, do_recompute, fmt)  # fmt: skip
     prepared = OP.prepare(key, args)  # checked here unless the key is known
     x_grad, weight_grad, act_out, _ = run_backward(
         OP, prepared, key, args, x, None, act_x_grad, psum_num_tokens_per_expert, topk_weights, routed_scaling_factor,

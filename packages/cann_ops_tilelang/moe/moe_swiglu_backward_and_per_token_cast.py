@@ -11,10 +11,9 @@ from cann_ops_tilelang.operator import Operator, quant, scalar, tensor
 from ..quant import _contract as quant_contract
 from ..quant._quant_tensor import QuantTensor
 from ..quant.per_token_cast_kernel import hidden_multiple
+from ._swiglu_contract import check_layout_options, swiglu_fast_key
 from .moe_swiglu_backward import (
-    check_layout_options,
     check_sizes,
-    fast_key,
     layout_choice,
     result_tuple,
     run_backward,
@@ -96,8 +95,9 @@ def _eager(x, act_x_grad, fmt, num_per_channels, psum_num_tokens_per_expert, top
     key = None
     if not use_tma_aligned_col_major_sf:
         data = x[0] if isinstance(x, tuple) and x else x
-        key = fast_key(OP, args, data, act_x_grad, psum_num_tokens_per_expert, topk_weights, clamp_value,
-                       do_recompute, fmt, num_per_channels, round_sf, use_packed_ue8m0)  # fmt: skip
+        key = swiglu_fast_key(OP.fast_ok(*args), data, psum_num_tokens_per_expert, topk_weights, routed_scaling_factor,
+                              clamp_value, act_x_grad.dtype, do_recompute, fmt, num_per_channels, round_sf,
+                              use_packed_ue8m0)  # fmt: skip
     prepared = OP.prepare(key, args)  # checked here unless the key is known
     (data, sf), (num_tokens, hidden) = x, act_x_grad.shape
     layout = sf_layout(num_tokens, hidden, num_per_channels, use_packed_ue8m0)

@@ -11,6 +11,7 @@ from cann_ops_tilelang.operator import Operator, out, scalar, tensor
 from cann_ops_tilelang.quant import _contract as quant_contract
 
 from ._swiglu import CLAMP_COUNTERS
+from ._swiglu_contract import check_layout_options, swiglu_fast_key
 from .moe_swiglu_forward_kernel import (
     OUT_FORMATS,
     PLAIN_BLOCK,
@@ -37,11 +38,7 @@ def check_swiglu_arguments(name, W, unit, psum_num_tokens_per_expert, topk_weigh
     """The rules of both operators the declaration's table cannot say (ValueError)."""
     if W % 2 or W // 2 <= 0 or (W // 2) % unit:
         raise ValueError(f'{name}: x must have 2 I columns, I a positive multiple of {unit}, got {W}')
-    psum = psum_num_tokens_per_expert
-    if psum is not None and (psum.dim() != 1 or psum.shape[0] < 1):
-        raise ValueError(f'{name}: psum_num_tokens_per_expert must have shape (E,), E >= 1, got {tuple(psum.shape)}')
-    if routed_scaling_factor is not None and topk_weights is None:
-        raise ValueError(f'{name}: routed_scaling_factor needs topk_weights')
+    check_layout_options(name, psum_num_tokens_per_expert, topk_weights, routed_scaling_factor)
     if clamped_count is not None and clamp_value is None:
         raise ValueError(f'{name}: clamped_count needs clamp_value')
 
@@ -87,16 +84,6 @@ def launch_swiglu(launcher, x, data, sf, psum, topk_weights, routed_scaling_fact
     launcher.launch(*swiglu_launch_args(x, data, sf, psum, topk_weights, routed_scaling_factor, clamp_value, counts))
     if clamped_count is not None:
         clamped_count.add_(fold_counts(launcher.cfg, counts))
-
-
-def swiglu_fast_key(shape, x, psum, topk_weights, routed_scaling_factor, clamp_value, *options) -> tuple | None:
-    """The fast path's key of a call that OP.fast_ok let on (`shape`, x's): the sizes and the presence of each
-    optional argument, which the choice and the contract's rules read, and `options` (fmt and the cast's flags);
-    None without rows or with an empty expert table (the full path decides)."""
-    if shape is None or not shape[0] or (psum is not None and (psum.dim() != 1 or not psum.shape[0])):
-        return None
-    return (shape[1], x.dtype, x.get_device(), psum is None, topk_weights is None, routed_scaling_factor is None,
-            clamp_value is None, *options)  # fmt: skip
 
 
 def _contract(name, W, fmt, psum_num_tokens_per_expert, topk_weights, routed_scaling_factor, clamp_value,

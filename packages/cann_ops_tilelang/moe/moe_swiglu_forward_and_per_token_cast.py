@@ -13,12 +13,12 @@ from cann_ops_tilelang.quant.per_token_cast import sf_layout
 from cann_ops_tilelang.quant.per_token_cast_kernel import CAST_BLOCK_SIZES, hidden_multiple
 
 from ._swiglu import CLAMP_COUNTERS
+from ._swiglu_contract import swiglu_fast_key
 from .moe_swiglu_forward import (
     check_swiglu_arguments,
     check_swiglu_sizes,
     launch_swiglu,
     swiglu_choice,
-    swiglu_fast_key,
     swiglu_launch_args,
 )
 from .moe_swiglu_forward_kernel import choose_moe_swiglu_forward_config, get_moe_swiglu_forward_kernel
