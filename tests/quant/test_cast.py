@@ -15,6 +15,7 @@ from cann_ops_tilelang import config
 from cann_ops_tilelang.quant.cast import cast
 from tests.quant import stochastic_rounding_ref as ref
 from tests.quant.stochastic_rounding_ref import cast_inputs, nan_canonical, plain_cast_ref
+from tests.testing import fast_path
 from tests.testing.bench import config_extras, make_param_id
 from tests.testing.generator import by_level, generate_samples, get_test_level
 from tests.testing.numeric import assert_equal, count_bytes
@@ -121,6 +122,23 @@ def test_cast_forms_and_fake_tensors(monkeypatch):
         assert cast(x, BF16, out=buffer) is buffer
         with pytest.raises(ValueError, match='not defined for a widening'):
             cast(x.bfloat16(), F32, True)
+
+
+def test_cast_fast_path_flow(monkeypatch):
+    """CPU tensors taken as CUDA ones: a second plain cast launches without the full check; a seed without
+    stochastic rounding still gets the contract's error after plain casts warmed the key (it once launched)."""
+    op = cast.operator
+    launches = fast_path.stub_cuda_launches(monkeypatch, op)
+    plans = fast_path.count_plans(monkeypatch, op)
+    x = torch.randn(4, 256)
+    for _ in range(3):
+        cast(x, BF16)
+    assert (len(plans), len(launches)) == (1, 3)
+    with pytest.raises(ValueError, match='seed=3 is used only with stochastic_rounding=True'):
+        cast(x, BF16, seed=3)
+    for seed in (5, 6):
+        cast(x, BF16, True, seed=seed)
+    assert (len(plans), len(launches)) == (3, 5)
 
 
 # ---------------------------------------------------------------- device tier: values

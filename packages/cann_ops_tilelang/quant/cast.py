@@ -79,7 +79,8 @@ def _eager(x, dtype, stochastic_rounding, seed, out):
         OP.check(x, dtype, stochastic_rounding, seed, out)  # the contract and the device guard, nothing to cast
         return x.clone() if out is None else out.copy_(x)
     key = None
-    if out is None and (seed is None or (type(seed) is int and 0 <= seed < SEED_LIMIT)):
+    # A seed only with stochastic rounding (the key does not say whether one is given).
+    if out is None and (seed is None or (stochastic_rounding and type(seed) is int and 0 <= seed < SEED_LIMIT)):
         shape = OP.fast_ok(x, dtype, stochastic_rounding, seed, out)
         # The flattening views below need a contiguous x; the element limit and dtype are not the entry's to check.
         if shape is not None and type(dtype) is torch.dtype and x.is_contiguous() and 0 < x.numel() <= MAX_NUMEL:
