@@ -168,11 +168,12 @@ def outs(name, *parts):
     return Arg(name, 'out', layout='contiguous', optional=True, parts=parts)
 
 
-def quant(name, dtype, dims=None, *, sf_dtype, plain=False, parts=('data', 'sf')):
+def quant(name, dtype, dims=None, *, sf_dtype, plain=False, parts=('data', 'sf'), sf_layout='rows'):
     """A quantised tensor, the tuple (data, sf): data of `dtype` and `dims`, contiguous; sf of `sf_dtype` (or
-    dtypes), its last dimension contiguous, its shape the operator's `extra` checks (it depends on options).
+    dtypes), its last dimension contiguous (sf_layout 'rows'; None: any strides, which the operator's `extra`
+    checks, e.g. column-major scales), its shape the operator's `extra` checks (it depends on options).
     plain: a tensor alone is accepted too, as data with sf None (`extra` checks which dtypes go with which)."""
-    return Arg(name, 'quant', dtype, _dims(dims), optional=plain, parts=parts, sf_dtype=sf_dtype)
+    return Arg(name, 'quant', dtype, _dims(dims), layout=sf_layout, optional=plain, parts=parts, sf_dtype=sf_dtype)
 
 
 def scalar(name, kind, *, optional=False):
@@ -192,7 +193,7 @@ def _items(a: Arg) -> list[Arg]:
     data, sf = (f'{a.name}_{p}' for p in a.parts)
     return [
         Arg(data, 'tensor', a.dtype, a.dims, layout='contiguous', label=f'{a.name}[0]' if not a.optional else a.name),
-        Arg(sf, 'tensor', a.sf_dtype, layout='rows', optional=a.optional, label=f'{a.name}[1]'),
+        Arg(sf, 'tensor', a.sf_dtype, layout=a.layout, optional=a.optional, label=f'{a.name}[1]'),
     ]
 
 

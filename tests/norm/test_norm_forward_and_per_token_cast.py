@@ -5,14 +5,17 @@ benchmark."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
+from cann_ops_tilelang import config
 from cann_ops_tilelang.norm import norm_forward, norm_forward_and_per_token_cast
 from cann_ops_tilelang.norm.norm_forward_kernel import choose_norm_forward_config, make_norm_forward_kernel
 from cann_ops_tilelang.quant import per_token_cast
-from tests.quant.cast_ref import per_token_cast_format_ref
+from tests.quant.cast_ref import per_token_cast_format_ref, tma_col_major_sf
 from tests.testing.bench import config_extras, make_param_id
 from tests.testing.generator import by_level, generate_samples, get_test_level
 from tests.testing.lowering import (
@@ -66,13 +69,17 @@ def _call(x, weight, v, residual=None, **kwargs):
     )
 
 
-def _config(backend, v):
+def _config_kwargs(backend, v) -> dict:
     round_sf, packed = SCALES[v['sf']]
-    return choose_norm_forward_config(
+    return dict(
         backend=backend, num_cores=ASCEND_950_VECTOR_CORES if backend == 'ascend' else H200_SMS,
         hidden=v['hidden'], dtype=v['dtype'], with_weight=v['weight'], with_residual=v['residual'], with_rstd=True,
         block_size=v['block'], round_sf=round_sf, packed_ue8m0=packed, with_out_bf16=v['bf16'],
     )  # fmt: skip
+
+
+def _config(backend, v):
+    return choose_norm_forward_config(**_config_kwargs(backend, v))
 
 
 # ---------------------------------------------------------------- CPU tier
@@ -98,7 +105,22 @@ def _x(num_tokens=4, hidden=128, dtype=torch.bfloat16, device='cpu'):
         (dict(num_per_channels=48), ValueError, 'num_per_channels must be one of'),
         (dict(x=_x(4, 192), num_per_channels=128), ValueError, 'multiple of 128'),
         (dict(use_packed_ue8m0=True), ValueError, 'needs round_sf=True'),
-        (dict(use_tma_aligned_col_major_sf=True), ValueError, 'use_tma_aligned_col_major_sf=True is not supported'),
+        (
+            dict(x=_x(8).view(2, 4, 128), use_tma_aligned_col_major_sf=True),
+            ValueError,
+            r'use_tma_aligned_col_major_sf=True is not supported with a batched \(B, T, H\) x',
+        ),
+        (
+            dict(out=(_x(4, 128).to(torch.float8_e4m3fn), torch.zeros(4, 4)), use_tma_aligned_col_major_sf=True),
+            ValueError,
+            r'out\[1\] must have strides \(1, 4\) for shape \(4, 4\) .* got \(4, 1\)',
+        ),
+        (
+            dict(out=(_x(4, 128).to(torch.float8_e4m3fn), torch.zeros(4, 4).T)),
+            ValueError,
+            r'out\[1\] must be contiguous',
+        ),
+        (dict(use_tma_aligned_col_major_sf=True), RuntimeError, "no kernels for 'cpu' tensors"),
         (dict(mega_moe_block_m=128), ValueError, 'mega_moe_block_m=128 is not supported'),
         (dict(out_bf16=_x(4, 128)), ValueError, 'out_bf16 needs with_out_bf16=True'),
         (dict(out=_x(4, 128)), TypeError, 'out must be a tuple'),
@@ -113,7 +135,10 @@ def _x(num_tokens=4, hidden=128, dtype=torch.bfloat16, device='cpu'):
         'block',
         'block-hidden',
         'packed',
-        'col-major',
+        'col-major-batched',
+        'col-major-out-row-major',
+        'row-major-out-col-major',
+        'col-major-cpu',
         'mega-moe',
         'bf16-buffer',
         'out-type',
@@ -161,6 +186,56 @@ def test_norm_forward_and_per_token_cast_batched_traced():
         assert norm_forward_and_per_token_cast(x, None, EPS, 'e4m3', 32, out=buffers).out == buffers
         with pytest.raises(ValueError, match=r'out\[1\] must have the batch and tokens of x, \(2, 5\)'):
             norm_forward_and_per_token_cast(x, None, EPS, 'e4m3', 32, out=(data, torch.empty(10, 8, device='cuda')))
+
+
+@pytest.mark.parametrize('num_tokens', [0, 1, 5, 37])
+@pytest.mark.parametrize('backend', ['ascend', 'cuda'])
+def test_norm_forward_and_per_token_cast_col_major_fake_strides(num_tokens, backend, monkeypatch):
+    """While torch traces: column-major scales of per_token_cast's layout on each backend (TileKernels' strides:
+    CUDA T rounded up to 16 bytes, Ascend T), fp32 and UE8M0 words, the functional form and the out= form; the
+    data row-major."""
+    monkeypatch.setattr(config, 'require_accelerator', lambda *tensors: backend)
+    device = 'cuda' if backend == 'cuda' else 'cpu'
+    with FakeTensorMode():
+        x = _x(num_tokens, 384, device=device)
+        for sf_name, block in (('fp32', 32), ('ue8m0', 64)):
+            v = dict(block=block, sf=sf_name)
+            result = _call(x, None, v, use_tma_aligned_col_major_sf=True, with_rstd=True)
+            data, sf = result.out
+            peer = tma_col_major_sf(tuple(sf.shape), sf.dtype, backend)
+            assert (tuple(sf.shape), sf.dtype, sf.stride()) == (tuple(peer.shape), peer.dtype, peer.stride())
+            assert data.is_contiguous()
+            buffers = (
+                torch.empty_like(data),
+                torch.empty_strided(sf.shape, peer.stride(), dtype=sf.dtype, device=device),
+            )
+            assert _call(x, None, v, use_tma_aligned_col_major_sf=True, out=buffers).out == buffers
+
+
+def test_norm_forward_and_per_token_cast_col_major_config():
+    """The layout is a configuration field of its own, of the cast only; both kernels lower with it (the row
+    stride a launch argument; Ascend: one DMA of single-scale / UE8M0-word bursts per row)."""
+    v = VARIANTS[0]
+    rows = _config('ascend', v)
+    cols = choose_norm_forward_config(**_config_kwargs('ascend', v), col_major_sf=True)
+    assert (cols.col_major_sf, rows.col_major_sf, cols != rows, hash(cols) != hash(rows)) == (True, False, True, True)
+    with pytest.raises(ValueError, match='col_major_sf belong to the cast'):
+        choose_norm_forward_config(**_config_kwargs('ascend', v) | {'block_size': 0, 'round_sf': False,
+                                   'with_out_bf16': False}, col_major_sf=True)  # fmt: skip
+
+
+@pytest.mark.parametrize('v', VARIANTS[:2], ids=make_param_id)
+@pytest.mark.parametrize('backend', ['ascend', 'cuda'])
+def test_norm_forward_and_per_token_cast_col_major_lowers(backend, v):
+    cfg = choose_norm_forward_config(**_config_kwargs(backend, v), col_major_sf=True)
+    lowers = assert_ascend_kernel_lowers if backend == 'ascend' else assert_cuda_kernel_lowers
+    source = lowers(lambda: make_norm_forward_kernel(cfg), key=cfg, kernel_name='norm_forward_kernel').source
+    assert 'sf_stride' in source
+    if backend == 'ascend':
+        burst = 4  # an fp32 scale or a UE8M0 word
+        bursts = cfg.sf_cols // (4 if cfg.packed_ue8m0 else 1)
+        assert re.search(rf'asc_copy_ub2gm_align\([^;]*sf\[[^;]*, {bursts}, {burst}, [^;]*sf_stride[^;]*, {burst}\);',
+                         source)  # fmt: skip
 
 
 # ---------------------------------------------------------------- device tier
@@ -213,6 +288,49 @@ def test_norm_forward_and_per_token_cast_values(v, num_tokens, device):
     assert_equal(buffers[1], result.out.sf)
 
 
+def _row_major(t: torch.Tensor) -> torch.Tensor:
+    """t's values in a new row-major CPU tensor (whatever t's strides, those of a size-1 dimension included)."""
+    return torch.empty(t.shape, dtype=t.dtype).copy_(t.cpu())
+
+
+@pytest.mark.npu
+@pytest.mark.parametrize('num_tokens', NUM_TOKENS)
+@pytest.mark.parametrize('v', VARIANTS[:2], ids=make_param_id)  # level 0's configurations, column-major
+def test_norm_forward_and_per_token_cast_col_major_values(v, num_tokens, device):
+    """use_tma_aligned_col_major_sf=True: the row-major call's data and scale values, bit for bit, in
+    per_token_cast's column-major layout of this backend, also into a given buffer (poisoned: every scale
+    overwritten, CUDA's padding columns untouched) and through the fast path's second call."""
+    x, weight, residual = _inputs(v, num_tokens, device)
+    rows = _call(x, weight, v, residual, with_out_bf16=v['bf16'], with_rstd=True)
+    for _ in range(2):  # the second call: the fast path's key
+        result = _call(x, weight, v, residual, with_out_bf16=v['bf16'], with_rstd=True,
+                       use_tma_aligned_col_major_sf=True)  # fmt: skip
+        assert_equal(result.out.data.view(torch.uint8), rows.out.data.view(torch.uint8))
+        assert_equal(_row_major(result.out.sf), rows.out.sf.cpu())
+        backend = 'cuda' if torch.device(device).type == 'cuda' else 'ascend'
+        peer = tma_col_major_sf(tuple(rows.out.sf.shape), rows.out.sf.dtype, backend)
+        assert result.out.sf.stride() == peer.stride()
+        assert_equal(result.rstd, rows.rstd)
+        assert_equal(result.norm_input, rows.norm_input)
+    if num_tokens > 1:  # a buffer of other strides than this backend's layout is refused
+        with pytest.raises(ValueError, match=r'out\[1\] must have strides'):
+            _call(x, weight, v, residual, use_tma_aligned_col_major_sf=True, out=(torch.empty_like(rows.out.data),
+                  torch.empty_like(rows.out.sf)))  # fmt: skip
+    buffer = tma_col_major_sf(tuple(rows.out.sf.shape), rows.out.sf.dtype, backend, device)
+    nbytes = buffer.untyped_storage().nbytes()
+    whole = torch.empty(0, dtype=torch.uint8, device=device).set_(buffer.untyped_storage(), 0, (nbytes,))
+    whole.fill_(0xA5)
+    again = _call(x, weight, v, residual, use_tma_aligned_col_major_sf=True,
+                  out=(torch.empty_like(rows.out.data), buffer))  # fmt: skip
+    assert again.out.sf is buffer
+    assert_equal(_row_major(buffer), rows.out.sf.cpu())
+    if num_tokens:
+        k, width = rows.out.sf.shape[1], num_tokens * rows.out.sf.element_size()
+        image = torch.full((k, nbytes // k), 0xA5, dtype=torch.uint8)
+        image[:, :width] = _row_major(rows.out.sf.T).view(torch.uint8).view(k, width)
+        assert_equal(whole.cpu().view(k, -1), image)
+
+
 @pytest.mark.npu
 def test_norm_forward_and_per_token_cast_batched_values(device):
     """A (B, T, H) x gives the bits of its rows' call, in (B, T, ...) results (the first variant's kernel)."""
@@ -249,3 +367,16 @@ def test_norm_forward_and_per_token_cast_benchmark(params, device, benchmark_tim
         bandwidth_gbs=count_bytes(x, residual, norm_input, *result.out) / time_us / 1e3,
         extras=config_extras(cfg),
     )
+
+
+@pytest.mark.npu
+@pytest.mark.parametrize('col_major', [False, True])
+def test_norm_forward_and_per_token_cast_opcheck(col_major, device):
+    """torch.library.opcheck of the functional form (the first level-0 configuration): schema, autograd
+    registration, the fake kernel against the real one (strides included: the column-major scales), AOTAutograd
+    with dynamic shapes against eager."""
+    v = VARIANTS[0]
+    x, weight, residual = _inputs(v, 37, device)
+    args = (x, weight, EPS, 'e4m3', v['block'], residual, 0.75, col_major, *SCALES[v['sf']], v['bf16'], True)
+    utils = ['test_schema', 'test_autograd_registration', 'test_faketensor', 'test_aot_dispatch_dynamic']
+    torch.library.opcheck(torch.ops.cann_ops_tilelang.norm_forward_and_per_token_cast.default, args, test_utils=utils)

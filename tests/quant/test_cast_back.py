@@ -5,6 +5,8 @@ test_cast_back_kernel.py."""
 
 from __future__ import annotations
 
+import importlib
+
 import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -13,7 +15,7 @@ from cann_ops_tilelang import config
 from cann_ops_tilelang.quant import cast_back, per_block_cast, per_channel_cast, per_token_cast, per_token_cast_back
 from cann_ops_tilelang.quant._scale_rules import FORMAT_MAX
 from tests.quant.cast_back_ref import cast_back_ref
-from tests.quant.cast_ref import scaled_rows
+from tests.quant.cast_ref import padded_hidden, scaled_rows, tma_col_major_sf
 from tests.testing.bench import config_extras, make_param_id
 from tests.testing.generator import by_level, generate_samples, get_test_level
 from tests.testing.numeric import assert_equal, count_bytes
@@ -21,6 +23,7 @@ from tests.testing.numeric import assert_equal, count_bytes
 LEVEL = get_test_level()
 DATA = torch.zeros(4, 256, dtype=torch.float8_e4m3fn)
 Q = (DATA, torch.ones(4, 2))
+DATA64 = torch.zeros(64, 256, dtype=torch.float8_e4m3fn)  # two blocks of 32 tokens
 FP4 = (torch.zeros(4, 256, dtype=torch.int8), torch.ones(4, 4))  # 512 e2m1 elements a row, 128-channel blocks
 
 
@@ -64,7 +67,16 @@ def _expected(quantised, fmt: str, block) -> torch.Tensor:
         ((Q, 'bf16', (1, 64)), {}, ValueError, r'x\[1\] must have shape \(4, 4\)'),
         (((DATA, torch.ones(1, 64, dtype=torch.int32)), 'bf16', (32, 1)), {}, ValueError,
          r'x\[1\] must have shape \(1, 256\)'),
-        (((DATA, torch.ones(2, 4).t()), 'bf16', (1, 128)), {}, ValueError, r'x\[1\] must have a contiguous last'),
+        (((DATA, torch.ones(4, 4)[:, ::2]), 'bf16', (1, 128)), {}, ValueError,
+         r'x\[1\] must be row-major \(contiguous\) or column-major \(strides \(1, S\) with S >= 4.*got strides '
+         r'\(4, 2\)'),
+        (((DATA, torch.ones(8, 2)[::2]), 'bf16', (1, 128)), {}, ValueError, r'got strides \(4, 1\)'),
+        (((DATA, torch.ones(8).as_strided((4, 2), (1, 3))), 'bf16', (1, 128)), {}, ValueError,
+         r'got strides \(1, 3\)'),  # columns overlapping
+        (((DATA64, torch.ones(2, 2).t()), 'bf16', (32, 128)), {}, ValueError,
+         r'column-major scales are supported with per-token scales only \(x_block_size\[0\] 1\)'),
+        (((DATA64, torch.ones(256, 2).t()), 'bf16', (32, 1)), {}, ValueError,
+         r'column-major scales are not supported with per-channel scales'),
         ((Q, 'bf16', (1, 128)), {'out': torch.empty(4, 256)}, TypeError, 'out must have dtype torch.bfloat16'),
         ((Q, 'fp32', (1, 128)), {}, RuntimeError, "no kernels for 'cpu' tensors"),
     ],
@@ -82,6 +94,46 @@ def test_per_token_cast_back_rejects():
         per_token_cast_back(Q, 'bf16', 128)
 
 
+def _col_major(sf: torch.Tensor, row_stride: int) -> torch.Tensor:
+    """sf's values in a column-major view buf[:, :T].T of a (K, row_stride) buffer whose padding is poisoned
+    (0xA5 bytes)."""
+    rows, cols = sf.shape
+    buffer = torch.full((cols, row_stride * sf.element_size()), 0xA5, dtype=torch.uint8, device=sf.device)
+    view = buffer.view(sf.dtype)[:, :rows].T
+    view.copy_(sf)
+    return view
+
+
+def test_cast_back_takes_col_major_scales(monkeypatch):
+    """The layout read from the strides: column-major scales (strides (1, S), S >= T: per_token_cast's
+    use_tma_aligned_col_major_sf, CUDA's padded S too) pass the contract and choose a kernel of their own
+    (col_major_sf); a row-major buffer and one token of strides (1, 1) (both layouts at once) choose the row-major
+    kernel, as does T = 0 (which launches nothing)."""
+    module = importlib.import_module('cann_ops_tilelang.quant.cast_back')
+    monkeypatch.setattr(config, 'require_accelerator', lambda *tensors: 'ascend')
+
+    def choice(data, sf, block, fmt='bf16'):
+        op = module.PER_TOKEN if isinstance(block, int) else module.OP
+        assert op.check((data, sf), fmt, block, None, None) == 'ascend'  # the whole contract
+        return module._choice((data, sf), fmt, (1, block) if isinstance(block, int) else block)['col_major_sf']
+
+    sf = torch.rand(5, 4)
+    for layout, expected in (
+        (sf, False),
+        (_col_major(sf, 5), True),
+        (_col_major(sf, 8), True),  # CUDA's padded stride
+        (_col_major(sf[:1], 4), True),  # one token, strides (1, 4)
+        (sf[:1].T.contiguous().T, False),  # one token, strides (1, 1)
+    ):
+        assert choice(torch.zeros(layout.shape[0], 512, dtype=torch.float8_e4m3fn), layout, 128) is expected
+    words = _col_major(torch.randint(0, 2**31, (37, 3), dtype=torch.int32), 40)  # packed UE8M0, 9 blocks of 128
+    assert choice(torch.zeros(37, 1152, dtype=torch.float8_e4m3fn), words, (1, 128), 'fp32') is True
+    e4m3 = _col_major(torch.zeros(37, 64, dtype=torch.float8_e4m3fn), 48)  # E4M3 scales of FP4 data
+    assert choice(torch.zeros(37, 512, dtype=torch.int8), e4m3, 16) is True
+    none = tma_col_major_sf((0, 4), torch.float32, 'ascend')  # the peer's empty buffer: strides (1, 0)
+    assert choice(torch.zeros(0, 512, dtype=torch.float8_e4m3fn), none, 128) is False  # no launch either way
+
+
 def test_cast_back_fake_tensors(monkeypatch):
     monkeypatch.setattr(config, 'require_accelerator', lambda *tensors: 'ascend')
     with FakeTensorMode():
@@ -93,6 +145,9 @@ def test_cast_back_fake_tensors(monkeypatch):
         fp4 = (torch.empty(161, 128, dtype=torch.int8), torch.empty(161, 16, dtype=torch.float8_e4m3fn))
         out = per_token_cast_back(fp4, 'bf16', 16)  # FP4: two elements a byte
         assert (tuple(out.shape), out.dtype) == ((161, 256), torch.bfloat16)
+        col_major = (q[0], torch.empty(2, 164, dtype=torch.int32)[:, :161].T)  # strides (1, 164)
+        out = cast_back(col_major, 'fp32', (1, 32))
+        assert (tuple(out.shape), out.dtype, out.stride()) == ((161, 256), torch.float32, (256, 1))
 
 
 # ---------------------------------------------------------------- device tier
@@ -188,6 +243,59 @@ def test_cast_back_formats_values(data, block, sf, fmt, num_tokens, device):
     saturated = (x.float().abs() - scale * FORMAT_MAX[data]).clamp(min=0)
     bound = x.float().abs() * (relative + 2**-8) + scale * absolute + saturated
     assert bool((error <= bound).all())
+
+
+# Column-major scales (per_token_cast's use_tma_aligned_col_major_sf) read back: the kernel configurations of their
+# own (col_major_sf) at H = padded_hidden(block) (UE8M0 rows that end in padding), FP4 data at 1152 (cast_back
+# reads FP4 rows of whole 64-byte loads). Level 0: two, UE8M0 words of a padded row (e4m3 data) and E4M3 scales
+# of FP4 data; level 1 adds fp32 scales, the other outputs and T = 300.
+_COL_MAJOR_CORE = [
+    dict(dtype='bfloat16', block=64, sf='ue8m0', data='e4m3', out='bf16'),
+    dict(dtype='float32', block=16, sf='e4m3', data='e2m1', out='fp32'),
+]
+COL_MAJOR_ROUND_TRIPS = by_level(
+    LEVEL,
+    core=_COL_MAJOR_CORE,
+    default=[
+        *_COL_MAJOR_CORE,
+        dict(dtype='bfloat16', block=32, sf='fp32', data='e4m3', out='fp32'),
+        dict(dtype='float32', block=128, sf='fp32', data='e2m1', out='bf16'),
+        dict(dtype='float32', block=32, sf='ue8m0', data='e2m1', out='bf16'),
+        dict(dtype='bfloat16', block=16, sf='e4m3', data='e4m3', out='bf16'),
+    ],
+)
+
+
+def _tma_row_stride(num_tokens: int, dtype: torch.dtype) -> int:
+    """CUDA's row stride of column-major scales (T rounded up to 16 bytes of the scale dtype)."""
+    per = 16 // dtype.itemsize
+    return -(-num_tokens // per) * per
+
+
+@pytest.mark.npu
+@pytest.mark.parametrize('variant', COL_MAJOR_ROUND_TRIPS, ids=make_param_id)
+@pytest.mark.parametrize('num_tokens', by_level(LEVEL, core=(0, 1, 37), default=(0, 1, 37, 300)))
+def test_cast_back_col_major_values(variant, num_tokens, device):
+    """per_token_cast(..., use_tma_aligned_col_major_sf=True) -> cast_back gives the bits of the row-major round
+    trip (the reference on the same scales row-major, which the row-major kernels match bit for bit); the same at
+    CUDA's padded row stride with poisoned padding (the Ascend kernel meets S > T too), and through
+    per_token_cast_back."""
+    block, fmt, packed = variant['block'], variant['out'], variant['sf'] == 'ue8m0'
+    hidden = 1152 if variant['data'] == 'e2m1' else padded_hidden(block)  # FP4: H a multiple of 128
+    x = scaled_rows(num_tokens, hidden, variant['dtype'], device)
+    data, sf = per_token_cast(
+        x, variant['data'], block, round_sf=packed, use_packed_ue8m0=packed, use_e4m3_sf=variant['sf'] == 'e4m3',
+        use_tma_aligned_col_major_sf=True,
+    )  # fmt: skip
+    assert num_tokens <= 1 or sf.stride()[0] == 1 < sf.stride()[1]
+    row_major = torch.empty(sf.shape, dtype=sf.dtype, device=sf.device).copy_(sf)  # the same values, row-major
+    expected = _bits(_expected((data, row_major), fmt, (1, block)))
+    result = cast_back((data, sf), fmt, (1, block))
+    assert_equal(_bits(result), expected)
+    padded = _col_major(sf, _tma_row_stride(num_tokens, sf.dtype) + 4)  # past CUDA's rounding, on every backend
+    assert_equal(_bits(per_token_cast_back((data, padded), fmt, block)), expected)
+    if LEVEL >= 1:  # the row-major kernel, called
+        assert_equal(_bits(cast_back((data, row_major), fmt, (1, block))), expected)
 
 
 # Per-token scales of the peer's shapes (tokens 4001 / 8001, hidden 4096 / 7168): 128-channel fp32 and 32-channel

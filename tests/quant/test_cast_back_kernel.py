@@ -5,6 +5,7 @@ or the Ascend kernel on the emulator with --ascend-emulator)."""
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import pytest
 import torch
@@ -258,6 +259,84 @@ def test_cast_back_config_rejects_bad_tilings():
         dataclasses.replace(cuda, threads=200)
     with pytest.raises(ValueError, match='threads must be 0'):
         dataclasses.replace(base, threads=128)
+
+
+def test_cast_back_config_col_major():
+    """Column-major scales are a configuration field of their own (per-token scales only, as the contract); on
+    Ascend a task of column-major UE8M0 scales holds whole int32 words (the row where it is one task); the UB estimate
+    counts the transposed scale tile (rows of 32 bytes at least)."""
+    args = dict(num_cores=64, out_dtype='bfloat16', block_tokens=1, block_channels=128, packed_ue8m0=True)
+    rows = choose_cast_back_config(backend='ascend', hidden=7168, **args)
+    cols = choose_cast_back_config(backend='ascend', hidden=7168, col_major_sf=True, **args)
+    assert (cols.col_major_sf, rows.col_major_sf) == (True, False)
+    assert cols != rows
+    assert hash(cols) != hash(rows)
+    assert (cols.block_k, cols.block_m) == (rows.block_k, rows.block_m) == (7168, 2)
+    assert cols.ascend_col_major_tile == (14, 32)  # 14 words, 2 tokens of 4 bytes rounded up to 32 bytes
+    # 18944 = 4 * 37 * 128: the row-major task of 9472 channels holds 74 blocks, 18.5 words; column-major: whole
+    # words, the largest dividing the row
+    assert choose_cast_back_config(backend='ascend', hidden=18944, **args).block_k == 9472
+    wide = choose_cast_back_config(backend='ascend', hidden=18944, col_major_sf=True, **args)
+    assert (wide.block_k, wide.task_blocks % UE8M0_PACK) == (512, 0)
+    with pytest.raises(ValueError, match='hidden must be a multiple of 512'):
+        choose_cast_back_config(backend='ascend', hidden=23680, col_major_sf=True, **args)
+    with pytest.raises(ValueError, match='read in whole int32 words'):
+        dataclasses.replace(wide, block_k=9472, block_m=1)
+    fp32 = choose_cast_back_config(backend='ascend', hidden=7168, col_major_sf=True, **args | {'packed_ue8m0': False})
+    assert fp32.ascend_col_major_tile == (56, 8)  # 56 scales, 2 tokens of fp32 rounded up to 32 bytes
+    e4m3 = dict(args, packed_ue8m0=False, block_channels=16, e4m3_sf=True, fp4=True)
+    assert choose_cast_back_config(backend='ascend', hidden=512, col_major_sf=True, **e4m3).ascend_col_major_tile == (
+        32, 32,
+    )  # fmt: skip
+    cuda = choose_cast_back_config(backend='cuda', hidden=7168, col_major_sf=True, **args | {'num_cores': 132})
+    assert cuda.col_major_sf
+    assert (cuda.block_k, cuda.block_m) == (1792, 1)  # the row-major tiling
+    with pytest.raises(ValueError, match='not supported with per-channel scales'):
+        choose_cast_back_config(backend='cuda', hidden=256, col_major_sf=True, **args | {'block_channels': 1,
+                                'block_tokens': 32})  # fmt: skip
+    with pytest.raises(ValueError, match='per-token scales only'):
+        choose_cast_back_config(backend='ascend', hidden=256, col_major_sf=True, **args | {'block_tokens': 32})
+    with pytest.raises(TypeError, match='col_major_sf must be a bool'):
+        choose_cast_back_config(backend='ascend', hidden=256, col_major_sf=1, **args)
+
+
+_CM_DMA = re.compile(
+    r'asc_copy_gm2ub_align\(\(__ubuf__ uint8_t\*\)\([^;]*x_sf\[[^;]*, (\d+), ([^;]*?), 0, 0, 0, '
+    r'static_cast<asc_load_l2_cache_mode>\(\d+\), ([^,;]+), (\d+)\);'
+)
+# The kernel configurations of test_cast_back.py's level-0 column-major values, and at level 1 fp32 scales and a
+# 7168-channel row of two tokens a task.
+_COL_MAJOR_LOWERING = by_level(
+    LEVEL,
+    core=[(1088, 64, 'ue8m0', 'e4m3'), (1152, 16, 'e4m3', 'e2m1')],
+    default=[(1088, 32, 'fp32', 'e4m3'), (1152, 128, 'fp32', 'e2m1'), (7168, 128, 'ue8m0', 'e4m3')],
+)
+
+
+@pytest.mark.parametrize('backend', ['ascend', 'cuda'])
+@pytest.mark.parametrize(('hidden', 'bc', 'sf', 'data'), _COL_MAJOR_LOWERING)
+def test_cast_back_col_major_lowers(backend, hidden, bc, sf, data):
+    """Both kernels read the column-major scales themselves, the row stride a launch argument: on CUDA one load
+    per thread at k * stride + t (UE8M0: byte k % 4 of word k // 4); on Ascend one DMA per task, a burst per scale
+    (UE8M0: per word) of the task's tokens, contiguous in GM, a row stride apart, into rows of the UB tile."""
+    cfg = choose_cast_back_config(
+        backend=backend, num_cores=ASCEND_950_VECTOR_CORES if backend == 'ascend' else H200_SMS, hidden=hidden,
+        out_dtype='bfloat16', block_tokens=1, block_channels=bc, packed_ue8m0=sf == 'ue8m0', fp4=data == 'e2m1',
+        e4m3_sf=sf == 'e4m3', col_major_sf=True,
+    )  # fmt: skip
+    lower = assert_ascend_kernel_lowers if backend == 'ascend' else assert_cuda_kernel_lowers
+    lowered = lower(lambda: make_cast_back_kernel(cfg), key=cfg, kernel_name=KERNEL_NAME)
+    if backend == 'cuda':
+        assert 'int sf_stride' in lowered.source
+        assert 'sf_stride)' in lowered.source  # the scale's address scales the row by it
+        return
+    assert lowered.ub_bytes == cfg.ascend_ub_bytes
+    ((n_burst, len_burst, gm_stride, ub_stride),) = _CM_DMA.findall(lowered.source)
+    rows, width = cfg.ascend_col_major_tile
+    itemsize = 1 if cfg.widens_sf else 4
+    assert (int(n_burst), int(ub_stride)) == (rows, width * itemsize)
+    assert 'num_tokens' in len_burst  # the task's tokens, the last task's fewer
+    assert 'sf_stride' in gm_stride
 
 
 # ---------------------------------------------------------------- CPU tier: the reference

@@ -17,7 +17,7 @@ and one SIMD VF computes, in 64-lane fp32 registers (bf16 widens exactly):
 # Imported by norm_forward_kernel.py, never the other way round (no import circle): the config comes as `cfg`,
 # the signature as `prim_func`.
 from cann_ops_tilelang.quant._per_token_cast_ascend import ascend_quarter_masks_macro, ascend_row_macros
-from cann_ops_tilelang.quant._scale_rules import ascend_cast_scales_macro
+from cann_ops_tilelang.quant._scale_rules import UE8M0_PACK, ascend_cast_scales_macro
 from cann_ops_tilelang.quant._tiling import divisors
 
 from ._norm_common import LANES
@@ -72,6 +72,7 @@ def ascend_norm_forward_kernel(cfg, prim_func):
     groups = cfg.num_blocks
     groups_padded = -(-groups // LANES) * LANES
     sf_cols = cfg.sf_cols
+    col_major = cfg.col_major_sf
     tile = staging_tile(hidden)
 
     load_f32, store_row, stage_weight = ascend_weight_macros(T, hidden=hidden, dtype=dtype)
@@ -167,7 +168,12 @@ def ascend_norm_forward_kernel(cfg, prim_func):
                     T.copy(st_ub[0:1], rstd[t : t + 1])
                 if cast:
                     T.copy(data_ub, data[t, 0:hidden])
-                    T.copy(sf_ub[0:sf_cols], sf[t, 0:sf_cols])
+                    if not col_major:
+                        T.copy(sf_ub[0:sf_cols], sf[t, 0:sf_cols])
+                    elif cfg.packed_ue8m0:  # the row's words, one 4-byte burst each, a row stride apart
+                        T.copy(sf_ub[0:sf_cols], sf[0 : sf_cols // UE8M0_PACK, UE8M0_PACK * t : UE8M0_PACK * (t + 1)])
+                    else:  # the row's scales, one burst each, a row stride apart
+                        T.copy(sf_ub[0:sf_cols], sf[0:sf_cols, t])
                 if separate_bf16:
                     T.copy(bf_ub, out_bf16[t, 0:hidden])
 

@@ -36,6 +36,15 @@ def cuda_norm_forward_kernel(cfg, prim_func):
     shuffle_steps = tuple(1 << k for k in reversed(range(lanes_per_block.bit_length() - 1)))
     inv_hidden = 1.0 / hidden
 
+    def sf_at(t, k):
+        """The indices of row t's scale k (a UE8M0 byte when packed) in the kernel's sf: (t, k), or column-major
+        (cfg.col_major_sf, the transposed view) (k, t), UE8M0 byte k % 4 of word k // 4 at (k // 4, 4 t + k % 4)."""
+        if not cfg.col_major_sf:
+            return t, k
+        if cfg.packed_ue8m0:
+            return k // 4, 4 * t + k % 4
+        return k, t
+
     @T.macro
     def body(x, weight, residual, residual_out, out, rstd, data, sf, out_bf16, eps, out_scale, num_tokens):
         with T.Kernel(num_tokens, threads=nt) as t:
@@ -121,11 +130,11 @@ def cuda_norm_forward_kernel(cfg, prim_func):
                     )
                     if not guard or col < hidden:
                         if tid % lanes_per_block == 0:
-                            sf[t, col // bs] = stored
+                            sf[sf_at(t, col // bs)] = stored
                         for j in T.vectorized(ve):
                             # __nv_fp8_e4m3's conversion: nearest even, saturating to +-448 (per_token_cast's).
                             data[t, col + j] = T.cast(v_l[c * ve + j] * inverse, T.float8_e4m3fn)
                 if padding > 0 and tid < padding:
-                    sf[t, cfg.num_blocks + tid] = T.uint8(0)
+                    sf[sf_at(t, cfg.num_blocks + tid)] = T.uint8(0)
 
     return prim_func(T, cfg, body)

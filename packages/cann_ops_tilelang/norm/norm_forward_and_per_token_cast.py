@@ -8,10 +8,10 @@ from typing import NamedTuple
 
 import torch
 
-from cann_ops_tilelang.operator import Operator, scalar, tensor
+from cann_ops_tilelang.operator import Operator, new_output, scalar, tensor
 from cann_ops_tilelang.quant import _contract as contract
 from cann_ops_tilelang.quant._quant_tensor import QuantTensor
-from cann_ops_tilelang.quant.per_token_cast import sf_layout
+from cann_ops_tilelang.quant.per_token_cast import _sf_result
 from cann_ops_tilelang.quant.per_token_cast_kernel import CAST_BLOCK_SIZES, hidden_multiple
 from cann_ops_tilelang.validation import batch_rows, check_out
 
@@ -27,9 +27,15 @@ class NormForwardAndPerTokenCastResult(NamedTuple):
     norm_input: torch.Tensor  # residual_out (x + residual), or x itself without residual
 
 
-def _results(x, num_per_channels, use_packed_ue8m0):
-    """(shape, dtype) of data and sf."""
-    return ((tuple(x.shape), torch.float8_e4m3fn), sf_layout(*x.shape, num_per_channels, use_packed_ue8m0))
+def _results(x, num_per_channels, use_packed_ue8m0, col_major=False):
+    """(shape, dtype) of data, (shape, dtype[, strides]) of sf: per_token_cast's layouts (column-major scales:
+    its strides, the peer's rule on x's backend)."""
+    return ((tuple(x.shape), torch.float8_e4m3fn), _sf_result(x, num_per_channels, col_major, use_packed_ue8m0, False))
+
+
+def _new_outputs(x, num_per_channels, use_packed_ue8m0, col_major) -> tuple:
+    """New (data, sf) of these layouts (the eager path and the fake kernels alike)."""
+    return tuple(new_output(x, layout) for layout in _results(x, num_per_channels, use_packed_ue8m0, col_major))
 
 
 def _options(name, x, weight, fmt, num_per_channels, residual, use_tma_aligned_col_major_sf, round_sf,
@@ -38,10 +44,7 @@ def _options(name, x, weight, fmt, num_per_channels, residual, use_tma_aligned_c
     check_same_dtype(name, x, weight=weight, residual=residual, residual_out=residual_out)
     contract.check_cast_format(name, fmt, CAST_FORMATS)
     contract.check_block(name, 'num_per_channels', num_per_channels, CAST_BLOCK_SIZES)
-    contract.check_unsupported(
-        name, use_tma_aligned_col_major_sf=use_tma_aligned_col_major_sf, mega_moe_sf=mega_moe_sf is not None,
-        mega_moe_block_m=mega_moe_block_m,
-    )  # fmt: skip
+    contract.check_unsupported(name, mega_moe_sf=mega_moe_sf is not None, mega_moe_block_m=mega_moe_block_m)
     contract.check_scale_flags(name, round_sf, use_packed_ue8m0)
     contract.check_hidden(name, x.shape[1], hidden_multiple(num_per_channels), f'num_per_channels {num_per_channels}')
     if out_bf16 is not None and not with_out_bf16:
@@ -51,11 +54,28 @@ def _options(name, x, weight, fmt, num_per_channels, residual, use_tma_aligned_c
             raise TypeError(f'{name}: out must be a tuple (data, sf) of tensors, got {type(out).__name__}')
         others = {'x': x, 'weight': weight, 'residual': residual, 'out_bf16': out_bf16, 'residual_out': residual_out}
         others = {k: v for k, v in others.items() if v is not None}
-        for i, ((shape, dtype), part) in enumerate(
-            zip(_results(x, num_per_channels, use_packed_ue8m0), out, strict=False)
-        ):
-            check_out(f'out[{i}]', part, shape=shape, dtype=dtype, device=x.device, inputs=others, memory=memory)
+        layouts = _results(x, num_per_channels, use_packed_ue8m0, use_tma_aligned_col_major_sf)
+        for i, (layout, part) in enumerate(zip(layouts, out, strict=False)):
+            strides = layout[2] if len(layout) > 2 else None
+            check_out(f'out[{i}]', part, shape=layout[0], dtype=layout[1], device=x.device, inputs=others,
+                      memory=memory, strides=strides)  # fmt: skip
             others[f'out[{i}]'] = part
+
+
+def _choice(x, weight, num_per_channels, residual, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0,
+            with_out_bf16, with_rstd):  # fmt: skip
+    return {
+        'hidden': x.shape[1],
+        'dtype': x.dtype,
+        'with_weight': weight is not None,
+        'with_residual': residual is not None,
+        'with_rstd': with_rstd,
+        'block_size': num_per_channels,
+        'round_sf': round_sf,
+        'packed_ue8m0': use_packed_ue8m0,
+        'with_out_bf16': with_out_bf16,
+        'col_major_sf': use_tma_aligned_col_major_sf,
+    }
 
 
 OP = Operator(
@@ -79,17 +99,7 @@ OP = Operator(
     scalar('with_rstd', 'bool'),
     limits=check_hidden,
     extra=_options,
-    choice=lambda x, weight, num_per_channels, residual, round_sf, use_packed_ue8m0, with_out_bf16, with_rstd: {
-        'hidden': x.shape[1],
-        'dtype': x.dtype,
-        'with_weight': weight is not None,
-        'with_residual': residual is not None,
-        'with_rstd': with_rstd,
-        'block_size': num_per_channels,
-        'round_sf': round_sf,
-        'packed_ue8m0': use_packed_ue8m0,
-        'with_out_bf16': with_out_bf16,
-    },
+    choice=_choice,
     choose_config=choose_norm_forward_config,
     get_kernel=get_norm_forward_kernel,
 )
@@ -98,20 +108,22 @@ OP = Operator(
 def _run(*args, rstd=None) -> NormForwardAndPerTokenCastResult:
     """Every check (or the fast path's), the outputs the call did not give, the launch (none for T = 0). Fast
     path, without out= and TileKernels' options these kernels do not take, for T > 0: by (H, dtype, CUDA index,
-    weight given, residual given, fmt, block, round_sf, packed, with_out_bf16, with_rstd); a key is remembered
-    only after a fully checked call with it, so an unsupported fmt or block never takes it."""
+    weight given, residual given, fmt, block, round_sf, packed, with_out_bf16, with_rstd, column-major scales); a
+    key is remembered only after a fully checked call with it, so an unsupported fmt or block never takes it.
+    Column-major scales reach the kernel transposed, sf.T (UE8M0 bytes: sf.T.view(torch.uint8))."""
     (x, weight, eps, fmt, num_per_channels, residual, out_scale, col_major, round_sf, packed, with_out_bf16, out,
      out_bf16, residual_out, mega_moe_sf, mega_moe_block_m, with_rstd) = args  # fmt: skip
     key = None
-    if out is None and not col_major and mega_moe_sf is None and mega_moe_block_m == 0:
+    if out is None and mega_moe_sf is None and mega_moe_block_m == 0:
         shape = OP.fast_ok(*args)
         if shape is not None and shape[0]:
             key = (shape[1], x.dtype, x.get_device(), weight is None, residual is None, fmt, num_per_channels,
-                   round_sf, packed, with_out_bf16, with_rstd)  # fmt: skip
+                   round_sf, packed, with_out_bf16, with_rstd, col_major)  # fmt: skip
     launcher, fast = OP.prepare(key, args)
     if out is None:
-        out = tuple(x.new_empty(shape, dtype=dtype) for shape, dtype in _results(x, num_per_channels, packed))
+        out = _new_outputs(x, num_per_channels, packed, col_major)
     data, sf = out
+    kernel_sf = sf.T if col_major else sf
     if with_out_bf16 and out_bf16 is None:
         out_bf16 = x.new_empty(x.shape, dtype=torch.bfloat16)
     if residual is not None and residual_out is None:
@@ -121,7 +133,8 @@ def _run(*args, rstd=None) -> NormForwardAndPerTokenCastResult:
     # bf16 x: its bf16 output is y itself, the kernel's `out`; fp32 x: a separate bf16 row.
     y_out, bf16_out = (out_bf16, None) if x.dtype == torch.bfloat16 else (None, out_bf16)
     launch_args = forward_launch_args(
-        x, weight, residual, residual_out, y_out, rstd, data, sf.view(torch.uint8) if packed else sf, bf16_out,
+        x, weight, residual, residual_out, y_out, rstd, data, kernel_sf.view(torch.uint8) if packed else kernel_sf,
+        bf16_out,
         eps, out_scale,
     )  # fmt: skip
     OP.finish(launcher, fast, key, launch_args, args, empty=not x.shape[0])
@@ -134,13 +147,13 @@ def _eager(*args) -> NormForwardAndPerTokenCastResult:
 
 
 def _fake(*args) -> NormForwardAndPerTokenCastResult:
-    """While torch traces: what `_run` returns (new tensors contiguous)."""
+    """While torch traces: what `_run` returns (new tensors contiguous, column-major scales of their strides)."""
     OP.check(*args, memory=False)
-    x, num_per_channels, residual, packed, with_out_bf16, out, out_bf16, residual_out, with_rstd = (
-        args[i] for i in (0, 4, 5, 9, 10, 11, 12, 13, 16)
+    x, num_per_channels, residual, col_major, packed, with_out_bf16, out, out_bf16, residual_out, with_rstd = (
+        args[i] for i in (0, 4, 5, 7, 9, 10, 11, 12, 13, 16)
     )
     if out is None:
-        out = tuple(x.new_empty(shape, dtype=dtype) for shape, dtype in _results(x, num_per_channels, packed))
+        out = _new_outputs(x, num_per_channels, packed, col_major)
     if with_out_bf16 and out_bf16 is None:
         out_bf16 = x.new_empty(x.shape, dtype=torch.bfloat16)
     if residual is not None and residual_out is None:
@@ -150,10 +163,10 @@ def _fake(*args) -> NormForwardAndPerTokenCastResult:
     return NormForwardAndPerTokenCastResult(QuantTensor(*out), out_bf16, rstd, norm_input)
 
 
-def _public(x, w, eps, fmt, bs, res, scale, round_sf, packed, with_bf16, out=None, out_bf16=None, res_out=None,
-            with_rstd=False) -> tuple:  # fmt: skip
+def _public(x, w, eps, fmt, bs, res, scale, col_major, round_sf, packed, with_bf16, out=None, out_bf16=None,
+            res_out=None, with_rstd=False) -> tuple:  # fmt: skip
     """The public arguments of an op call (TileKernels' options these kernels do not take at their defaults)."""
-    return (x, w, eps, fmt, bs, res, scale, False, round_sf, packed, with_bf16, out, out_bf16, res_out, None, 0,
+    return (x, w, eps, fmt, bs, res, scale, col_major, round_sf, packed, with_bf16, out, out_bf16, res_out, None, 0,
             with_rstd)  # fmt: skip
 
 
@@ -165,7 +178,7 @@ def _listed(result: NormForwardAndPerTokenCastResult, residual) -> list:
 
 _HEAD = (
     'Tensor x, Tensor? weight, float eps, str fmt, int num_per_channels, Tensor? residual, float out_scale, '
-    'bool round_sf, bool use_packed_ue8m0, bool with_out_bf16'
+    'bool use_tma_aligned_col_major_sf, bool round_sf, bool use_packed_ue8m0, bool with_out_bf16'
 )
 _functional = OP.define(
     'norm_forward_and_per_token_cast',
@@ -177,16 +190,17 @@ _into = OP.define(
     'norm_forward_and_per_token_cast_out',
     f'({_HEAD}, Tensor(a!) out_data, Tensor(b!) out_sf, Tensor(c!)? out_bf16, Tensor(d!)? residual_out, '
     'Tensor(e!)? rstd) -> ()',
-    lambda *a: _run(*_public(*a[:10], (a[10], a[11]), a[12], a[13], a[14] is not None), rstd=a[14]),
+    lambda *a: _run(*_public(*a[:11], (a[11], a[12]), a[13], a[14], a[15] is not None), rstd=a[15]),
     lambda *a: None,
 )
 
 
 def _traced(*args) -> NormForwardAndPerTokenCastResult:
     """torch.compile, fake tensors, make_fx: the op of the call's form."""
-    (x, weight, eps, fmt, num_per_channels, residual, out_scale, _, round_sf, packed, with_out_bf16, out, out_bf16,
-     residual_out, _, _, with_rstd) = args  # fmt: skip
-    head = (x, weight, float(eps), fmt, num_per_channels, residual, float(out_scale), round_sf, packed, with_out_bf16)
+    (x, weight, eps, fmt, num_per_channels, residual, out_scale, col_major, round_sf, packed, with_out_bf16, out,
+     out_bf16, residual_out, _, _, with_rstd) = args  # fmt: skip
+    head = (x, weight, float(eps), fmt, num_per_channels, residual, float(out_scale), col_major, round_sf, packed,
+            with_out_bf16)  # fmt: skip
     if out is None and out_bf16 is None and residual_out is None:
         values = iter(_functional(*head, with_rstd))
         data, sf = next(values), next(values)
@@ -202,7 +216,13 @@ def _traced(*args) -> NormForwardAndPerTokenCastResult:
 def _batched(function, x, weight, eps, fmt, num_per_channels, residual, out_scale, use_tma_aligned_col_major_sf,
              round_sf, use_packed_ue8m0, with_out_bf16, out, out_bf16, residual_out, mega_moe_sf, mega_moe_block_m,
              with_rstd) -> NormForwardAndPerTokenCastResult:  # fmt: skip
-    """A (B, T, H) x (the peer's batched call): the call on its B * T rows, the results (B, T, ...)."""
+    """A (B, T, H) x (the peer's batched call): the call on its B * T rows, the results (B, T, ...). Column-major
+    scales are refused there (the peer's layout of (B, T) rows is not a view of the flat call's)."""
+    if use_tma_aligned_col_major_sf:
+        raise ValueError(
+            'norm_forward_and_per_token_cast: use_tma_aligned_col_major_sf=True is not supported with a batched '
+            f'(B, T, H) x, got x of shape {tuple(x.shape)}: call it on the (B * T, H) rows'
+        )
     lead = tuple(x.shape[:2])
     rows = functools.partial(batch_rows, 'norm_forward_and_per_token_cast', lead=lead)
     flat_out = out
@@ -260,9 +280,13 @@ def norm_forward_and_per_token_cast(
         with_out_bf16: also return y as bf16 (for bf16 x the output norm_forward returns).
         out: optional (data, sf) buffers of the result's shapes and dtypes.
         out_bf16: optional (T, H) bf16 buffer, with with_out_bf16.
-        use_tma_aligned_col_major_sf, mega_moe_sf, mega_moe_block_m: TileKernels' column-major scales and its
-            mega-MoE scale layout; only their defaults are supported (ValueError otherwise).
-        Buffers are contiguous, on x's device, and overlap no other argument.
+        use_tma_aligned_col_major_sf: sf column-major, as per_token_cast's option: the same shape and values,
+            strides (1, T_pad), a view buf[:, :T].T of a (K, T_pad) buffer (T_pad: T rounded up to 16 bytes of
+            sf's dtype on CUDA, T on Ascend); 2-D x only (ValueError for a batched x).
+        mega_moe_sf, mega_moe_block_m: TileKernels' mega-MoE scale layout; only their defaults are supported
+            (ValueError otherwise).
+        Buffers are contiguous (a column-major sf: of the strides above), on x's device, and overlap no other
+        argument.
 
     Returns:
         NormForwardAndPerTokenCastResult(out, out_bf16, rstd, norm_input), a tuple: out QuantTensor(data (T, H)

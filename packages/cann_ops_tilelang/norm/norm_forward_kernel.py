@@ -59,6 +59,10 @@ class NormForwardConfig:
     threads: int = 0  # CUDA threads per block (a row); 0 on Ascend
     chunks: int = 0  # CUDA 16-byte chunks per thread
     num_stages: int = 1  # Ascend buffer versions of the persistent loop (1 on CUDA)
+    # The scales written column-major (TileKernels' use_tma_aligned_col_major_sf, per_token_cast's layout): the
+    # kernel's sf is the transposed view (sf_cols, T) of a row stride that is a launch argument; packed UE8M0 bytes
+    # (sf_cols / 4, 4 T), row r's word w at [w, 4 r : 4 r + 4].
+    col_major_sf: bool = False
 
     def __post_init__(self):
         if self.backend not in ('ascend', 'cuda'):
@@ -74,8 +78,12 @@ class NormForwardConfig:
                 raise ValueError(f'block_size {self.block_size} must be one of {CAST_BLOCK_SIZES} and fit hidden')
             if self.packed_ue8m0 and not self.round_sf:
                 raise ValueError('packed_ue8m0 needs round_sf (UE8M0 holds powers of two only)')
-        elif self.round_sf or self.packed_ue8m0 or self.with_out_bf16:
-            raise ValueError('round_sf, packed_ue8m0 and with_out_bf16 belong to the cast (block_size > 0)')
+        elif self.round_sf or self.packed_ue8m0 or self.with_out_bf16 or self.col_major_sf:
+            raise ValueError(
+                'round_sf, packed_ue8m0, with_out_bf16 and col_major_sf belong to the cast (block_size > 0)'
+            )
+        if not isinstance(self.col_major_sf, bool):
+            raise TypeError(f'col_major_sf must be a bool, got {type(self.col_major_sf).__name__}')
         if self.backend == 'cuda' and (self.threads % 32 or not 32 <= self.threads <= 1024 or self.chunks < 1):
             raise ValueError(f'CUDA: threads {self.threads} must be whole warps up to 1024, chunks >= 1')
         if self.num_stages not in (1, 2):
@@ -138,6 +146,7 @@ def choose_norm_forward_config(
     round_sf: bool = False,
     packed_ue8m0: bool = False,
     with_out_bf16: bool = False,
+    col_major_sf: bool = False,
 ) -> NormForwardConfig:
     """Pure choice of the compile-time parameters (no device query); ValueError for what the kernels do not take
     (on Ascend: a row whose buffers do not fit UB)."""
@@ -146,7 +155,7 @@ def choose_norm_forward_config(
     name = FLOAT_DTYPE_NAMES[dtype]
     make = functools.partial(
         NormForwardConfig, backend, hidden, name, num_cores, with_weight, with_residual, with_rstd,
-        block_size, round_sf, packed_ue8m0, with_out_bf16,
+        block_size, round_sf, packed_ue8m0, with_out_bf16, col_major_sf=col_major_sf,
     )  # fmt: skip
     if backend == 'ascend':
         per_stage, resident = ascend_ub_bytes(
@@ -177,6 +186,12 @@ def forward_prim_func(T, cfg: NormForwardConfig, body):
     sf_shape = (num_tokens, cfg.sf_cols) if cfg.cast else one
     bf16_shape = row if cfg.separate_bf16 else one
     dtype, sf_dtype = cfg.dtype, cfg.sf_dtype
+    sf_type = T.Tensor(sf_shape, sf_dtype)
+    if cfg.col_major_sf:  # the transposed column-major scales: rows of stride sf_stride >= T
+        sf_stride = T.dynamic('sf_stride')
+        packed = cfg.packed_ue8m0
+        cm_shape = (cfg.sf_cols // UE8M0_PACK, UE8M0_PACK * num_tokens) if packed else (cfg.sf_cols, num_tokens)
+        sf_type = T.StridedTensor(cm_shape, (sf_stride, 1), sf_dtype)
 
     @T.prim_func
     def norm_forward_kernel(
@@ -187,7 +202,7 @@ def forward_prim_func(T, cfg: NormForwardConfig, body):
         out: T.Tensor(out_shape, dtype),
         rstd: T.Tensor(rstd_shape, T.float32),
         data: T.Tensor(data_shape, T.float8_e4m3fn),
-        sf: T.Tensor(sf_shape, sf_dtype),
+        sf: sf_type,
         out_bf16: T.Tensor(bf16_shape, T.bfloat16),
         eps: T.float32,
         out_scale: T.float32,

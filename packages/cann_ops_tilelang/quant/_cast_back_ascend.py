@@ -86,6 +86,14 @@ def ascend_cast_back_kernel(cfg):
     else:
         sf_rows_ub = sm
     raw_w = UE8M0_PACK * bk if channel and packed else sf_w  # raw scale bytes / fp32 of a row of the task's slice
+    col_major = cfg.col_major_sf
+    sf_w_task = sf_w  # the task's scales (row layouts)
+    if col_major:
+        # The task's scales transposed, as one DMA lands them: a row per scale (UE8M0: per word), the tokens along it.
+        cm_rows, raw_w = cfg.ascend_col_major_tile
+        flat = -(-cm_rows * raw_w // LANES) * LANES
+        sf_rows_ub = -(-flat // raw_w) if widened else cm_rows
+        sf_w = raw_w  # the flat widening's row width
 
     num_tokens = T.dynamic('num_tokens')
     num_token_blocks = num_tokens if per_token else T.ceildiv(num_tokens, bt)
@@ -94,6 +102,20 @@ def ascend_cast_back_kernel(cfg):
         if packed and channel
         else (num_token_blocks, cfg.sf_cols)
     )
+    sf_type = T.Tensor(sf_shape, sf_dtype)
+    if col_major:  # the transposed column-major scales: rows of stride sf_stride >= T
+        sf_stride = T.dynamic('sf_stride')
+        cm_shape = (cfg.sf_cols // UE8M0_PACK, UE8M0_PACK * num_tokens) if packed else (cfg.sf_cols, num_tokens)
+        sf_type = T.StridedTensor(cm_shape, (sf_stride, 1), sf_dtype)
+
+    def sf_at(g, k):
+        """Where scale k of the task (fp32 in sf_ub) of its row g lies: (g, k), or in the transposed tile (k, g)
+        (UE8M0: byte k % 4 of word k // 4, (k // 4, 4 g + k % 4))."""
+        if not col_major:
+            return g, k
+        if packed:
+            return k // UE8M0_PACK, UE8M0_PACK * g + k % UE8M0_PACK
+        return k, g
 
     @T.macro
     def widen_ue8m0(raw_ub, sf_ub, s0):
@@ -132,13 +154,15 @@ def ascend_cast_back_kernel(cfg):
             return S.vld(sf_ub[g, c * LANES])
         if bc == 16:
             first, second, third, _ = low
-            third_scale = S.vld(sf_ub[g, 4 * c + 2], dist='BRC_B32')
-            last_two = S.vsel(third_scale, S.vld(sf_ub[g, 4 * c + 3], dist='BRC_B32'), third)
-            upper = S.vsel(S.vld(sf_ub[g, 4 * c + 1], dist='BRC_B32'), last_two, second)
-            return S.vsel(S.vld(sf_ub[g, 4 * c], dist='BRC_B32'), upper, first)
+            third_scale = S.vld(sf_ub[sf_at(g, 4 * c + 2)], dist='BRC_B32')
+            last_two = S.vsel(third_scale, S.vld(sf_ub[sf_at(g, 4 * c + 3)], dist='BRC_B32'), third)
+            upper = S.vsel(S.vld(sf_ub[sf_at(g, 4 * c + 1)], dist='BRC_B32'), last_two, second)
+            return S.vsel(S.vld(sf_ub[sf_at(g, 4 * c)], dist='BRC_B32'), upper, first)
         if bc == 32:
-            return S.vsel(S.vld(sf_ub[g, 2 * c], dist='BRC_B32'), S.vld(sf_ub[g, 2 * c + 1], dist='BRC_B32'), low)
-        return S.vld(sf_ub[g, c * LANES // bc], dist='BRC_B32')
+            return S.vsel(
+                S.vld(sf_ub[sf_at(g, 2 * c)], dist='BRC_B32'), S.vld(sf_ub[sf_at(g, 2 * c + 1)], dist='BRC_B32'), low
+            )
+        return S.vld(sf_ub[sf_at(g, c * LANES // bc)], dist='BRC_B32')
 
     @T.macro
     def store_row(out_ub, row, c, value):
@@ -185,7 +209,7 @@ def ascend_cast_back_kernel(cfg):
     @T.prim_func
     def cast_back_kernel(
         x: T.Tensor((num_tokens, cfg.data_cols), x_dtype),
-        x_sf: T.Tensor(sf_shape, sf_dtype),
+        x_sf: sf_type,
         out: T.Tensor((num_tokens, hidden), out_dtype),
     ):
         with T.Kernel(grid) as cid:
@@ -197,7 +221,7 @@ def ascend_cast_back_kernel(cfg):
                 sf_ub = T.alloc_shared((sf_rows_ub, sf_w), f32)
                 T.annotate_buffer_versions({x_ub: stages, out_ub: stages, raw_ub: stages, sf_ub: 1})
             else:
-                raw_ub = T.alloc_shared((sm, raw_w), f32)
+                raw_ub = T.alloc_shared((sf_rows_ub if col_major else sm, raw_w), f32)
                 sf_ub = raw_ub  # fp32 scales are used as they land
                 T.annotate_buffer_versions({x_ub: stages, out_ub: stages, raw_ub: stages})
             for task in T.Persistent([T.ceildiv(num_tokens, bm) * n_tiles], grid, cid, group_size=1, num_stages=stages):
@@ -206,7 +230,15 @@ def ascend_cast_back_kernel(cfg):
                 valid = T.min(bm, num_tokens - t0)
                 s0 = t0 // bt  # the task's first scale row (token block)
                 T.copy(x[t0 : t0 + bm, j * x_cols : j * x_cols + x_cols], x_ub)  # tail rows clamped by the DMA
-                if channel and packed:
+                if col_major and packed:  # the task's words of its tokens: one burst of 4 * valid bytes per word
+                    w0 = j * (sf_w_task // UE8M0_PACK)
+                    T.copy(
+                        x_sf[w0 : w0 + cm_rows, UE8M0_PACK * t0 : UE8M0_PACK * (t0 + valid)],
+                        raw_ub[0:cm_rows, 0 : UE8M0_PACK * valid],
+                    )
+                elif col_major:  # the task's scales of its tokens: one burst of valid scales per scale
+                    T.copy(x_sf[j * sf_w_task : (j + 1) * sf_w_task, t0 : t0 + valid], raw_ub[0:cm_rows, 0:valid])
+                elif channel and packed:
                     row = s0 // UE8M0_PACK
                     T.copy(x_sf[row : row + 1, j * raw_w : j * raw_w + raw_w], raw_ub[0:1, :])
                 else:

@@ -16,6 +16,9 @@ bytes (block_k is at least 512 wherever hidden has such a divisor). With rows_pe
 E4M3 scales are widened by a conversion where they are loaded. FP4 data (per-token scales, _cuda_fp4_kernel): one
 row per thread block, 16 columns per thread from one 8-byte load, each nibble decoded on its bits (unrolled, so
 the nibble shifts are constants), one fp32 multiply, 16-byte stores.
+Column-major scales (cfg.col_major_sf, per-token): the same loads, each thread's scale from x_sf.T[k, t] (packed
+UE8M0: byte k % 4 of word k // 4 of token t) of a row stride that is a launch argument; the scales of neighbouring
+thread blocks (tokens) lie side by side, so their loads share sectors in L2.
 """
 
 # No `from __future__ import annotations`: TileLang evaluates the prim_func annotations, which
@@ -55,6 +58,19 @@ def cuda_cast_back_kernel(cfg):
         if packed and channel
         else (num_token_blocks, cfg.sf_cols)
     )
+    sf_type = T.Tensor(sf_shape, sf_dtype)
+    if cfg.col_major_sf:  # the transposed column-major scales: rows of stride sf_stride >= T
+        sf_stride = T.dynamic('sf_stride')
+        cm_shape = (cfg.sf_cols // UE8M0_PACK, UE8M0_PACK * num_tokens) if packed else (cfg.sf_cols, num_tokens)
+        sf_type = T.StridedTensor(cm_shape, (sf_stride, 1), sf_dtype)
+
+    def sf_at(t, k):
+        """The indices of token t's scale k (a UE8M0 byte when packed) in the kernel's x_sf (per-token scales)."""
+        if not cfg.col_major_sf:
+            return t, k
+        if packed:  # word k // 4 of token t, byte k % 4 of the word
+            return k // UE8M0_PACK, UE8M0_PACK * t + k % UE8M0_PACK
+        return k, t
 
     def scale_slot(i):
         # Per token each row has its scale; in a token block one serves all the thread's rows.
@@ -81,12 +97,12 @@ def cuda_cast_back_kernel(cfg):
         return T.reinterpret(bits | T.shift_left(code & T.uint32(0x8), T.uint32(_E2M1_SIGN_SHIFT)), f32)
 
     if cfg.fp4:
-        return _cuda_fp4_kernel(T, cfg, num_tokens, sf_shape, scale_of, e2m1_to_f32)
+        return _cuda_fp4_kernel(T, cfg, num_tokens, sf_type, sf_at, scale_of, e2m1_to_f32)
 
     @T.prim_func
     def cast_back_kernel(
         x: T.Tensor((num_tokens, hidden), T.float8_e4m3fn),
-        x_sf: T.Tensor(sf_shape, sf_dtype),
+        x_sf: sf_type,
         out: T.Tensor((num_tokens, hidden), out_dtype),
     ):
         # Row tiles on grid x (up to 2**31 - 1 blocks; y stops at 65535), column tiles on y.
@@ -129,7 +145,7 @@ def cuda_cast_back_kernel(cfg):
                 sc = T.alloc_local((rpt if per_token else 1,), f32)
                 for i in T.unroll(rpt if per_token else 1):
                     if row0 + i < num_tokens:
-                        sc[i] = scale_of(x_sf[(row0 + i) // bt, col // bc])
+                        sc[i] = scale_of(x_sf[sf_at((row0 + i) // bt, col // bc)])
             for i in T.unroll(rpt):
                 if row0 + i < num_tokens:
                     for h in T.unroll(VEC_ELEMS // store_vec):
@@ -146,7 +162,7 @@ def cuda_cast_back_kernel(cfg):
     return cast_back_kernel
 
 
-def _cuda_fp4_kernel(T, cfg, num_tokens, sf_shape, scale_of, e2m1_to_f32):
+def _cuda_fp4_kernel(T, cfg, num_tokens, sf_type, sf_at, scale_of, e2m1_to_f32):
     """FP4 data, per-token scales (cfg.block_tokens 1, block_m 1): one row per thread block, each thread 16
     columns from one 8-byte load; their scale (blocks of at least 16 channels hold a thread's columns) from one
     load."""
@@ -157,7 +173,7 @@ def _cuda_fp4_kernel(T, cfg, num_tokens, sf_shape, scale_of, e2m1_to_f32):
     @T.prim_func
     def cast_back_kernel(
         x: T.Tensor((num_tokens, cfg.data_cols), T.int8),
-        x_sf: T.Tensor(sf_shape, cfg.sf_dtype),
+        x_sf: sf_type,
         out: T.Tensor((num_tokens, cfg.hidden), out_dtype),
     ):
         with T.Kernel(num_tokens, cfg.num_col_tiles, threads=cfg.threads) as (bx, by):
@@ -166,7 +182,7 @@ def _cuda_fp4_kernel(T, cfg, num_tokens, sf_shape, scale_of, e2m1_to_f32):
             xr = T.alloc_local((half,), T.int8)
             for v in T.vectorized(half):
                 xr[v] = x[bx, col // 2 + v]
-            scale = scale_of(x_sf[bx, col // bc])
+            scale = scale_of(x_sf[sf_at(bx, col // bc)])
             # Unrolled, so each nibble's shift is a constant; then the 16-byte stores.
             values = T.alloc_local((VEC_ELEMS,), out_dtype)
             for v in T.unroll(VEC_ELEMS):

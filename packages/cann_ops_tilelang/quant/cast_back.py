@@ -37,6 +37,28 @@ def _check_blocks(name: str, x_block_size, fp4: bool, e4m3_sf: bool) -> None:
         contract.check_block(name, 'x_block_size[0] (tokens per scale)', bt, ROW_BLOCK_TOKENS)
 
 
+def sf_col_major(sf: torch.Tensor) -> bool | None:
+    """The layout of given (rows, K) scales, read from their strides as TileKernels 2.1.0 reads them: False
+    row-major (each row contiguous, rows K apart, where a dimension of size 1 or an empty tensor may have any
+    stride), True column-major (strides (1, S), S >= rows: per_token_cast's use_tma_aligned_col_major_sf, a view
+    buf[:, :rows].T of a (K, S) buffer), None neither."""
+    rows, cols = sf.shape
+    s0, s1 = sf.stride()
+    if not rows * cols or ((cols <= 1 or s1 == 1) and (rows <= 1 or s0 == cols)):
+        return False
+    if (rows <= 1 or s0 == 1) and s1 >= rows:
+        return True
+    return None
+
+
+def _kernel_sf(sf: torch.Tensor, col_major: bool) -> torch.Tensor:
+    """The scales as the kernel takes them: column-major ones transposed, (K, rows) of row stride S (one row:
+    its stride 1, the only element of a row the kernel reads); packed UE8M0 as bytes."""
+    if col_major:
+        sf = sf.T if sf.shape[0] > 1 else sf.T.as_strided(sf.T.shape, (sf.stride(1), 1))
+    return sf.view(torch.uint8) if sf.dtype == contract.PACKED_SF_DTYPE else sf
+
+
 def _hidden(data: torch.Tensor) -> int:
     """The logical hidden size: data's columns, two elements a byte for FP4."""
     return 2 * data.shape[1] if data.dtype == contract.FP4_DATA_DTYPE else data.shape[1]
@@ -57,8 +79,21 @@ def _options(name, x_data, x_sf, T, H, fmt, x_block_size, x_special_fmt):
     if x_sf.shape != shape:
         raise ValueError(f'{name}: x[1] must have shape {shape} ({x_sf.dtype} scales of blocks '
                          f'{tuple(x_block_size)}), got {tuple(x_sf.shape)}')  # fmt: skip
-    if x_sf.stride(0) != shape[1] and shape[0] > 1:
-        raise ValueError(f'{name}: x[1] must be contiguous (row-major scales), got strides {x_sf.stride()}')
+    col_major = sf_col_major(x_sf)
+    if col_major is None:
+        raise ValueError(
+            f'{name}: x[1] must be row-major (contiguous) or column-major (strides (1, S) with S >= {shape[0]}, as '
+            f'per_token_cast(..., use_tma_aligned_col_major_sf=True) returns), got strides {x_sf.stride()} for '
+            f'shape {tuple(x_sf.shape)}'
+        )
+    if col_major and x_block_size[1] == 1:
+        raise ValueError(f'{name}: column-major scales are not supported with per-channel scales (x_block_size[1] '
+                         f'1; TileKernels 2.1.0 refuses them too), got strides {x_sf.stride()}')  # fmt: skip
+    if col_major and x_block_size[0] != 1:
+        raise ValueError(
+            f'{name}: column-major scales are supported with per-token scales only (x_block_size[0] 1), got '
+            f'x_block_size {tuple(x_block_size)} and strides {x_sf.stride()}'
+        )
 
 
 def _choice(x, fmt, x_block_size):
@@ -70,6 +105,7 @@ def _choice(x, fmt, x_block_size):
         'packed_ue8m0': x[1].dtype == contract.PACKED_SF_DTYPE,
         'fp4': x[0].dtype == contract.FP4_DATA_DTYPE,
         'e4m3_sf': x[1].dtype == contract.E4M3_SF_DTYPE,
+        'col_major_sf': bool(sf_col_major(x[1])),
     }
 
 
@@ -83,6 +119,7 @@ X = quant(
     (torch.float8_e4m3fn, contract.FP4_DATA_DTYPE),
     'T, H',
     sf_dtype=(torch.float32, contract.PACKED_SF_DTYPE, contract.E4M3_SF_DTYPE),
+    sf_layout=None,  # row- or column-major: `_options` reads the layout from the strides
 )
 _COMMON = dict(
     limits=lambda name, T, H: contract.check_numel(name, T, H),
@@ -118,15 +155,19 @@ PER_TOKEN = Operator(
 
 def _run(op: Operator, args: tuple, x, fmt, block, out) -> torch.Tensor:
     """Every check, then the launch. Fast path (without out= or x_special_fmt): by (data columns, CUDA index, fmt,
-    block, data dtype, scale dtype)."""
+    block, data dtype, scale dtype, scale layout); scales of neither layout take the full check (its error)."""
     key = None
+    col_major = None
     if out is None and args[3] is None and (shape := op.fast_ok(*args)) is not None and shape[0]:
-        key = (shape[1], x[0].get_device(), fmt, block, x[0].dtype, x[1].dtype)
+        col_major = sf_col_major(x[1]) if x[1].dim() == 2 else None
+        if col_major is not None:
+            key = (shape[1], x[0].get_device(), fmt, block, x[0].dtype, x[1].dtype, col_major)
     launcher, fast = op.prepare(key, args)
     data, sf = x
     if out is None:
         out = data.new_empty((data.shape[0], _hidden(data)), dtype=OUT_FORMATS[fmt])
-    sf = sf.view(torch.uint8) if sf.dtype == contract.PACKED_SF_DTYPE else sf
+    if data.shape[0]:
+        sf = _kernel_sf(sf, sf_col_major(sf) if col_major is None else col_major)
     op.finish(launcher, fast, key, (data, sf, out), args, empty=not data.shape[0])
     return out
 
@@ -154,13 +195,16 @@ def cast_back(
         out[t, h] = fmt(fp32(data[t, h]) * fp32(sf[t // bt, h // bc]))
 
     Args:
-        x: data and sf, contiguous. data (T, H) float8_e4m3fn: the result of per_token_cast (bt = 1, bc 16, 32,
+        x: data and sf, data contiguous. data (T, H) float8_e4m3fn: the result of per_token_cast (bt = 1, bc 16, 32,
             64 or 128), per_block_cast (bt, bc in 32, 64, 128; bt also 1) or per_channel_cast (bc = 1, bt 32 or
             128); or FP4 (T, H / 2) int8, two e2m1 codes a byte, element 2 i in the low nibble of byte i
             (per_token_cast's 'e2m1': bt = 1 only). sf fp32, packed UE8M0 int32 in those operators' layouts (a
             UE8M0 byte b is 2 ** (b - 127); 0 gives 0.0, 255 inf), or float8_e4m3fn (T, H / bc) (per_token_cast's
-            use_e4m3_sf: bt = 1 only). T >= 0 (T = 0: an empty result, no launch), H a positive multiple of
-            max(64, bc) (FP4: of max(128, bc): the kernels read 64 bytes at a time), T * H < 2**31.
+            use_e4m3_sf: bt = 1 only). sf row-major (contiguous), or with bt = 1 and bc > 1 column-major, as
+            per_token_cast(..., use_tma_aligned_col_major_sf=True) returns it: strides (1, S), S >= T (read from the
+            strides, as TileKernels does; other strides: ValueError). T >= 0 (T = 0: an empty result, no launch),
+            H a positive multiple of max(64, bc) (FP4: of max(128, bc): the kernels read 64 bytes at a time),
+            T * H < 2**31.
         fmt: the output, 'bf16' (to nearest even) or 'fp32'.
         x_block_size: (bt, bc).
         x_special_fmt: only None is supported (TileKernels reserves it too).
@@ -182,4 +226,5 @@ def per_token_cast_back(
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The inverse of per_token_cast: cast_back(x, fmt, (1, num_per_channels)) (TileKernels 2.1.0's call), for
-    num_per_channels 16, 32, 64 or 128, e4m3 or FP4 data, and fp32, packed UE8M0 or float8_e4m3fn scales."""
+    num_per_channels 16, 32, 64 or 128, e4m3 or FP4 data, and fp32, packed UE8M0 or float8_e4m3fn scales, row- or
+    column-major (per_token_cast's use_tma_aligned_col_major_sf)."""
