@@ -37,12 +37,14 @@ def _form_args(name: str, device) -> tuple:
     """The arguments of form `name`, as the op takes them (flattened)."""
     x = scaled_rows(37, 1152, 'bfloat16', device)
     token = quant.per_token_cast(x, 'e4m3', 128)
-    cm_x = scaled_rows(37, 1088, 'bfloat16', device) if name == 'per_token_cast_col_major' else None
+    cm_x = scaled_rows(37, 1088, 'bfloat16', device) if name.endswith('_col_major') else None
     cases = {
         'per_token_cast': (x, 'e4m3', 128, None, False, False, False, False, False),
         # column-major UE8M0 scales (strides (1, T_pad)), test_per_token_cast.py's level-0 configuration
         'per_token_cast_col_major': (cm_x, 'e4m3', 64, None, True, True, True, False, False),
         'per_block_cast': (x, 'e4m3', [128, 128], False, False, False, False),
+        # column-major UE8M0 scales of 2 token blocks, test_per_block_cast.py's level-0 configuration
+        'per_block_cast_col_major': (cm_x, 'e4m3', [32, 32], True, True, True, False),
         'per_channel_cast': (scaled_rows(37, 320, 'bfloat16', device), None, 'e4m3', 128, False, None, False),
         'cast_back': (*token, 'bf16', [1, 128], None),
         'per_token_cast_back': (*token, 'bf16', 128, None),
@@ -52,12 +54,20 @@ def _form_args(name: str, device) -> tuple:
 
 @pytest.mark.npu
 @pytest.mark.parametrize(
-    'name', ['per_token_cast', 'per_token_cast_col_major', 'per_block_cast', 'per_channel_cast', 'cast_back']
+    'name',
+    [
+        'per_token_cast',
+        'per_token_cast_col_major',
+        'per_block_cast',
+        'per_block_cast_col_major',
+        'per_channel_cast',
+        'cast_back',
+    ],
 )
 def test_opcheck(device, name):
     """torch.library.opcheck of the functional form: schema, autograd registration, the fake kernel against the
-    real one (strides included: per_token_cast's column-major scales), AOTAutograd with dynamic shapes against
-    eager."""
+    real one (strides included: per_token_cast's and per_block_cast's column-major scales), AOTAutograd with
+    dynamic shapes against eager."""
     utils = ['test_schema', 'test_autograd_registration', 'test_faketensor', 'test_aot_dispatch_dynamic']
     if name == 'cast_back':
         # Its mutation check compares the fp8 input by allclose, which torch implements for fp8 on no device.
