@@ -6,6 +6,8 @@ test_per_block_cast_kernel.py."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -17,8 +19,10 @@ from cann_ops_tilelang.quant import (
     per_block_cast_with_precomputed_sf,
     per_block_cast_with_sf_only,
 )
-from tests.quant.cast_ref import scaled_rows
+from cann_ops_tilelang.quant.per_block_cast import _sf_result
+from tests.quant.cast_ref import scaled_rows, tma_col_major_sf
 from tests.quant.per_block_cast_ref import per_block_cast_precomputed_ref, per_block_cast_ref
+from tests.testing import fast_path
 from tests.testing.bench import config_extras, make_param_id
 from tests.testing.generator import by_level, generate_samples, get_test_level
 from tests.testing.numeric import assert_equal, count_bytes
@@ -85,7 +89,8 @@ def _assert_matches(result: QuantTensor, x: torch.Tensor, block, sf: str, fmt: s
          r'block_size\[0\] \(tokens per scale\) must be one of \(16, 32, 64, 128\), got 8'),
         ((X, 'e4m3', (32, 256)), {}, ValueError, r'block_size\[1\] \(channels per scale\) must be one of'),
         ((X, 'e4m3', (32, 32)), {'use_packed_ue8m0': True}, ValueError, 'use_packed_ue8m0=True needs round_sf=True'),
-        ((X, 'e4m3', (32, 32)), {'use_tma_aligned_col_major_sf': True}, ValueError, 'is not supported yet'),
+        ((X, 'e4m3', (32, 32)), {'use_tma_aligned_col_major_sf': 1}, TypeError, 'use_tma_aligned_col_major_sf must'),
+        ((X, 'e4m3', (32, 32)), {'use_tma_aligned_col_major_sf': True}, RuntimeError, "no kernels for 'cpu' tensors"),
         ((X[:, :192].clone(), 'e4m3', (32, 128)), {}, ValueError, 'multiple of 128 for 128 channels per scale'),
         ((X, 'e4m3', (32, 32)), {}, RuntimeError, "no kernels for 'cpu' tensors"),
         ((X, 'e2m1', (32, 32)), {'use_e4m3_sf': True}, RuntimeError, "no kernels for 'cpu' tensors"),
@@ -203,6 +208,185 @@ def test_per_block_cast_values(variant, num_tokens, device):
         data = per_block_cast_with_precomputed_sf(x, fmt, block, scales, use_e4m3_sf=sf == 'e4m3')
         expected = per_block_cast_precomputed_ref(x.cpu(), scales.cpu(), *block, fmt)
         assert_equal(data.cpu().view(torch.uint8), expected.view(torch.uint8))
+
+
+# ---------------------------------------------------------------- column-major scales (use_tma_aligned_col_major_sf)
+
+# Kernel configurations of their own (col_major_sf). Level 0: two, UE8M0 bytes of a padded row (bf16 x, e4m3 data,
+# 32 x 32 blocks: on Ascend tasks of 2 blocks, words shared between tasks) and E4M3 scales of FP4 data (fp32 x,
+# NVFP4's 16 x 16); level 1 adds fp32 and power-of-two scales, DeepSeek-V3's 128 x 128 and other blocks.
+_COL_MAJOR_CORE = [
+    dict(dtype='bfloat16', block=(32, 32), sf='ue8m0', fmt='e4m3'),
+    dict(dtype='float32', block=(16, 16), sf='e4m3', fmt='e2m1'),
+]
+COL_MAJOR_VARIANTS = by_level(
+    LEVEL,
+    core=_COL_MAJOR_CORE,
+    default=[
+        *_COL_MAJOR_CORE,
+        dict(dtype='bfloat16', block=(128, 128), sf='fp32', fmt='e4m3'),
+        dict(dtype='float32', block=(64, 128), sf='ue8m0', fmt='e2m1'),
+        dict(dtype='bfloat16', block=(32, 64), sf='pow2', fmt='e2m1'),
+        dict(dtype='bfloat16', block=(16, 16), sf='e4m3', fmt='e4m3'),
+        dict(dtype='float32', block=(128, 32), sf='fp32', fmt='e2m1'),
+    ],
+)
+# 0; 1; 37 tokens: 3 blocks of 16, 2 of 32 (the last partial), not a multiple of CUDA's padding (4 words, 16
+# bytes); 300 from level 1 (19 blocks of 16, 10 of 32, 3 of 128).
+COL_MAJOR_TOKENS = by_level(LEVEL, core=(0, 1, 37), default=(0, 1, 37, 300))
+_SF_DTYPES = {'fp32': torch.float32, 'pow2': torch.float32, 'ue8m0': torch.int32, 'e4m3': torch.float8_e4m3fn}
+
+
+def _backend(device) -> str:
+    return 'cuda' if torch.device(device).type == 'cuda' else 'ascend'
+
+
+def _logical(sf: torch.Tensor) -> torch.Tensor:
+    """The scales' bytes in the logical (row-major) order, whatever the layout."""
+    return sf.cpu().flatten().view(torch.uint8)
+
+
+def _assert_peer_layout(sf: torch.Tensor, num_tokens: int, block, sf_name: str, backend: str) -> None:
+    """sf has TileKernels' column-major layout on `backend` (its rows the token blocks): its strides, and the whole
+    padded buffer behind it."""
+    rows = -(-num_tokens // block[0])
+    peer = tma_col_major_sf((rows, sf.shape[1]), _SF_DTYPES[sf_name], backend)
+    assert (tuple(sf.shape), sf.dtype, sf.stride()) == (tuple(peer.shape), peer.dtype, peer.stride())
+    assert sf.untyped_storage().nbytes() - sf.storage_offset() * sf.element_size() >= peer.untyped_storage().nbytes()
+
+
+@pytest.mark.parametrize('num_tokens', [0, 1, 16, 17, 37, 64, 65, 161, 300])
+@pytest.mark.parametrize('backend', ['ascend', 'cuda'])
+def test_per_block_cast_col_major_fake_strides(num_tokens, backend, monkeypatch):
+    """While torch traces: the fake kernels return the column-major scales with TileKernels' strides on each
+    backend, the rows counted in token blocks (CUDA: ceil(T / bt) rounded up to 16 bytes, 4 fp32 / int32 words or
+    16 E4M3 bytes; Ascend: ceil(T / bt)), every scale format, the cast and the scales alone; the data stays
+    row-major."""
+    monkeypatch.setattr(config, 'require_accelerator', lambda *tensors: backend)
+    with FakeTensorMode():
+        x = torch.empty(num_tokens, 1088, dtype=torch.bfloat16, device='cuda' if backend == 'cuda' else 'cpu')
+        cases = (((32, 32), 'fp32', 'e4m3'), ((16, 64), 'ue8m0', 'e4m3'), ((16, 16), 'e4m3', 'e2m1'),
+                 ((128, 64), 'pow2', 'e2m1'), ((64, 32), 'ue8m0', 'e2m1'))  # fmt: skip
+        for block, sf, fmt in cases:
+            result = _cast(x, block, sf, fmt, use_tma_aligned_col_major_sf=True)
+            assert result.data.is_contiguous()
+            _assert_peer_layout(result.sf, num_tokens, block, sf, backend)
+            alone = per_block_cast_with_sf_only(x, fmt, block, True, **_flags(sf))
+            _assert_peer_layout(alone, num_tokens, block, sf, backend)
+
+
+def test_per_block_cast_col_major_strides_by_hand():
+    """The rule on numbers: 161 tokens in blocks of 32 are 6 scale rows; CUDA pads them to 8 fp32 / int32 (16
+    bytes), to 16 E4M3 bytes; Ascend keeps 6. T = 0: strides (1, 0)."""
+    cpu = torch.empty(161, 1088)
+    cuda_like = SimpleNamespace(shape=cpu.shape, device=torch.device('cuda'))  # what the rule reads of x
+    assert _sf_result(cuda_like, (32, 32), True, False, False) == ((6, 34), torch.float32, (1, 8))
+    assert _sf_result(cuda_like, (32, 32), True, True, False) == ((6, 9), torch.int32, (1, 8))
+    assert _sf_result(cuda_like, (32, 32), True, False, True) == ((6, 34), torch.float8_e4m3fn, (1, 16))
+    assert _sf_result(cpu, (32, 32), True, False, True) == ((6, 34), torch.float8_e4m3fn, (1, 6))
+    assert _sf_result(cpu[:0], (32, 32), True, False, False) == ((0, 34), torch.float32, (1, 0))
+    assert _sf_result(cpu, (32, 32), False, False, False) == ((6, 34), torch.float32)
+
+
+def test_per_block_cast_col_major_out_buffers():
+    """A given column-major sf buffer must have the strides the call would return (CPU tensors: the Ascend rule,
+    R_pad = ceil(T / bt)); a row-major one is refused by name. Valid buffers reach the device check. (TileKernels
+    refuses any given buffer with this option; these take the one of its own layout, as per_token_cast.)"""
+    x = torch.zeros(40, 256, dtype=torch.bfloat16)  # 2 token blocks of 32, 8 channel blocks of 32
+    data = torch.empty(40, 256, dtype=torch.float8_e4m3fn)
+    with pytest.raises(ValueError, match=r'out\[1\] must have strides \(1, 2\) for shape \(2, 8\) .* got \(8, 1\)'):
+        _cast(x, (32, 32), out=(data, torch.empty(2, 8)), use_tma_aligned_col_major_sf=True)
+    with pytest.raises(ValueError, match=r'out\[1\] must be contiguous'):  # and the other way round
+        _cast(x, (32, 32), out=(data, tma_col_major_sf((2, 8), torch.float32, 'ascend')))
+    padded = torch.empty(8, 4).T[:2]  # CUDA's padding, not this backend's layout
+    with pytest.raises(ValueError, match=r'must have strides \(1, 2\) for shape \(2, 8\) .* got \(1, 4\)'):
+        _cast(x, (32, 32), out=(data, padded), use_tma_aligned_col_major_sf=True)
+    given = tma_col_major_sf((2, 8), torch.float32, 'ascend')
+    with pytest.raises(RuntimeError, match="no kernels for 'cpu' tensors"):
+        _cast(x, (32, 32), out=(data, given), use_tma_aligned_col_major_sf=True)
+    with pytest.raises(ValueError, match=r'out_sf must have strides \(1, 2\)'):
+        per_block_cast_with_sf_only(x, 'e4m3', (32, 32), True, True, True, out_sf=torch.empty(2, 2, dtype=torch.int32))
+    words = tma_col_major_sf((2, 2), torch.int32, 'ascend')
+    with pytest.raises(RuntimeError, match="no kernels for 'cpu' tensors"):
+        per_block_cast_with_sf_only(x, 'e4m3', (32, 32), True, True, True, out_sf=words)
+    # One token block: a dimension of size 1 may have any stride (the same bytes either way).
+    with pytest.raises(RuntimeError, match="no kernels for 'cpu' tensors"):
+        _cast(x[:32], (32, 32), out=(data[:32], torch.empty(1, 8)), use_tma_aligned_col_major_sf=True)
+    with pytest.raises(ValueError, match='the given scales are read row-major'):
+        per_block_cast_with_precomputed_sf(x, 'e4m3', (32, 32), torch.ones(2, 8), use_tma_aligned_col_major_sf=True)
+
+
+def test_per_block_cast_col_major_fast_path_flow(monkeypatch):
+    """CPU tensors taken as CUDA ones: after warm row-major calls, the column-major call is planned anew (the
+    layout is part of the fast path's key) and launches the column-major kernel with the transposed scales (UE8M0:
+    their bytes) of its own strides; warm, each layout takes the fast path with its own kernel."""
+    op = per_block_cast.operator
+    launches = fast_path.stub_cuda_launches(monkeypatch, op)
+    plans = fast_path.count_plans(monkeypatch, op)
+    x = torch.zeros(70, 256)  # 3 token blocks of 32, 8 channel blocks: 2 words
+    for _ in range(2):
+        rows = _cast(x, (32, 32), 'ue8m0')
+    assert (len(plans), len(launches)) == (1, 2)
+    for _ in range(2):
+        cols = _cast(x, (32, 32), 'ue8m0', use_tma_aligned_col_major_sf=True)
+    assert (len(plans), len(launches)) == (2, 4)
+    _cast(x, (32, 32), 'ue8m0')
+    assert (len(plans), len(launches)) == (2, 5)
+    assert rows.sf.is_contiguous()
+    assert (tuple(cols.sf.shape), cols.sf.stride()) == ((3, 2), (1, 3))
+    for cfg, args in launches:  # row-major (R, 4 K) bytes, or the transposed (K words, 4 R bytes)
+        assert args[2].shape == ((2, 12) if cfg.col_major_sf else (3, 8))
+    assert [cfg.col_major_sf for cfg, _ in launches] == [False, False, True, True, False]
+    (cfg, (_, _, sf_arg)) = launches[3]
+    assert (sf_arg.dtype, sf_arg.stride()) == (torch.uint8, (12, 1))
+    assert sf_arg.data_ptr() == cols.sf.data_ptr()
+
+
+@pytest.mark.npu
+@pytest.mark.parametrize('variant', COL_MAJOR_VARIANTS, ids=make_param_id)
+@pytest.mark.parametrize('num_tokens', COL_MAJOR_TOKENS)
+def test_per_block_cast_col_major_values(variant, num_tokens, device):
+    """The column-major call writes the row-major call's data and scale values (bit for bit) in TileKernels'
+    layout of this backend, into a new buffer or a given one (poisoned: every scale overwritten, the CUDA padding
+    columns untouched)."""
+    block, sf, fmt = variant['block'], variant['sf'], variant['fmt']
+    x = scaled_rows(num_tokens, _hidden(block), variant['dtype'], device)
+    rows = _cast(x, block, sf, fmt)
+    result = _cast(x, block, sf, fmt, use_tma_aligned_col_major_sf=True)
+    assert_equal(result.data.cpu().view(torch.uint8), rows.data.cpu().view(torch.uint8))
+    assert_equal(_logical(result.sf), _logical(rows.sf))
+    _assert_peer_layout(result.sf, num_tokens, block, sf, _backend(device))
+    buffer = tma_col_major_sf(tuple(rows.sf.shape), rows.sf.dtype, _backend(device), device)
+    nbytes = buffer.untyped_storage().nbytes()
+    whole = torch.empty(0, dtype=torch.uint8, device=device).set_(buffer.untyped_storage(), 0, (nbytes,))
+    whole.fill_(0xA5)  # the buffer's bytes, CUDA's padding columns included
+    again = _cast(x, block, sf, fmt, use_tma_aligned_col_major_sf=True, out=(torch.empty_like(rows.data), buffer))
+    assert again.sf is buffer
+    assert_equal(_logical(buffer), _logical(rows.sf))
+    if num_tokens:
+        k, width = rows.sf.shape[1], rows.sf.shape[0] * rows.sf.element_size()
+        image = torch.full((k, nbytes // k), 0xA5, dtype=torch.uint8)
+        image[:, :width] = rows.sf.cpu().T.flatten().view(torch.uint8).view(k, width)
+        assert_equal(whole.cpu().view(k, -1), image)  # each scale row written, its padding left alone
+    alone = per_block_cast_with_sf_only(x, fmt, block, True, **_flags(sf))  # the scales alone: the same
+    assert_equal(_logical(alone), _logical(rows.sf))
+    _assert_peer_layout(alone, num_tokens, block, sf, _backend(device))
+
+
+@pytest.mark.npu
+@pytest.mark.parametrize(
+    ('block', 'sf'),
+    by_level(LEVEL, core=[], default=[((128, 128), 'ue8m0'), ((32, 32), 'ue8m0'), ((64, 64), 'fp32')]),
+)
+def test_per_block_cast_col_major_column_tiles(block, sf, device):
+    """Rows cut into several tasks / thread blocks at hidden 7168: 128 x 128 UE8M0 (on Ascend tasks of 2 blocks,
+    their bytes one DMA each), 32 x 32 UE8M0 (whole-word tasks), 64 x 64 fp32."""
+    x = scaled_rows(161, 7168, 'bfloat16', device)
+    rows = _cast(x, block, sf)
+    result = _cast(x, block, sf, use_tma_aligned_col_major_sf=True)
+    assert_equal(result.data.cpu().view(torch.uint8), rows.data.cpu().view(torch.uint8))
+    assert_equal(_logical(result.sf), _logical(rows.sf))
+    _assert_peer_layout(result.sf, 161, block, sf, _backend(device))
 
 
 # The peer's shapes (tokens multiples of 128, hidden 4096 / 7168), DeepSeek-V3's 128 x 128 fp32 and 32 x 32 UE8M0.

@@ -6,12 +6,14 @@ Ascend kernel on the emulator with --ascend-emulator)."""
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import pytest
 import torch
 
 from cann_ops_tilelang.config import backend_of, get_num_cores
 from cann_ops_tilelang.kernel_target import launch_kernel
+from cann_ops_tilelang.quant._scale_rules import UE8M0_PACK
 from cann_ops_tilelang.quant.per_block_cast_kernel import (
     BLOCK_CHANNELS,
     BLOCK_TOKENS,
@@ -108,7 +110,7 @@ _WIDE_VARIANTS = by_level(
 ASC = dict(backend='ascend', num_cores=64)
 
 
-def _config(backend: str, num_cores: int, variant: dict, hidden: int) -> PerBlockCastConfig:
+def _config(backend: str, num_cores: int, variant: dict, hidden: int, col_major_sf: bool = False) -> PerBlockCastConfig:
     round_sf, packed, e4m3_sf = FORMATS[variant['sf']]
     return choose_per_block_cast_config(
         backend=backend,
@@ -122,6 +124,7 @@ def _config(backend: str, num_cores: int, variant: dict, hidden: int) -> PerBloc
         mode=variant['mode'],
         fmt=variant['fmt'],
         e4m3_sf=e4m3_sf,
+        col_major_sf=col_major_sf,
     )
 
 
@@ -547,3 +550,125 @@ def test_per_block_cast_kernel_special_values(variant, device):
     bc = variant['block_channels']
     zeros = slice(0, bc // 2 if fp4 else bc)  # -0.0 keeps its sign (FP4: code 8, twice a byte), but for a zero
     assert want[:, zeros][~nan[:, zeros]].eq(sign).all()  # given E4M3 scale (-0 * inf: NaN)
+
+
+# ---------------------------------------------------------------- column-major scales (col_major_sf)
+
+# The configurations of test_per_block_cast.py's level-0 column-major values (hidden padded_hidden(bc)): UE8M0
+# bytes of a padded row cut into tasks of 2 blocks (bf16, 32 x 32: on Ascend 17 tasks of 64 channels, words shared
+# between tasks: one DMA per byte) and E4M3 scales of FP4 data (fp32, NVFP4's 16 x 16). Level 1 lowers whole-word
+# UE8M0 tasks, fp32 and power-of-two scales and the scales alone.
+_COL_MAJOR_CORE = [
+    dict(in_dtype='bfloat16', block_tokens=32, block_channels=32, sf='ue8m0', mode='cast', fmt='e4m3'),
+    dict(in_dtype='float32', block_tokens=16, block_channels=16, sf='e4m3', mode='cast', fmt='e2m1'),
+]
+_COL_MAJOR_LOWERING = by_level(
+    LEVEL,
+    core=[(v, padded_hidden(v['block_channels'])) for v in _COL_MAJOR_CORE],
+    default=[
+        *[(v, padded_hidden(v['block_channels'])) for v in _COL_MAJOR_CORE],
+        (dict(in_dtype='bfloat16', block_tokens=32, block_channels=32, sf='ue8m0', mode='cast', fmt='e4m3'), 7168),
+        (dict(in_dtype='bfloat16', block_tokens=128, block_channels=128, sf='ue8m0', mode='cast', fmt='e4m3'), 7168),
+        (dict(in_dtype='bfloat16', block_tokens=128, block_channels=128, sf='fp32', mode='cast', fmt='e4m3'), 1152),
+        (dict(in_dtype='float32', block_tokens=64, block_channels=64, sf='pow2', mode='cast', fmt='e2m1'), 1088),
+        (dict(in_dtype='float32', block_tokens=32, block_channels=64, sf='ue8m0', mode='sf_only', fmt='e2m1'), 1088),
+        (dict(in_dtype='bfloat16', block_tokens=16, block_channels=16, sf='e4m3', mode='sf_only', fmt='e4m3'), 1088),
+    ],
+)
+
+
+def _lowering_id(value) -> str | None:
+    return make_param_id(value) if isinstance(value, dict) else None
+
+
+def test_per_block_cast_config_col_major():
+    """The layout is a configuration field of its own; on Ascend, a task of column-major UE8M0 scales holds whole
+    int32 words where such a task fits the x buffer (else the kernel stores its bytes one by one); given scales are
+    read row-major only."""
+    args = dict(num_cores=64, in_dtype='bfloat16', round_sf=True, packed_ue8m0=True)
+    rows = choose_per_block_cast_config(backend='ascend', hidden=768, block_tokens=64, block_channels=64, **args)
+    cols = dataclasses.replace(rows, col_major_sf=True)
+    assert cols.col_major_sf
+    assert not rows.col_major_sf
+    assert cols != rows
+    assert hash(cols) != hash(rows)
+    assert (rows.block_k, rows.groups_per_tile) == (384, 6)  # 64 x 384 bf16: the widest task, 1.5 words
+    chosen = choose_per_block_cast_config(
+        backend='ascend', hidden=768, block_tokens=64, block_channels=64, col_major_sf=True, **args
+    )
+    assert (chosen.block_k, chosen.groups_per_tile) == (256, 4)  # the widest whole-word task
+    # 128 x 128 bf16: a word (512 channels) is past the 64 KiB x tile; tasks of 2 blocks, their bytes one by one
+    deep = choose_per_block_cast_config(
+        backend='ascend', hidden=7168, block_tokens=128, block_channels=128, col_major_sf=True, **args
+    )
+    assert (deep.block_k, deep.groups_per_tile) == (256, 2)
+    # padded rows (34 blocks of 32): no whole-word task but the row, past the tile; the row-major choice
+    padded = dict(backend='ascend', hidden=1088, block_tokens=32, block_channels=32, **args)
+    assert choose_per_block_cast_config(**padded, col_major_sf=True).block_k == (
+        choose_per_block_cast_config(**padded).block_k
+    )
+    cuda = dict(backend='cuda', num_cores=132, hidden=768, in_dtype='bfloat16', block_tokens=64, block_channels=64)
+    assert choose_per_block_cast_config(**cuda, col_major_sf=True) == dataclasses.replace(
+        choose_per_block_cast_config(**cuda), col_major_sf=True
+    )  # CUDA stores the scales one by one either way: the same tiling
+    with pytest.raises(ValueError, match='mode "precomputed" reads row-major scales'):
+        choose_per_block_cast_config(**cuda, mode='precomputed', col_major_sf=True)
+
+
+_SF_DMA = re.compile(
+    r'asc_copy_ub2gm_align\(\(__gm__ uint8_t\*\)\(\(&\(out_sf\[[^;]*, (\d+), (\d+), '
+    r'static_cast<asc_store_l2_cache_mode>\(\d+\), ([^,;]+), (\d+)\);'
+)
+
+
+@pytest.mark.parametrize('backend', ['ascend', 'cuda'])
+@pytest.mark.parametrize(('variant', 'hidden'), _COL_MAJOR_LOWERING, ids=_lowering_id)
+def test_per_block_cast_col_major_lowers(backend, variant, hidden):
+    """Both kernels write the column-major scales themselves, the row stride a launch argument: on CUDA one store
+    per scale (UE8M0: per byte) at k * stride + b; on Ascend one DMA per task whose bursts are single scales (fp32
+    4 bytes, E4M3 1 byte) or UE8M0 words, stored a row stride apart, or (UE8M0 tasks of part words) one DMA per
+    byte."""
+    cfg = _config(backend, ASCEND_950_VECTOR_CORES if backend == 'ascend' else H200_SMS, variant, hidden, True)
+    lower = assert_ascend_kernel_lowers if backend == 'ascend' else assert_cuda_kernel_lowers
+    source = lower(lambda: make_per_block_cast_kernel(cfg), key=cfg, kernel_name=KERNEL_NAME).source
+    if backend == 'cuda':
+        assert 'int sf_stride' in source
+        return
+    dmas = _SF_DMA.findall(source)
+    sf_bytes = 1 if cfg.sf_dtype in ('uint8', 'float8_e4m3fn') else 4
+    if cfg.packed_ue8m0 and cfg.groups_per_tile % UE8M0_PACK and cfg.num_col_tiles > 1:
+        ((n_burst, len_burst, _, _),) = dmas  # in a loop over the task's bytes
+        assert (int(n_burst), int(len_burst)) == (1, 1)
+        return
+    ((n_burst, len_burst, gm_stride, ub_stride),) = dmas
+    burst = UE8M0_PACK if cfg.packed_ue8m0 else sf_bytes
+    bursts = (cfg.groups_per_tile + cfg.sf_padding) * sf_bytes // burst  # a task's scales, or its words
+    assert (int(n_burst), int(len_burst), int(ub_stride)) == (bursts, burst, burst)
+    assert bursts == 1 or 'sf_stride' in gm_stride  # one scale a task (bc = 128): no stride to take
+
+
+@pytest.mark.npu
+@pytest.mark.parametrize('variant', _COL_MAJOR_CORE, ids=make_param_id)
+@pytest.mark.parametrize(('num_tokens', 'stride'), [(1, 4), (37, 16)])
+def test_per_block_cast_kernel_col_major_row_stride(variant, num_tokens, stride, device):
+    """The kernel writes the transposed scales at any row stride >= ceil(T / bt): TileKernels' CUDA padding on
+    every backend (1 or 3 token blocks in a row of 4 words / 16 bytes: on the emulator the Ascend kernel meets a
+    padded stride too), each scale once, the padding columns untouched; the data as the row-major kernel writes
+    it."""
+    x = scaled_rows(num_tokens, padded_hidden(variant['block_channels']), variant['in_dtype'], 'cpu')
+    cfg = _config(backend_of(device), get_num_cores(device), variant, x.shape[1], col_major_sf=True)
+    ref_out, ref_sf = _reference(x, variant, cfg, None)  # (R, sf_cols), UE8M0 as bytes
+    blocks = ref_sf.shape[0]
+    ref_bytes = ref_sf.view(torch.uint8)
+    # rows of the transposed scales, and the bytes of a block in a row: a UE8M0 word, or one scale
+    rows, width = (cfg.sf_cols // UE8M0_PACK, UE8M0_PACK) if cfg.packed_ue8m0 else (cfg.sf_cols, ref_sf.element_size())
+    image = ref_bytes.reshape(blocks, rows, width).permute(1, 0, 2).reshape(rows, width * blocks).contiguous()
+    buffer = torch.full((rows, width * stride), 0xA5, dtype=torch.uint8, device=device)
+    sf = buffer[:, : width * blocks]
+    if not cfg.packed_ue8m0:
+        sf = sf.view(getattr(torch, cfg.sf_dtype))
+    out = _poisoned_out(cfg, num_tokens, device)
+    launch_kernel(get_per_block_cast_kernel, cfg, device, x.to(device), out, sf)
+    assert_equal(buffer[:, : width * blocks].cpu().contiguous(), image)
+    assert buffer[:, width * blocks :].eq(0xA5).all()
+    assert_equal(out.cpu().view(torch.uint8), ref_out.view(torch.uint8))

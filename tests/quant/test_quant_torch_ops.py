@@ -43,6 +43,8 @@ def _form_args(name: str, device) -> tuple:
         # column-major UE8M0 scales (strides (1, T_pad)), test_per_token_cast.py's level-0 configuration
         'per_token_cast_col_major': (cm_x, 'e4m3', 64, None, True, True, True, False, False),
         'per_block_cast': (x, 'e4m3', [128, 128], False, False, False, False),
+        # column-major UE8M0 scales of 2 token blocks, test_per_block_cast.py's level-0 configuration
+        'per_block_cast_col_major': (cm_x, 'e4m3', [32, 32], True, True, True, False),
         'per_channel_cast': (scaled_rows(37, 320, 'bfloat16', device), None, 'e4m3', 128, False, None, False),
         'cast_back': (*token, 'bf16', [1, 128], None),
         # those column-major scales read back (test_cast_back.py's level-0 configuration)
@@ -60,12 +62,20 @@ def _form_args(name: str, device) -> tuple:
 @pytest.mark.npu
 @pytest.mark.parametrize(
     'name',
-    ['per_token_cast', 'per_token_cast_col_major', 'per_block_cast', 'per_channel_cast', 'cast_back',
-     'cast_back_col_major'],
-)  # fmt: skip
+    [
+        'per_token_cast',
+        'per_token_cast_col_major',
+        'per_block_cast',
+        'per_block_cast_col_major',
+        'per_channel_cast',
+        'cast_back',
+        'cast_back_col_major',
+    ],
+)
 def test_opcheck(device, name):
     """torch.library.opcheck of the functional form: schema, autograd registration, the fake kernel against the
-    real one (strides included: per_token_cast's column-major scales, which cast_back reads), AOTAutograd with
+    real one (strides included: per_token_cast's and per_block_cast's column-major scales, and the former read by
+    cast_back), AOTAutograd with
     dynamic shapes against eager."""
     utils = ['test_schema', 'test_autograd_registration', 'test_faketensor', 'test_aot_dispatch_dynamic']
     if name.startswith('cast_back'):

@@ -20,6 +20,14 @@ up to three passes over it, in fp32 (bf16 widens exactly):
 
 The data tile and the scale row slice go back to GM; the task of the last column tile also writes the zero
 padding bytes of a packed UE8M0 row (its copy is a few bytes longer).
+
+Column-major scales (cfg.col_major_sf): the task's scales leave UB as they are in one DMA whose bursts are single
+scales (fp32 4 bytes, E4M3 1 byte) or packed UE8M0 words, each to the next row of the transposed GM view (its row
+stride a launch argument), as in per_token_cast. A task of UE8M0 scales that does not hold whole words (the chooser
+avoids it where a whole-word task fits the x buffer; not so for e.g. 128 x 128 blocks of bf16, 2 blocks a task)
+stores its bytes one DMA each, byte k at word k // 4, byte 4 b + k % 4 of the byte view, each from a 32-byte
+block of its own (a DMA's UB source is 32-byte aligned: the VF spreads the bytes with one broadcast load and
+one single-lane store each).
 """
 
 # No `from __future__ import annotations`: TileLang evaluates the prim_func annotations, which
@@ -27,7 +35,13 @@ padding bytes of a packed UE8M0 row (its copy is a few bytes longer).
 
 # Imported by per_block_cast_kernel.py, never the other way round (no import circle): the config comes as `cfg`.
 from ._per_token_cast_ascend import ascend_quarter_masks_macro
-from ._scale_rules import LANES, ascend_cast_scales_macro, ascend_e4m3_sf_inverses_macro, ascend_precomputed_macros
+from ._scale_rules import (
+    LANES,
+    UE8M0_PACK,
+    ascend_cast_scales_macro,
+    ascend_e4m3_sf_inverses_macro,
+    ascend_precomputed_macros,
+)
 from .fp4 import ascend_e2m1_macros
 
 
@@ -59,6 +73,15 @@ def ascend_per_block_cast_kernel(cfg):
     quarter_masks = ascend_quarter_masks_macro(T)
     # Products past 448: given scales, and E4M3 scales (saturated at 448, or rounded below c / 448).
     clamps = not fp4 and (not computes_sf or cfg.e4m3_sf)
+
+    col_major, packed = cfg.col_major_sf, cfg.packed_ue8m0
+    # Column-major UE8M0: a task's bytes are whole words when each task holds a multiple of 4 blocks, or one task
+    # holds the row (its padding completes the last word).
+    word_tasks = groups % UE8M0_PACK == 0 or n_tiles == 1
+    # Otherwise each byte goes out in a DMA of its own, from a 32-byte block of its own (a DMA's UB source is
+    # 32-byte aligned): the VF spreads the task's bytes (its padding included) 32 bytes apart.
+    spread = col_major and packed and not word_tasks
+    stage_len = 32 * (groups + padding)
 
     num_tokens = T.dynamic('num_tokens')
     sf_rows = T.ceildiv(num_tokens, bt)
@@ -137,7 +160,7 @@ def ascend_per_block_cast_kernel(cfg):
                 store_code_pairs(out_ub, (r, chunks // 2 * LANES), codes, S.vdup(0, T.uint32))
 
     @T.macro
-    def block_vf(x_ub, amax_ub, inv_ub, sf_ub, out_ub, rows):
+    def block_vf(x_ub, amax_ub, inv_ub, sf_ub, out_ub, stage_ub, rows):
         with T.SimdVF():
             low = S.pset(32, 'PAT_VL32')  # lanes 0..31: the first 32-channel block of a register
             every = S.pset(32, 'PAT_ALL')  # a mask is bound to a name before it feeds another mask op
@@ -148,6 +171,10 @@ def ascend_per_block_cast_kernel(cfg):
                 S.mem_bar('VST_VLD')
                 # Pass 2: scales and inverses, 64 blocks per register (packed padding lanes zeroed).
                 scales(amax_ub, sf_ub, inv_ub, groups)
+                if spread:
+                    S.mem_bar('VST_VLD')
+                    for i in T.serial(groups + padding):  # byte i to stage_ub[32 i]
+                        S.vsts(stage_ub[32 * i], S.vld(sf_ub[i], dist='BRC_B8'), dist='ONEPT_B8')
             else:
                 inverses(sf_ub, inv_ub, groups)
             if writes_data:
@@ -158,6 +185,28 @@ def ascend_per_block_cast_kernel(cfg):
                     cast_rows(x_ub, inv_ub, out_ub, rows, low, quarters)
 
     @T.macro
+    def store_scales(sf_ub, stage_ub, out_sf, b, j):
+        """Task (b, j)'s scales (the last column tile's with the row's zero padding bytes) to GM."""
+        if not col_major:
+            if padding > 0:
+                # The last column tile also writes the row's zero padding bytes.
+                sf_len = T.if_then_else(j == n_tiles - 1, groups + padding, groups)
+                T.copy(sf_ub[0:sf_len], out_sf[b, j * groups : j * groups + sf_len])
+            else:
+                T.copy(sf_ub[0:groups], out_sf[b, j * groups : j * groups + groups])
+        elif not packed:
+            T.copy(sf_ub[0:groups], out_sf[j * groups : j * groups + groups, b])
+        elif word_tasks:  # one burst per word: no padding, or the row's single task ends with it
+            word, words = j * (groups // UE8M0_PACK), (groups + padding) // UE8M0_PACK
+            T.copy(sf_ub[0 : groups + padding], out_sf[word : word + words, UE8M0_PACK * b : UE8M0_PACK * (b + 1)])
+        else:  # bytes of words shared with the neighbouring tasks: one DMA each, from its 32-byte block
+            sf_len = T.if_then_else(j == n_tiles - 1, groups + padding, groups) if padding > 0 else groups
+            for i in T.serial(sf_len):
+                k = j * groups + i
+                at = UE8M0_PACK * b + k % UE8M0_PACK
+                T.copy(stage_ub[32 * i : 32 * i + 1], out_sf[k // UE8M0_PACK, at : at + 1])
+
+    @T.macro
     def body(x, out, out_sf, sf):
         with T.Kernel(grid) as cid:
             x_ub = T.alloc_shared((bt, bk), in_dtype)
@@ -165,7 +214,10 @@ def ascend_per_block_cast_kernel(cfg):
             inv_ub = T.alloc_shared((sf_ub_len,), f32)
             sf_ub = T.alloc_shared((sf_ub_len,), sf_dtype)
             versions = {x_ub: stages, sf_ub: stages, amax_ub: 1, inv_ub: 1}
-            out_ub = None
+            out_ub = stage_ub = None
+            if spread:
+                stage_ub = T.alloc_shared((stage_len,), sf_dtype)
+                versions[stage_ub] = stages
             if writes_data:
                 out_ub = T.alloc_shared((bt, data_ub_len), data_dtype)
                 versions[out_ub] = stages
@@ -178,24 +230,24 @@ def ascend_per_block_cast_kernel(cfg):
                 T.copy(x[t0 : t0 + rows, j * bk : j * bk + bk], x_ub[0:rows, :])
                 if not computes_sf:
                     T.copy(sf[b, j * groups : j * groups + groups], sf_ub[0:groups])
-                block_vf(x_ub, amax_ub, inv_ub, sf_ub, out_ub, rows)
+                block_vf(x_ub, amax_ub, inv_ub, sf_ub, out_ub, stage_ub, rows)
                 if writes_data:
                     T.copy(out_ub[0:rows, 0:data_len], out[t0 : t0 + rows, j * data_len : j * data_len + data_len])
                 if computes_sf:
-                    if padding > 0:
-                        # The last column tile also writes the row's zero padding bytes.
-                        sf_len = T.if_then_else(j == n_tiles - 1, groups + padding, groups)
-                        T.copy(sf_ub[0:sf_len], out_sf[b, j * groups : j * groups + sf_len])
-                    else:
-                        T.copy(sf_ub[0:groups], out_sf[b, j * groups : j * groups + groups])
+                    store_scales(sf_ub, stage_ub, out_sf, b, j)
 
+    out_sf_type = T.Tensor((sf_rows, cfg.sf_cols), sf_dtype)
+    if col_major:  # the transposed column-major scales: rows of stride sf_stride >= ceil(T / bt)
+        sf_stride = T.dynamic('sf_stride')
+        cm_shape = (cfg.sf_cols // UE8M0_PACK, UE8M0_PACK * sf_rows) if packed else (cfg.sf_cols, sf_rows)
+        out_sf_type = T.StridedTensor(cm_shape, (sf_stride, 1), sf_dtype)
     if mode == 'cast':
 
         @T.prim_func
         def per_block_cast_kernel(
             x: T.Tensor((num_tokens, hidden), in_dtype),
             out: T.Tensor((num_tokens, cfg.data_cols), data_dtype),
-            out_sf: T.Tensor((sf_rows, cfg.sf_cols), sf_dtype),
+            out_sf: out_sf_type,
         ):
             body(x, out, out_sf, None)
 
@@ -204,7 +256,7 @@ def ascend_per_block_cast_kernel(cfg):
         @T.prim_func
         def per_block_cast_kernel(
             x: T.Tensor((num_tokens, hidden), in_dtype),
-            out_sf: T.Tensor((sf_rows, cfg.sf_cols), sf_dtype),
+            out_sf: out_sf_type,
         ):
             body(x, None, out_sf, None)
 

@@ -33,6 +33,11 @@ each thread reads its block's fp32 (or e4m3) scale (an L1 / L2 hit for all but t
 and takes its IEEE reciprocal (__frcp_rn: correctly rounded whatever the fast-math flags; TileLang compiles
 without them). The e4m3 narrowing is __nv_fp8_e4m3's (nearest even, saturating to +-448, NaN kept), which also
 saturates the overflow of a precomputed or E4M3 scale; the e2m1 rounding saturates by construction.
+
+Column-major scales (cfg.col_major_sf): the first row of threads stores the block's scales at out_sf[k, b] of the
+transposed view (packed UE8M0: byte 4 b + k % 4 of byte row k // 4), one store per scale as in the row-major
+kernel, only a row stride apart instead of side by side: `groups` stores of 4 (or 1) bytes per thread block, next
+to the tile's bt x block_k data bytes. Neighbouring token blocks' scales share the same sectors, merged in L2.
 """
 
 # No `from __future__ import annotations`: TileLang evaluates the prim_func annotations, which
@@ -76,6 +81,15 @@ def cuda_per_block_cast_kernel(cfg):
 
     num_tokens = T.dynamic('num_tokens')
     sf_rows = T.ceildiv(num_tokens, bt)
+    col_major, packed_sf = cfg.col_major_sf, cfg.packed_ue8m0
+
+    def sf_at(b, k):
+        """The indices of token block b's scale element k (a UE8M0 byte when packed) in the kernel's out_sf."""
+        if not col_major:
+            return b, k
+        if packed_sf:  # word k // 4 of block b, byte k % 4 of the word
+            return k // 4, 4 * b + k % 4
+        return k, b
 
     @T.macro
     def body(x, out, out_sf, sf):
@@ -119,10 +133,10 @@ def cuda_per_block_cast_kernel(cfg):
                 stored, inv = scale_and_inverse(amax)
                 inverse = inv
                 if tid < tpr and tid % group_lanes == 0:
-                    out_sf[b, j * groups + g] = stored
+                    out_sf[sf_at(b, j * groups + g)] = stored
                 if padding > 0:  # noqa: SIM102 (a Python-level switch around a device-side condition)
                     if j == n_tiles - 1 and tid < padding:
-                        out_sf[b, num_blocks + tid] = T.uint8(0)
+                        out_sf[sf_at(b, num_blocks + tid)] = T.uint8(0)
             else:
                 inverse = cuda_inverse_of(T, T.cast(sf[b, j * groups + g], f32))
 
@@ -146,13 +160,18 @@ def cuda_per_block_cast_kernel(cfg):
                             # __nv_fp8_e4m3's conversion: nearest even, saturating to +-448, NaN kept.
                             out[t, col + e] = T.cast(T.cast(xv[r, e], f32) * inverse, T.float8_e4m3fn)
 
+    out_sf_type = T.Tensor((sf_rows, cfg.sf_cols), sf_dtype)
+    if col_major:  # the transposed column-major scales: rows of stride sf_stride >= ceil(T / bt)
+        sf_stride = T.dynamic('sf_stride')
+        cm_shape = (cfg.sf_cols // 4, 4 * sf_rows) if packed_sf else (cfg.sf_cols, sf_rows)
+        out_sf_type = T.StridedTensor(cm_shape, (sf_stride, 1), sf_dtype)
     if mode == 'cast':
 
         @T.prim_func
         def per_block_cast_kernel(
             x: T.Tensor((num_tokens, hidden), in_dtype),
             out: T.Tensor((num_tokens, cfg.data_cols), data_dtype),
-            out_sf: T.Tensor((sf_rows, cfg.sf_cols), sf_dtype),
+            out_sf: out_sf_type,
         ):
             body(x, out, out_sf, None)
 
@@ -161,7 +180,7 @@ def cuda_per_block_cast_kernel(cfg):
         @T.prim_func
         def per_block_cast_kernel(
             x: T.Tensor((num_tokens, hidden), in_dtype),
-            out_sf: T.Tensor((sf_rows, cfg.sf_cols), sf_dtype),
+            out_sf: out_sf_type,
         ):
             body(x, None, out_sf, None)
 

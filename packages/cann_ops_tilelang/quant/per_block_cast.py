@@ -29,14 +29,24 @@ def sf_layout(
     return shape, contract.E4M3_SF_DTYPE if e4m3_sf else dtype
 
 
-def _options(name, H, fmt, block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, use_e4m3_sf):
+def _sf_result(x, block_size, use_tma_aligned_col_major_sf, use_packed_ue8m0, use_e4m3_sf):
+    """(shape, dtype) of sf, with its strides when column-major (contract.col_major_sf_strides of its ceil(T / bt)
+    rows, the token blocks: the peer's rule on x's backend)."""
+    shape, dtype = sf_layout(*x.shape, block_size, use_packed_ue8m0, use_e4m3_sf)
+    if not use_tma_aligned_col_major_sf:
+        return shape, dtype
+    return shape, dtype, contract.col_major_sf_strides(shape[0], dtype, x.device)
+
+
+def _options(name, H, fmt, block_size, round_sf, use_packed_ue8m0, use_e4m3_sf):
+    """The rules of the three calls (use_tma_aligned_col_major_sf: any bool; per_block_cast_with_precomputed_sf
+    refuses True)."""
     contract.check_cast_format(name, fmt, FORMATS)
     if len(block_size) != 2:
         raise ValueError(f'{name}: block_size must be (tokens, channels), got {block_size}')
     bt, bc = block_size
     contract.check_block(name, 'block_size[0] (tokens per scale)', bt, BLOCK_TOKENS)
     contract.check_block(name, 'block_size[1] (channels per scale)', bc, BLOCK_CHANNELS)
-    contract.check_unsupported(name, use_tma_aligned_col_major_sf=use_tma_aligned_col_major_sf)
     contract.check_scale_flags(name, round_sf, use_packed_ue8m0)
     contract.check_e4m3_sf(name, use_e4m3_sf, round_sf)
     contract.check_hidden(name, H, hidden_multiple(bc), f'{bc} channels per scale')
@@ -44,7 +54,12 @@ def _options(name, H, fmt, block_size, use_tma_aligned_col_major_sf, round_sf, u
 
 def _precomputed_options(name, x, fmt, block_size, sf, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0,
                          use_e4m3_sf):  # fmt: skip
-    _options(name, x.shape[1], fmt, block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, use_e4m3_sf)
+    _options(name, x.shape[1], fmt, block_size, round_sf, use_packed_ue8m0, use_e4m3_sf)
+    if use_tma_aligned_col_major_sf:
+        raise ValueError(
+            f'{name}: use_tma_aligned_col_major_sf=True is not supported: the given scales are read row-major (as '
+            'TileKernels 2.1.0 reads them)'
+        )
     contract.check_given_scales(name, sf, x.shape, block_size, use_packed_ue8m0,
                                 f'one per block of {tuple(block_size)}')  # fmt: skip
     wanted = contract.E4M3_SF_DTYPE if use_e4m3_sf else torch.float32
@@ -53,7 +68,7 @@ def _precomputed_options(name, x, fmt, block_size, sf, use_tma_aligned_col_major
 
 
 def _choice(mode):
-    def choice(x, fmt, block_size, round_sf, use_packed_ue8m0, use_e4m3_sf):
+    def choice(x, fmt, block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, use_e4m3_sf):
         return {
             'hidden': x.shape[1],
             'in_dtype': x.dtype,
@@ -64,6 +79,7 @@ def _choice(mode):
             'mode': mode,
             'fmt': fmt,
             'e4m3_sf': use_e4m3_sf,
+            'col_major_sf': use_tma_aligned_col_major_sf,
         }
 
     return choice
@@ -90,9 +106,9 @@ OP = Operator(
     outs('out', 'data', 'sf'),
     extra=_options,
     choice=_choice('cast'),
-    results=lambda x, fmt, block_size, use_packed_ue8m0, use_e4m3_sf: (
+    results=lambda x, fmt, block_size, use_tma_aligned_col_major_sf, use_packed_ue8m0, use_e4m3_sf: (
         contract.data_layout(*x.shape, fmt),
-        sf_layout(*x.shape, block_size, use_packed_ue8m0, use_e4m3_sf),
+        _sf_result(x, block_size, use_tma_aligned_col_major_sf, use_packed_ue8m0, use_e4m3_sf),
     ),
     **_COMMON,
 )
@@ -105,8 +121,8 @@ SF_ONLY = Operator(
     out('out_sf'),
     extra=_options,
     choice=_choice('sf_only'),
-    results=lambda x, block_size, use_packed_ue8m0, use_e4m3_sf: (
-        sf_layout(*x.shape, block_size, use_packed_ue8m0, use_e4m3_sf),
+    results=lambda x, block_size, use_tma_aligned_col_major_sf, use_packed_ue8m0, use_e4m3_sf: (
+        _sf_result(x, block_size, use_tma_aligned_col_major_sf, use_packed_ue8m0, use_e4m3_sf),
     ),
     **_COMMON,
 )
@@ -125,7 +141,7 @@ PRECOMPUTED = Operator(
 )
 
 
-@OP.public(cast_eager(OP, 'cast', 'block_size'), result=QuantTensor)
+@OP.public(cast_eager(OP, 'cast', 'block_size', col_major=True), result=QuantTensor)
 def per_block_cast(
     x: torch.Tensor,
     fmt: str,
@@ -153,15 +169,19 @@ def per_block_cast(
             max(64, bc), T * H < 2**31.
         fmt: 'e4m3' (FP8) or 'e2m1' (FP4: two codes a byte, element 2 i in the low nibble of byte i).
         block_size: (bt, bc), each 16, 32, 64 or 128 (16 x 16 with use_e4m3_sf: NVFP4's 2-D weight blocks).
-        use_tma_aligned_col_major_sf: only False is supported yet (ValueError).
+        use_tma_aligned_col_major_sf: sf column-major, as TMA-loading FP8 GEMMs (DeepGEMM) read it: the same
+            shape and values, strides (1, R_pad), a view buf[:, :R].T of a (K, R_pad) buffer, R = ceil(T / bt) the
+            scale rows (token blocks); R_pad is R rounded up to 16 bytes of sf's dtype on CUDA (4 fp32 / int32, 16
+            E4M3), R on Ascend (TileKernels' rule per backend; T = 0: strides (1, 0)).
         round_sf: power-of-two scale factors.
         use_packed_ue8m0: with round_sf, the scale factors as UE8M0 exponent bytes, byte k of a row for channel
             block k, packed four per int32 (zero padding).
         use_e4m3_sf: the scale factors as float8_e4m3fn (not with round_sf; beyond TileKernels, whose
             per_block_cast has no such option: placed before `out` as in its per_token_cast). A block maximum
             past 448 * m saturates its scale at 448, so its data saturates too.
-        out: optional (data, sf) buffers of the result's shapes and dtypes, contiguous, on x's device, not
-            overlapping x or each other.
+        out: optional (data, sf) buffers of the result's shapes and dtypes, on x's device, not overlapping x or each
+            other; data contiguous, sf contiguous or, with use_tma_aligned_col_major_sf, of the strides above
+            (ValueError otherwise; TileKernels refuses a given buffer with that option).
 
     Returns:
         QuantTensor(data, sf): data (T, H) float8_e4m3fn, or FP4 (T, H / 2) int8; sf (ceil(T / bt), H / bc) fp32
@@ -173,7 +193,7 @@ def per_block_cast(
     """
 
 
-@SF_ONLY.public(cast_eager(SF_ONLY, 'sf_only', 'block_size'), returns='Tensor')
+@SF_ONLY.public(cast_eager(SF_ONLY, 'sf_only', 'block_size', col_major=True), returns='Tensor')
 def per_block_cast_with_sf_only(
     x: torch.Tensor,
     fmt: str,
@@ -184,8 +204,9 @@ def per_block_cast_with_sf_only(
     use_e4m3_sf: bool = False,
     out_sf: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """The scale factors of per_block_cast (same arguments and rules; the format `fmt` sets m and the floor), without
-    the data: x is read once and only sf is written. out_sf: an optional buffer of sf's shape and dtype."""
+    """The scale factors of per_block_cast (same arguments and rules, column-major scales included; the format `fmt`
+    sets m and the floor), without the data: x is read once and only sf is written. out_sf: an optional buffer of
+    sf's shape, dtype and layout."""
 
 
 @PRECOMPUTED.public(cast_eager(PRECOMPUTED, 'precomputed', 'block_size'), returns='Tensor')
@@ -203,7 +224,7 @@ def per_block_cast_with_precomputed_sf(
     """The data of per_block_cast from given scale factors: data = narrow(x * (1 / fp32(sf))) per block (IEEE
     reciprocal; e4m3 clamped to +-448 then to nearest even, FP4 e2m1 as per_block_cast), for sf (ceil(T / bt),
     H / bc) contiguous, fp32, or float8_e4m3fn with use_e4m3_sf (e.g. from per_block_cast_with_sf_only). round_sf
-    does not change the result (the inverse is 1 / sf either way); use_packed_ue8m0 is not supported
-    (ValueError). A scale of 0 gives inverse inf: the block's values become +-448 (FP4 +-6) and its zeros NaN
-    (FP4 +-6). out: an optional buffer of the data's shape and dtype ((T, H) float8_e4m3fn, or FP4 (T, H / 2)
-    int8)."""
+    does not change the result (the inverse is 1 / sf either way); use_packed_ue8m0 and
+    use_tma_aligned_col_major_sf are not supported (ValueError; the peer refuses them too). A scale of 0 gives
+    inverse inf: the block's values become +-448 (FP4 +-6) and its zeros NaN (FP4 +-6). out: an optional buffer of
+    the data's shape and dtype ((T, H) float8_e4m3fn, or FP4 (T, H / 2) int8)."""

@@ -36,11 +36,15 @@ scales the inf block's scale saturates at 448 and the inf saturates (+-448 / +-6
 (the max reductions of the backends may drop it), as in the peer. In 'precomputed' mode a scale of 0 gives
 inverse inf (values +-448 / +-6, zeros NaN / +-6), a scale of inf inverse 0.
 
+Column-major scales (`col_major_sf`, TileKernels' use_tma_aligned_col_major_sf): the same values written
+straight into a column-major buffer, token block b's scale k at element k * S + b for a row stride S >= ceil(T /
+bt) of the launch (packed UE8M0: word k // 4, byte 4 b + k % 4 of a byte row of stride 4 S).
+
 Supported: x contiguous (T, H), T >= 1 per launch (the interface skips empty inputs), H a positive multiple of
 max(64, bc). The peer takes e2m1 output with fp32 / UE8M0 scales, on CUDA bt, bc in (32, 128) and on Ascend only
-(32, 32); it also takes column-major TMA-aligned scales and strided scale rows, which these kernels do not. These
-take every (bt, bc) above (16 x 16 with E4M3 scales is NVFP4's 2-D weight format), both output formats and fp32,
-power-of-two, UE8M0 and E4M3 scales on both backends.
+(32, 32); it also takes strided scale rows, which these kernels do not. These take every (bt, bc) above (16 x 16
+with E4M3 scales is NVFP4's 2-D weight format), both output formats and fp32, power-of-two, UE8M0 and E4M3 scales
+on both backends.
 
 One generator builds the Ascend 950 kernel (vector cores, SIMD: _per_block_cast_ascend.py) or the CUDA kernel
 (_per_block_cast_cuda.py), chosen by `cfg.backend`; both are bit-exact against
@@ -60,7 +64,7 @@ from cann_ops_tilelang.kernel_target import compile_kernel
 # The backend kernels (they do not import this module: no import circle).
 from ._per_block_cast_ascend import ascend_per_block_cast_kernel
 from ._per_block_cast_cuda import cuda_per_block_cast_kernel
-from ._scale_rules import FORMAT_MAX, LANES
+from ._scale_rules import FORMAT_MAX, LANES, UE8M0_PACK
 from ._tiling import FLOAT_DTYPE_NAMES, MODES, CastFormats, CastModes, RowScales, divisors
 
 BLOCK_TOKENS = (16, 32, 64, 128)  # 16: NVFP4's 16 x 16 weight blocks
@@ -95,6 +99,10 @@ class PerBlockCastConfig(CastModes, CastFormats, RowScales):
     num_stages: int  # Ascend buffer versions of the persistent loop (unused on CUDA)
     fmt: str = 'e4m3'  # output format (FORMATS)
     e4m3_sf: bool = False  # scales as e4m3 bytes (not with round_sf)
+    # The scales written column-major (TileKernels' use_tma_aligned_col_major_sf): scale k of token block b at
+    # out_sf[k, b] of a (sf_cols, ceil(T / bt)) view whose row stride is a launch argument; packed UE8M0: the bytes
+    # of word w of block b at out_sf[w, 4 b : 4 b + 4] of a (sf_cols / 4, 4 ceil(T / bt)) uint8 view.
+    col_major_sf: bool = False
 
     def __post_init__(self):
         if self.backend not in ('ascend', 'cuda'):
@@ -119,6 +127,8 @@ class PerBlockCastConfig(CastModes, CastFormats, RowScales):
             raise ValueError(
                 'mode "precomputed" takes inverse = 1 / sf: round_sf does not apply (the chooser drops it)'
             )
+        if self.col_major_sf and not self.computes_sf:
+            raise ValueError('col_major_sf: mode "precomputed" reads row-major scales (as TileKernels)')
         unit = hidden_multiple(self.block_channels)
         if self.hidden <= 0 or self.hidden % unit != 0:
             raise ValueError(
@@ -201,10 +211,12 @@ def choose_per_block_cast_config(
     mode: str = 'cast',
     fmt: str = 'e4m3',
     e4m3_sf: bool = False,
+    col_major_sf: bool = False,
 ) -> PerBlockCastConfig:
     """Pure choice of the compile-time parameters (no device query). `in_dtype`: torch.bfloat16 / torch.float32
     (or their names). In mode 'precomputed' round_sf is dropped (the inverse is 1 / sf either way). Invalid
-    combinations raise ValueError."""
+    combinations raise ValueError. `col_major_sf` changes where the scales are stored (and, on Ascend with packed
+    UE8M0 scales, prefers tasks of whole int32 words, which go out in one DMA)."""
     if in_dtype not in FLOAT_DTYPE_NAMES:
         raise ValueError(f'in_dtype must be torch.bfloat16 or torch.float32, got {in_dtype!r}')
     dtype = FLOAT_DTYPE_NAMES[in_dtype]
@@ -227,12 +239,18 @@ def choose_per_block_cast_config(
         )
     make = functools.partial(
         PerBlockCastConfig, backend, hidden, dtype, block_tokens, block_channels, round_sf, packed_ue8m0, mode,
-        num_cores, fmt=fmt, e4m3_sf=e4m3_sf,
+        num_cores, fmt=fmt, e4m3_sf=e4m3_sf, col_major_sf=col_major_sf,
     )  # fmt: skip
     if backend == 'ascend':
         # The widest task whose x tile fits its buffer: the op streams x once, so fewer, longer DMAs per core.
         limit = _ASCEND_TILE_BYTES // (block_tokens * _IN_BYTES[dtype])
-        return make(block_k=divisors(hidden, unit, limit)[0], threads=0, num_stages=2)
+        block_k = divisors(hidden, unit, limit)[0]
+        word = UE8M0_PACK * block_channels  # channels of one int32 word of UE8M0 scales
+        whole = block_k == hidden or (block_k // block_channels) % UE8M0_PACK == 0
+        if col_major_sf and packed_ue8m0 and not whole and hidden % word == 0 and word <= limit:
+            # Column-major UE8M0 words go out one burst each: the widest task of whole words, when one fits.
+            block_k = divisors(hidden, word, limit)[0]
+        return make(block_k=block_k, threads=0, num_stages=2)
     if backend == 'cuda':
         # About 32 KiB of x per thread block, 16 channels of a row per thread: see _per_block_cast_cuda.py.
         limit = min(_CUDA_TILE_BYTES // (block_tokens * _IN_BYTES[dtype]), _CUDA_MAX_BLOCK_K)
@@ -246,7 +264,10 @@ def make_per_block_cast_kernel(cfg: PerBlockCastConfig):
     """The TileLang prim_func `per_block_cast_kernel` for `cfg.backend` (no compile).
 
     x: (T, hidden) cfg.in_dtype; out: (T, cfg.data_cols) cfg.data_dtype (float8_e4m3fn, or FP4 bytes int8);
-    out_sf: cfg.sf_shape(T) cfg.sf_dtype; sf (mode 'precomputed'): cfg.sf_shape(T) cfg.sf_dtype. Arguments:
+    out_sf: cfg.sf_shape(T) cfg.sf_dtype, or with cfg.col_major_sf a view (cfg.sf_cols, ceil(T / bt)) of row stride
+    S >= ceil(T / bt) (the interface's column-major scales transposed: sf.T), packed UE8M0 bytes (cfg.sf_cols / 4,
+    4 ceil(T / bt)) of row stride 4 S (sf.T.view(torch.uint8)); sf (mode 'precomputed'): cfg.sf_shape(T)
+    cfg.sf_dtype. Arguments:
     (x, out, out_sf) in mode 'cast', (x, out_sf) in 'sf_only', (x, sf, out) in 'precomputed'. T is dynamic and
     must be >= 1.
     """
