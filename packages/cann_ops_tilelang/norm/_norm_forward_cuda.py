@@ -13,7 +13,9 @@ its |y| maximum is a butterfly of xor shuffles over those lanes, and the scale r
 # refer to the generator's local shape variables.
 
 # Imported by norm_forward_kernel.py, never the other way round (no import circle).
-from cann_ops_tilelang.quant._scale_rules import cuda_cast_scale_and_inverse
+import functools
+
+from cann_ops_tilelang.quant._scale_rules import cuda_cast_scale_and_inverse, scale_index
 
 from ._norm_common import CUDA_CHUNK_BYTES, DTYPE_BYTES
 
@@ -36,14 +38,7 @@ def cuda_norm_forward_kernel(cfg, prim_func):
     shuffle_steps = tuple(1 << k for k in reversed(range(lanes_per_block.bit_length() - 1)))
     inv_hidden = 1.0 / hidden
 
-    def sf_at(t, k):
-        """The indices of row t's scale k (a UE8M0 byte when packed) in the kernel's sf: (t, k), or column-major
-        (cfg.col_major_sf, the transposed view) (k, t), UE8M0 byte k % 4 of word k // 4 at (k // 4, 4 t + k % 4)."""
-        if not cfg.col_major_sf:
-            return t, k
-        if cfg.packed_ue8m0:
-            return k // 4, 4 * t + k % 4
-        return k, t
+    sf_at = functools.partial(scale_index, col_major=cfg.col_major_sf, packed=cfg.packed_ue8m0)
 
     @T.macro
     def body(x, weight, residual, residual_out, out, rstd, data, sf, out_bf16, eps, out_scale, num_tokens):

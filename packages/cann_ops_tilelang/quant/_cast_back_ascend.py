@@ -26,8 +26,10 @@ The output tile goes back to GM; rows past the end of the tensor are neither loa
 # refer to the generator's local shape variables.
 
 # Imported by cast_back_kernel.py, never the other way round (no import circle): the config comes as `cfg`.
+import functools
+
 from ._per_token_cast_ascend import ascend_quarter_masks_macro
-from ._scale_rules import LANES, UE8M0_PACK
+from ._scale_rules import LANES, UE8M0_PACK, scale_index
 
 _UE8M0_SHIFT = 23  # a UE8M0 byte is the biased exponent of an fp32 scale: its bits are byte << 23
 # e2m1 code s|ee|m -> fp32 bits: for ee > 0 the value 2**(ee - 1) * (1 + m / 2) has the fp32 exponent field
@@ -108,14 +110,7 @@ def ascend_cast_back_kernel(cfg):
         cm_shape = (cfg.sf_cols // UE8M0_PACK, UE8M0_PACK * num_tokens) if packed else (cfg.sf_cols, num_tokens)
         sf_type = T.StridedTensor(cm_shape, (sf_stride, 1), sf_dtype)
 
-    def sf_at(g, k):
-        """Where scale k of the task (fp32 in sf_ub) of its row g lies: (g, k), or in the transposed tile (k, g)
-        (UE8M0: byte k % 4 of word k // 4, (k // 4, 4 g + k % 4))."""
-        if not col_major:
-            return g, k
-        if packed:
-            return k // UE8M0_PACK, UE8M0_PACK * g + k % UE8M0_PACK
-        return k, g
+    sf_at = functools.partial(scale_index, col_major=cfg.col_major_sf, packed=cfg.packed_ue8m0)
 
     @T.macro
     def widen_ue8m0(raw_ub, sf_ub, s0):

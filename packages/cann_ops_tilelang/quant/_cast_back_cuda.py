@@ -25,7 +25,9 @@ thread blocks (tokens) lie side by side, so their loads share sectors in L2.
 # refer to the generator's local shape variables.
 
 # Imported by cast_back_kernel.py, never the other way round (no import circle): the config comes as `cfg`.
-from ._scale_rules import UE8M0_PACK
+import functools
+
+from ._scale_rules import UE8M0_PACK, scale_index
 
 VEC_ELEMS = 16  # columns per thread: one 16-byte fp8 load (FP4: 8 bytes)
 _UE8M0_SHIFT = 23
@@ -64,13 +66,7 @@ def cuda_cast_back_kernel(cfg):
         cm_shape = (cfg.sf_cols // UE8M0_PACK, UE8M0_PACK * num_tokens) if packed else (cfg.sf_cols, num_tokens)
         sf_type = T.StridedTensor(cm_shape, (sf_stride, 1), sf_dtype)
 
-    def sf_at(t, k):
-        """The indices of token t's scale k (a UE8M0 byte when packed) in the kernel's x_sf (per-token scales)."""
-        if not cfg.col_major_sf:
-            return t, k
-        if packed:  # word k // 4 of token t, byte k % 4 of the word
-            return k // UE8M0_PACK, UE8M0_PACK * t + k % UE8M0_PACK
-        return k, t
+    sf_at = functools.partial(scale_index, col_major=cfg.col_major_sf, packed=cfg.packed_ue8m0)
 
     def scale_slot(i):
         # Per token each row has its scale; in a token block one serves all the thread's rows.

@@ -46,7 +46,7 @@ to the tile's bt x block_k data bytes. Neighbouring token blocks' scales share t
 # Imported by per_block_cast_kernel.py, never the other way round (no import circle): the config comes as `cfg`.
 import functools
 
-from ._scale_rules import cuda_cast_scale_and_inverse, cuda_inverse_of
+from ._scale_rules import cuda_cast_scale_and_inverse, cuda_inverse_of, scale_index
 from .fp4 import cuda_e2m1_code
 
 _WARP = 32
@@ -83,13 +83,7 @@ def cuda_per_block_cast_kernel(cfg):
     sf_rows = T.ceildiv(num_tokens, bt)
     col_major, packed_sf = cfg.col_major_sf, cfg.packed_ue8m0
 
-    def sf_at(b, k):
-        """The indices of token block b's scale element k (a UE8M0 byte when packed) in the kernel's out_sf."""
-        if not col_major:
-            return b, k
-        if packed_sf:  # word k // 4 of block b, byte k % 4 of the word
-            return k // 4, 4 * b + k % 4
-        return k, b
+    sf_at = functools.partial(scale_index, col_major=cfg.col_major_sf, packed=cfg.packed_ue8m0)
 
     @T.macro
     def body(x, out, out_sf, sf):

@@ -22,7 +22,7 @@ Several tokens per block would coalesce them, at the cost of the one-token tilin
 # Imported by per_token_cast_kernel.py, never the other way round (no import circle): the config comes as `cfg`.
 import functools
 
-from ._scale_rules import cuda_cast_scale_and_inverse, cuda_inverse_of
+from ._scale_rules import cuda_cast_scale_and_inverse, cuda_inverse_of, scale_index
 from .fp4 import cuda_e2m1_code
 
 
@@ -51,13 +51,7 @@ def cuda_per_token_cast_kernel(cfg):
     col_major, packed = cfg.col_major_sf, cfg.packed_ue8m0
     num_tokens = T.dynamic('num_tokens')
 
-    def sf_at(t, k):
-        """The indices of token t's scale element k (a UE8M0 byte when packed) in the kernel's out_sf."""
-        if not col_major:
-            return t, k
-        if packed:  # word k // 4 of token t, byte k % 4 of the word
-            return k // 4, 4 * t + k % 4
-        return k, t
+    sf_at = functools.partial(scale_index, col_major=cfg.col_major_sf, packed=cfg.packed_ue8m0)
 
     @T.macro
     def load_runs(x, t, j, xv):

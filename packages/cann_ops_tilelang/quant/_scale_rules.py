@@ -21,6 +21,17 @@ UE8M0_PACK = 4  # UE8M0 bytes per int32 of the interface's view, on both backend
 LANES = 64  # fp32 lanes of one 256-byte Ascend vector register
 
 
+def scale_index(row, k, *, col_major: bool, packed: bool):
+    """The indices of scale k of scale row `row` (a token, a token block, a task's row) in a kernel's scale buffer:
+    (row, k) row-major; column-major (the transposed view the kernels take, `sf.T`) (k, row), and for packed UE8M0
+    byte k % 4 of word k // 4, (k // 4, 4 row + k % 4). Ints or PrimExprs."""
+    if not col_major:
+        return row, k
+    if packed:
+        return k // UE8M0_PACK, UE8M0_PACK * row + k % UE8M0_PACK
+    return k, row
+
+
 def cuda_scale_and_inverse(T, amax, *, round_sf: bool, packed_ue8m0: bool):
     """(stored scale, inverse) of one block's |x| maximum `amax` (fp32 PrimExprs): the stored scale is fp32, or
     with `packed_ue8m0` the uint8 UE8M0 byte."""
