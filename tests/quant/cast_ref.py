@@ -221,3 +221,25 @@ def per_token_cast_precomputed_ref(x: torch.Tensor, sf: torch.Tensor, block_size
     given = sf.float()
     inverse = torch.ones_like(given) / given
     return narrow_ref((blocks * inverse.unsqueeze(-1)).reshape(num_tokens, hidden), fmt)
+
+
+def logical_sf_bytes(sf: torch.Tensor) -> torch.Tensor:
+    """The scales' bytes in the logical (row-major) order, whatever the layout."""
+    return sf.cpu().flatten().view(torch.uint8)
+
+
+def assert_col_major_buffer_written(cast_into, rows_sf: torch.Tensor, backend: str, device) -> None:
+    """`cast_into(buffer)` (a call given a column-major scale buffer; it returns the call's scales) writes the values
+    of `rows_sf` (the row-major call's scales) into a poisoned buffer of the peer's layout: that buffer is the
+    result, and each scale row is written while its padding (CUDA's) is left alone."""
+    buffer = tma_col_major_sf(tuple(rows_sf.shape), rows_sf.dtype, backend, device)
+    nbytes = buffer.untyped_storage().nbytes()
+    whole = torch.empty(0, dtype=torch.uint8, device=device).set_(buffer.untyped_storage(), 0, (nbytes,))
+    whole.fill_(0xA5)  # the buffer's bytes, CUDA's padding columns included
+    assert cast_into(buffer) is buffer
+    assert torch.equal(logical_sf_bytes(buffer), logical_sf_bytes(rows_sf))
+    if rows_sf.shape[0]:
+        k, width = rows_sf.shape[1], rows_sf.shape[0] * rows_sf.element_size()
+        image = torch.full((k, nbytes // k), 0xA5, dtype=torch.uint8)
+        image[:, :width] = rows_sf.cpu().T.flatten().view(torch.uint8).view(k, width)
+        assert torch.equal(whole.cpu().view(k, -1), image)  # each scale row written, its padding left alone

@@ -20,7 +20,7 @@ from cann_ops_tilelang.quant import (
     per_block_cast_with_sf_only,
 )
 from cann_ops_tilelang.quant.per_block_cast import _sf_result
-from tests.quant.cast_ref import scaled_rows, tma_col_major_sf
+from tests.quant.cast_ref import assert_col_major_buffer_written, logical_sf_bytes, scaled_rows, tma_col_major_sf
 from tests.quant.per_block_cast_ref import per_block_cast_precomputed_ref, per_block_cast_ref
 from tests.testing import fast_path
 from tests.testing.bench import config_extras, make_param_id
@@ -241,11 +241,6 @@ def _backend(device) -> str:
     return 'cuda' if torch.device(device).type == 'cuda' else 'ascend'
 
 
-def _logical(sf: torch.Tensor) -> torch.Tensor:
-    """The scales' bytes in the logical (row-major) order, whatever the layout."""
-    return sf.cpu().flatten().view(torch.uint8)
-
-
 def _assert_peer_layout(sf: torch.Tensor, num_tokens: int, block, sf_name: str, backend: str) -> None:
     """sf has TileKernels' column-major layout on `backend` (its rows the token blocks): its strides, and the whole
     padded buffer behind it."""
@@ -354,22 +349,15 @@ def test_per_block_cast_col_major_values(variant, num_tokens, device):
     rows = _cast(x, block, sf, fmt)
     result = _cast(x, block, sf, fmt, use_tma_aligned_col_major_sf=True)
     assert_equal(result.data.cpu().view(torch.uint8), rows.data.cpu().view(torch.uint8))
-    assert_equal(_logical(result.sf), _logical(rows.sf))
+    assert_equal(logical_sf_bytes(result.sf), logical_sf_bytes(rows.sf))
     _assert_peer_layout(result.sf, num_tokens, block, sf, _backend(device))
-    buffer = tma_col_major_sf(tuple(rows.sf.shape), rows.sf.dtype, _backend(device), device)
-    nbytes = buffer.untyped_storage().nbytes()
-    whole = torch.empty(0, dtype=torch.uint8, device=device).set_(buffer.untyped_storage(), 0, (nbytes,))
-    whole.fill_(0xA5)  # the buffer's bytes, CUDA's padding columns included
-    again = _cast(x, block, sf, fmt, use_tma_aligned_col_major_sf=True, out=(torch.empty_like(rows.data), buffer))
-    assert again.sf is buffer
-    assert_equal(_logical(buffer), _logical(rows.sf))
-    if num_tokens:
-        k, width = rows.sf.shape[1], rows.sf.shape[0] * rows.sf.element_size()
-        image = torch.full((k, nbytes // k), 0xA5, dtype=torch.uint8)
-        image[:, :width] = rows.sf.cpu().T.flatten().view(torch.uint8).view(k, width)
-        assert_equal(whole.cpu().view(k, -1), image)  # each scale row written, its padding left alone
+    assert_col_major_buffer_written(
+        lambda buffer: _cast(x, block, sf, fmt, use_tma_aligned_col_major_sf=True,
+                             out=(torch.empty_like(rows.data), buffer)).sf,
+        rows.sf, _backend(device), device,
+    )  # fmt: skip
     alone = per_block_cast_with_sf_only(x, fmt, block, True, **_flags(sf))  # the scales alone: the same
-    assert_equal(_logical(alone), _logical(rows.sf))
+    assert_equal(logical_sf_bytes(alone), logical_sf_bytes(rows.sf))
     _assert_peer_layout(alone, num_tokens, block, sf, _backend(device))
 
 
@@ -385,7 +373,7 @@ def test_per_block_cast_col_major_column_tiles(block, sf, device):
     rows = _cast(x, block, sf)
     result = _cast(x, block, sf, use_tma_aligned_col_major_sf=True)
     assert_equal(result.data.cpu().view(torch.uint8), rows.data.cpu().view(torch.uint8))
-    assert_equal(_logical(result.sf), _logical(rows.sf))
+    assert_equal(logical_sf_bytes(result.sf), logical_sf_bytes(rows.sf))
     _assert_peer_layout(result.sf, 161, block, sf, _backend(device))
 
 

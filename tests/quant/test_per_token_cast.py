@@ -16,7 +16,9 @@ from cann_ops_tilelang.quant import (
     per_token_cast_with_sf_only,
 )
 from tests.quant.cast_ref import (
+    assert_col_major_buffer_written,
     format_scale_and_inverse_ref,
+    logical_sf_bytes,
     padded_hidden,
     per_token_cast_format_ref,
     per_token_cast_precomputed_ref,
@@ -304,11 +306,6 @@ def _backend(device) -> str:
     return 'cuda' if torch.device(device).type == 'cuda' else 'ascend'
 
 
-def _logical(sf: torch.Tensor) -> torch.Tensor:
-    """The scales' bytes in the logical (row-major) order, whatever the layout."""
-    return sf.cpu().flatten().view(torch.uint8)
-
-
 def _assert_peer_layout(sf: torch.Tensor, num_tokens: int, sf_name: str, backend: str) -> None:
     """sf has TileKernels' column-major layout on `backend`: its strides, and the whole padded buffer behind it."""
     peer = tma_col_major_sf((num_tokens, sf.shape[1]), _SF_DTYPES[sf_name], backend)
@@ -373,20 +370,13 @@ def test_per_token_cast_col_major_values(variant, num_tokens, device):
     rows = _cast(x, block, sf, fmt)
     result = _cast(x, block, sf, fmt, use_tma_aligned_col_major_sf=True)
     assert_equal(result.data.cpu().view(torch.uint8), rows.data.cpu().view(torch.uint8))
-    assert_equal(_logical(result.sf), _logical(rows.sf))
+    assert_equal(logical_sf_bytes(result.sf), logical_sf_bytes(rows.sf))
     _assert_peer_layout(result.sf, num_tokens, sf, _backend(device))
-    buffer = tma_col_major_sf(tuple(rows.sf.shape), rows.sf.dtype, _backend(device), device)
-    nbytes = buffer.untyped_storage().nbytes()
-    whole = torch.empty(0, dtype=torch.uint8, device=device).set_(buffer.untyped_storage(), 0, (nbytes,))
-    whole.fill_(0xA5)  # the buffer's bytes, CUDA's padding columns included
-    again = _cast(x, block, sf, fmt, use_tma_aligned_col_major_sf=True, out=(torch.empty_like(rows.data), buffer))
-    assert again.sf is buffer
-    assert_equal(_logical(buffer), _logical(rows.sf))
-    if num_tokens:
-        k, width = rows.sf.shape[1], num_tokens * rows.sf.element_size()
-        image = torch.full((k, nbytes // k), 0xA5, dtype=torch.uint8)
-        image[:, :width] = rows.sf.cpu().T.flatten().view(torch.uint8).view(k, width)
-        assert_equal(whole.cpu().view(k, -1), image)  # each scale row written, its padding left alone
+    assert_col_major_buffer_written(
+        lambda buffer: _cast(x, block, sf, fmt, use_tma_aligned_col_major_sf=True,
+                             out=(torch.empty_like(rows.data), buffer)).sf,
+        rows.sf, _backend(device), device,
+    )  # fmt: skip
 
 
 @pytest.mark.npu
@@ -398,7 +388,7 @@ def test_per_token_cast_col_major_sf_only_values(variant, device):
     x = scaled_rows(37, padded_hidden(block), variant['dtype'], device)
     rows = _cast(x, block, sf, fmt)
     alone = per_token_cast_with_sf_only(x, fmt, block, True, round_sf, packed, e4m3_sf)
-    assert_equal(_logical(alone), _logical(rows.sf))
+    assert_equal(logical_sf_bytes(alone), logical_sf_bytes(rows.sf))
     _assert_peer_layout(alone, 37, sf, _backend(device))
 
 
@@ -415,7 +405,7 @@ def test_per_token_cast_col_major_column_tiles(hidden, block, sf, device):
     rows = _cast(x, block, sf)
     result = _cast(x, block, sf, use_tma_aligned_col_major_sf=True)
     assert_equal(result.data.cpu().view(torch.uint8), rows.data.cpu().view(torch.uint8))
-    assert_equal(_logical(result.sf), _logical(rows.sf))
+    assert_equal(logical_sf_bytes(result.sf), logical_sf_bytes(rows.sf))
     _assert_peer_layout(result.sf, 37, sf, _backend(device))
 
 
