@@ -73,8 +73,11 @@ def _expected(quantised, fmt: str, block) -> torch.Tensor:
         (((DATA, torch.ones(8, 2)[::2]), 'bf16', (1, 128)), {}, ValueError, r'got strides \(4, 1\)'),
         (((DATA, torch.ones(8).as_strided((4, 2), (1, 3))), 'bf16', (1, 128)), {}, ValueError,
          r'got strides \(1, 3\)'),  # columns overlapping
-        (((DATA64, torch.ones(2, 2).t()), 'bf16', (32, 128)), {}, ValueError,
-         r'column-major scales are supported with per-token scales only \(x_block_size\[0\] 1\)'),
+        (((DATA64, torch.ones(2, 1).t()), 'bf16', (32, 128)), {}, ValueError,
+         r'x\[1\] must have shape \(2, 2\)'),  # column-major token blocks: the logical (R, K) shape
+        (((DATA64, torch.ones(4, 2)[::2]), 'bf16', (32, 128)), {}, ValueError, r'got strides \(4, 1\)'),
+        (((DATA64, torch.ones(3).as_strided((2, 2), (1, 1))), 'bf16', (32, 128)), {}, ValueError,
+         r'got strides \(1, 1\)'),  # token blocks' columns overlapping: S < R
         (((DATA64, torch.ones(256, 2).t()), 'bf16', (32, 1)), {}, ValueError,
          r'column-major scales are not supported with per-channel scales'),
         ((Q, 'bf16', (1, 128)), {'out': torch.empty(4, 256)}, TypeError, 'out must have dtype torch.bfloat16'),
@@ -108,7 +111,8 @@ def test_cast_back_takes_col_major_scales(monkeypatch):
     """The layout read from the strides: column-major scales (strides (1, S), S >= T: per_token_cast's
     use_tma_aligned_col_major_sf, CUDA's padded S too) pass the contract and choose a kernel of their own
     (col_major_sf); a row-major buffer and one token of strides (1, 1) (both layouts at once) choose the row-major
-    kernel, as does T = 0 (which launches nothing)."""
+    kernel, as does T = 0 (which launches nothing). Token blocks too (per_block_cast's: R = ceil(T / bt) rows, S >=
+    R)."""
     module = importlib.import_module('cann_ops_tilelang.quant.cast_back')
     monkeypatch.setattr(config, 'require_accelerator', lambda *tensors: 'ascend')
 
@@ -132,6 +136,19 @@ def test_cast_back_takes_col_major_scales(monkeypatch):
     assert choice(torch.zeros(37, 512, dtype=torch.int8), e4m3, 16) is True
     none = tma_col_major_sf((0, 4), torch.float32, 'ascend')  # the peer's empty buffer: strides (1, 0)
     assert choice(torch.zeros(0, 512, dtype=torch.float8_e4m3fn), none, 128) is False  # no launch either way
+    # Token blocks (per_block_cast's): R = ceil(T / bt) scale rows, strides (1, S), S >= R
+    blocks = torch.rand(2, 4)  # 37 tokens in blocks of 32, 4 blocks of 128
+    data = torch.zeros(37, 512, dtype=torch.float8_e4m3fn)
+    for layout, expected in (
+        (blocks, False),
+        (_col_major(blocks, 2), True),  # Ascend's S = R
+        (_col_major(blocks, 4), True),  # CUDA's padded S
+        (_col_major(blocks, 9), True),
+        (_col_major(blocks[:1], 4), True),  # one block, strides (1, 4)
+    ):
+        assert choice(data[: 32 * layout.shape[0]], layout, (32, 128)) is expected
+    ue8m0 = _col_major(torch.randint(0, 2**31, (2, 3), dtype=torch.int32), 4)  # 9 blocks of 128 in 3 words
+    assert choice(torch.zeros(200, 1152, dtype=torch.float8_e4m3fn), ue8m0, (128, 128), 'fp32') is True
 
 
 def test_cast_back_fake_tensors(monkeypatch):
@@ -148,6 +165,9 @@ def test_cast_back_fake_tensors(monkeypatch):
         col_major = (q[0], torch.empty(2, 164, dtype=torch.int32)[:, :161].T)  # strides (1, 164)
         out = cast_back(col_major, 'fp32', (1, 32))
         assert (tuple(out.shape), out.dtype, out.stride()) == ((161, 256), torch.float32, (256, 1))
+        blocks = (q[0], torch.empty(2, 8)[:, :6].T)  # per_block_cast's (128, 128): 6 token blocks, strides (1, 8)
+        out = cast_back(blocks, 'bf16', (32, 128))
+        assert (tuple(out.shape), out.dtype) == ((161, 256), torch.bfloat16)
 
 
 # ---------------------------------------------------------------- device tier
@@ -296,6 +316,49 @@ def test_cast_back_col_major_values(variant, num_tokens, device):
     assert_equal(_bits(per_token_cast_back((data, padded), fmt, block)), expected)
     if LEVEL >= 1:  # the row-major kernel, called
         assert_equal(_bits(cast_back((data, row_major), fmt, (1, block))), expected)
+
+
+# Column-major scales of token blocks (per_block_cast's use_tma_aligned_col_major_sf) read back: level 0 two kernel
+# configurations (32 x 32 UE8M0 words of a padded row, 128 x 128 fp32), level 1 adds 32 x 64 / 128 x 32 UE8M0, 32 x
+# 128 fp32 and the other outputs. T = 37 and 300 are no multiple of the token block.
+_BLOCK_COL_MAJOR_CORE = [
+    dict(dtype='bfloat16', block=(32, 32), sf='ue8m0', out='bf16'),
+    dict(dtype='float32', block=(128, 128), sf='fp32', out='fp32'),
+]
+BLOCK_COL_MAJOR_ROUND_TRIPS = by_level(
+    LEVEL,
+    core=_BLOCK_COL_MAJOR_CORE,
+    default=[
+        *_BLOCK_COL_MAJOR_CORE,
+        dict(dtype='float32', block=(32, 64), sf='ue8m0', out='fp32'),
+        dict(dtype='bfloat16', block=(128, 32), sf='ue8m0', out='bf16'),
+        dict(dtype='bfloat16', block=(32, 128), sf='fp32', out='bf16'),
+    ],
+)
+
+
+@pytest.mark.npu
+@pytest.mark.parametrize('variant', BLOCK_COL_MAJOR_ROUND_TRIPS, ids=make_param_id)
+@pytest.mark.parametrize('num_tokens', by_level(LEVEL, core=(0, 1, 37), default=(0, 1, 37, 300)))
+def test_cast_back_block_col_major_values(variant, num_tokens, device):
+    """per_block_cast(..., use_tma_aligned_col_major_sf=True) -> cast_back gives the bits of the row-major round
+    trip (the reference on the same scales row-major); the same at CUDA's padded row stride and past it with
+    poisoned padding (the Ascend kernel meets S > R too)."""
+    block, fmt, packed = variant['block'], variant['out'], variant['sf'] == 'ue8m0'
+    x = scaled_rows(num_tokens, padded_hidden(block[1]), variant['dtype'], device)
+    data, sf = per_block_cast(
+        x, 'e4m3', block, use_tma_aligned_col_major_sf=True, round_sf=packed, use_packed_ue8m0=packed
+    )
+    rows = -(-num_tokens // block[0])
+    assert sf.shape[0] == rows
+    assert rows <= 1 or sf.stride()[0] == 1 < sf.stride()[1]
+    row_major = torch.empty(sf.shape, dtype=sf.dtype, device=sf.device).copy_(sf)  # the same values, row-major
+    expected = _bits(_expected((data, row_major), fmt, block))
+    assert_equal(_bits(cast_back((data, sf), fmt, block)), expected)
+    for stride in (_tma_row_stride(rows, sf.dtype) or 4, _tma_row_stride(rows, sf.dtype) + 4):  # CUDA's, past it
+        assert_equal(_bits(cast_back((data, _col_major(sf, stride)), fmt, block)), expected)
+    if LEVEL >= 1:  # the row-major kernel, called
+        assert_equal(_bits(cast_back((data, row_major), fmt, block)), expected)
 
 
 # Per-token scales of the peer's shapes (tokens 4001 / 8001, hidden 4096 / 7168): 128-channel fp32 and 32-channel

@@ -294,8 +294,18 @@ def test_cast_back_config_col_major():
     with pytest.raises(ValueError, match='not supported with per-channel scales'):
         choose_cast_back_config(backend='cuda', hidden=256, col_major_sf=True, **args | {'block_channels': 1,
                                 'block_tokens': 32})  # fmt: skip
-    with pytest.raises(ValueError, match='per-token scales only'):
-        choose_cast_back_config(backend='ascend', hidden=256, col_major_sf=True, **args | {'block_tokens': 32})
+    # Token blocks (per_block_cast's): a task reads its one token block's scales, a 32-byte UB row per scale / word
+    blocks = choose_cast_back_config(backend='ascend', hidden=7168, col_major_sf=True, **args | {'block_tokens': 128})
+    assert (blocks.block_k, blocks.scale_rows_per_task) == (7168, 1)
+    assert blocks.ascend_col_major_tile == (14, 32)  # 14 words of one block row, 4 bytes rounded up to 32
+    fp32_blocks = dataclasses.replace(blocks, packed_ue8m0=False)
+    assert fp32_blocks.ascend_col_major_tile == (56, 8)  # 56 scales of one block row, fp32 rounded up to 32 bytes
+    for backend in ('ascend', 'cuda'):
+        cfg = choose_cast_back_config(backend=backend, hidden=1088, col_major_sf=True, **args | {'block_tokens': 32,
+                                      'block_channels': 32})  # fmt: skip
+        row = choose_cast_back_config(backend=backend, hidden=1088, **args | {'block_tokens': 32, 'block_channels': 32})
+        assert cfg.col_major_sf
+        assert (cfg.block_m, cfg.block_k) == (row.block_m, row.block_k)
     with pytest.raises(TypeError, match='col_major_sf must be a bool'):
         choose_cast_back_config(backend='ascend', hidden=256, col_major_sf=1, **args)
 
@@ -336,6 +346,39 @@ def test_cast_back_col_major_lowers(backend, hidden, bc, sf, data):
     itemsize = 1 if cfg.widens_sf else 4
     assert (int(n_burst), int(ub_stride)) == (rows, width * itemsize)
     assert 'num_tokens' in len_burst  # the task's tokens, the last task's fewer
+    assert 'sf_stride' in gm_stride
+
+
+# Column-major scales of token blocks (per_block_cast's): test_cast_back.py's level-0 configurations, at level 1
+# more blocks and a 7168-channel row.
+_BLOCK_COL_MAJOR_LOWERING = by_level(
+    LEVEL,
+    core=[(1088, 32, 32, 'ue8m0'), (1152, 128, 128, 'fp32')],
+    default=[(1088, 32, 64, 'ue8m0'), (1088, 128, 32, 'ue8m0'), (1152, 32, 128, 'fp32'), (7168, 128, 128, 'ue8m0')],
+)
+
+
+@pytest.mark.parametrize('backend', ['ascend', 'cuda'])
+@pytest.mark.parametrize(('hidden', 'bt', 'bc', 'sf'), _BLOCK_COL_MAJOR_LOWERING)
+def test_cast_back_block_col_major_lowers(backend, hidden, bt, bc, sf):
+    """Column-major scales of token blocks: on CUDA one load per thread at k * stride + t // bt (UE8M0: byte k % 4
+    of word k // 4); on Ascend one DMA per task of the task's token block, a burst of one scale (UE8M0: one word,
+    4 bytes) per scale / word, a row stride apart in GM, into 32-byte rows of the UB tile."""
+    cfg = choose_cast_back_config(
+        backend=backend, num_cores=ASCEND_950_VECTOR_CORES if backend == 'ascend' else H200_SMS, hidden=hidden,
+        out_dtype='bfloat16', block_tokens=bt, block_channels=bc, packed_ue8m0=sf == 'ue8m0', col_major_sf=True,
+    )  # fmt: skip
+    lower = assert_ascend_kernel_lowers if backend == 'ascend' else assert_cuda_kernel_lowers
+    lowered = lower(lambda: make_cast_back_kernel(cfg), key=cfg, kernel_name=KERNEL_NAME)
+    if backend == 'cuda':
+        assert 'int sf_stride' in lowered.source
+        assert '* ((int64_t)sf_stride)' in lowered.source  # the scale's address scales the row by it
+        return
+    assert lowered.ub_bytes == cfg.ascend_ub_bytes
+    ((n_burst, len_burst, gm_stride, ub_stride),) = _CM_DMA.findall(lowered.source)
+    rows, width = cfg.ascend_col_major_tile
+    assert (int(n_burst), int(len_burst), int(ub_stride)) == (rows, 4, 32)  # one scale / word per burst
+    assert width * (1 if cfg.widens_sf else 4) == 32
     assert 'sf_stride' in gm_stride
 
 

@@ -3,7 +3,9 @@
 A persistent loop over (row tile, column tile) tasks on the vector cores, `cfg.num_stages` buffer versions so
 that the DMAs of the next task overlap the vector work of this one. Per task the fp8 tile (block_m x block_k)
 and the slice of the scale rows it needs land in UB; a task holds either one scale row per token (per-token
-scales) or a single token block (block_m <= block_tokens), so its scale rows never straddle a task.
+scales) or a single token block (block_m <= block_tokens), so its scale rows never straddle a task. Column-major
+scales (cfg.col_major_sf) land transposed, one DMA per task: a burst per scale (UE8M0: per word) of the task's
+tokens, or of its token block's one scale / word, into a row of the UB tile.
 
 One SIMD VF per task, 64 fp32 lanes per register:
   - UE8M0 scales first become fp32 in UB: the bytes are widened to 32-bit lanes (an UNPK4_B8 load for the
@@ -105,9 +107,11 @@ def ascend_cast_back_kernel(cfg):
         else (num_token_blocks, cfg.sf_cols)
     )
     sf_type = T.Tensor(sf_shape, sf_dtype)
-    if col_major:  # the transposed column-major scales: rows of stride sf_stride >= T
+    if col_major:  # the transposed column-major scales: rows of stride sf_stride >= R (scale rows)
         sf_stride = T.dynamic('sf_stride')
-        cm_shape = (cfg.sf_cols // UE8M0_PACK, UE8M0_PACK * num_tokens) if packed else (cfg.sf_cols, num_tokens)
+        cm_shape = (
+            (cfg.sf_cols // UE8M0_PACK, UE8M0_PACK * num_token_blocks) if packed else (cfg.sf_cols, num_token_blocks)
+        )
         sf_type = T.StridedTensor(cm_shape, (sf_stride, 1), sf_dtype)
 
     sf_at = functools.partial(scale_index, col_major=cfg.col_major_sf, packed=cfg.packed_ue8m0)
@@ -227,12 +231,20 @@ def ascend_cast_back_kernel(cfg):
                 T.copy(x[t0 : t0 + bm, j * x_cols : j * x_cols + x_cols], x_ub)  # tail rows clamped by the DMA
                 if col_major and packed:  # the task's words of its tokens: one burst of 4 * valid bytes per word
                     w0 = j * (sf_w_task // UE8M0_PACK)
-                    T.copy(
-                        x_sf[w0 : w0 + cm_rows, UE8M0_PACK * t0 : UE8M0_PACK * (t0 + valid)],
-                        raw_ub[0:cm_rows, 0 : UE8M0_PACK * valid],
-                    )
-                elif col_major:  # the task's scales of its tokens: one burst of valid scales per scale
+                    if per_token:
+                        T.copy(
+                            x_sf[w0 : w0 + cm_rows, UE8M0_PACK * t0 : UE8M0_PACK * (t0 + valid)],
+                            raw_ub[0:cm_rows, 0 : UE8M0_PACK * valid],
+                        )
+                    else:  # its token block's words: one 4-byte burst per word
+                        T.copy(
+                            x_sf[w0 : w0 + cm_rows, UE8M0_PACK * s0 : UE8M0_PACK * s0 + UE8M0_PACK],
+                            raw_ub[0:cm_rows, 0:UE8M0_PACK],
+                        )
+                elif col_major and per_token:  # the task's scales of its tokens: one burst of valid scales per scale
                     T.copy(x_sf[j * sf_w_task : (j + 1) * sf_w_task, t0 : t0 + valid], raw_ub[0:cm_rows, 0:valid])
+                elif col_major:  # its token block's scales: one single-scale burst per scale
+                    T.copy(x_sf[j * sf_w_task : (j + 1) * sf_w_task, s0 : s0 + 1], raw_ub[0:cm_rows, 0:1])
                 elif channel and packed:
                     row = s0 // UE8M0_PACK
                     T.copy(x_sf[row : row + 1, j * raw_w : j * raw_w + raw_w], raw_ub[0:1, :])

@@ -16,9 +16,10 @@ bytes (block_k is at least 512 wherever hidden has such a divisor). With rows_pe
 E4M3 scales are widened by a conversion where they are loaded. FP4 data (per-token scales, _cuda_fp4_kernel): one
 row per thread block, 16 columns per thread from one 8-byte load, each nibble decoded on its bits (unrolled, so
 the nibble shifts are constants), one fp32 multiply, 16-byte stores.
-Column-major scales (cfg.col_major_sf, per-token): the same loads, each thread's scale from x_sf.T[k, t] (packed
-UE8M0: byte k % 4 of word k // 4 of token t) of a row stride that is a launch argument; the scales of neighbouring
-thread blocks (tokens) lie side by side, so their loads share sectors in L2.
+Column-major scales (cfg.col_major_sf, row blocks): the same loads, each thread's scale from x_sf.T[k, r] of its
+scale row r = t // block_tokens (packed UE8M0: byte k % 4 of word k // 4 of row r) of a row stride that is a launch
+argument; the scales of neighbouring thread blocks (tokens, token blocks) lie side by side, so their loads share
+sectors in L2.
 """
 
 # No `from __future__ import annotations`: TileLang evaluates the prim_func annotations, which
@@ -61,9 +62,11 @@ def cuda_cast_back_kernel(cfg):
         else (num_token_blocks, cfg.sf_cols)
     )
     sf_type = T.Tensor(sf_shape, sf_dtype)
-    if cfg.col_major_sf:  # the transposed column-major scales: rows of stride sf_stride >= T
+    if cfg.col_major_sf:  # the transposed column-major scales: rows of stride sf_stride >= R (scale rows)
         sf_stride = T.dynamic('sf_stride')
-        cm_shape = (cfg.sf_cols // UE8M0_PACK, UE8M0_PACK * num_tokens) if packed else (cfg.sf_cols, num_tokens)
+        cm_shape = (
+            (cfg.sf_cols // UE8M0_PACK, UE8M0_PACK * num_token_blocks) if packed else (cfg.sf_cols, num_token_blocks)
+        )
         sf_type = T.StridedTensor(cm_shape, (sf_stride, 1), sf_dtype)
 
     sf_at = functools.partial(scale_index, col_major=cfg.col_major_sf, packed=cfg.packed_ue8m0)

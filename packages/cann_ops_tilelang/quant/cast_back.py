@@ -40,8 +40,8 @@ def _check_blocks(name: str, x_block_size, fp4: bool, e4m3_sf: bool) -> None:
 def sf_col_major(sf: torch.Tensor) -> bool | None:
     """The layout of given (rows, K) scales, read from their strides as TileKernels 2.1.0 reads them: False
     row-major (each row contiguous, rows K apart, where a dimension of size 1 or an empty tensor may have any
-    stride), True column-major (strides (1, S), S >= rows: per_token_cast's use_tma_aligned_col_major_sf, a view
-    buf[:, :rows].T of a (K, S) buffer), None neither."""
+    stride), True column-major (strides (1, S), S >= rows: per_token_cast's and per_block_cast's
+    use_tma_aligned_col_major_sf, a view buf[:, :rows].T of a (K, S) buffer), None neither."""
     rows, cols = sf.shape
     s0, s1 = sf.stride()
     if not rows * cols or ((cols <= 1 or s1 == 1) and (rows <= 1 or s0 == cols)):
@@ -83,17 +83,12 @@ def _options(name, x_data, x_sf, T, H, fmt, x_block_size, x_special_fmt):
     if col_major is None:
         raise ValueError(
             f'{name}: x[1] must be row-major (contiguous) or column-major (strides (1, S) with S >= {shape[0]}, as '
-            f'per_token_cast(..., use_tma_aligned_col_major_sf=True) returns), got strides {x_sf.stride()} for '
-            f'shape {tuple(x_sf.shape)}'
+            f'per_token_cast / per_block_cast(..., use_tma_aligned_col_major_sf=True) return), got strides '
+            f'{x_sf.stride()} for shape {tuple(x_sf.shape)}'
         )
     if col_major and x_block_size[1] == 1:
         raise ValueError(f'{name}: column-major scales are not supported with per-channel scales (x_block_size[1] '
                          f'1; TileKernels 2.1.0 refuses them too), got strides {x_sf.stride()}')  # fmt: skip
-    if col_major and x_block_size[0] != 1:
-        raise ValueError(
-            f'{name}: column-major scales are supported with per-token scales only (x_block_size[0] 1), got '
-            f'x_block_size {tuple(x_block_size)} and strides {x_sf.stride()}'
-        )
 
 
 def _choice(x, fmt, x_block_size):
@@ -200,11 +195,11 @@ def cast_back(
             128); or FP4 (T, H / 2) int8, two e2m1 codes a byte, element 2 i in the low nibble of byte i
             (per_token_cast's 'e2m1': bt = 1 only). sf fp32, packed UE8M0 int32 in those operators' layouts (a
             UE8M0 byte b is 2 ** (b - 127); 0 gives 0.0, 255 inf), or float8_e4m3fn (T, H / bc) (per_token_cast's
-            use_e4m3_sf: bt = 1 only). sf row-major (contiguous), or with bt = 1 and bc > 1 column-major, as
-            per_token_cast(..., use_tma_aligned_col_major_sf=True) returns it: strides (1, S), S >= T (read from the
-            strides, as TileKernels does; other strides: ValueError). T >= 0 (T = 0: an empty result, no launch),
-            H a positive multiple of max(64, bc) (FP4: of max(128, bc): the kernels read 64 bytes at a time),
-            T * H < 2**31.
+            use_e4m3_sf: bt = 1 only). sf row-major (contiguous), or with bc > 1 column-major, as per_token_cast and
+            per_block_cast(..., use_tma_aligned_col_major_sf=True) return it: strides (1, S), S >= R, R its rows (T,
+            or ceil(T / bt) token blocks) (read from the strides, as TileKernels does; other strides: ValueError).
+            T >= 0 (T = 0: an empty result, no launch), H a positive multiple of max(64, bc) (FP4: of max(128, bc):
+            the kernels read 64 bytes at a time), T * H < 2**31.
         fmt: the output, 'bf16' (to nearest even) or 'fp32'.
         x_block_size: (bt, bc).
         x_special_fmt: only None is supported (TileKernels reserves it too).

@@ -33,11 +33,12 @@ compile uses no fast math (`TL_ENABLE_FAST_MATH` off): with it, products below 2
 
 Supported: data contiguous (T, H) (FP4: (T, H / 2) bytes), T >= 1 per launch (the interface skips empty inputs),
 H a positive multiple of max(64, bc) (64 for bc = 1; FP4: of max(128, bc), whole 64-byte loads), scales contiguous
-row-major in the layouts above, or (`col_major_sf`, per-token scales only) column-major: scale(t, k) at element
-k * S + t of a buffer of row stride S >= T (a launch argument), packed UE8M0 word w of token t at w * S + t, as
-per_token_cast(..., use_tma_aligned_col_major_sf=True) writes them. FP4 data and E4M3 scales take per-token scales
-only (what per_token_cast writes). Not here (the peer has them): FP4 data or E4M3 scales with token blocks,
-column-major scales of token blocks, strided scale rows.
+row-major in the layouts above, or (`col_major_sf`, row blocks: bc > 1) column-major: scale(r, k) of scale row r
+(token t, or token block t // bt of R = ceil(T / bt)) at element k * S + r of a buffer of row stride S >= R (a
+launch argument), packed UE8M0 word w of row r at w * S + r, as per_token_cast(...,
+use_tma_aligned_col_major_sf=True) and per_block_cast(..., use_tma_aligned_col_major_sf=True) write them. FP4
+data and E4M3 scales take per-token scales only (what per_token_cast writes). Not here (the peer has them): FP4
+data or E4M3 scales with token blocks, strided scale rows.
 
 One generator builds the Ascend 950 kernel (vector cores, SIMD: _cast_back_ascend.py) or the CUDA kernel
 (_cast_back_cuda.py), chosen by `cfg.backend`; both take (x, x_sf, out) and are bit-exact against
@@ -136,20 +137,13 @@ def _check_hidden(hidden, block_channels: int, fp4: bool = False) -> None:
         )
 
 
-def _check_col_major(col_major_sf, block_tokens: int, block_channels: int) -> None:
-    """Column-major scales: per-token scales of row blocks (per_token_cast's); TileKernels 2.1.0 refuses them
-    for per-channel scales, and token blocks are not supported here yet."""
+def _check_col_major(col_major_sf, block_channels: int) -> None:
+    """Column-major scales: scales of row blocks, per token (per_token_cast's) or per token block
+    (per_block_cast's); TileKernels 2.1.0 refuses them for per-channel scales."""
     if not isinstance(col_major_sf, bool):
         raise TypeError(f'col_major_sf must be a bool, got {type(col_major_sf).__name__}')
-    if not col_major_sf:
-        return
-    if block_channels == 1:
+    if col_major_sf and block_channels == 1:
         raise ValueError('column-major scales are not supported with per-channel scales (block_channels 1)')
-    if block_tokens != 1:
-        raise ValueError(
-            f'column-major scales are supported with per-token scales only (block_tokens 1), got block_tokens '
-            f'{block_tokens}'
-        )
 
 
 def _is_pow2(n: int) -> bool:
@@ -171,9 +165,10 @@ class CastBackConfig:
     num_stages: int  # Ascend buffer versions of the persistent loop (1 on CUDA)
     fp4: bool = False  # FP4 (e2m1) data, two codes a byte (element 2 i in the low nibble), instead of e4m3
     e4m3_sf: bool = False  # scales as float8_e4m3fn bytes instead of fp32
-    # Column-major scales (TileKernels' use_tma_aligned_col_major_sf, per_token_cast's): the kernels take the
-    # transposed view x_sf.T, (sf_cols, T) of a row stride S >= T that is a launch argument; packed UE8M0 bytes as
-    # (sf_cols / 4, 4 T) of row stride 4 S (word w of token t at bytes [w, 4 t : 4 t + 4]). Per-token scales only.
+    # Column-major scales (TileKernels' use_tma_aligned_col_major_sf, per_token_cast's and per_block_cast's): the
+    # kernels take the transposed view x_sf.T, (sf_cols, R) of a row stride S >= R that is a launch argument (R the
+    # scale rows: T per token, ceil(T / block_tokens) token blocks); packed UE8M0 bytes as (sf_cols / 4, 4 R) of
+    # row stride 4 S (word w of row r at bytes [w, 4 r : 4 r + 4]). Row blocks only (block_channels > 1).
     col_major_sf: bool = False
 
     def __post_init__(self):
@@ -183,7 +178,7 @@ class CastBackConfig:
             raise ValueError(f'out_dtype must be "bfloat16" or "float32", got {self.out_dtype!r}')
         _check_block(self.block_tokens, self.block_channels)
         _check_formats(self.block_tokens, self.fp4, self.e4m3_sf, self.packed_ue8m0)
-        _check_col_major(self.col_major_sf, self.block_tokens, self.block_channels)
+        _check_col_major(self.col_major_sf, self.block_channels)
         _check_hidden(self.hidden, self.block_channels, self.fp4)
         for name in ('num_cores', 'block_m', 'block_k', 'num_stages'):
             _check_int(name, getattr(self, name))
@@ -297,12 +292,13 @@ class CastBackConfig:
     def ascend_col_major_tile(self) -> tuple[int, int]:
         """Ascend, column-major scales: the (rows, row elements) of a task's transposed scale tile in UB, as one
         DMA lands it: a row per scale (UE8M0: per int32 word, of the task's blocks rounded up to whole words), each
-        the task's block_m tokens (UE8M0: 4 bytes each), rounded up to 32 bytes so the bursts' UB stride is
-        32-byte aligned."""
+        the task's scale rows (scale_rows_per_task: its block_m tokens, or its one token block; UE8M0: 4 bytes
+        each), rounded up to 32 bytes so the bursts' UB stride is 32-byte aligned."""
+        sm = self.scale_rows_per_task
         if self.packed_ue8m0:
-            rows, width, itemsize = -(-self.task_blocks // UE8M0_PACK), UE8M0_PACK * self.block_m, 1
+            rows, width, itemsize = -(-self.task_blocks // UE8M0_PACK), UE8M0_PACK * sm, 1
         else:
-            rows, width, itemsize = self.task_blocks, self.block_m, 1 if self.e4m3_sf else 4
+            rows, width, itemsize = self.task_blocks, sm, 1 if self.e4m3_sf else 4
         per = 32 // itemsize
         return rows, -(-width // per) * per
 
@@ -371,15 +367,15 @@ def choose_cast_back_config(
     """Pure choice of the compile-time parameters (no device query). `out_dtype`: torch.bfloat16 / torch.float32
     (or their names); (block_tokens, block_channels) one of the supported blocks; `packed_ue8m0`: UE8M0 bytes
     instead of fp32 scales; `fp4`: FP4 (e2m1) data; `e4m3_sf`: float8_e4m3fn scales (both with block_tokens 1).
-    `col_major_sf`: column-major scales (per-token only; on Ascend a task's UE8M0 scales are whole int32 words, the
-    row where it fits one task). Invalid combinations raise ValueError (TypeError for arguments of the wrong
-    type)."""
+    `col_major_sf`: column-major scales (row blocks only, not per-channel; on Ascend a task's UE8M0 scales are
+    whole int32 words, the row where it fits one task). Invalid combinations raise ValueError (TypeError for
+    arguments of the wrong type)."""
     if not isinstance(out_dtype, torch.dtype | str) or out_dtype not in FLOAT_DTYPE_NAMES:
         raise ValueError(f'out_dtype must be torch.bfloat16 or torch.float32, got {out_dtype!r}')
     dtype = FLOAT_DTYPE_NAMES[out_dtype]
     _check_block(block_tokens, block_channels)
     _check_formats(block_tokens, fp4, e4m3_sf, packed_ue8m0)
-    _check_col_major(col_major_sf, block_tokens, block_channels)
+    _check_col_major(col_major_sf, block_channels)
     _check_hidden(hidden, block_channels, fp4)
     _check_int('num_cores', num_cores)
     channel = block_channels == 1
@@ -428,8 +424,9 @@ def make_cast_back_kernel(cfg: CastBackConfig):
     """The TileLang prim_func `cast_back_kernel(x, x_sf, out)` for `cfg.backend` (no compile).
 
     x: (T, hidden) float8_e4m3fn, or (T, hidden / 2) int8 with cfg.fp4; x_sf: cfg.sf_shape(T) of cfg.sf_dtype, or
-    with cfg.col_major_sf its transpose of a row stride S >= T (packed UE8M0: (sf_cols / 4, 4 T) bytes of row
-    stride 4 S); out: (T, hidden) cfg.out_dtype. T is dynamic and must be >= 1.
+    with cfg.col_major_sf its transpose of a row stride S >= R, R the scale rows (T, or ceil(T / block_tokens))
+    (packed UE8M0: (sf_cols / 4, 4 R) bytes of row stride 4 S); out: (T, hidden) cfg.out_dtype. T is dynamic and
+    must be >= 1.
     """
     if cfg.backend == 'ascend':
         return ascend_cast_back_kernel(cfg)
