@@ -54,6 +54,13 @@ def _form_args(name: str, device) -> tuple:
             [1, 64],
             None,
         ),
+        # per_block_cast's column-major UE8M0 scales of token blocks read back (test_cast_back.py's level 0)
+        'cast_back_blocks_col_major': (
+            *(() if cm_x is None else quant.per_block_cast(cm_x, 'e4m3', [32, 32], True, True, True)),
+            'bf16',
+            [32, 32],
+            None,
+        ),
         'per_token_cast_back': (*token, 'bf16', 128, None),
     }
     return cases[name]
@@ -70,18 +77,20 @@ def _form_args(name: str, device) -> tuple:
         'per_channel_cast',
         'cast_back',
         'cast_back_col_major',
+        'cast_back_blocks_col_major',
     ],
 )
 def test_opcheck(device, name):
     """torch.library.opcheck of the functional form: schema, autograd registration, the fake kernel against the
-    real one (strides included: per_token_cast's and per_block_cast's column-major scales, and the former read by
-    cast_back), AOTAutograd with
+    real one (strides included: per_token_cast's and per_block_cast's column-major scales, both read by cast_back),
+    AOTAutograd with
     dynamic shapes against eager."""
     utils = ['test_schema', 'test_autograd_registration', 'test_faketensor', 'test_aot_dispatch_dynamic']
     if name.startswith('cast_back'):
         # Its mutation check compares the fp8 input by allclose, which torch implements for fp8 on no device.
         utils.remove('test_schema')
-    torch.library.opcheck(_op(name.removesuffix('_col_major')), _form_args(name, device), test_utils=utils)
+    op = name.removesuffix('_col_major').removesuffix('_blocks')
+    torch.library.opcheck(_op(op), _form_args(name, device), test_utils=utils)
 
 
 def _round_trip(x):
