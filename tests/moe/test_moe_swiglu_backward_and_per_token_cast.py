@@ -5,10 +5,15 @@ bits from run to run; the benchmark. The gradients' own reference tests: test_mo
 
 from __future__ import annotations
 
+import dataclasses
+import importlib
+import re
+
 import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
+from cann_ops_tilelang import config
 from cann_ops_tilelang.moe import moe_swiglu_backward, moe_swiglu_backward_and_per_token_cast
 from cann_ops_tilelang.moe.moe_swiglu_backward_kernel import (
     choose_moe_swiglu_backward_config,
@@ -16,6 +21,8 @@ from cann_ops_tilelang.moe.moe_swiglu_backward_kernel import (
 )
 from cann_ops_tilelang.operator import NAMESPACE, OPERATORS
 from cann_ops_tilelang.quant import QuantTensor, per_token_cast
+from tests.quant.cast_ref import logical_sf_bytes, tma_col_major_sf
+from tests.testing import fast_path
 from tests.testing.bench import config_extras, make_param_id
 from tests.testing.generator import by_level, generate_samples, get_test_level
 from tests.testing.lowering import (
@@ -31,6 +38,9 @@ from .moe_swiglu_backward_and_per_token_cast_ref import dequantize_ref, fp8_inpu
 from .moe_swiglu_backward_ref import token_mask_ref
 from .test_moe_swiglu_backward import CLAMP, SCALING, layout_psum
 
+# The modules (the package's names of the same spelling are the functions).
+backward_module = importlib.import_module('cann_ops_tilelang.moe.moe_swiglu_backward')
+fused_module = importlib.import_module('cann_ops_tilelang.moe.moe_swiglu_backward_and_per_token_cast')
 LEVEL = get_test_level()
 KERNEL_NAME = 'moe_swiglu_backward_kernel'
 _SF = {'fp32': (False, False), 'pow2': (True, False), 'ue8m0': (True, True)}  # round_sf, use_packed_ue8m0
@@ -50,16 +60,27 @@ VARIANTS = by_level(
 )  # fmt: skip
 NUM_TOKENS = by_level(LEVEL, core=(1, 300), default=(7, 1000), full=(4001,))
 PARAMS = [dict(v, num_tokens=t) for v in VARIANTS for t in NUM_TOKENS]
+# use_tma_aligned_col_major_sf: level 0's two configurations column-major (every option, the expert layout among
+# them), T = 0, 1 and 37 (not a multiple of 4; rows 3..36 padding); level 1 adds two without any option.
+COL_MAJOR_VARIANTS = by_level(
+    LEVEL,
+    core=VARIANTS[:2],
+    default=[
+        dict(block=64, sf='pow2', options='none', hidden=384),
+        dict(block=32, sf='ue8m0', options='none', hidden=384),
+    ],
+)
+COL_MAJOR_TOKENS = by_level(LEVEL, core=(0, 1, 37), default=(0, 1, 37, 300))
 
 
-def make_config(backend: str, params: dict):
+def make_config(backend: str, params: dict, **kwargs):
     layout, weights, clamp, recompute = _OPTIONS[params['options']]
     round_sf, packed = _SF[params['sf']]
     return choose_moe_swiglu_backward_config(
         backend=backend, num_cores=ASCEND_950_VECTOR_CORES if backend == 'ascend' else H200_SMS,
         hidden=params['hidden'], x_dtype=torch.float8_e4m3fn, grad_dtype=torch.bfloat16, out_dtype=torch.bfloat16,
         num_experts=5 if layout else 0, with_weight=weights, use_clamp=clamp, do_recompute=recompute,
-        block_size=params['block'], round_sf=round_sf, packed_ue8m0=packed,
+        block_size=params['block'], round_sf=round_sf, packed_ue8m0=packed, **kwargs,
     )  # fmt: skip
 
 
@@ -115,7 +136,8 @@ G = torch.zeros(4, 128, dtype=torch.bfloat16)
         (((DATA, SF), G, 'e4m3', 16), {}, ValueError, r'num_per_channels must be one of \(32, 64, 128\)'),
         (((DATA[:, :128].contiguous(), torch.zeros(4, 1)), G[:, :64].contiguous(), 'e4m3', 128), {}, ValueError,
          'hidden size must be a positive multiple of 128'),
-        (((DATA, SF), G, 'e4m3', 32), {'use_tma_aligned_col_major_sf': True}, ValueError, 'not supported yet'),
+        (((DATA, SF), G, 'e4m3', 32), {'use_tma_aligned_col_major_sf': True}, RuntimeError,
+         "no kernels for 'cpu' tensors"),
         (((DATA, SF), G, 'e4m3', 32), {'use_packed_ue8m0': True}, ValueError, 'needs round_sf=True'),
         (((DATA[:, :128].contiguous(), torch.zeros(4, 2)), G[:, :64].contiguous(), 'e4m3', 64),
          {'round_sf': True, 'use_packed_ue8m0': True}, ValueError, 'whole int32 words of scales'),
@@ -162,6 +184,107 @@ def test_moe_swiglu_backward_and_per_token_cast_fake_outputs(sf):
             ((300, 512), torch.bfloat16), ((300, 512), torch.float8_e4m3fn), sf_layout, ((300,), torch.float32),
             ((300, 256), torch.bfloat16),
         ]  # fmt: skip
+
+
+_SF_DTYPES = {'fp32': torch.float32, 'pow2': torch.float32, 'ue8m0': torch.int32}
+
+
+def _assert_peer_layout(sf: torch.Tensor, num_tokens: int, sf_name: str, backend: str) -> None:
+    """sf has TileKernels' column-major layout on `backend`: its strides, and the whole padded buffer behind it."""
+    peer = tma_col_major_sf((num_tokens, sf.shape[1]), _SF_DTYPES[sf_name], backend)
+    assert (tuple(sf.shape), sf.dtype, sf.stride()) == (tuple(peer.shape), peer.dtype, peer.stride())
+    assert sf.untyped_storage().nbytes() - sf.storage_offset() * sf.element_size() >= peer.untyped_storage().nbytes()
+
+
+@pytest.mark.parametrize('num_tokens', [0, 1, 5, 37])
+@pytest.mark.parametrize('backend', ['ascend', 'cuda'])
+def test_moe_swiglu_backward_and_per_token_cast_col_major_fake_strides(num_tokens, backend, monkeypatch):
+    """While torch traces: x_grad_fp8's scales column-major with per_token_cast's strides on each backend (the
+    peer's rule: CUDA T rounded up to 16 bytes, Ascend T), fp32 and UE8M0 words, with and without the expert
+    layout; the other outputs row-major."""
+    monkeypatch.setattr(config, 'require_accelerator', lambda *tensors: backend)
+    device = 'cuda' if backend == 'cuda' else 'cpu'
+    with FakeTensorMode():
+        data = torch.empty(num_tokens, 512, dtype=torch.float8_e4m3fn, device=device)
+        grad = torch.empty(num_tokens, 256, dtype=torch.bfloat16, device=device)
+        psum = torch.empty(3, dtype=torch.int32, device=device)
+        for sf_name, block, extra in (('fp32', 32, {}), ('ue8m0', 32, {'psum_num_tokens_per_expert': psum})):
+            round_sf, packed = _SF[sf_name]
+            scales = torch.empty(num_tokens, 512 // block, device=device)
+            x_grad, quantised, *_ = moe_swiglu_backward_and_per_token_cast(
+                (data, scales), grad, 'e4m3', block, use_tma_aligned_col_major_sf=True, round_sf=round_sf,
+                use_packed_ue8m0=packed, **extra,
+            )  # fmt: skip
+            assert x_grad.is_contiguous()
+            assert quantised.data.is_contiguous()
+            _assert_peer_layout(quantised.sf, num_tokens, sf_name, backend)
+
+
+def test_moe_swiglu_backward_and_per_token_cast_col_major_config():
+    """The layout is a configuration field of its own (in the choice: a kernel of its own), of the cast only; on
+    Ascend column-major UE8M0 tiles hold whole words per half row (ValueError where a half row cannot)."""
+    variant = VARIANTS[0]
+    rows = make_config('ascend', variant)
+    cols = make_config('ascend', variant, col_major_sf=True)
+    assert (cols.col_major_sf, rows.col_major_sf, cols != rows, hash(cols) != hash(rows)) == (True, False, True, True)
+    with pytest.raises(ValueError, match='col_major_sf is an option of the cast'):
+        choose_moe_swiglu_backward_config(
+            backend='cuda', num_cores=H200_SMS, hidden=256, x_dtype=torch.bfloat16, grad_dtype=torch.bfloat16,
+            out_dtype=torch.bfloat16, col_major_sf=True,
+        )  # fmt: skip
+    with pytest.raises(TypeError, match='col_major_sf must be a bool'):
+        make_config('cuda', variant, col_major_sf=1)
+    words = dict(block=32, sf='ue8m0', options='none', hidden=2176)  # 68 blocks a half row: 17 words
+    assert make_config('ascend', words).block_k == 1088  # 34 blocks: a word split
+    assert make_config('ascend', words, col_major_sf=True).block_k == 128  # whole words
+    with pytest.raises(ValueError, match='whole int32 words per half tile'):
+        dataclasses.replace(make_config('ascend', words, col_major_sf=True), block_k=1088)
+    halves = dict(block=64, sf='ue8m0', options='none', hidden=128)  # 2 blocks a half row: half a word
+    with pytest.raises(ValueError, match='whole int32 words per half tile'):
+        make_config('ascend', halves, col_major_sf=True)
+    assert make_config('cuda', halves, col_major_sf=True).col_major_sf  # CUDA stores bytes: any row
+
+
+_SF_DMA = re.compile(r'asc_copy_ub2gm_align\([^;]*x_grad_sf[^;]*, (\d+), (\d+), [^;]*, ([^;]*sf_stride[^;]*), (\d+)\);')
+
+
+@pytest.mark.parametrize('params', COL_MAJOR_VARIANTS, ids=make_param_id)
+@pytest.mark.parametrize('backend', ['ascend', 'cuda'])
+def test_moe_swiglu_backward_and_per_token_cast_col_major_lowers(backend, params):
+    """Both kernels write the column-major scales themselves, the row stride a launch argument: on CUDA one store
+    per scale (UE8M0: per byte); on Ascend one DMA per half tile whose bursts are fp32 scales or UE8M0 words, a
+    row stride apart."""
+    cfg = make_config(backend, params, col_major_sf=True)
+    lower = assert_ascend_kernel_lowers if backend == 'ascend' else assert_cuda_kernel_lowers
+    source = lower(lambda: make_moe_swiglu_backward_kernel(cfg), key=cfg, kernel_name=KERNEL_NAME).source
+    assert 'sf_stride' in source
+    if backend == 'ascend':
+        dmas = _SF_DMA.findall(source)
+        assert len(dmas) == 2  # the two halves
+        bursts = cfg.groups_per_tile // (4 if cfg.packed_ue8m0 else 1)
+        assert {(int(n), int(length), int(ub)) for n, length, _, ub in dmas} == {(bursts, 4, 4)}
+
+
+def test_moe_swiglu_backward_and_per_token_cast_col_major_launch(monkeypatch):
+    """CPU tensors taken as CUDA ones (the stub's fast_ok keeps the device test of a quantised x: every call here
+    takes the full path): column-major scales are a kernel of their own; the kernel takes them transposed, (K, T)
+    rows of the (1, T_pad) strided scales (UE8M0: their bytes)."""
+    op = moe_swiglu_backward_and_per_token_cast.operator
+    launches = fast_path.stub_cuda_launches(monkeypatch, op)
+    data, grad = torch.zeros(5, 256, dtype=torch.float8_e4m3fn), torch.randn(5, 128, dtype=torch.bfloat16)
+    scales = torch.ones(5, 8)
+    for col_major, packed in ((False, False), (True, False), (True, False), (True, True), (True, True)):
+        _, (_, sf) = moe_swiglu_backward_and_per_token_cast(
+            (data, scales), grad, 'e4m3', 32, use_tma_aligned_col_major_sf=col_major, round_sf=packed,
+            use_packed_ue8m0=packed,
+        )  # fmt: skip
+        cfg, args = launches[-1]
+        assert cfg.col_major_sf == col_major
+        kernel_sf = args[9]
+        if col_major:
+            assert sf.stride() == (1, 5)
+            assert (tuple(kernel_sf.shape), kernel_sf.stride()) == (((2, 20), (20, 1)) if packed else ((8, 5), (5, 1)))
+    assert len(launches) == 5
 
 
 # ---------------------------------------------------------------- device tier
@@ -213,6 +336,83 @@ WEIGHT_GRAD_ORDER = dict(rtol=1e-5, atol=1e-4)
 
 def _flatten(result: tuple) -> list[torch.Tensor]:
     return [result[0], *result[1], *result[2:]]
+
+
+def _row_major(t: torch.Tensor) -> torch.Tensor:
+    return torch.empty(t.shape, dtype=t.dtype).copy_(t.cpu())
+
+
+@pytest.mark.npu
+@pytest.mark.parametrize('num_tokens', COL_MAJOR_TOKENS)
+@pytest.mark.parametrize('params', COL_MAJOR_VARIANTS, ids=make_param_id)
+def test_moe_swiglu_backward_and_per_token_cast_col_major_values(params, num_tokens, device):
+    """use_tma_aligned_col_major_sf=True: every output of the row-major call bit for bit (padding slots' zero
+    scales included), the scales in per_token_cast's column-major layout of this backend, through the fast path's
+    second call too."""
+    args, kwargs = make_inputs({**params, 'num_tokens': num_tokens}, device)
+    rows = _flatten(moe_swiglu_backward_and_per_token_cast(*args, **kwargs))
+    backend = 'cuda' if torch.device(device).type == 'cuda' else 'ascend'
+    for _ in range(2):
+        result = moe_swiglu_backward_and_per_token_cast(*args, **kwargs, use_tma_aligned_col_major_sf=True)
+        flat = _flatten(result)
+        assert len(flat) == len(rows)
+        for index, (got, want) in enumerate(zip(flat, rows, strict=True)):
+            if index == 2:
+                assert_equal(logical_sf_bytes(got), logical_sf_bytes(want))
+                _assert_peer_layout(got, num_tokens, params['sf'], backend)
+            else:
+                assert_equal(got.view(torch.uint8) if got.dtype == torch.float8_e4m3fn else got,
+                             want.view(torch.uint8) if want.dtype == torch.float8_e4m3fn else want)  # fmt: skip
+
+
+@pytest.mark.npu
+@pytest.mark.parametrize('params', COL_MAJOR_VARIANTS[:2], ids=make_param_id)
+def test_moe_swiglu_backward_kernel_col_major_row_stride(params, device, monkeypatch):
+    """The kernel writes the transposed scales at any row stride >= T: CUDA's padded rule on every backend (the
+    layout rule patched, 37 rows padded to 40 fp32 / 40 words), into a poisoned buffer: each scale once (padding
+    slots' zeros too), the padding columns untouched."""
+    num_tokens, stride = 37, 40
+    monkeypatch.setattr(fused_module.quant_contract, 'col_major_sf_strides', lambda t, dtype, dev: (1, stride))
+
+    plain = backward_module.new_output
+
+    def poisoned(like, layout):
+        if len(layout) == 2:  # the row-major call's scales
+            return plain(like, layout)
+        shape, dtype, strides = layout
+        extent = 1 + sum((n - 1) * s for n, s in zip(shape, strides, strict=True))
+        whole = like.new_full((extent * torch.empty(0, dtype=dtype).element_size(),), 0xA5, dtype=torch.uint8)
+        poisoned.whole = whole
+        return whole.view(dtype).as_strided(shape, strides)
+
+    monkeypatch.setattr(backward_module, 'new_output', poisoned)
+    args, kwargs = make_inputs({**params, 'num_tokens': num_tokens}, device)
+    rows = moe_swiglu_backward_and_per_token_cast(*args, **kwargs)[1].sf.cpu()
+    sf = moe_swiglu_backward_and_per_token_cast(*args, **kwargs, use_tma_aligned_col_major_sf=True)[1].sf
+    assert sf.stride() == (1, stride)
+    assert_equal(logical_sf_bytes(sf), logical_sf_bytes(rows))
+    k, width = rows.shape[1], num_tokens * rows.element_size()
+    whole = poisoned.whole.cpu()
+    image = torch.full((k, stride * rows.element_size()), 0xA5, dtype=torch.uint8).flatten()
+    image = image[: whole.numel()].clone()
+    for row in range(k):
+        start = row * stride * rows.element_size()
+        image[start : start + width] = _row_major(rows.T[row]).view(torch.uint8)
+    assert_equal(whole, image)
+
+
+@pytest.mark.npu
+@pytest.mark.parametrize('col_major', [False, True], ids=['row-major', 'col-major'])
+def test_moe_swiglu_backward_and_per_token_cast_opcheck(col_major, device):
+    """torch.library.opcheck on real tensors (level 0's first configuration): the fake kernel's layouts
+    (column-major scales: their strides) against the real one's (its schema test cannot run: it multiplies the
+    float8 inputs, which torch's CPU kernels do not)."""
+    args, kwargs = make_inputs({**VARIANTS[0], 'num_tokens': 5}, device)
+    (data, sf), grad, fmt, block = args
+    op_args = (data, sf, grad, fmt, block, kwargs['psum_num_tokens_per_expert'], kwargs['topk_weights'],
+               kwargs['routed_scaling_factor'], col_major, kwargs['round_sf'], kwargs['use_packed_ue8m0'],
+               kwargs['clamp_value'], kwargs['do_recompute'])  # fmt: skip
+    torch.library.opcheck(FORMS['moe_swiglu_backward_and_per_token_cast'], op_args, test_utils=('test_faketensor',))
 
 
 @pytest.mark.npu

@@ -333,6 +333,22 @@ def test_moe_swiglu_forward_and_per_token_cast_fast_path_flow(stub_cuda_launches
     assert len(plans) == 3
     packed_sf = stub_cuda_launches[-1][1][2]
     assert packed_sf.dtype == torch.uint8  # UE8M0 words reach the kernel as bytes on the fast path too
+    # Column-major scales: a key (and a kernel) of their own; the kernel takes them transposed, row-major (K, T)
+    # views of the (1, T_pad) strided scales (UE8M0: their bytes), on the fast path too.
+    for _ in range(2):
+        data, sf = moe_swiglu_forward_and_per_token_cast(x, 'e4m3', 32, use_tma_aligned_col_major_sf=True)
+        assert sf.stride() == (1, 5)
+        assert stub_cuda_launches[-1][1][2].shape == (4, 5)
+        assert stub_cuda_launches[-1][1][2].stride() == (5, 1)
+        assert stub_cuda_launches[-1][0].col_major_sf
+    for _ in range(2):
+        data, sf = moe_swiglu_forward_and_per_token_cast(
+            x, 'e4m3', 32, use_tma_aligned_col_major_sf=True, round_sf=True, use_packed_ue8m0=True
+        )
+        assert (sf.shape, sf.stride()) == ((5, 1), (1, 5))
+        assert stub_cuda_launches[-1][1][2].dtype == torch.uint8
+        assert stub_cuda_launches[-1][1][2].shape == (1, 20)
+    assert len(plans) == 5
 
 
 # ---------------------------------------------------------------- device tier

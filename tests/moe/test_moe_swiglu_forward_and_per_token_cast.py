@@ -8,18 +8,29 @@ counts equal moe_swiglu_forward's; the values against the float64 reference with
 out= buffers; the benchmark (`benchmark`, the peer's shapes).
 """
 
+import dataclasses
+import re
+
 import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from cann_ops_tilelang import config
+from cann_ops_tilelang.config import backend_of, get_num_cores
+from cann_ops_tilelang.kernel_target import launch_kernel
 from cann_ops_tilelang.moe import moe_swiglu_forward, moe_swiglu_forward_and_per_token_cast
 from cann_ops_tilelang.moe.moe_swiglu_forward_kernel import (
     choose_moe_swiglu_forward_config,
+    get_moe_swiglu_forward_kernel,
     make_moe_swiglu_forward_kernel,
 )
 from cann_ops_tilelang.quant import QuantTensor, per_token_cast
-from tests.quant.cast_ref import ue8m0_to_fp32
+from tests.quant.cast_ref import (
+    assert_col_major_buffer_written,
+    logical_sf_bytes,
+    tma_col_major_sf,
+    ue8m0_to_fp32,
+)
 from tests.testing.bench import config_extras, make_param_id
 from tests.testing.generator import by_level, get_test_level
 from tests.testing.lowering import (
@@ -55,6 +66,17 @@ VARIANTS = by_level(
     full=[dict(dtype='bfloat16', hidden=16384, block=128, sf='ue8m0', options=EVERY)],
 )
 NUM_TOKENS = by_level(LEVEL, core=(1, 300), default=(161,), full=(4001,))
+# use_tma_aligned_col_major_sf: level 0's two configurations column-major (one without, one with the expert layout),
+# T = 0, 1 and 37 (not a multiple of 4; with the layout rows 5..36 are padding); level 1 adds more.
+COL_MAJOR_VARIANTS = by_level(
+    LEVEL,
+    core=VARIANTS[:2],
+    default=[
+        dict(dtype='bfloat16', hidden=1088, block=16, sf='pow2', options='layout+clamp+count'),
+        dict(dtype='bfloat16', hidden=4608, block=128, sf='ue8m0', options='layout+weights'),  # 36 blocks: one task
+    ],
+)
+COL_MAJOR_TOKENS = by_level(LEVEL, core=(0, 1, 37), default=(0, 1, 37, 300))
 PARAMS = [dict(variant, num_tokens=num_tokens) for variant in VARIANTS for num_tokens in NUM_TOKENS]
 X = torch.zeros(4, 256, dtype=torch.bfloat16)
 BENCHMARK_PARAMS = [
@@ -65,7 +87,7 @@ BENCHMARK_PARAMS = [
 ]
 
 
-def make_config(backend: str, variant: dict):
+def make_config(backend: str, variant: dict, **kwargs):
     round_sf, packed = _SF[variant['sf']]
     return choose_moe_swiglu_forward_config(
         backend=backend,
@@ -80,6 +102,7 @@ def make_config(backend: str, variant: dict):
         with_weight=has(variant, 'weights'),
         clamp=has(variant, 'clamp'),
         count_clamp=has(variant, 'count'),
+        **kwargs,
     )
 
 
@@ -121,7 +144,18 @@ def test_moe_swiglu_forward_and_per_token_cast_cuda_kernel_lowers(variant):
         ((X.half(), 'e4m3', 128), {}, TypeError, 'x must have dtype torch.bfloat16 or torch.float32'),
         ((X, 'bf16', 128), {}, ValueError, "fmt must be 'e4m3'"),
         ((X, 'e4m3', 48), {}, ValueError, r'num_per_channels must be one of \(16, 32, 64, 128\)'),
-        ((X, 'e4m3', 128), {'use_tma_aligned_col_major_sf': True}, ValueError, 'is not supported yet'),
+        ((X, 'e4m3', 128), {'use_tma_aligned_col_major_sf': True}, RuntimeError, "no kernels for 'cpu' tensors"),
+        ((X, 'e4m3', 64), {'use_tma_aligned_col_major_sf': True,
+                           'out': (torch.empty(4, 128, dtype=torch.float8_e4m3fn), torch.empty(4, 2))}, ValueError,
+         r'out\[1\] must have strides \(1, 4\) for shape \(4, 2\) .* got \(2, 1\)'),
+        ((X, 'e4m3', 64), {'out': (torch.empty(4, 128, dtype=torch.float8_e4m3fn), torch.empty(2, 4).T)}, ValueError,
+         r'out\[1\] must be contiguous'),
+        ((X, 'e4m3', 64), {'use_tma_aligned_col_major_sf': True,
+                           'out': (torch.empty(4, 128, dtype=torch.float8_e4m3fn), torch.empty(2, 8).T[:4])},
+         ValueError, r'out\[1\] must have strides \(1, 4\) for shape \(4, 2\) .* got \(1, 8\)'),
+        ((X, 'e4m3', 64), {'use_tma_aligned_col_major_sf': True,
+                           'out': (torch.empty(4, 128, dtype=torch.float8_e4m3fn), torch.empty(2, 4).T)},
+         RuntimeError, "no kernels for 'cpu' tensors"),
         ((X, 'e4m3', 128), {'use_packed_ue8m0': True}, ValueError, 'use_packed_ue8m0=True needs round_sf=True'),
         ((X[:, :192].clone(), 'e4m3', 32), {}, ValueError, 'I a positive multiple of 64'),
         ((X[:, :128].clone(), 'e4m3', 128), {}, ValueError, 'I a positive multiple of 128'),
@@ -159,6 +193,86 @@ def test_moe_swiglu_forward_and_per_token_cast_fake_tensors(monkeypatch):
         with pytest.raises(ValueError, match='num_per_channels must be one of'):
             FORMS['moe_swiglu_forward_and_per_token_cast'](x, 'e4m3', 8, None, None, None, False, False, False, None,
                                                            None)  # fmt: skip
+
+
+_SF_DTYPES = {'fp32': torch.float32, 'pow2': torch.float32, 'ue8m0': torch.int32}
+
+
+def _backend(device) -> str:
+    return 'cuda' if torch.device(device).type == 'cuda' else 'ascend'
+
+
+def _assert_peer_layout(sf: torch.Tensor, num_tokens: int, sf_name: str, backend: str) -> None:
+    """sf has TileKernels' column-major layout on `backend`: its strides, and the whole padded buffer behind it."""
+    peer = tma_col_major_sf((num_tokens, sf.shape[1]), _SF_DTYPES[sf_name], backend)
+    assert (tuple(sf.shape), sf.dtype, sf.stride()) == (tuple(peer.shape), peer.dtype, peer.stride())
+    assert sf.untyped_storage().nbytes() - sf.storage_offset() * sf.element_size() >= peer.untyped_storage().nbytes()
+
+
+@pytest.mark.parametrize('num_tokens', [0, 1, 5, 37])
+@pytest.mark.parametrize('backend', ['ascend', 'cuda'])
+def test_moe_swiglu_forward_and_per_token_cast_col_major_fake_strides(num_tokens, backend, monkeypatch):
+    """While torch traces: column-major scales of per_token_cast's layout on each backend (TileKernels' strides:
+    CUDA T rounded up to 16 bytes, Ascend T), fp32 and UE8M0 words, with and without the expert layout, the
+    functional form and the out= form; the data row-major."""
+    monkeypatch.setattr(config, 'require_accelerator', lambda *tensors: backend)
+    device = 'cuda' if backend == 'cuda' else 'cpu'
+    with FakeTensorMode():
+        x = torch.empty(num_tokens, 2176, dtype=torch.bfloat16, device=device)
+        psum = torch.empty(3, dtype=torch.int32, device=device)
+        for variant, extra in ((dict(block=32, sf='fp32'), {}), (dict(block=64, sf='ue8m0'), {'psum': psum})):
+            inputs = {'x': x}
+            if extra:
+                inputs['psum_num_tokens_per_expert'] = extra['psum']
+            result = fused(inputs, variant, use_tma_aligned_col_major_sf=True)
+            assert result.data.is_contiguous()
+            _assert_peer_layout(result.sf, num_tokens, variant['sf'], backend)
+            peer = tma_col_major_sf(tuple(result.sf.shape), result.sf.dtype, backend)
+            buffers = (
+                torch.empty_like(result.data),
+                torch.empty_strided(peer.shape, peer.stride(), dtype=peer.dtype, device=device),
+            )
+            again = fused(inputs, variant, use_tma_aligned_col_major_sf=True, out=buffers)
+            assert again.data is buffers[0]
+            assert again.sf is buffers[1]
+
+
+def test_moe_swiglu_forward_and_per_token_cast_col_major_config():
+    """The layout is a configuration field of its own (in the choice: a kernel of its own), of the FP8 output
+    only; on Ascend column-major UE8M0 tasks hold whole words (the whole row where the row-major task splits one)."""
+    variant = VARIANTS[0]
+    rows = make_config('ascend', variant)
+    cols = make_config('ascend', variant, col_major_sf=True)
+    assert (cols.col_major_sf, rows.col_major_sf, cols != rows, hash(cols) != hash(rows)) == (True, False, True, True)
+    with pytest.raises(ValueError, match='col_major_sf applies to fmt "e4m3" only'):
+        choose_moe_swiglu_forward_config(backend='cuda', num_cores=H200_SMS, hidden=256, in_dtype='bfloat16',
+                                         fmt='bf16', col_major_sf=True)  # fmt: skip
+    with pytest.raises(TypeError, match='col_major_sf must be a bool'):
+        make_config('cuda', variant, col_major_sf=1)
+    words = dict(dtype='bfloat16', hidden=4608, block=128, sf='ue8m0', options='')  # 36 blocks, 18 per 2304 tile
+    assert make_config('ascend', words).block_k == 2304
+    assert make_config('ascend', words, col_major_sf=True).block_k == 4608
+    with pytest.raises(ValueError, match='need whole int32 words per task'):
+        dataclasses.replace(make_config('ascend', words, col_major_sf=True), block_k=2304)
+
+
+_SF_DMA = re.compile(r'asc_copy_ub2gm_align\([^;]*out_sf[^;]*, (\d+), (\d+), ([^;]*sf_stride[^;]*), (\d+)\);')
+
+
+@pytest.mark.parametrize('variant', COL_MAJOR_VARIANTS, ids=make_param_id)
+@pytest.mark.parametrize('backend', ['ascend', 'cuda'])
+def test_moe_swiglu_forward_and_per_token_cast_col_major_lowers(backend, variant):
+    """Both kernels write the column-major scales themselves, the row stride a launch argument: on CUDA one store
+    per scale (UE8M0: per byte); on Ascend one DMA per task whose bursts are fp32 scales or UE8M0 words, a row
+    stride apart."""
+    cfg = make_config(backend, variant, col_major_sf=True)
+    lower = assert_ascend_kernel_lowers if backend == 'ascend' else assert_cuda_kernel_lowers
+    source = lower(lambda: make_moe_swiglu_forward_kernel(cfg), key=cfg, kernel_name=KERNEL_NAME).source
+    assert 'sf_stride' in source
+    if backend == 'ascend':
+        ((n_burst, len_burst, _, ub_stride),) = _SF_DMA.findall(source)
+        bursts = (cfg.groups_per_tile + cfg.sf_padding) // (4 if cfg.packed_ue8m0 else 1)
+        assert (int(n_burst), int(len_burst), int(ub_stride)) == (bursts, 4, 4)
 
 
 # ---------------------------------------------------------------- device tier
@@ -208,6 +322,82 @@ def test_moe_swiglu_forward_and_per_token_cast_values(params, device):
             repeat = fused(inputs, variant)
             assert_equal(repeat.data.view(torch.uint8), result.data.view(torch.uint8))
             assert_equal(repeat.sf, result.sf)
+
+
+@pytest.mark.npu
+@pytest.mark.parametrize('num_tokens', COL_MAJOR_TOKENS)
+@pytest.mark.parametrize('variant', COL_MAJOR_VARIANTS, ids=make_param_id)
+def test_moe_swiglu_forward_and_per_token_cast_col_major_values(variant, num_tokens, device):
+    """use_tma_aligned_col_major_sf=True: the row-major call's data and scale values (padding rows' included), bit
+    for bit, in per_token_cast's column-major layout of this backend, through the fast path's second call too,
+    and into a given buffer (poisoned: every scale overwritten, CUDA's padding columns untouched); the same clamp
+    counts."""
+    inputs = make_inputs(variant, num_tokens, device)
+    counting = has(variant, 'count')
+    counts = [torch.zeros(4, dtype=torch.int64, device=device) if counting else None for _ in range(3)]
+    rows = fused(inputs, variant, clamped_count=counts[0])
+    for call in range(2):  # the second call (without clamped_count): the fast path's key
+        count = counts[1] if call == 0 else None
+        result = fused(inputs, variant, use_tma_aligned_col_major_sf=True, clamped_count=count)
+        assert_equal(result.data.view(torch.uint8), rows.data.view(torch.uint8))
+        assert_equal(logical_sf_bytes(result.sf), logical_sf_bytes(rows.sf))
+        _assert_peer_layout(result.sf, num_tokens, variant['sf'], _backend(device))
+    assert_col_major_buffer_written(
+        lambda buffer: fused(inputs, variant, use_tma_aligned_col_major_sf=True, clamped_count=counts[2],
+                             out=(torch.empty_like(rows.data), buffer)).sf,
+        rows.sf, _backend(device), device,
+    )  # fmt: skip
+    if counting:
+        assert_equal(counts[1], counts[0])
+        assert_equal(counts[2], counts[0])
+
+
+@pytest.mark.npu
+@pytest.mark.parametrize('variant', COL_MAJOR_VARIANTS[:2], ids=make_param_id)
+def test_moe_swiglu_forward_kernel_col_major_row_stride(variant, device):
+    """The kernel writes the transposed scales at any row stride >= T: TileKernels' CUDA padding on every backend
+    (48 >= 37 rows, so on the emulator the Ascend kernel meets a padded stride too), each scale once (padding rows'
+    as the row-major call writes them), the padding columns untouched; the data as the row-major call writes it."""
+    num_tokens, stride = 37, 48
+    inputs = make_inputs(variant, num_tokens, device)
+    rows = fused(inputs, variant)
+    cfg = dataclasses.replace(make_config(backend_of(device), variant, col_major_sf=True),
+                              num_cores=get_num_cores(device))  # fmt: skip
+    ref_bytes = rows.sf.cpu().contiguous().view(torch.uint8)  # (T, sf_cols) bytes
+    width = 4  # bytes of a token in a row of the transposed scales: one fp32 scale or one UE8M0 word
+    k = ref_bytes.shape[1] // width
+    image = ref_bytes.reshape(num_tokens, k, width).permute(1, 0, 2).reshape(k, width * num_tokens).contiguous()
+    buffer = torch.full((k, width * stride), 0xA5, dtype=torch.uint8, device=device)
+    sf = buffer[:, : width * num_tokens]
+    if not cfg.packed_ue8m0:
+        sf = sf.view(torch.float32)
+    out = torch.empty_like(rows.data)
+    x = inputs['x']
+    psum = inputs.get('psum_num_tokens_per_expert')
+    weights = inputs.get('topk_weights')
+    placeholder_i32 = torch.zeros(1, dtype=torch.int32, device=device)
+    counts = (torch.zeros(cfg.count_slots(num_tokens), dtype=torch.int32, device=device) if cfg.count_clamp
+              else placeholder_i32)  # fmt: skip
+    launch_kernel(
+        get_moe_swiglu_forward_kernel, cfg, device, x, out, sf, placeholder_i32 if psum is None else psum,
+        torch.zeros(1, device=device) if weights is None else weights, counts,
+        float(inputs.get('routed_scaling_factor') or 1.0), float(inputs.get('clamp_value') or 0.0),
+    )  # fmt: skip
+    assert_equal(buffer[:, : width * num_tokens].cpu().contiguous(), image)
+    assert buffer[:, width * num_tokens :].eq(0xA5).all()
+    assert_equal(out.view(torch.uint8), rows.data.view(torch.uint8))
+
+
+@pytest.mark.npu
+@pytest.mark.parametrize('col_major', [False, True], ids=['row-major', 'col-major'])
+def test_moe_swiglu_forward_and_per_token_cast_opcheck(col_major, device):
+    """torch.library.opcheck on real tensors (level 0's first configuration): the schema, the fake kernel's layouts
+    (column-major scales: their strides) against the real one's."""
+    variant = VARIANTS[0]
+    x = make_inputs(variant, 5, device)['x']
+    args = (x, 'e4m3', variant['block'], None, None, None, col_major, False, False, None, None)
+    torch.library.opcheck(FORMS['moe_swiglu_forward_and_per_token_cast'], args,
+                          test_utils=('test_schema', 'test_faketensor'))  # fmt: skip
 
 
 @pytest.mark.npu

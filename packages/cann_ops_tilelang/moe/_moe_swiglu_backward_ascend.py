@@ -16,7 +16,7 @@ every value is selected to zero, their scales are zeroed by the scalar unit.
 # Imported by moe_swiglu_backward_kernel.py, never the other way round (no import circle): the config comes as `cfg`.
 from ..quant._per_token_cast_ascend import ascend_row_macros
 from ..quant._scale_rules import LANES, ascend_cast_scales_macro
-from ._swiglu_backward_common import argument_shapes, token_kept_macro
+from ._swiglu_backward_common import argument_shapes, token_kept_macro, x_grad_sf_type
 
 
 def ascend_moe_swiglu_backward_kernel(cfg):
@@ -35,6 +35,8 @@ def ascend_moe_swiglu_backward_kernel(cfg):
 
     num_tokens = T.dynamic('num_tokens')
     shapes = argument_shapes(T, cfg, num_tokens)
+    sf_type = x_grad_sf_type(T, cfg, shapes, num_tokens)
+    col_major, packed_sf = cfg.col_major_sf, cfg.packed_ue8m0
 
     if cast:
         _, block_maxima, block_scalar = ascend_row_macros(T, in_dtype='float32', block_size=bs, chunks=chunks)
@@ -137,7 +139,7 @@ def ascend_moe_swiglu_backward_kernel(cfg):
         weight_grad: T.Tensor(shapes['weight_grad'], f32),
         act_out: T.Tensor(shapes['act_out'], out_dtype),
         x_grad_fp8: T.Tensor(shapes['x_grad_fp8'], T.float8_e4m3fn),
-        x_grad_sf: T.Tensor(shapes['x_grad_sf'], sf_dtype),
+        x_grad_sf: sf_type,
         routed_scaling_factor: f32,
         clamp_value: f32,
     ):
@@ -206,10 +208,15 @@ def ascend_moe_swiglu_backward_kernel(cfg):
                                 ub['x_grad_sf'][k] = T.cast(0, sf_dtype)
                                 ub['y_grad_sf'][k] = T.cast(0, sf_dtype)
                         sf_col = j * groups
-                        T.copy(ub['x_grad_sf'][0:groups], x_grad_sf[t, sf_col : sf_col + groups])
-                        T.copy(
-                            ub['y_grad_sf'][0:groups], x_grad_sf[t, num_blocks + sf_col : num_blocks + sf_col + groups]
-                        )
+                        for half, name in ((0, 'x_grad_sf'), (1, 'y_grad_sf')):
+                            first = half * num_blocks + sf_col
+                            if not col_major:
+                                T.copy(ub[name][0:groups], x_grad_sf[t, first : first + groups])
+                            elif packed_sf:  # whole words (config: groups and num_blocks multiples of 4), a burst each
+                                word, words = first // 4, groups // 4
+                                T.copy(ub[name][0:groups], x_grad_sf[word : word + words, 4 * t : 4 * t + 4])
+                            else:  # the tile's scales, one burst each, a row stride apart
+                                T.copy(ub[name][0:groups], x_grad_sf[first : first + groups, t])
                 if with_weight:
                     T.copy(ub['weight_grad'][0:1], weight_grad[t : t + 1])
 

@@ -13,8 +13,8 @@ one |x| maximum per block of channels and cast as per_token_cast's CUDA kernel c
 # refer to the generator's local shape variables.
 
 # Imported by moe_swiglu_backward_kernel.py, never the other way round (no import circle): the config comes as `cfg`.
-from ..quant._scale_rules import cuda_cast_scale_and_inverse
-from ._swiglu_backward_common import argument_shapes, token_kept_macro
+from ..quant._scale_rules import cuda_cast_scale_and_inverse, scale_index
+from ._swiglu_backward_common import argument_shapes, token_kept_macro, x_grad_sf_type
 
 
 def cuda_moe_swiglu_backward_kernel(cfg):
@@ -31,8 +31,13 @@ def cuda_moe_swiglu_backward_kernel(cfg):
     groups = bk // block
     kept = token_kept_macro(T, num_experts=cfg.num_experts, alignment=cfg.alignment) if cfg.num_experts else None
 
+    def sf_at(t, k):
+        """Token t's scale k (a UE8M0 byte when packed) in x_grad_sf, row- or column-major."""
+        return scale_index(t, k, col_major=cfg.col_major_sf, packed=cfg.packed_ue8m0)
+
     num_tokens = T.dynamic('num_tokens')
     shapes = argument_shapes(T, cfg, num_tokens)
+    sf_type = x_grad_sf_type(T, cfg, shapes, num_tokens)
 
     @T.prim_func
     def moe_swiglu_backward_kernel(
@@ -45,7 +50,7 @@ def cuda_moe_swiglu_backward_kernel(cfg):
         weight_grad: T.Tensor(shapes['weight_grad'], f32),
         act_out: T.Tensor(shapes['act_out'], out_dtype),
         x_grad_fp8: T.Tensor(shapes['x_grad_fp8'], T.float8_e4m3fn),
-        x_grad_sf: T.Tensor(shapes['x_grad_sf'], sf_dtype),
+        x_grad_sf: sf_type,
         routed_scaling_factor: f32,
         clamp_value: f32,
     ):
@@ -121,7 +126,7 @@ def cuda_moe_swiglu_backward_kernel(cfg):
                                 e4m3_sf=False,
                             )  # fmt: skip
                             # A padding slot's scales are 0 (TileKernels'), not the floor's.
-                            x_grad_sf[t, half * num_blocks + j * groups + r] = T.if_then_else(
+                            x_grad_sf[sf_at(t, half * num_blocks + j * groups + r)] = T.if_then_else(
                                 keep != 0, stored, T.cast(0, sf_dtype)
                             )
                         for r, k in T.Parallel(groups, block):

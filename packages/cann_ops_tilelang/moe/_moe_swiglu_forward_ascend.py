@@ -14,7 +14,7 @@ narrowed), with its macros, so the bytes are per_token_cast's. The per-core coun
 
 # Imported by moe_swiglu_forward_kernel.py, never the other way round (no import circle): the config comes as `cfg`.
 from cann_ops_tilelang.quant._per_token_cast_ascend import ascend_quarter_masks_macro, ascend_row_macros
-from cann_ops_tilelang.quant._scale_rules import LANES, ascend_cast_scales_macro
+from cann_ops_tilelang.quant._scale_rules import LANES, UE8M0_PACK, ascend_cast_scales_macro
 
 from ._swiglu import CLAMP_COUNTERS, align_rows, ascend_swiglu_macro
 
@@ -42,6 +42,12 @@ def ascend_moe_swiglu_forward_kernel(cfg):
     sf_rows = num_tokens if fp8 else T.dynamic('sf_rows')
     sf_shape = (sf_rows, cfg.sf_cols if fp8 else 1)
     sf_dtype = cfg.sf_dtype if fp8 else f32
+    col_major, packed_sf = cfg.col_major_sf, cfg.packed_ue8m0
+    sf_type = T.Tensor(sf_shape, sf_dtype)
+    if col_major:  # the transposed column-major scales: rows of stride sf_stride >= T
+        sf_stride = T.dynamic('sf_stride')
+        cm_shape = (cfg.sf_cols // UE8M0_PACK, UE8M0_PACK * num_tokens) if packed_sf else (cfg.sf_cols, num_tokens)
+        sf_type = T.StridedTensor(cm_shape, (sf_stride, 1), sf_dtype)
 
     load_in, _, _ = ascend_row_macros(T, in_dtype=in_dtype, block_size=bs, chunks=chunks)
     load_y, block_maxima, block_scalar = ascend_row_macros(T, in_dtype='float32', block_size=bs, chunks=chunks)
@@ -109,7 +115,7 @@ def ascend_moe_swiglu_forward_kernel(cfg):
     def moe_swiglu_forward_kernel(
         x: T.Tensor((num_tokens, 2 * hidden), in_dtype),
         out: T.Tensor((num_tokens, hidden), out_dtype),
-        out_sf: T.Tensor(sf_shape, sf_dtype),
+        out_sf: sf_type,
         psum: T.Tensor((num_experts,), i32),
         topk_weights: T.Tensor((num_weights,), f32),
         counts: T.Tensor((num_counts,), i32),
@@ -167,7 +173,13 @@ def ascend_moe_swiglu_forward_kernel(cfg):
                 if fp8:
                     cast_vf(y_ub, amax_ub, inv_ub, sf_ub, out_ub)
                     T.copy(out_ub, out[t, j * bk : j * bk + bk])
-                    T.copy(sf_ub[0:sf_len], out_sf[t, j * groups : j * groups + sf_len])
+                    if not col_major:
+                        T.copy(sf_ub[0:sf_len], out_sf[t, j * groups : j * groups + sf_len])
+                    elif packed_sf:  # whole words (groups % 4 == 0, or the row's padding ends the task), a burst each
+                        word, words = j * (groups // UE8M0_PACK), sf_len // UE8M0_PACK
+                        T.copy(sf_ub[0:sf_len], out_sf[word : word + words, UE8M0_PACK * t : UE8M0_PACK * (t + 1)])
+                    else:  # the task's scales, one burst each, a row stride apart
+                        T.copy(sf_ub[0:sf_len], out_sf[j * groups : j * groups + sf_len, t])
                 else:
                     T.copy(y_ub, out[t, j * bk : j * bk + bk])
             if counting:

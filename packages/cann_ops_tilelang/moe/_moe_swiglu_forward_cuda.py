@@ -13,7 +13,7 @@ register reduction, no atomics.
 # refer to the generator's local shape variables.
 
 # Imported by moe_swiglu_forward_kernel.py, never the other way round (no import circle): the config comes as `cfg`.
-from cann_ops_tilelang.quant._scale_rules import cuda_cast_scale_and_inverse
+from cann_ops_tilelang.quant._scale_rules import UE8M0_PACK, cuda_cast_scale_and_inverse, scale_index
 
 from ._swiglu import align_rows, cuda_swiglu
 
@@ -37,12 +37,22 @@ def cuda_moe_swiglu_forward_kernel(cfg):
     sf_rows = num_tokens if fp8 else T.dynamic('sf_rows')
     sf_shape = (sf_rows, cfg.sf_cols if fp8 else 1)
     sf_dtype = cfg.sf_dtype if fp8 else f32
+    col_major, packed_sf = cfg.col_major_sf, cfg.packed_ue8m0
+    sf_type = T.Tensor(sf_shape, sf_dtype)
+    if col_major:  # the transposed column-major scales: rows of stride sf_stride >= T
+        sf_stride = T.dynamic('sf_stride')
+        cm_shape = (cfg.sf_cols // UE8M0_PACK, UE8M0_PACK * num_tokens) if packed_sf else (cfg.sf_cols, num_tokens)
+        sf_type = T.StridedTensor(cm_shape, (sf_stride, 1), sf_dtype)
+
+    def sf_at(t, k):
+        """Row t's scale k (a UE8M0 byte when packed) in out_sf, row- or column-major."""
+        return scale_index(t, k, col_major=col_major, packed=packed_sf)
 
     @T.prim_func
     def moe_swiglu_forward_kernel(
         x: T.Tensor((num_tokens, 2 * hidden), in_dtype),
         out: T.Tensor((num_tokens, hidden), out_dtype),
-        out_sf: T.Tensor(sf_shape, sf_dtype),
+        out_sf: sf_type,
         psum: T.Tensor((num_experts,), i32),
         topk_weights: T.Tensor((num_weights,), f32),
         counts: T.Tensor((num_counts,), i32),
@@ -105,7 +115,7 @@ def cuda_moe_swiglu_forward_kernel(cfg):
                 inverse = T.alloc_fragment((groups,), f32)
                 T.reduce_absmax(y, amax, dim=1)
                 for g in T.Parallel(groups):
-                    out_sf[t, j * groups + g], inverse[g] = cuda_cast_scale_and_inverse(
+                    out_sf[sf_at(t, j * groups + g)], inverse[g] = cuda_cast_scale_and_inverse(
                         T, amax[g], fmt='e4m3', round_sf=cfg.round_sf, packed_ue8m0=cfg.packed_ue8m0, e4m3_sf=False
                     )
                 for g, k in T.Parallel(groups, bs):
@@ -113,7 +123,7 @@ def cuda_moe_swiglu_forward_kernel(cfg):
                     out[t, j * bk + g * bs + k] = T.cast(y[g, k] * inverse[g], T.float8_e4m3fn)
                 if padding > 0 and j == n_tiles - 1:
                     for p in T.serial(padding):
-                        out_sf[t, num_blocks + p] = T.uint8(0)
+                        out_sf[sf_at(t, num_blocks + p)] = T.uint8(0)
             else:
                 for g, k in T.Parallel(groups, bs):
                     out[t, j * bk + g * bs + k] = T.cast(y[g, k], out_dtype)

@@ -66,3 +66,14 @@ def argument_shapes(T, cfg, num_tokens) -> dict:
         'x_grad_fp8': used(cfg.cast, (num_tokens, 2 * hidden), 'x_grad_fp8'),
         'x_grad_sf': used(cfg.cast, (num_tokens, max(cfg.sf_cols, 1)), 'x_grad_sf'),
     }
+
+
+def x_grad_sf_type(T, cfg, shapes: dict, num_tokens):
+    """The prim_func's type of x_grad_sf: (T, sf_cols) row-major, or with cfg.col_major_sf the transposed view
+    (sf_cols, T) of a row stride `sf_stride` >= T that is a launch argument (packed UE8M0 bytes: (sf_cols / 4, 4 T),
+    token t's word w at [w, 4 t : 4 t + 4])."""
+    if not cfg.col_major_sf:
+        return T.Tensor(shapes['x_grad_sf'], cfg.sf_dtype)
+    sf_stride = T.dynamic('sf_stride')
+    pack = 4 if cfg.packed_ue8m0 else 1
+    return T.StridedTensor((cfg.sf_cols // pack, pack * num_tokens), (sf_stride, 1), cfg.sf_dtype)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from cann_ops_tilelang.kernel_target import placeholder
-from cann_ops_tilelang.operator import Operator, scalar, tensor
+from cann_ops_tilelang.operator import Operator, new_output, scalar, tensor
 
 from ..quant import _contract as quant_contract
 from ._swiglu_contract import check_layout_options, swiglu_fast_key
@@ -80,8 +80,9 @@ OP = Operator(
 def run_backward(op, prepared, key, args, x, x_sf, act_x_grad, psum, topk_weights, routed_scaling_factor,
                  clamp_value, do_recompute, out_dtype, cast_sf=None):  # fmt: skip
     """Allocate and launch (none for T = 0) what `prepared`, op.prepare(key, args), gave. cast_sf: ((shape, dtype)
-    of the cast's scales, whether they are packed UE8M0) or None. Returns (x_grad, weight_grad, act_out, (fp8,
-    sf))."""
+    of the cast's scales, or (shape, dtype, strides) for column-major ones, whether they are packed UE8M0) or None;
+    column-major scales reach the kernel transposed (sf.T), UE8M0 ones as bytes. Returns (x_grad, weight_grad,
+    act_out, (fp8, sf))."""
     launcher, fast = prepared
     num_tokens, hidden = act_x_grad.shape
     x_grad = x.new_empty((num_tokens, 2 * hidden), dtype=out_dtype)
@@ -89,10 +90,11 @@ def run_backward(op, prepared, key, args, x, x_sf, act_x_grad, psum, topk_weight
     act_out = x.new_empty((num_tokens, hidden), dtype=out_dtype) if do_recompute else None
     fp8 = sf = sf_bytes = None
     if cast_sf is not None:
-        (sf_shape, sf_dtype), packed = cast_sf
+        sf_layout, packed = cast_sf
         fp8 = x.new_empty((num_tokens, 2 * hidden), dtype=torch.float8_e4m3fn)
-        sf = x.new_empty(sf_shape, dtype=sf_dtype)
-        sf_bytes = sf.view(torch.uint8) if packed else sf
+        sf = new_output(x, sf_layout)
+        sf_bytes = sf.T if len(sf_layout) > 2 else sf
+        sf_bytes = sf_bytes.view(torch.uint8) if packed else sf_bytes
 
     def given(value, role, dtype):
         return value if value is not None else placeholder(x.device, dtype, role=role)

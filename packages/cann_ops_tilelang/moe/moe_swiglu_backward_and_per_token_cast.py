@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from cann_ops_tilelang.operator import Operator, quant, scalar, tensor
+from cann_ops_tilelang.operator import Operator, new_output, quant, scalar, tensor
 
 from ..quant import _contract as quant_contract
 from ..quant._quant_tensor import QuantTensor
@@ -26,16 +26,20 @@ from .moe_swiglu_backward_kernel import (
 )
 
 
-def sf_layout(num_tokens: int, hidden: int, num_per_channels: int, packed: bool):
-    """(shape, dtype) of x_grad_fp8's scales: per_token_cast's of a (T, 2 H) tensor."""
-    return quant_contract.sf_layout(num_tokens, 2 * hidden, (1, num_per_channels), packed)
+def sf_layout(num_tokens: int, hidden: int, num_per_channels: int, packed: bool, col_major: bool = False,
+              device: torch.device | None = None):  # fmt: skip
+    """(shape, dtype) of x_grad_fp8's scales: per_token_cast's of a (T, 2 H) tensor; column-major (shape, dtype,
+    strides): per_token_cast's strides, the peer's rule on `device`'s backend."""
+    shape, dtype = quant_contract.sf_layout(num_tokens, 2 * hidden, (1, num_per_channels), packed)
+    if not col_major:
+        return shape, dtype
+    return shape, dtype, quant_contract.col_major_sf_strides(num_tokens, dtype, device)
 
 
 def _options(name, x_sf, T, H2, fmt, num_per_channels, psum_num_tokens_per_expert, topk_weights,
              routed_scaling_factor, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0):  # fmt: skip
     quant_contract.check_cast_format(name, fmt, (CAST_FORMAT,))
     quant_contract.check_block(name, 'num_per_channels', num_per_channels, CAST_BLOCK_SIZES)
-    quant_contract.check_unsupported(name, use_tma_aligned_col_major_sf=use_tma_aligned_col_major_sf)
     quant_contract.check_scale_flags(name, round_sf, use_packed_ue8m0)
     unit = hidden_multiple(num_per_channels)
     quant_contract.check_hidden(name, H2 // 2, unit, f'num_per_channels {num_per_channels}')
@@ -54,14 +58,15 @@ def _options(name, x_sf, T, H2, fmt, num_per_channels, psum_num_tokens_per_exper
     check_layout_options(name, psum_num_tokens_per_expert, topk_weights, routed_scaling_factor)
 
 
-def _choice(act_x_grad, num_per_channels, psum_num_tokens_per_expert, topk_weights, round_sf, use_packed_ue8m0,
-            clamp_value, do_recompute):  # fmt: skip
+def _choice(act_x_grad, num_per_channels, psum_num_tokens_per_expert, topk_weights, use_tma_aligned_col_major_sf,
+            round_sf, use_packed_ue8m0, clamp_value, do_recompute):  # fmt: skip
     return {
         'x_dtype': torch.float8_e4m3fn,
         'out_dtype': torch.bfloat16,
         'block_size': num_per_channels,
         'round_sf': round_sf,
         'packed_ue8m0': use_packed_ue8m0,
+        'col_major_sf': use_tma_aligned_col_major_sf,
         **layout_choice(act_x_grad, psum_num_tokens_per_expert, topk_weights, clamp_value, do_recompute),
     }
 
@@ -92,15 +97,14 @@ def _eager(x, act_x_grad, fmt, num_per_channels, psum_num_tokens_per_expert, top
            use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, clamp_value, do_recompute):  # fmt: skip
     args = (x, act_x_grad, fmt, num_per_channels, psum_num_tokens_per_expert, topk_weights, routed_scaling_factor,
             use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, clamp_value, do_recompute)  # fmt: skip
-    key = None
-    if not use_tma_aligned_col_major_sf:
-        data = x[0] if isinstance(x, tuple) and x else x
-        key = swiglu_fast_key(OP.fast_ok(*args), data, psum_num_tokens_per_expert, topk_weights, routed_scaling_factor,
-                              clamp_value, act_x_grad.dtype, do_recompute, fmt, num_per_channels, round_sf,
-                              use_packed_ue8m0)  # fmt: skip
+    data = x[0] if isinstance(x, tuple) and x else x
+    key = swiglu_fast_key(OP.fast_ok(*args), data, psum_num_tokens_per_expert, topk_weights, routed_scaling_factor,
+                          clamp_value, act_x_grad.dtype, do_recompute, fmt, num_per_channels, round_sf,
+                          use_packed_ue8m0, use_tma_aligned_col_major_sf)  # fmt: skip
     prepared = OP.prepare(key, args)  # checked here unless the key is known
     (data, sf), (num_tokens, hidden) = x, act_x_grad.shape
-    layout = sf_layout(num_tokens, hidden, num_per_channels, use_packed_ue8m0)
+    layout = sf_layout(num_tokens, hidden, num_per_channels, use_packed_ue8m0, use_tma_aligned_col_major_sf,
+                       data.device)  # fmt: skip
     x_grad, weight_grad, act_out, (fp8, scales) = run_backward(
         OP, prepared, key, args, data, sf, act_x_grad, psum_num_tokens_per_expert, topk_weights,
         routed_scaling_factor, clamp_value, do_recompute, torch.bfloat16, (layout, use_packed_ue8m0),
@@ -112,13 +116,14 @@ def _fake(x, act_x_grad, fmt, num_per_channels, psum_num_tokens_per_expert, topk
           use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, clamp_value, do_recompute):  # fmt: skip
     num_tokens, hidden = act_x_grad.shape
     data = x[0]
-    sf_shape, sf_dtype = sf_layout(num_tokens, hidden, num_per_channels, use_packed_ue8m0)
+    layout = sf_layout(num_tokens, hidden, num_per_channels, use_packed_ue8m0, use_tma_aligned_col_major_sf,
+                       data.device)  # fmt: skip
     return result_tuple(
         data.new_empty((num_tokens, 2 * hidden), dtype=torch.bfloat16),
         None if topk_weights is None else data.new_empty((num_tokens,), dtype=torch.float32),
         data.new_empty((num_tokens, hidden), dtype=torch.bfloat16) if do_recompute else None,
         QuantTensor(data.new_empty((num_tokens, 2 * hidden), dtype=torch.float8_e4m3fn),
-                    data.new_empty(sf_shape, dtype=sf_dtype)),
+                    new_output(data, layout)),
     )  # fmt: skip
 
 
@@ -181,7 +186,11 @@ def moe_swiglu_backward_and_per_token_cast(
         num_per_channels: 32, 64 or 128 channels per scale, of x and of the cast (both backends).
         psum_num_tokens_per_expert, topk_weights, routed_scaling_factor, clamp_value, do_recompute: as
             moe_swiglu_backward's.
-        use_tma_aligned_col_major_sf: column-major scales are not supported yet (ValueError unless False).
+        use_tma_aligned_col_major_sf: x_grad_fp8's scales column-major, as per_token_cast's option: the same
+            shape and values (padding slots' zeros included), strides (1, T_pad), a view buf[:, :T].T of a (K,
+            T_pad) buffer (T_pad: T rounded up to 16 bytes of the scale dtype on CUDA, T on Ascend; T = 0: strides
+            (1, 0)); x's own scales stay row-major (as the peer's). On Ascend with use_packed_ue8m0, H /
+            num_per_channels a multiple of 4 (whole words per half row; ValueError otherwise).
         round_sf: power-of-two scales. use_packed_ue8m0: with round_sf, the scales as UE8M0 bytes packed four
             per int32 (2 H / num_per_channels a multiple of 4).
 

@@ -74,6 +74,10 @@ class MoeSwigluBackwardConfig:
     threads: int  # CUDA threads per block (unused on Ascend)
     num_stages: int  # Ascend buffer versions of the persistent loop (unused on CUDA)
     alignment: int = TOKEN_ALIGNMENT  # of the expert layout's starts
+    # The cast's scales written column-major (TileKernels' use_tma_aligned_col_major_sf, per_token_cast's layout):
+    # x_grad_sf is the transposed view (sf_cols, T) of a row stride that is a launch argument; packed UE8M0 bytes
+    # (sf_cols / 4, 4 T), token t's word w at [w, 4 t : 4 t + 4].
+    col_major_sf: bool = False
 
     def __post_init__(self):
         if self.backend not in ('ascend', 'cuda'):
@@ -103,6 +107,20 @@ class MoeSwigluBackwardConfig:
             raise ValueError(f'num_experts must be >= 0 and alignment >= 1, got {self.num_experts}, {self.alignment}')
         if self.num_cores < 1:
             raise ValueError(f'num_cores must be >= 1, got {self.num_cores}')
+        if not isinstance(self.col_major_sf, bool):
+            raise TypeError(f'col_major_sf must be a bool, got {type(self.col_major_sf).__name__}')
+        if self.col_major_sf and not self.cast:
+            raise ValueError('col_major_sf is an option of the cast (block_size > 0)')
+        if (
+            self.col_major_sf
+            and self.packed_ue8m0
+            and self.backend == 'ascend'
+            and (self.num_blocks % UE8M0_PACK or self.groups_per_tile % UE8M0_PACK)
+        ):
+            raise ValueError(
+                f'Ascend: column-major UE8M0 scales need whole int32 words per half tile: hidden / block_size and '
+                f'block_k / block_size multiples of {UE8M0_PACK}, got {self.num_blocks} and {self.groups_per_tile}'
+            )
 
     @property
     def cast(self) -> bool:
@@ -153,9 +171,11 @@ def choose_moe_swiglu_backward_config(
     block_size: int = 0,
     round_sf: bool = False,
     packed_ue8m0: bool = False,
+    col_major_sf: bool = False,
 ) -> MoeSwigluBackwardConfig:
     """Pure choice of the compile-time parameters (no device query); dtypes as torch dtypes or TileLang names.
-    Invalid combinations raise ValueError."""
+    `col_major_sf`: the cast's scales column-major (on Ascend with packed UE8M0: tiles of whole words). Invalid
+    combinations raise ValueError."""
     names = []
     for what, dtype in (('x_dtype', x_dtype), ('grad_dtype', grad_dtype), ('out_dtype', out_dtype)):
         name = DTYPE_NAMES.get(dtype, dtype) if isinstance(dtype, torch.dtype) else dtype
@@ -167,11 +187,14 @@ def choose_moe_swiglu_backward_config(
         raise ValueError(f'hidden must be a positive multiple of {unit}, got {hidden}')
     make = functools.partial(
         MoeSwigluBackwardConfig, backend, hidden, *names, num_experts, with_weight, use_clamp, do_recompute,
-        block_size, round_sf, packed_ue8m0, num_cores,
+        block_size, round_sf, packed_ue8m0, num_cores, col_major_sf=col_major_sf,
     )  # fmt: skip
     if backend == 'ascend':
         # The longest tile that fits the UB: each task streams whole rows, fewer and longer DMAs per core.
-        return make(block_k=divisors(hidden, unit, _ASCEND_MAX_BLOCK_K)[0], threads=0, num_stages=2)
+        # Column-major UE8M0 words go out one burst each: tiles of whole words where the half row holds whole words.
+        words = col_major_sf and packed_ue8m0 and block_size and (hidden // block_size) % UE8M0_PACK == 0
+        tile = UE8M0_PACK * block_size if words else unit
+        return make(block_k=divisors(hidden, tile, _ASCEND_MAX_BLOCK_K)[0], threads=0, num_stages=2)
     if backend == 'cuda':
         # One block per token; each thread owns block_k / threads channels of each half per tile (8 with 128
         # threads and 1024-channel tiles). A tile of 64 m channels takes 32 gcd(m, 4) threads: a whole number of
@@ -187,8 +210,9 @@ def make_moe_swiglu_backward_kernel(cfg: MoeSwigluBackwardConfig):
 
         x (T, 2 H) cfg.x_dtype, x_sf (T, 2 H / block_size) fp32, act_x_grad (T, H) cfg.grad_dtype,
         topk_weights (T,) fp32, psum (E,) int32, x_grad (T, 2 H) cfg.out_dtype, weight_grad (T,) fp32,
-        act_out (T, H) cfg.out_dtype, x_grad_fp8 (T, 2 H) float8_e4m3fn, x_grad_sf (T, cfg.sf_cols) cfg.sf_dtype,
-        routed_scaling_factor, clamp_value (fp32 scalars)
+        act_out (T, H) cfg.out_dtype, x_grad_fp8 (T, 2 H) float8_e4m3fn, x_grad_sf (T, cfg.sf_cols) cfg.sf_dtype
+        (cfg.col_major_sf: the transposed view (cfg.sf_cols, T) of row stride S >= T; packed UE8M0 bytes
+        (sf_cols / 4, 4 T) of row stride 4 S), routed_scaling_factor, clamp_value (fp32 scalars)
 
     where an argument the configuration does not use is any tensor of one element and that dtype. T >= 1.
     """

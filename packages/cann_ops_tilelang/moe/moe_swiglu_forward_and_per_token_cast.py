@@ -28,23 +28,25 @@ def _contract(name, W, fmt, num_per_channels, psum_num_tokens_per_expert, topk_w
               use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, clamp_value, clamped_count):  # fmt: skip
     quant_contract.check_format(name, fmt)
     quant_contract.check_block(name, 'num_per_channels', num_per_channels, CAST_BLOCK_SIZES)
-    quant_contract.check_unsupported(name, use_tma_aligned_col_major_sf=use_tma_aligned_col_major_sf)
     quant_contract.check_scale_flags(name, round_sf, use_packed_ue8m0)
     check_swiglu_arguments(name, W, hidden_multiple(num_per_channels), psum_num_tokens_per_expert, topk_weights,
                            routed_scaling_factor, clamp_value, clamped_count)  # fmt: skip
 
 
-def _results(x, num_per_channels, use_packed_ue8m0):
-    """(shape, dtype) of data and sf: per_token_cast's layouts of the (T, I) result."""
+def _results(x, num_per_channels, use_tma_aligned_col_major_sf, use_packed_ue8m0):
+    """(shape, dtype) of data, (shape, dtype[, strides]) of sf: per_token_cast's layouts of the (T, I) result
+    (column-major scales: its strides, the peer's rule on x's backend)."""
     num_tokens, hidden = x.shape[0], x.shape[1] // 2
-    return ((num_tokens, hidden), torch.float8_e4m3fn), sf_layout(
-        num_tokens, hidden, num_per_channels, use_packed_ue8m0
-    )
+    sf = sf_layout(num_tokens, hidden, num_per_channels, use_packed_ue8m0)
+    if use_tma_aligned_col_major_sf:
+        sf = (*sf, quant_contract.col_major_sf_strides(num_tokens, sf[1], x.device))
+    return ((num_tokens, hidden), torch.float8_e4m3fn), sf
 
 
-def _choice(x, fmt, num_per_channels, psum_num_tokens_per_expert, topk_weights, round_sf, use_packed_ue8m0,
-            clamp_value, clamped_count):  # fmt: skip
-    cast = {'block_size': num_per_channels, 'round_sf': round_sf, 'packed_ue8m0': use_packed_ue8m0}
+def _choice(x, fmt, num_per_channels, psum_num_tokens_per_expert, topk_weights, use_tma_aligned_col_major_sf,
+            round_sf, use_packed_ue8m0, clamp_value, clamped_count):  # fmt: skip
+    cast = {'block_size': num_per_channels, 'round_sf': round_sf, 'packed_ue8m0': use_packed_ue8m0,
+            'col_major_sf': use_tma_aligned_col_major_sf}  # fmt: skip
     return swiglu_choice(x, fmt, psum_num_tokens_per_expert, topk_weights, clamp_value, clamped_count, cast)
 
 
@@ -73,30 +75,33 @@ OP = Operator(
 
 def _eager(x, fmt, num_per_channels, psum_num_tokens_per_expert, topk_weights, routed_scaling_factor,
            use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, clamp_value, clamped_count, out):  # fmt: skip
-    """A call on real tensors (also the kernel of the torch.library forms): every check, then the launch."""
+    """A call on real tensors (also the kernel of the torch.library forms): every check, then the launch. The
+    scales reach the kernel as it takes them: column-major ones transposed (sf.T), UE8M0 ones as bytes (a uint8 view
+    of the int32 words)."""
     args = (x, fmt, num_per_channels, psum_num_tokens_per_expert, topk_weights, routed_scaling_factor,
             use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, clamp_value, clamped_count, out)  # fmt: skip
-    key = None
-    if not use_tma_aligned_col_major_sf:
-        key = swiglu_fast_key(OP.fast_ok(*args), x, psum_num_tokens_per_expert, topk_weights, routed_scaling_factor,
-                              clamp_value, fmt, num_per_channels, round_sf, use_packed_ue8m0)  # fmt: skip
+    key = swiglu_fast_key(OP.fast_ok(*args), x, psum_num_tokens_per_expert, topk_weights, routed_scaling_factor,
+                          clamp_value, fmt, num_per_channels, round_sf, use_packed_ue8m0,
+                          use_tma_aligned_col_major_sf)  # fmt: skip
+
+    def kernel_sf(sf):
+        sf = sf.T if use_tma_aligned_col_major_sf else sf
+        return sf.view(torch.uint8) if use_packed_ue8m0 else sf
+
     if key is not None:  # no out= and no clamped_count (OP.fast_ok): one launch of a remembered launcher
         launcher, fast = OP.prepare(key, args)
-        data, sf = (x.new_empty(shape, dtype=dtype) for shape, dtype in OP.results(*args))
-        launch_args = swiglu_launch_args(x, data, sf.view(torch.uint8) if use_packed_ue8m0 else sf,
-                                         psum_num_tokens_per_expert, topk_weights, routed_scaling_factor,
-                                         clamp_value)  # fmt: skip
+        data, sf = OP.new_outputs(x, *args)
+        launch_args = swiglu_launch_args(x, data, kernel_sf(sf), psum_num_tokens_per_expert, topk_weights,
+                                         routed_scaling_factor, clamp_value)  # fmt: skip
         OP.finish(launcher, fast, key, launch_args, args, empty=False)
         return QuantTensor(data, sf)
     launcher = OP.plan(*args)
     if out is None:
-        out = tuple(x.new_empty(shape, dtype=dtype) for shape, dtype in OP.results(*args))
+        out = OP.new_outputs(x, *args)
     data, sf = out
     if x.shape[0]:  # no rows: nothing to launch, nothing counted
-        # UE8M0 scales reach the kernel as bytes (a uint8 view of the int32 words).
-        launch_swiglu(launcher, x, data, sf.view(torch.uint8) if use_packed_ue8m0 else sf,
-                      psum_num_tokens_per_expert, topk_weights, routed_scaling_factor, clamp_value,
-                      clamped_count)  # fmt: skip
+        launch_swiglu(launcher, x, data, kernel_sf(sf), psum_num_tokens_per_expert, topk_weights,
+                      routed_scaling_factor, clamp_value, clamped_count)  # fmt: skip
     return QuantTensor(data, sf)
 
 
@@ -126,8 +131,11 @@ def moe_swiglu_forward_and_per_token_cast(
         fmt: 'e4m3' (TileKernels' 'bf16' / 'fp32' output: moe_swiglu_forward).
         num_per_channels: channels per scale factor, 16, 32, 64 or 128 (TileKernels: 32 and 128).
         round_sf, use_packed_ue8m0: per_token_cast's power-of-two and UE8M0 scales (packed needs round_sf).
-        use_tma_aligned_col_major_sf: TileKernels' column-major scales; only False is supported yet (ValueError).
-        out: optional (data, sf) buffers of the result's shapes and dtypes, contiguous, apart from the inputs.
+        use_tma_aligned_col_major_sf: sf column-major, as per_token_cast's option: the same shape and values
+            (padding rows' scales included), strides (1, T_pad), a view buf[:, :T].T of a (K, T_pad) buffer (T_pad:
+            T rounded up to 16 bytes of sf's dtype on CUDA, T on Ascend; T = 0: strides (1, 0)).
+        out: optional (data, sf) buffers of the result's shapes and dtypes, apart from the inputs: data contiguous,
+            sf contiguous or, with use_tma_aligned_col_major_sf, of exactly the strides above.
 
     Returns:
         QuantTensor(data (T, I) float8_e4m3fn, sf (T, I / num_per_channels) fp32, or with use_packed_ue8m0

@@ -27,7 +27,7 @@ import torch
 
 from cann_ops_tilelang.config import Backend
 from cann_ops_tilelang.kernel_target import compile_kernel
-from cann_ops_tilelang.quant._scale_rules import LANES
+from cann_ops_tilelang.quant._scale_rules import LANES, UE8M0_PACK
 from cann_ops_tilelang.quant._tiling import FLOAT_DTYPE_NAMES, RowScales, divisors
 from cann_ops_tilelang.quant.per_token_cast_kernel import CAST_BLOCK_SIZES, hidden_multiple
 
@@ -63,6 +63,10 @@ class MoeSwigluForwardConfig(RowScales):
     threads: int  # CUDA threads per block (unused on Ascend)
     num_stages: int  # Ascend buffer versions of the persistent loop (unused on CUDA)
     alignment: int = TOKEN_ALIGNMENT  # rows per expert block of the layout
+    # The scales written column-major (TileKernels' use_tma_aligned_col_major_sf, per_token_cast's layout; fmt
+    # 'e4m3' only): the kernel's out_sf is the transposed view (sf_cols, T) of a row stride that is a launch
+    # argument; packed UE8M0 bytes (sf_cols / 4, 4 T), row t's word w at [w, 4 t : 4 t + 4].
+    col_major_sf: bool = False
 
     def __post_init__(self):
         if self.backend not in ('ascend', 'cuda'):
@@ -92,6 +96,21 @@ class MoeSwigluForwardConfig(RowScales):
             raise ValueError(f'block_k {self.block_k} must be a multiple of {unit} dividing hidden {self.hidden}')
         if self.backend == 'ascend' and self.sf_padding and self.num_col_tiles > 1:
             raise ValueError('Ascend: a padded UE8M0 row must be handled by one task (block_k == hidden)')
+        if not isinstance(self.col_major_sf, bool):
+            raise TypeError(f'col_major_sf must be a bool, got {type(self.col_major_sf).__name__}')
+        if self.col_major_sf and not self.fp8:
+            raise ValueError('col_major_sf applies to fmt "e4m3" only (the scales of the fused cast)')
+        if (
+            self.col_major_sf
+            and self.packed_ue8m0
+            and self.backend == 'ascend'
+            and self.num_col_tiles > 1
+            and self.groups_per_tile % UE8M0_PACK
+        ):
+            raise ValueError(
+                f'Ascend: column-major UE8M0 scales need whole int32 words per task: block_k {self.block_k} must '
+                f'hold a multiple of {UE8M0_PACK} blocks of {self.block_size}, or be the whole row'
+            )
         if self.backend == 'cuda' and self.block_size > 255:
             raise ValueError('CUDA: a block count must fit its byte of the packed clamp counts')
 
@@ -136,10 +155,12 @@ def choose_moe_swiglu_forward_config(
     with_weight: bool = False,
     clamp: bool = False,
     count_clamp: bool = False,
+    col_major_sf: bool = False,
 ) -> MoeSwigluForwardConfig:
     """Pure choice of the compile-time parameters (no device query). `hidden`: I, the output width. `block_size`:
-    channels per scale with fmt 'e4m3' (None: PLAIN_BLOCK for bf16 / fp32 output). Invalid combinations raise
-    ValueError."""
+    channels per scale with fmt 'e4m3' (None: PLAIN_BLOCK for bf16 / fp32 output). `col_major_sf`: the scales
+    column-major (only where they are stored; on Ascend with packed UE8M0, tasks of whole words). Invalid
+    combinations raise ValueError."""
     if in_dtype not in FLOAT_DTYPE_NAMES:
         raise ValueError(f'in_dtype must be torch.bfloat16 or torch.float32, got {in_dtype!r}')
     if fmt not in OUT_FORMATS:
@@ -150,12 +171,16 @@ def choose_moe_swiglu_forward_config(
         raise ValueError(f'hidden must be a positive multiple of {unit} (block_size {block}), got {hidden}')
     make = functools.partial(
         MoeSwigluForwardConfig, backend, hidden, FLOAT_DTYPE_NAMES[in_dtype], fmt, block, round_sf, packed_ue8m0,
-        with_layout, with_weight, clamp, count_clamp, num_cores,
+        with_layout, with_weight, clamp, count_clamp, num_cores, col_major_sf=col_major_sf,
     )  # fmt: skip
     if backend == 'ascend':
         # The largest task that fits the buffers: the op streams x once, so fewer, longer DMAs per core.
         block_k = divisors(hidden, unit, _ASCEND_MAX_BLOCK_K)[0]
-        padded = packed_ue8m0 and (hidden // block) % 4 != 0
+        padded = packed_ue8m0 and (hidden // block) % UE8M0_PACK != 0
+        if col_major_sf and packed_ue8m0 and not padded and (block_k // block) % UE8M0_PACK:
+            # Column-major UE8M0 words go out one burst each: a task holds whole words, the row if it fits.
+            whole = hidden <= _ASCEND_MAX_ROW
+            block_k = hidden if whole else divisors(hidden, UE8M0_PACK * block, _ASCEND_MAX_BLOCK_K)[0]
         if padded and block_k != hidden:
             if hidden > _ASCEND_MAX_ROW:
                 raise ValueError(
@@ -181,10 +206,11 @@ def choose_moe_swiglu_forward_config(
 def make_moe_swiglu_forward_kernel(cfg: MoeSwigluForwardConfig):
     """The TileLang prim_func `moe_swiglu_forward_kernel` for `cfg.backend` (no compile), with the arguments
 
-    x (T, 2 I) cfg.in_dtype; out (T, I) cfg.out_dtype; out_sf (T, cfg.sf_cols) fp32 / uint8 with fmt 'e4m3', else
-    (1, 1) fp32 (unused); psum (E,) int32; topk_weights (T,) fp32, or (1,) unused without weights; counts
-    (cfg.count_slots(T),) int32, or (1,) unused without counting; routed_scaling_factor, clamp_value: fp32
-    scalars. T and E are dynamic, T >= 1.
+    x (T, 2 I) cfg.in_dtype; out (T, I) cfg.out_dtype; out_sf (T, cfg.sf_cols) fp32 / uint8 with fmt 'e4m3' (with
+    cfg.col_major_sf the transposed view (cfg.sf_cols, T) of row stride S >= T, packed UE8M0 bytes (sf_cols / 4,
+    4 T) of row stride 4 S), else (1, 1) fp32 (unused); psum (E,) int32; topk_weights (T,) fp32, or (1,) unused
+    without weights; counts (cfg.count_slots(T),) int32, or (1,) unused without counting; routed_scaling_factor,
+    clamp_value: fp32 scalars. T and E are dynamic, T >= 1.
     """
     if cfg.backend == 'ascend':
         return ascend_moe_swiglu_forward_kernel(cfg)
