@@ -14,7 +14,7 @@ narrowed), with its macros, so the bytes are per_token_cast's. The per-core coun
 
 # Imported by moe_swiglu_forward_kernel.py, never the other way round (no import circle): the config comes as `cfg`.
 from cann_ops_tilelang.quant._per_token_cast_ascend import ascend_quarter_masks_macro, ascend_row_macros
-from cann_ops_tilelang.quant._scale_rules import LANES, UE8M0_PACK, ascend_cast_scales_macro
+from cann_ops_tilelang.quant._scale_rules import LANES, UE8M0_PACK, ascend_cast_scales_macro, col_major_scales
 
 from ._swiglu import CLAMP_COUNTERS, align_rows, ascend_swiglu_macro
 
@@ -45,9 +45,7 @@ def ascend_moe_swiglu_forward_kernel(cfg):
     col_major, packed_sf = cfg.col_major_sf, cfg.packed_ue8m0
     sf_type = T.Tensor(sf_shape, sf_dtype)
     if col_major:  # the transposed column-major scales: rows of stride sf_stride >= T
-        sf_stride = T.dynamic('sf_stride')
-        cm_shape = (cfg.sf_cols // UE8M0_PACK, UE8M0_PACK * num_tokens) if packed_sf else (cfg.sf_cols, num_tokens)
-        sf_type = T.StridedTensor(cm_shape, (sf_stride, 1), sf_dtype)
+        sf_type = col_major_scales(T, num_tokens, cfg.sf_cols, sf_dtype, packed=packed_sf)
 
     load_in, _, _ = ascend_row_macros(T, in_dtype=in_dtype, block_size=bs, chunks=chunks)
     load_y, block_maxima, block_scalar = ascend_row_macros(T, in_dtype='float32', block_size=bs, chunks=chunks)

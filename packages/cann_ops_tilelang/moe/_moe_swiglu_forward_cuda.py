@@ -13,7 +13,7 @@ register reduction, no atomics.
 # refer to the generator's local shape variables.
 
 # Imported by moe_swiglu_forward_kernel.py, never the other way round (no import circle): the config comes as `cfg`.
-from cann_ops_tilelang.quant._scale_rules import UE8M0_PACK, cuda_cast_scale_and_inverse, scale_index
+from cann_ops_tilelang.quant._scale_rules import col_major_scales, cuda_cast_scale_and_inverse, scale_index
 
 from ._swiglu import align_rows, cuda_swiglu
 
@@ -40,9 +40,7 @@ def cuda_moe_swiglu_forward_kernel(cfg):
     col_major, packed_sf = cfg.col_major_sf, cfg.packed_ue8m0
     sf_type = T.Tensor(sf_shape, sf_dtype)
     if col_major:  # the transposed column-major scales: rows of stride sf_stride >= T
-        sf_stride = T.dynamic('sf_stride')
-        cm_shape = (cfg.sf_cols // UE8M0_PACK, UE8M0_PACK * num_tokens) if packed_sf else (cfg.sf_cols, num_tokens)
-        sf_type = T.StridedTensor(cm_shape, (sf_stride, 1), sf_dtype)
+        sf_type = col_major_scales(T, num_tokens, cfg.sf_cols, sf_dtype, packed=packed_sf)
 
     def sf_at(t, k):
         """Row t's scale k (a UE8M0 byte when packed) in out_sf, row- or column-major."""

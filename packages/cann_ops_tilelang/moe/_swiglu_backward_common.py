@@ -12,6 +12,8 @@ psum.
 Imported by the kernel generators only; importing it compiles nothing.
 """
 
+from cann_ops_tilelang.quant._scale_rules import col_major_scales
+
 
 def token_kept_macro(T, *, num_experts: int, alignment: int):
     """A macro `kept(psum, t)` for scalar code of either backend (T: tilelang.language or
@@ -74,6 +76,4 @@ def x_grad_sf_type(T, cfg, shapes: dict, num_tokens):
     token t's word w at [w, 4 t : 4 t + 4])."""
     if not cfg.col_major_sf:
         return T.Tensor(shapes['x_grad_sf'], cfg.sf_dtype)
-    sf_stride = T.dynamic('sf_stride')
-    pack = 4 if cfg.packed_ue8m0 else 1
-    return T.StridedTensor((cfg.sf_cols // pack, pack * num_tokens), (sf_stride, 1), cfg.sf_dtype)
+    return col_major_scales(T, num_tokens, cfg.sf_cols, cfg.sf_dtype, packed=cfg.packed_ue8m0)

@@ -30,7 +30,7 @@ import torch
 
 from cann_ops_tilelang.config import Backend
 from cann_ops_tilelang.kernel_target import compile_kernel
-from cann_ops_tilelang.quant._scale_rules import UE8M0_PACK
+from cann_ops_tilelang.quant._scale_rules import UE8M0_PACK, col_major_scales
 from cann_ops_tilelang.quant._tiling import FLOAT_DTYPE_NAMES
 from cann_ops_tilelang.quant.per_token_cast_kernel import CAST_BLOCK_SIZES, hidden_multiple
 
@@ -188,10 +188,7 @@ def forward_prim_func(T, cfg: NormForwardConfig, body):
     dtype, sf_dtype = cfg.dtype, cfg.sf_dtype
     sf_type = T.Tensor(sf_shape, sf_dtype)
     if cfg.col_major_sf:  # the transposed column-major scales: rows of stride sf_stride >= T
-        sf_stride = T.dynamic('sf_stride')
-        packed = cfg.packed_ue8m0
-        cm_shape = (cfg.sf_cols // UE8M0_PACK, UE8M0_PACK * num_tokens) if packed else (cfg.sf_cols, num_tokens)
-        sf_type = T.StridedTensor(cm_shape, (sf_stride, 1), sf_dtype)
+        sf_type = col_major_scales(T, num_tokens, cfg.sf_cols, sf_dtype, packed=cfg.packed_ue8m0)
 
     @T.prim_func
     def norm_forward_kernel(

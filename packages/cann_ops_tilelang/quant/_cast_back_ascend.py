@@ -31,7 +31,7 @@ The output tile goes back to GM; rows past the end of the tensor are neither loa
 import functools
 
 from ._per_token_cast_ascend import ascend_quarter_masks_macro
-from ._scale_rules import LANES, UE8M0_PACK, scale_index
+from ._scale_rules import LANES, UE8M0_PACK, col_major_scales, scale_index
 
 _UE8M0_SHIFT = 23  # a UE8M0 byte is the biased exponent of an fp32 scale: its bits are byte << 23
 # e2m1 code s|ee|m -> fp32 bits: for ee > 0 the value 2**(ee - 1) * (1 + m / 2) has the fp32 exponent field
@@ -108,11 +108,7 @@ def ascend_cast_back_kernel(cfg):
     )
     sf_type = T.Tensor(sf_shape, sf_dtype)
     if col_major:  # the transposed column-major scales: rows of stride sf_stride >= R (scale rows)
-        sf_stride = T.dynamic('sf_stride')
-        cm_shape = (
-            (cfg.sf_cols // UE8M0_PACK, UE8M0_PACK * num_token_blocks) if packed else (cfg.sf_cols, num_token_blocks)
-        )
-        sf_type = T.StridedTensor(cm_shape, (sf_stride, 1), sf_dtype)
+        sf_type = col_major_scales(T, num_token_blocks, cfg.sf_cols, sf_dtype, packed=packed)
 
     sf_at = functools.partial(scale_index, col_major=cfg.col_major_sf, packed=cfg.packed_ue8m0)
 

@@ -28,7 +28,7 @@ sectors in L2.
 # Imported by cast_back_kernel.py, never the other way round (no import circle): the config comes as `cfg`.
 import functools
 
-from ._scale_rules import UE8M0_PACK, scale_index
+from ._scale_rules import UE8M0_PACK, col_major_scales, scale_index
 
 VEC_ELEMS = 16  # columns per thread: one 16-byte fp8 load (FP4: 8 bytes)
 _UE8M0_SHIFT = 23
@@ -63,11 +63,7 @@ def cuda_cast_back_kernel(cfg):
     )
     sf_type = T.Tensor(sf_shape, sf_dtype)
     if cfg.col_major_sf:  # the transposed column-major scales: rows of stride sf_stride >= R (scale rows)
-        sf_stride = T.dynamic('sf_stride')
-        cm_shape = (
-            (cfg.sf_cols // UE8M0_PACK, UE8M0_PACK * num_token_blocks) if packed else (cfg.sf_cols, num_token_blocks)
-        )
-        sf_type = T.StridedTensor(cm_shape, (sf_stride, 1), sf_dtype)
+        sf_type = col_major_scales(T, num_token_blocks, cfg.sf_cols, sf_dtype, packed=packed)
 
     sf_at = functools.partial(scale_index, col_major=cfg.col_major_sf, packed=cfg.packed_ue8m0)
 

@@ -41,6 +41,7 @@ from ._scale_rules import (
     ascend_cast_scales_macro,
     ascend_e4m3_sf_inverses_macro,
     ascend_precomputed_macros,
+    col_major_scales,
 )
 from .fp4 import ascend_e2m1_macros
 
@@ -238,9 +239,7 @@ def ascend_per_block_cast_kernel(cfg):
 
     out_sf_type = T.Tensor((sf_rows, cfg.sf_cols), sf_dtype)
     if col_major:  # the transposed column-major scales: rows of stride sf_stride >= ceil(T / bt)
-        sf_stride = T.dynamic('sf_stride')
-        cm_shape = (cfg.sf_cols // UE8M0_PACK, UE8M0_PACK * sf_rows) if packed else (cfg.sf_cols, sf_rows)
-        out_sf_type = T.StridedTensor(cm_shape, (sf_stride, 1), sf_dtype)
+        out_sf_type = col_major_scales(T, sf_rows, cfg.sf_cols, sf_dtype, packed=packed)
     if mode == 'cast':
 
         @T.prim_func

@@ -46,7 +46,7 @@ to the tile's bt x block_k data bytes. Neighbouring token blocks' scales share t
 # Imported by per_block_cast_kernel.py, never the other way round (no import circle): the config comes as `cfg`.
 import functools
 
-from ._scale_rules import cuda_cast_scale_and_inverse, cuda_inverse_of, scale_index
+from ._scale_rules import col_major_scales, cuda_cast_scale_and_inverse, cuda_inverse_of, scale_index
 from .fp4 import cuda_e2m1_code
 
 _WARP = 32
@@ -156,9 +156,7 @@ def cuda_per_block_cast_kernel(cfg):
 
     out_sf_type = T.Tensor((sf_rows, cfg.sf_cols), sf_dtype)
     if col_major:  # the transposed column-major scales: rows of stride sf_stride >= ceil(T / bt)
-        sf_stride = T.dynamic('sf_stride')
-        cm_shape = (cfg.sf_cols // 4, 4 * sf_rows) if packed_sf else (cfg.sf_cols, sf_rows)
-        out_sf_type = T.StridedTensor(cm_shape, (sf_stride, 1), sf_dtype)
+        out_sf_type = col_major_scales(T, sf_rows, cfg.sf_cols, sf_dtype, packed=packed_sf)
     if mode == 'cast':
 
         @T.prim_func

@@ -28,6 +28,7 @@ from ._scale_rules import (
     ascend_cast_scales_macro,
     ascend_e4m3_sf_inverses_macro,
     ascend_precomputed_macros,
+    col_major_scales,
 )
 from .fp4 import ascend_e2m1_macros
 
@@ -219,9 +220,7 @@ def ascend_per_token_cast_kernel(cfg):
     data_shape = (num_tokens, cfg.data_cols)
     out_sf_type = T.Tensor(sf_shape, sf_dtype)
     if col_major:  # the transposed column-major scales: rows of stride sf_stride >= T
-        sf_stride = T.dynamic('sf_stride')
-        cm_shape = (cfg.sf_cols // UE8M0_PACK, UE8M0_PACK * num_tokens) if packed else (cfg.sf_cols, num_tokens)
-        out_sf_type = T.StridedTensor(cm_shape, (sf_stride, 1), sf_dtype)
+        out_sf_type = col_major_scales(T, num_tokens, cfg.sf_cols, sf_dtype, packed=packed)
     if cfg.mode == 'cast':
 
         @T.prim_func

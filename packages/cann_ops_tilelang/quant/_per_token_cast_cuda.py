@@ -22,7 +22,7 @@ Several tokens per block would coalesce them, at the cost of the one-token tilin
 # Imported by per_token_cast_kernel.py, never the other way round (no import circle): the config comes as `cfg`.
 import functools
 
-from ._scale_rules import cuda_cast_scale_and_inverse, cuda_inverse_of, scale_index
+from ._scale_rules import col_major_scales, cuda_cast_scale_and_inverse, cuda_inverse_of, scale_index
 from .fp4 import cuda_e2m1_code
 
 
@@ -134,9 +134,7 @@ def cuda_per_token_cast_kernel(cfg):
     data_shape = (num_tokens, cfg.data_cols)
     out_sf_type = T.Tensor(sf_shape, sf_dtype)
     if col_major:  # the transposed column-major scales: rows of stride sf_stride >= T
-        sf_stride = T.dynamic('sf_stride')
-        cm_shape = (cfg.sf_cols // 4, 4 * num_tokens) if packed else (cfg.sf_cols, num_tokens)
-        out_sf_type = T.StridedTensor(cm_shape, (sf_stride, 1), sf_dtype)
+        out_sf_type = col_major_scales(T, num_tokens, cfg.sf_cols, sf_dtype, packed=packed)
     if cfg.mode == 'cast':
 
         @T.prim_func

@@ -21,6 +21,14 @@ UE8M0_PACK = 4  # UE8M0 bytes per int32 of the interface's view, on both backend
 LANES = 64  # fp32 lanes of one 256-byte Ascend vector register
 
 
+def col_major_scales(T, rows, sf_cols: int, dtype, *, packed: bool):
+    """The prim_func parameter type of column-major scales as the kernels take them, the transposed view `sf.T`
+    (packed UE8M0 as bytes, `sf.T.view(torch.uint8)`): (sf_cols, rows), or (sf_cols / 4, 4 rows) bytes, rows
+    `sf_stride` apart (a dynamic symbol the launch binds: >= rows, CUDA's TMA padding included)."""
+    shape = (sf_cols // UE8M0_PACK, UE8M0_PACK * rows) if packed else (sf_cols, rows)
+    return T.StridedTensor(shape, (T.dynamic('sf_stride'), 1), dtype)
+
+
 def scale_index(row, k, *, col_major: bool, packed: bool):
     """The indices of scale k of scale row `row` (a token, a token block, a task's row) in a kernel's scale buffer:
     (row, k) row-major; column-major (the transposed view the kernels take, `sf.T`) (k, row), and for packed UE8M0
