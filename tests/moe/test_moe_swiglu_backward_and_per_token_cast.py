@@ -21,7 +21,7 @@ from cann_ops_tilelang.moe.moe_swiglu_backward_kernel import (
 )
 from cann_ops_tilelang.operator import NAMESPACE, OPERATORS
 from cann_ops_tilelang.quant import QuantTensor, per_token_cast
-from tests.quant.cast_ref import logical_sf_bytes, tma_col_major_sf
+from tests.quant.cast_ref import assert_peer_layout, logical_sf_bytes
 from tests.testing import fast_path
 from tests.testing.bench import config_extras, make_param_id
 from tests.testing.generator import by_level, generate_samples, get_test_level
@@ -186,16 +186,6 @@ def test_moe_swiglu_backward_and_per_token_cast_fake_outputs(sf):
         ]  # fmt: skip
 
 
-_SF_DTYPES = {'fp32': torch.float32, 'pow2': torch.float32, 'ue8m0': torch.int32}
-
-
-def _assert_peer_layout(sf: torch.Tensor, num_tokens: int, sf_name: str, backend: str) -> None:
-    """sf has TileKernels' column-major layout on `backend`: its strides, and the whole padded buffer behind it."""
-    peer = tma_col_major_sf((num_tokens, sf.shape[1]), _SF_DTYPES[sf_name], backend)
-    assert (tuple(sf.shape), sf.dtype, sf.stride()) == (tuple(peer.shape), peer.dtype, peer.stride())
-    assert sf.untyped_storage().nbytes() - sf.storage_offset() * sf.element_size() >= peer.untyped_storage().nbytes()
-
-
 @pytest.mark.parametrize('num_tokens', [0, 1, 5, 37])
 @pytest.mark.parametrize('backend', ['ascend', 'cuda'])
 def test_moe_swiglu_backward_and_per_token_cast_col_major_fake_strides(num_tokens, backend, monkeypatch):
@@ -217,7 +207,7 @@ def test_moe_swiglu_backward_and_per_token_cast_col_major_fake_strides(num_token
             )  # fmt: skip
             assert x_grad.is_contiguous()
             assert quantised.data.is_contiguous()
-            _assert_peer_layout(quantised.sf, num_tokens, sf_name, backend)
+            assert_peer_layout(quantised.sf, num_tokens, sf_name, backend)
 
 
 def test_moe_swiglu_backward_and_per_token_cast_col_major_config():
@@ -359,7 +349,7 @@ def test_moe_swiglu_backward_and_per_token_cast_col_major_values(params, num_tok
         for index, (got, want) in enumerate(zip(flat, rows, strict=True)):
             if index == 2:
                 assert_equal(logical_sf_bytes(got), logical_sf_bytes(want))
-                _assert_peer_layout(got, num_tokens, params['sf'], backend)
+                assert_peer_layout(got, num_tokens, params['sf'], backend)
             else:
                 assert_equal(got.view(torch.uint8) if got.dtype == torch.float8_e4m3fn else got,
                              want.view(torch.uint8) if want.dtype == torch.float8_e4m3fn else want)  # fmt: skip

@@ -27,6 +27,7 @@ from cann_ops_tilelang.moe.moe_swiglu_forward_kernel import (
 from cann_ops_tilelang.quant import QuantTensor, per_token_cast
 from tests.quant.cast_ref import (
     assert_col_major_buffer_written,
+    assert_peer_layout,
     logical_sf_bytes,
     tma_col_major_sf,
     ue8m0_to_fp32,
@@ -195,20 +196,6 @@ def test_moe_swiglu_forward_and_per_token_cast_fake_tensors(monkeypatch):
                                                            None)  # fmt: skip
 
 
-_SF_DTYPES = {'fp32': torch.float32, 'pow2': torch.float32, 'ue8m0': torch.int32}
-
-
-def _backend(device) -> str:
-    return 'cuda' if torch.device(device).type == 'cuda' else 'ascend'
-
-
-def _assert_peer_layout(sf: torch.Tensor, num_tokens: int, sf_name: str, backend: str) -> None:
-    """sf has TileKernels' column-major layout on `backend`: its strides, and the whole padded buffer behind it."""
-    peer = tma_col_major_sf((num_tokens, sf.shape[1]), _SF_DTYPES[sf_name], backend)
-    assert (tuple(sf.shape), sf.dtype, sf.stride()) == (tuple(peer.shape), peer.dtype, peer.stride())
-    assert sf.untyped_storage().nbytes() - sf.storage_offset() * sf.element_size() >= peer.untyped_storage().nbytes()
-
-
 @pytest.mark.parametrize('num_tokens', [0, 1, 5, 37])
 @pytest.mark.parametrize('backend', ['ascend', 'cuda'])
 def test_moe_swiglu_forward_and_per_token_cast_col_major_fake_strides(num_tokens, backend, monkeypatch):
@@ -226,7 +213,7 @@ def test_moe_swiglu_forward_and_per_token_cast_col_major_fake_strides(num_tokens
                 inputs['psum_num_tokens_per_expert'] = extra['psum']
             result = fused(inputs, variant, use_tma_aligned_col_major_sf=True)
             assert result.data.is_contiguous()
-            _assert_peer_layout(result.sf, num_tokens, variant['sf'], backend)
+            assert_peer_layout(result.sf, num_tokens, variant['sf'], backend)
             peer = tma_col_major_sf(tuple(result.sf.shape), result.sf.dtype, backend)
             buffers = (
                 torch.empty_like(result.data),
@@ -341,11 +328,11 @@ def test_moe_swiglu_forward_and_per_token_cast_col_major_values(variant, num_tok
         result = fused(inputs, variant, use_tma_aligned_col_major_sf=True, clamped_count=count)
         assert_equal(result.data.view(torch.uint8), rows.data.view(torch.uint8))
         assert_equal(logical_sf_bytes(result.sf), logical_sf_bytes(rows.sf))
-        _assert_peer_layout(result.sf, num_tokens, variant['sf'], _backend(device))
+        assert_peer_layout(result.sf, num_tokens, variant['sf'], backend_of(device))
     assert_col_major_buffer_written(
         lambda buffer: fused(inputs, variant, use_tma_aligned_col_major_sf=True, clamped_count=counts[2],
                              out=(torch.empty_like(rows.data), buffer)).sf,
-        rows.sf, _backend(device), device,
+        rows.sf, backend_of(device), device,
     )  # fmt: skip
     if counting:
         assert_equal(counts[1], counts[0])

@@ -243,3 +243,15 @@ def assert_col_major_buffer_written(cast_into, rows_sf: torch.Tensor, backend: s
         image = torch.full((k, nbytes // k), 0xA5, dtype=torch.uint8)
         image[:, :width] = rows_sf.cpu().T.flatten().view(torch.uint8).view(k, width)
         assert torch.equal(whole.cpu().view(k, -1), image)  # each scale row written, its padding left alone
+
+
+# The scale dtype of each scale format of the tests, as the calls return it (packed UE8M0: int32 words).
+SF_DTYPES = {'fp32': torch.float32, 'pow2': torch.float32, 'ue8m0': torch.int32, 'e4m3': torch.float8_e4m3fn}
+
+
+def assert_peer_layout(sf: torch.Tensor, rows: int, sf_name: str, backend: str) -> None:
+    """sf, scales of `rows` scale rows (tokens, or token blocks) in format `sf_name`, has TileKernels' column-major
+    layout on `backend`: its strides, and the whole padded buffer behind it."""
+    peer = tma_col_major_sf((rows, sf.shape[1]), SF_DTYPES[sf_name], backend)
+    assert (tuple(sf.shape), sf.dtype, sf.stride()) == (tuple(peer.shape), peer.dtype, peer.stride())
+    assert sf.untyped_storage().nbytes() - sf.storage_offset() * sf.element_size() >= peer.untyped_storage().nbytes()

@@ -13,6 +13,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from cann_ops_tilelang import config
+from cann_ops_tilelang.config import backend_of
 from cann_ops_tilelang.quant import (
     QuantTensor,
     per_block_cast,
@@ -20,7 +21,13 @@ from cann_ops_tilelang.quant import (
     per_block_cast_with_sf_only,
 )
 from cann_ops_tilelang.quant.per_block_cast import _sf_result
-from tests.quant.cast_ref import assert_col_major_buffer_written, logical_sf_bytes, scaled_rows, tma_col_major_sf
+from tests.quant.cast_ref import (
+    assert_col_major_buffer_written,
+    assert_peer_layout,
+    logical_sf_bytes,
+    scaled_rows,
+    tma_col_major_sf,
+)
 from tests.quant.per_block_cast_ref import per_block_cast_precomputed_ref, per_block_cast_ref
 from tests.testing import fast_path
 from tests.testing.bench import config_extras, make_param_id
@@ -234,20 +241,11 @@ COL_MAJOR_VARIANTS = by_level(
 # 0; 1; 37 tokens: 3 blocks of 16, 2 of 32 (the last partial), not a multiple of CUDA's padding (4 words, 16
 # bytes); 300 from level 1 (19 blocks of 16, 10 of 32, 3 of 128).
 COL_MAJOR_TOKENS = by_level(LEVEL, core=(0, 1, 37), default=(0, 1, 37, 300))
-_SF_DTYPES = {'fp32': torch.float32, 'pow2': torch.float32, 'ue8m0': torch.int32, 'e4m3': torch.float8_e4m3fn}
-
-
-def _backend(device) -> str:
-    return 'cuda' if torch.device(device).type == 'cuda' else 'ascend'
 
 
 def _assert_peer_layout(sf: torch.Tensor, num_tokens: int, block, sf_name: str, backend: str) -> None:
-    """sf has TileKernels' column-major layout on `backend` (its rows the token blocks): its strides, and the whole
-    padded buffer behind it."""
-    rows = -(-num_tokens // block[0])
-    peer = tma_col_major_sf((rows, sf.shape[1]), _SF_DTYPES[sf_name], backend)
-    assert (tuple(sf.shape), sf.dtype, sf.stride()) == (tuple(peer.shape), peer.dtype, peer.stride())
-    assert sf.untyped_storage().nbytes() - sf.storage_offset() * sf.element_size() >= peer.untyped_storage().nbytes()
+    """The peer's layout of block scales: their rows the token blocks."""
+    assert_peer_layout(sf, -(-num_tokens // block[0]), sf_name, backend)
 
 
 @pytest.mark.parametrize('num_tokens', [0, 1, 16, 17, 37, 64, 65, 161, 300])
@@ -350,15 +348,15 @@ def test_per_block_cast_col_major_values(variant, num_tokens, device):
     result = _cast(x, block, sf, fmt, use_tma_aligned_col_major_sf=True)
     assert_equal(result.data.cpu().view(torch.uint8), rows.data.cpu().view(torch.uint8))
     assert_equal(logical_sf_bytes(result.sf), logical_sf_bytes(rows.sf))
-    _assert_peer_layout(result.sf, num_tokens, block, sf, _backend(device))
+    _assert_peer_layout(result.sf, num_tokens, block, sf, backend_of(device))
     assert_col_major_buffer_written(
         lambda buffer: _cast(x, block, sf, fmt, use_tma_aligned_col_major_sf=True,
                              out=(torch.empty_like(rows.data), buffer)).sf,
-        rows.sf, _backend(device), device,
+        rows.sf, backend_of(device), device,
     )  # fmt: skip
     alone = per_block_cast_with_sf_only(x, fmt, block, True, **_flags(sf))  # the scales alone: the same
     assert_equal(logical_sf_bytes(alone), logical_sf_bytes(rows.sf))
-    _assert_peer_layout(alone, num_tokens, block, sf, _backend(device))
+    _assert_peer_layout(alone, num_tokens, block, sf, backend_of(device))
 
 
 @pytest.mark.npu
@@ -374,7 +372,7 @@ def test_per_block_cast_col_major_column_tiles(block, sf, device):
     result = _cast(x, block, sf, use_tma_aligned_col_major_sf=True)
     assert_equal(result.data.cpu().view(torch.uint8), rows.data.cpu().view(torch.uint8))
     assert_equal(logical_sf_bytes(result.sf), logical_sf_bytes(rows.sf))
-    _assert_peer_layout(result.sf, 161, block, sf, _backend(device))
+    _assert_peer_layout(result.sf, 161, block, sf, backend_of(device))
 
 
 # The peer's shapes (tokens multiples of 128, hidden 4096 / 7168), DeepSeek-V3's 128 x 128 fp32 and 32 x 32 UE8M0.

@@ -9,6 +9,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from cann_ops_tilelang import config
+from cann_ops_tilelang.config import backend_of
 from cann_ops_tilelang.quant import (
     QuantTensor,
     per_token_cast,
@@ -17,6 +18,7 @@ from cann_ops_tilelang.quant import (
 )
 from tests.quant.cast_ref import (
     assert_col_major_buffer_written,
+    assert_peer_layout,
     format_scale_and_inverse_ref,
     logical_sf_bytes,
     padded_hidden,
@@ -299,18 +301,6 @@ COL_MAJOR_VARIANTS = by_level(
     ],
 )
 COL_MAJOR_TOKENS = by_level(LEVEL, core=(0, 1, 37), default=(0, 1, 37, 300))  # 37: not a multiple of 4 (nor 16)
-_SF_DTYPES = {'fp32': torch.float32, 'pow2': torch.float32, 'ue8m0': torch.int32, 'e4m3': torch.float8_e4m3fn}
-
-
-def _backend(device) -> str:
-    return 'cuda' if torch.device(device).type == 'cuda' else 'ascend'
-
-
-def _assert_peer_layout(sf: torch.Tensor, num_tokens: int, sf_name: str, backend: str) -> None:
-    """sf has TileKernels' column-major layout on `backend`: its strides, and the whole padded buffer behind it."""
-    peer = tma_col_major_sf((num_tokens, sf.shape[1]), _SF_DTYPES[sf_name], backend)
-    assert (tuple(sf.shape), sf.dtype, sf.stride()) == (tuple(peer.shape), peer.dtype, peer.stride())
-    assert sf.untyped_storage().nbytes() - sf.storage_offset() * sf.element_size() >= peer.untyped_storage().nbytes()
 
 
 @pytest.mark.parametrize('num_tokens', [0, 1, 3, 4, 5, 16, 17, 37])
@@ -326,9 +316,9 @@ def test_per_token_cast_col_major_fake_strides(num_tokens, backend, monkeypatch)
             round_sf, packed, e4m3_sf = _FORMATS[sf]
             result = _cast(x, block, sf, fmt, use_tma_aligned_col_major_sf=True)
             assert result.data.is_contiguous()
-            _assert_peer_layout(result.sf, num_tokens, sf, backend)
+            assert_peer_layout(result.sf, num_tokens, sf, backend)
             alone = per_token_cast_with_sf_only(x, fmt, block, True, round_sf, packed, e4m3_sf)
-            _assert_peer_layout(alone, num_tokens, sf, backend)
+            assert_peer_layout(alone, num_tokens, sf, backend)
 
 
 def test_per_token_cast_col_major_out_buffers():
@@ -371,11 +361,11 @@ def test_per_token_cast_col_major_values(variant, num_tokens, device):
     result = _cast(x, block, sf, fmt, use_tma_aligned_col_major_sf=True)
     assert_equal(result.data.cpu().view(torch.uint8), rows.data.cpu().view(torch.uint8))
     assert_equal(logical_sf_bytes(result.sf), logical_sf_bytes(rows.sf))
-    _assert_peer_layout(result.sf, num_tokens, sf, _backend(device))
+    assert_peer_layout(result.sf, num_tokens, sf, backend_of(device))
     assert_col_major_buffer_written(
         lambda buffer: _cast(x, block, sf, fmt, use_tma_aligned_col_major_sf=True,
                              out=(torch.empty_like(rows.data), buffer)).sf,
-        rows.sf, _backend(device), device,
+        rows.sf, backend_of(device), device,
     )  # fmt: skip
 
 
@@ -389,7 +379,7 @@ def test_per_token_cast_col_major_sf_only_values(variant, device):
     rows = _cast(x, block, sf, fmt)
     alone = per_token_cast_with_sf_only(x, fmt, block, True, round_sf, packed, e4m3_sf)
     assert_equal(logical_sf_bytes(alone), logical_sf_bytes(rows.sf))
-    _assert_peer_layout(alone, 37, sf, _backend(device))
+    assert_peer_layout(alone, 37, sf, backend_of(device))
 
 
 @pytest.mark.npu
@@ -406,7 +396,7 @@ def test_per_token_cast_col_major_column_tiles(hidden, block, sf, device):
     result = _cast(x, block, sf, use_tma_aligned_col_major_sf=True)
     assert_equal(result.data.cpu().view(torch.uint8), rows.data.cpu().view(torch.uint8))
     assert_equal(logical_sf_bytes(result.sf), logical_sf_bytes(rows.sf))
-    _assert_peer_layout(result.sf, 37, sf, _backend(device))
+    assert_peer_layout(result.sf, 37, sf, backend_of(device))
 
 
 # The peer's shapes (tokens 4001 / 8001, hidden 4096 / 7168), 128-channel fp32 and 32-channel UE8M0 scales.

@@ -27,7 +27,7 @@ import torch
 
 from cann_ops_tilelang.config import Backend
 from cann_ops_tilelang.kernel_target import compile_kernel
-from cann_ops_tilelang.quant._scale_rules import LANES, UE8M0_PACK
+from cann_ops_tilelang.quant._scale_rules import LANES, UE8M0_PACK, check_col_major_words
 from cann_ops_tilelang.quant._tiling import FLOAT_DTYPE_NAMES, RowScales, divisors
 from cann_ops_tilelang.quant.per_token_cast_kernel import CAST_BLOCK_SIZES, hidden_multiple
 
@@ -100,17 +100,7 @@ class MoeSwigluForwardConfig(RowScales):
             raise TypeError(f'col_major_sf must be a bool, got {type(self.col_major_sf).__name__}')
         if self.col_major_sf and not self.fp8:
             raise ValueError('col_major_sf applies to fmt "e4m3" only (the scales of the fused cast)')
-        if (
-            self.col_major_sf
-            and self.packed_ue8m0
-            and self.backend == 'ascend'
-            and self.num_col_tiles > 1
-            and self.groups_per_tile % UE8M0_PACK
-        ):
-            raise ValueError(
-                f'Ascend: column-major UE8M0 scales need whole int32 words per task: block_k {self.block_k} must '
-                f'hold a multiple of {UE8M0_PACK} blocks of {self.block_size}, or be the whole row'
-            )
+        check_col_major_words(self)
         if self.backend == 'cuda' and self.block_size > 255:
             raise ValueError('CUDA: a block count must fit its byte of the packed clamp counts')
 

@@ -29,6 +29,24 @@ def col_major_scales(T, rows, sf_cols: int, dtype, *, packed: bool):
     return T.StridedTensor(shape, (T.dynamic('sf_stride'), 1), dtype)
 
 
+def check_col_major_words(cfg) -> None:
+    """ValueError for an Ascend configuration of column-major UE8M0 scales whose tasks cut an int32 word: a task
+    writes its scales in whole words (one DMA burst each), so a row of several tasks needs a multiple of
+    UE8M0_PACK blocks in each. `cfg`: the per-token cast configurations' fields (backend, col_major_sf,
+    packed_ue8m0, num_col_tiles, groups_per_tile, block_k, block_size)."""
+    if (
+        cfg.col_major_sf
+        and cfg.packed_ue8m0
+        and cfg.backend == 'ascend'
+        and cfg.num_col_tiles > 1
+        and cfg.groups_per_tile % UE8M0_PACK
+    ):
+        raise ValueError(
+            f'Ascend: column-major UE8M0 scales need whole int32 words per task: block_k {cfg.block_k} must '
+            f'hold a multiple of {UE8M0_PACK} blocks of {cfg.block_size}, or be the whole row'
+        )
+
+
 def scale_index(row, k, *, col_major: bool, packed: bool):
     """The indices of scale k of scale row `row` (a token, a token block, a task's row) in a kernel's scale buffer:
     (row, k) row-major; column-major (the transposed view the kernels take, `sf.T`) (k, row), and for packed UE8M0

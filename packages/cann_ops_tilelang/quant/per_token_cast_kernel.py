@@ -47,7 +47,7 @@ from cann_ops_tilelang.kernel_target import compile_kernel
 # The backend kernels (they do not import this module: no import circle).
 from ._per_token_cast_ascend import ascend_per_token_cast_kernel
 from ._per_token_cast_cuda import cuda_per_token_cast_kernel
-from ._scale_rules import LANES, UE8M0_PACK
+from ._scale_rules import LANES, UE8M0_PACK, check_col_major_words
 from ._tiling import FLOAT_DTYPE_NAMES, MODES, CastFormats, CastModes, RowScales, divisors
 
 BLOCK_SIZES = (32, 64, 128)  # per_token_cast_and_cast_back's; 32 first: the only block the peer's Ascend kernel takes
@@ -112,17 +112,7 @@ class PerTokenCastConfig(CastModes, CastFormats, RowScales):
             raise ValueError('mode "precomputed" reads fp32 scales: round_sf and packed_ue8m0 do not apply there')
         if self.col_major_sf and not self.computes_sf:
             raise ValueError('col_major_sf: mode "precomputed" reads row-major scales (as TileKernels)')
-        if (
-            self.col_major_sf
-            and self.packed_ue8m0
-            and self.backend == 'ascend'
-            and self.num_col_tiles > 1
-            and self.groups_per_tile % UE8M0_PACK
-        ):
-            raise ValueError(
-                f'Ascend: column-major UE8M0 scales need whole int32 words per task: block_k {self.block_k} must '
-                f'hold a multiple of {UE8M0_PACK} blocks of {self.block_size}, or be the whole row'
-            )
+        check_col_major_words(self)
 
     @property
     def block_channels(self) -> int:
