@@ -30,10 +30,8 @@ def sf_layout(num_tokens: int, hidden: int, num_per_channels: int, packed: bool,
               device: torch.device | None = None):  # fmt: skip
     """(shape, dtype) of x_grad_fp8's scales: per_token_cast's of a (T, 2 H) tensor; column-major (shape, dtype,
     strides): per_token_cast's strides, the peer's rule on `device`'s backend."""
-    shape, dtype = quant_contract.sf_layout(num_tokens, 2 * hidden, (1, num_per_channels), packed)
-    if not col_major:
-        return shape, dtype
-    return shape, dtype, quant_contract.col_major_sf_strides(num_tokens, dtype, device)
+    layout = quant_contract.sf_layout(num_tokens, 2 * hidden, (1, num_per_channels), packed)
+    return quant_contract.scale_result(layout, col_major, device)
 
 
 def _options(name, x_sf, T, H2, fmt, num_per_channels, psum_num_tokens_per_expert, topk_weights,

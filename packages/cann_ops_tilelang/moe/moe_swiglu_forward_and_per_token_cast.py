@@ -38,9 +38,9 @@ def _results(x, num_per_channels, use_tma_aligned_col_major_sf, use_packed_ue8m0
     (column-major scales: its strides, the peer's rule on x's backend)."""
     num_tokens, hidden = x.shape[0], x.shape[1] // 2
     sf = sf_layout(num_tokens, hidden, num_per_channels, use_packed_ue8m0)
-    if use_tma_aligned_col_major_sf:
-        sf = (*sf, quant_contract.col_major_sf_strides(num_tokens, sf[1], x.device))
-    return ((num_tokens, hidden), torch.float8_e4m3fn), sf
+    return ((num_tokens, hidden), torch.float8_e4m3fn), quant_contract.scale_result(
+        sf, use_tma_aligned_col_major_sf, x.device
+    )
 
 
 def _choice(x, fmt, num_per_channels, psum_num_tokens_per_expert, topk_weights, use_tma_aligned_col_major_sf,

@@ -11,7 +11,7 @@ import torch
 from cann_ops_tilelang.operator import Operator, new_output, scalar, tensor
 from cann_ops_tilelang.quant import _contract as contract
 from cann_ops_tilelang.quant._quant_tensor import QuantTensor
-from cann_ops_tilelang.quant.per_token_cast import _sf_result
+from cann_ops_tilelang.quant.per_token_cast import sf_layout
 from cann_ops_tilelang.quant.per_token_cast_kernel import CAST_BLOCK_SIZES, hidden_multiple
 from cann_ops_tilelang.validation import batch_rows, check_out
 
@@ -30,7 +30,8 @@ class NormForwardAndPerTokenCastResult(NamedTuple):
 def _results(x, num_per_channels, use_packed_ue8m0, col_major=False):
     """(shape, dtype) of data, (shape, dtype[, strides]) of sf: per_token_cast's layouts (column-major scales:
     its strides, the peer's rule on x's backend)."""
-    return ((tuple(x.shape), torch.float8_e4m3fn), _sf_result(x, num_per_channels, col_major, use_packed_ue8m0, False))
+    sf = contract.scale_result(sf_layout(*x.shape, num_per_channels, use_packed_ue8m0), col_major, x.device)
+    return (tuple(x.shape), torch.float8_e4m3fn), sf
 
 
 def _new_outputs(x, num_per_channels, use_packed_ue8m0, col_major) -> tuple:

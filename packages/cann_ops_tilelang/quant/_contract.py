@@ -77,6 +77,13 @@ def col_major_sf_strides(num_tokens: int, dtype: torch.dtype, device: torch.devi
     return 1, -(-num_tokens // per) * per
 
 
+def scale_result(layout: tuple, col_major: bool, device: torch.device) -> tuple:
+    """A `results` item of scales: `layout` (shape, dtype), with col_major_sf_strides of its rows (tokens or token
+    blocks) on `device`'s backend when the scales are column-major."""
+    shape, dtype = layout
+    return layout if not col_major else (shape, dtype, col_major_sf_strides(shape[0], dtype, device))
+
+
 def check_given_scales(name: str, sf: torch.Tensor, x_shape, block, use_packed_ue8m0: bool, blocks_are: str) -> None:
     """The fp32 scales a `_with_precomputed_sf` cast takes: of sf_layout's shape (`blocks_are` says what one
     scale covers, for the message); packed UE8M0 is not taken there."""

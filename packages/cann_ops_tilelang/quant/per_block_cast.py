@@ -30,12 +30,10 @@ def sf_layout(
 
 
 def _sf_result(x, block_size, use_tma_aligned_col_major_sf, use_packed_ue8m0, use_e4m3_sf):
-    """(shape, dtype) of sf, with its strides when column-major (contract.col_major_sf_strides of its ceil(T / bt)
-    rows, the token blocks: the peer's rule on x's backend)."""
-    shape, dtype = sf_layout(*x.shape, block_size, use_packed_ue8m0, use_e4m3_sf)
-    if not use_tma_aligned_col_major_sf:
-        return shape, dtype
-    return shape, dtype, contract.col_major_sf_strides(shape[0], dtype, x.device)
+    """(shape, dtype) of sf, with its strides when column-major (contract.scale_result of its ceil(T / bt) rows,
+    the token blocks)."""
+    layout = sf_layout(*x.shape, block_size, use_packed_ue8m0, use_e4m3_sf)
+    return contract.scale_result(layout, use_tma_aligned_col_major_sf, x.device)
 
 
 def _options(name, H, fmt, block_size, round_sf, use_packed_ue8m0, use_e4m3_sf):

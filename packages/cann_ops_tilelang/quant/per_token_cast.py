@@ -28,12 +28,9 @@ def sf_layout(
 
 
 def _sf_result(x, num_per_channels, use_tma_aligned_col_major_sf, use_packed_ue8m0, use_e4m3_sf):
-    """(shape, dtype) of sf, with its strides when column-major (contract.col_major_sf_strides: the peer's rule on
-    x's backend)."""
-    shape, dtype = sf_layout(*x.shape, num_per_channels, use_packed_ue8m0, use_e4m3_sf)
-    if not use_tma_aligned_col_major_sf:
-        return shape, dtype
-    return shape, dtype, contract.col_major_sf_strides(x.shape[0], dtype, x.device)
+    """(shape, dtype) of sf, with its strides when column-major (contract.scale_result)."""
+    layout = sf_layout(*x.shape, num_per_channels, use_packed_ue8m0, use_e4m3_sf)
+    return contract.scale_result(layout, use_tma_aligned_col_major_sf, x.device)
 
 
 def _results(x, fmt, num_per_channels, use_tma_aligned_col_major_sf, use_packed_ue8m0, use_e4m3_sf):
