@@ -215,10 +215,13 @@ class Operator:
         extra: Callable | None = None,
         shape_from: str | None = None,
         results: Callable | None = None,
+        label: str | None = None,
     ) -> None:
         if name in OPERATORS:
             raise ValueError(f'operator {name!r} is declared twice')
         self.name = name
+        # The name its errors give: another operator's, for a form that a public function routes to (`quantised`).
+        self.label = label or name
         self.args = args
         self._results = results
         self._arg_names = [a.name for a in args]
@@ -290,7 +293,7 @@ class Operator:
 
     def public(
         self, eager: Callable, *, returns: str = '()', result=None, fake: Callable | None = None, traced=None,
-        batched: Callable | None = None,
+        batched: Callable | None = None, quantised: Callable | None = None,
     ):  # fmt: skip
         """Decorator of the public function's stub, whose signature (the declared arguments, in order) and docstring
         it keeps; the body is not run. The public function calls `eager` with every argument, positionally, or,
@@ -301,7 +304,9 @@ class Operator:
         NamedTuple type, wraps a tuple that the forms return, or, for `returns='()'`, the written tensors.
         `batched(function, *args)`, where given, takes a call whose first tensor has one dimension more than
         declared (a batch of token rows, as the peer's 3-D calls): it calls `function`, the public function, on
-        views of the rows and gives the results their batch dimension back (see `batch_rows`)."""
+        views of the rows and gives the results their batch dimension back (see `batch_rows`). `quantised`, where
+        given, takes a call whose first argument is a quantised tensor, a tuple (data, sf), in place of a tensor (the
+        peer's pre-quantised inputs): another operator's public function of the same signature."""
 
         def declare(stub: Callable) -> Callable:
             self._signature = inspect.signature(stub)
@@ -315,7 +320,7 @@ class Operator:
                     raise ValueError(f'{self.name}: batched needs the first argument declared with its dims')
                 rank = len(dims) + 1
             call = self._define_forms(eager, returns, result, fake) if traced is None else self._checked(traced)
-            function = _public_function(stub, names, eager, call, batched, rank)
+            function = _public_function(stub, names, eager, call, batched, rank, quantised)
             function.operator = self
             return function
 
@@ -468,12 +473,13 @@ class Operator:
 
 def _public_function(
     stub: Callable, names: list[str], eager: Callable, call: Callable, batched: Callable | None = None,
-    batched_rank: int | None = None,
+    batched_rank: int | None = None, quantised: Callable | None = None,
 ) -> Callable:  # fmt: skip
     """The public function with the stub's signature: `traced(first)` picks `call`, else `eager` (generated, so a
     call costs what the hand-written `if traced(x): ...; return _eager(x, ...)` costs); with `batched`, a first
-    tensor of `batched_rank` dimensions goes to it first."""
-    namespace = {'traced': traced, '_traced_call': call, '_eager': eager, '_batched': batched, '_Tensor': torch.Tensor}
+    tensor of `batched_rank` dimensions goes to it first; with `quantised`, a first argument that is a tuple."""
+    namespace = {'traced': traced, '_traced_call': call, '_eager': eager, '_batched': batched, '_Tensor': torch.Tensor,
+                 '_quantised': quantised}  # fmt: skip
     params, keyword_only = [], False
     for i, p in enumerate(inspect.signature(stub).parameters.values()):
         if p.kind is p.KEYWORD_ONLY and not keyword_only:
@@ -490,6 +496,11 @@ def _public_function(
         batch = (
             f'    if isinstance({names[0]}, _Tensor) and {names[0]}.dim() == {batched_rank}:\n'
             f'        return _batched({stub.__name__}, {", ".join(names)})\n'
+        )
+    if quantised is not None:
+        batch += (
+            f'    if type({names[0]}) is not _Tensor and isinstance({names[0]}, tuple):\n'
+            f'        return _quantised({args})\n'
         )
     source = (
         f'def {stub.__name__}({", ".join(params)}):\n'
@@ -528,7 +539,7 @@ def _generate(op: Operator, choice, limits, extra, shape_from, results) -> None:
     first = tensors[0].name
     namespace = {
         '_op': op,
-        '_name': op.name,
+        '_name': op.label,
         '_limits': limits,
         '_extra': extra,
         '_choice': choice,

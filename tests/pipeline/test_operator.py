@@ -264,6 +264,50 @@ def test_public_function_hands_a_batched_first_tensor_to_batched():
                           get_kernel=None).public(lambda x: x, batched=batched)(lambda x: None)  # fmt: skip
 
 
+def test_public_function_hands_a_quantised_first_argument_to_quantised():
+    """With `quantised`, a tuple first argument (data, sf) goes to it with every argument; tensors, other types
+    and tensor subclasses go on as before. An operator's `label` names it in its errors."""
+    name = f'toy_{uuid.uuid4().hex[:8]}'
+    declared = operator.Operator(
+        name, operator.tensor('x', torch.float32, 'T, n'), operator.scalar('scale', 'float'), choose_config=None,
+        get_kernel=None,
+    )  # fmt: skip
+    routed, eager_seen = [], []
+
+    def quantised(x, scale):
+        routed.append((type(x), scale))
+        return x[0]
+
+    def eager(x, scale):
+        eager_seen.append(type(x))
+        return x
+
+    @declared.public(eager, returns='Tensor', quantised=quantised)
+    def toy(x: torch.Tensor, scale: float = 2.0) -> torch.Tensor:
+        """Toy docstring."""
+
+    rows = torch.ones(3, 4)
+    assert toy(rows) is rows
+    assert toy((rows, torch.ones(3)), 5.0) is rows
+    assert toy([rows]) == [rows]
+    assert toy(torch.nn.Parameter(rows)) is not None
+    assert routed == [(tuple, 5.0)]
+    assert eager_seen == [torch.Tensor, list, torch.nn.Parameter]
+
+    def extra(name, scale):
+        if scale > 1:
+            raise ValueError(f'{name}: scale must be at most 1, got {scale}')
+
+    for label, shown in ((None, f'{name}_form'), ('the_public_name', 'the_public_name')):
+        labelled = operator.Operator(
+            f'{name}_form' if label is None else f'{name}_labelled', operator.tensor('x', torch.float32, 'T, n'),
+            operator.scalar('scale', 'float'), extra=extra, choose_config=None, get_kernel=None, label=label,
+        )  # fmt: skip
+        assert labelled.name != 'the_public_name'
+        with pytest.raises(ValueError, match=f'^{shown}: scale must be at most 1, got 2.0'):
+            labelled.check(rows, 2.0)
+
+
 def test_an_optional_written_tensor_is_checked_when_given_and_takes_the_full_path(monkeypatch):
     """An optional tensor written in place (moe_topk_gate's scores): `Tensor(a!)?` in the schema, its overlaps
     checked only when it is given, and a call that gives it leaves the fast path to the full check."""

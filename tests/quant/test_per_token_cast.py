@@ -8,14 +8,18 @@ import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from cann_ops_tilelang import config
+from cann_ops_tilelang import config, operator
 from cann_ops_tilelang.config import backend_of
 from cann_ops_tilelang.quant import (
     QuantTensor,
+    per_block_cast,
     per_token_cast,
     per_token_cast_with_precomputed_sf,
     per_token_cast_with_sf_only,
 )
+from cann_ops_tilelang.quant.per_token_cast import QUANTISED
+from cann_ops_tilelang.quant.per_token_cast_kernel import choose_per_token_cast_config
+from tests.quant.cast_back_ref import cast_back_ref
 from tests.quant.cast_ref import (
     assert_col_major_buffer_written,
     assert_peer_layout,
@@ -106,7 +110,7 @@ X = torch.zeros(4, 256, dtype=torch.bfloat16)
         ((X, 'e4m3', 8), {}, ValueError, r'num_per_channels must be one of \(16, 32, 64, 128\), got 8'),
         ((X, 'e4m3', 128), {'round_sf': 1}, TypeError, 'round_sf must be a bool, got int'),
         ((X, 'e4m3', 128), {'use_packed_ue8m0': True}, ValueError, 'use_packed_ue8m0=True needs round_sf=True'),
-        ((X, 'e4m3', 128), {'x_block_size': (1, 128)}, ValueError, r'x_block_size=\(1, 128\) is not supported yet'),
+        ((X, 'e4m3', 128), {'x_block_size': (1, 128)}, ValueError, r'x is a tensor, got x_block_size=\(1, 128\)'),
         ((X, 'e2m1', 128), {'use_e4m3_sf': True, 'round_sf': True}, ValueError, 'use_e4m3_sf=True and round_sf'),
         ((X, 'e4m3', 128), {'stochastic_cast': True}, ValueError, 'stochastic_cast=True is not supported yet'),
         ((X, 'e4m3', 128), {'use_tma_aligned_col_major_sf': 1}, TypeError, 'use_tma_aligned_col_major_sf must be a'),
@@ -397,6 +401,143 @@ def test_per_token_cast_col_major_column_tiles(hidden, block, sf, device):
     assert_equal(result.data.cpu().view(torch.uint8), rows.data.cpu().view(torch.uint8))
     assert_equal(logical_sf_bytes(result.sf), logical_sf_bytes(rows.sf))
     assert_peer_layout(result.sf, 37, sf, backend_of(device))
+
+
+# ---------------------------------------------------------------- a quantised x (data, sf): the peer's x_block_size
+
+FP8, FP4 = torch.float8_e4m3fn, torch.int8
+Q8 = (torch.zeros(4, 256, dtype=FP8), torch.ones(4, 2))  # per-token, 128-channel fp32 scales
+
+
+@pytest.mark.parametrize(
+    ('args', 'kwargs', 'error', 'match'),
+    [
+        ((Q8, 'e4m3', 128), {}, ValueError, r'per_token_cast: a quantised x \(data, sf\) needs x_block_size'),
+        (((Q8[0].float(), Q8[1]), 'e4m3', 128, (1, 128)), {}, TypeError, r'x\[0\] must have dtype torch.float8'),
+        (((Q8[0], Q8[1].half()), 'e4m3', 128, (1, 128)), {}, TypeError, r'x\[1\] must have dtype torch.float32 or'),
+        ((Q8, 'e4m3', 128, (1, 64)), {}, ValueError, r'per_token_cast: x\[1\] must have shape \(4, 4\)'),
+        ((Q8, 'e4m3', 128, (1, 128, 1)), {}, ValueError, r'x_block_size must be \(tokens, channels\)'),
+        ((Q8, 'e4m3', 128, (3, 128)), {}, ValueError, r'x_block_size\[0\] \(tokens per scale\) must be one of'),
+        ((Q8, 'e5m2', 128, (1, 128)), {}, ValueError, r"per_token_cast: fmt must be one of \('e4m3', 'e2m1'\)"),
+        ((Q8, 'e4m3', 48, (1, 128)), {}, ValueError, r'num_per_channels must be one of \(16, 32, 64, 128\)'),
+        ((Q8, 'e4m3', 128, (1, 128)), {'stochastic_cast': True}, ValueError, 'stochastic_cast=True is not supported'),
+        ((Q8, 'e4m3', 128, (1, 128)), {'use_packed_ue8m0': True}, ValueError, 'use_packed_ue8m0=True needs round_sf'),
+        (((torch.zeros(4, 96, dtype=FP4), torch.ones(4, 3)), 'e4m3', 128, (1, 64)), {}, ValueError,
+         r'multiple of 128 for x_block_size \(1, 64\) and FP4 data'),
+        (((torch.zeros(4, 64, dtype=FP4), torch.ones(4, 4)), 'e4m3', 128, (32, 32)), {}, ValueError,
+         r'FP4 \(int8\) data take per-token scales only'),
+        ((Q8, 'e4m3', 128, (1, 128)), {'out': (torch.empty(4, 256, dtype=FP8), torch.empty(4, 3))}, ValueError,
+         r'out\[1\] must have shape \(4, 2\)'),
+        ((Q8, 'e4m3', 128, (1, 128)), {}, RuntimeError, "no kernels for 'cpu' tensors"),
+    ],
+    ids=lambda v: v if isinstance(v, str) and v.isidentifier() else None,
+)  # fmt: skip
+def test_per_token_cast_quantised_rejects(args, kwargs, error, match):
+    with pytest.raises(error, match=match):
+        per_token_cast(*args, **kwargs)
+
+
+def test_per_token_cast_quantised_fake_tensors(monkeypatch):
+    """While torch traces: a quantised x takes its own forms (two tensors in their schemas), whose fake kernels give
+    the eager call's outputs: FP4 data of H / 2 bytes casts H channels; column-major scales of the peer's layout."""
+    monkeypatch.setattr(config, 'require_accelerator', lambda *tensors: 'cuda')
+    with FakeTensorMode():
+        fp4 = (torch.empty(37, 576, dtype=FP4, device='cuda'), torch.empty(37, 72, dtype=FP8, device='cuda'))
+        result = per_token_cast(fp4, 'e4m3', 32, (1, 16), use_tma_aligned_col_major_sf=True, round_sf=True)
+        assert isinstance(result, QuantTensor)
+        assert (result.data.shape, result.data.dtype) == ((37, 1152), FP8)
+        assert_peer_layout(result.sf, 37, 'pow2', 'cuda')
+        blocks = (torch.empty(37, 1152, dtype=FP8, device='cuda'), torch.empty(1, 3, dtype=torch.int32, device='cuda'))
+        result = per_token_cast(blocks, 'e2m1', 16, (128, 128), use_e4m3_sf=True)
+        assert (result.data.shape, result.data.dtype, result.sf.shape) == ((37, 576), FP4, (37, 72))
+        # The configuration: the two stages the call launches, meeting in fp32 rows of the logical hidden size.
+        monkeypatch.setattr(operator, 'get_num_cores', lambda device: 7)
+        cfg = per_token_cast.operator.config  # the tensor form's; the quantised form's below
+        assert cfg(torch.empty(37, 1152, device='cuda'), 'e4m3', 32).in_dtype == 'float32'
+        recast = QUANTISED.config(fp4, 'e4m3', 32, (1, 16), True, True)
+        assert (recast.backend, recast.dequantise.out_dtype, recast.cast.in_dtype) == ('cuda', 'float32', 'float32')
+        assert (recast.dequantise.hidden, recast.dequantise.fp4, recast.dequantise.e4m3_sf) == (1152, True, True)
+        assert (recast.cast.hidden, recast.cast.block_size, recast.cast.round_sf, recast.cast.col_major_sf) == (
+            1152, 32, True, True,
+        )  # fmt: skip
+        assert recast.cast == choose_per_token_cast_config(backend='cuda', num_cores=7, hidden=1152,
+                                                           in_dtype=torch.float32, block_size=32, round_sf=True,
+                                                           col_major_sf=True)  # fmt: skip
+    schemas = [str(op._schema) for op in QUANTISED.forms.values()]
+    options = (
+        'str fmt, int num_per_channels, int[]? x_block_size, bool use_tma_aligned_col_major_sf, bool round_sf, '
+        'bool use_packed_ue8m0, bool use_e4m3_sf, bool stochastic_cast'
+    )
+    assert schemas == [
+        f'cann_ops_tilelang::per_token_cast_quantised(Tensor x_data, Tensor x_sf, {options}) -> (Tensor, Tensor)',
+        f'cann_ops_tilelang::per_token_cast_quantised_out(Tensor x_data, Tensor x_sf, {options}, Tensor(a!) out_data, '
+        'Tensor(b!) out_sf) -> ()',
+    ]
+
+
+# (input: producer, data format, block, scale format, column-major; output: fmt, block, scale format, column-major)
+# at H 1152. Level 0 compiles nothing of its own: the dequantising stages are test_cast_back.py's level-0 kernels,
+# the cast stage its column-major FP4 one (fp32 rows, 16-channel E4M3 scales), and the producers its inputs'.
+_QUANTISED_CORE = [
+    dict(producer='block', data='e4m3', block_in=(32, 64), sf_in='ue8m0', fmt='e2m1', block=16, sf='e4m3', cm=True),
+    dict(producer='token', data='e2m1', block_in=(1, 64), sf_in='ue8m0', fmt='e2m1', block=16, sf='e4m3', cm=True),
+    # fp32 input scales: dequantised values that bf16 cannot hold (e4m3 data times a power of two would fit)
+    dict(producer='token', data='e4m3', block_in=(1, 16), sf_in='fp32', fmt='e2m1', block=16, sf='e4m3', cm=True),
+]
+QUANTISED_VARIANTS = by_level(
+    LEVEL,
+    core=_QUANTISED_CORE,
+    default=[
+        *_QUANTISED_CORE,
+        dict(producer='token', data='e4m3', block_in=(1, 128), sf_in='fp32', fmt='e4m3', block=32, sf='fp32', cm=False),
+        dict(producer='block', data='e4m3', block_in=(128, 128), sf_in='fp32', fmt='e4m3', block=128, sf='ue8m0',
+             cm=True),
+        dict(producer='token', data='e2m1', block_in=(1, 16), sf_in='e4m3', fmt='e4m3', block=64, sf='pow2', cm=False),
+        dict(producer='token', data='e4m3', block_in=(1, 32), sf_in='ue8m0', fmt='e2m1', block=32, sf='ue8m0',
+             cm=False, cm_in=True),
+    ],
+)  # fmt: skip
+
+
+def _quantised_input(x, variant):
+    """x quantised by the domain's casts as the variant's input (its scales column-major where `cm_in`)."""
+    bt, bc = variant['block_in']
+    round_sf, packed, e4m3_sf = _FORMATS[variant['sf_in']]
+    if variant['producer'] == 'block':
+        return per_block_cast(x, variant['data'], (bt, bc), round_sf=round_sf, use_packed_ue8m0=packed)
+    return per_token_cast(x, variant['data'], bc, round_sf=round_sf, use_packed_ue8m0=packed, use_e4m3_sf=e4m3_sf,
+                          use_tma_aligned_col_major_sf=variant.get('cm_in', False))  # fmt: skip
+
+
+@pytest.mark.npu
+@pytest.mark.parametrize('variant', QUANTISED_VARIANTS, ids=make_param_id)
+@pytest.mark.parametrize('num_tokens', by_level(LEVEL, core=(0, 37), default=(1, 300)))
+def test_per_token_cast_quantised_values(variant, num_tokens, device):
+    """per_token_cast of a quantised x is the cast of its dequantised fp32 values, bit for bit (data, and the scale
+    bytes in the logical order, column-major ones in the peer's layout), into new buffers or given ones."""
+    x = scaled_rows(num_tokens, 1152, 'bfloat16', device)
+    quantised = _quantised_input(x, variant)
+    fmt, block, sf, cm = variant['fmt'], variant['block'], variant['sf'], variant['cm']
+    result = _cast(quantised, block, sf, fmt, x_block_size=variant['block_in'], use_tma_aligned_col_major_sf=cm)
+    data, scales = quantised[0].cpu(), torch.empty(quantised[1].shape, dtype=quantised[1].dtype)
+    scales.copy_(quantised[1].cpu())  # row-major: the values of column-major scales
+    values = cast_back_ref(data, scales.view(torch.uint8) if scales.dtype == torch.int32 else scales, torch.float32,
+                           *variant['block_in'])  # fmt: skip
+    round_sf, packed, e4m3_sf = _FORMATS[sf]
+    want = per_token_cast_format_ref(values, block, fmt, round_sf=round_sf, packed_ue8m0=packed, e4m3_sf=e4m3_sf)
+    assert_equal(result.data.cpu().view(torch.uint8), want[0].view(torch.uint8))
+    assert_equal(logical_sf_bytes(result.sf), logical_sf_bytes(want[1]))
+    if cm:
+        assert_peer_layout(result.sf, num_tokens, sf, backend_of(device))
+    buffers = (torch.empty_like(result.data), torch.empty_like(result.sf) if not cm else result.sf.clone().fill_(0))
+    if cm:
+        buffers = (buffers[0], tma_col_major_sf(tuple(result.sf.shape), result.sf.dtype, backend_of(device), device))
+    again = _cast(quantised, block, sf, fmt, x_block_size=variant['block_in'], use_tma_aligned_col_major_sf=cm,
+                  out=buffers)  # fmt: skip
+    assert again.data is buffers[0]
+    assert again.sf is buffers[1]
+    assert_equal(again.data.cpu().view(torch.uint8), want[0].view(torch.uint8))
+    assert_equal(logical_sf_bytes(again.sf), logical_sf_bytes(want[1]))
 
 
 # The peer's shapes (tokens 4001 / 8001, hidden 4096 / 7168), 128-channel fp32 and 32-channel UE8M0 scales.

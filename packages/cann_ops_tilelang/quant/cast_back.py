@@ -59,7 +59,7 @@ def _kernel_sf(sf: torch.Tensor, col_major: bool) -> torch.Tensor:
     return sf.view(torch.uint8) if sf.dtype == contract.PACKED_SF_DTYPE else sf
 
 
-def _hidden(data: torch.Tensor) -> int:
+def logical_hidden(data: torch.Tensor) -> int:
     """The logical hidden size: data's columns, two elements a byte for FP4."""
     return 2 * data.shape[1] if data.dtype == contract.FP4_DATA_DTYPE else data.shape[1]
 
@@ -68,6 +68,13 @@ def _options(name, x_data, x_sf, T, H, fmt, x_block_size, x_special_fmt):
     if fmt not in OUT_FORMATS:
         raise ValueError(f"{name}: fmt must be 'bf16' or 'fp32' (the output format), got {fmt!r}")
     contract.check_unsupported(name, x_special_fmt=x_special_fmt)
+    check_quantised(name, x_data, x_sf, T, H, x_block_size)
+
+
+def check_quantised(name, x_data, x_sf, T, H, x_block_size) -> None:
+    """The rules of a quantised x = (data, sf) of blocks x_block_size that cast_back reads (dtypes checked by the
+    declaration): the block for the data and scale formats, the hidden size, sf's shape and layout. H: data's
+    columns (bytes for FP4)."""
     fp4 = x_data.dtype == contract.FP4_DATA_DTYPE
     _check_blocks(name, x_block_size, fp4, x_sf.dtype == contract.E4M3_SF_DTYPE)
     if fp4:
@@ -91,9 +98,10 @@ def _options(name, x_data, x_sf, T, H, fmt, x_block_size, x_special_fmt):
                          f'1; TileKernels 2.1.0 refuses them too), got strides {x_sf.stride()}')  # fmt: skip
 
 
-def _choice(x, fmt, x_block_size):
+def kernel_choice(x, fmt, x_block_size):
+    """choose_cast_back_config's keyword arguments for x = (data, sf) of blocks x_block_size, output `fmt`."""
     return {
-        'hidden': _hidden(x[0]),
+        'hidden': logical_hidden(x[0]),
         'out_dtype': OUT_FORMATS[fmt],
         'block_tokens': x_block_size[0],
         'block_channels': x_block_size[1],
@@ -105,7 +113,7 @@ def _choice(x, fmt, x_block_size):
 
 
 def _output(x, fmt):
-    return (((x[0].shape[0], _hidden(x[0])), OUT_FORMATS[fmt]),)
+    return (((x[0].shape[0], logical_hidden(x[0])), OUT_FORMATS[fmt]),)
 
 
 # e4m3 data (T, H) or FP4 data (T, H / 2) int8 (per_token_cast's); the scale dtype names the scale format.
@@ -130,7 +138,7 @@ OP = Operator(
     scalar('x_special_fmt', 'str', optional=True),
     out('out'),
     extra=_options,
-    choice=_choice,
+    choice=kernel_choice,
     **_COMMON,
 )
 PER_TOKEN = Operator(
@@ -143,7 +151,7 @@ PER_TOKEN = Operator(
     extra=lambda name, x_data, x_sf, T, H, fmt, num_per_channels, x_special_fmt: _options(
         name, x_data, x_sf, T, H, fmt, (1, num_per_channels), x_special_fmt
     ),
-    choice=lambda x, fmt, num_per_channels: _choice(x, fmt, (1, num_per_channels)),
+    choice=lambda x, fmt, num_per_channels: kernel_choice(x, fmt, (1, num_per_channels)),
     **_COMMON,
 )
 
@@ -160,7 +168,7 @@ def _run(op: Operator, args: tuple, x, fmt, block, out) -> torch.Tensor:
     launcher, fast = op.prepare(key, args)
     data, sf = x
     if out is None:
-        out = data.new_empty((data.shape[0], _hidden(data)), dtype=OUT_FORMATS[fmt])
+        out = data.new_empty((data.shape[0], logical_hidden(data)), dtype=OUT_FORMATS[fmt])
     if data.shape[0]:
         sf = _kernel_sf(sf, sf_col_major(sf) if col_major is None else col_major)
     op.finish(launcher, fast, key, (data, sf, out), args, empty=not data.shape[0])

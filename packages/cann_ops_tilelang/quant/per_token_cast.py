@@ -9,11 +9,15 @@ from cann_ops_tilelang.operator import Operator, out, outs, scalar, tensor
 from . import _contract as contract
 from ._eager import cast_eager
 from ._quant_tensor import QuantTensor
+from .cast_back import X as QUANTISED_X
+from .cast_back import cast_back, check_quantised, kernel_choice, logical_hidden
 from .per_token_cast_kernel import (
     CAST_BLOCK_SIZES,
     FORMATS,
     choose_per_token_cast_config,
+    choose_per_token_recast_config,
     get_per_token_cast_kernel,
+    get_per_token_recast_kernels,
     hidden_multiple,
 )
 
@@ -27,26 +31,36 @@ def sf_layout(
     return shape, contract.E4M3_SF_DTYPE if e4m3_sf else dtype
 
 
-def _sf_result(x, num_per_channels, use_tma_aligned_col_major_sf, use_packed_ue8m0, use_e4m3_sf):
-    """(shape, dtype) of sf, with its strides when column-major (contract.scale_result)."""
-    layout = sf_layout(*x.shape, num_per_channels, use_packed_ue8m0, use_e4m3_sf)
+def _sf_result(x, num_per_channels, use_tma_aligned_col_major_sf, use_packed_ue8m0, use_e4m3_sf, shape=None):
+    """(shape, dtype) of sf, with its strides when column-major (contract.scale_result); `shape`: x's logical
+    (T, H) where x is not a plain tensor."""
+    layout = sf_layout(*(shape or x.shape), num_per_channels, use_packed_ue8m0, use_e4m3_sf)
     return contract.scale_result(layout, use_tma_aligned_col_major_sf, x.device)
 
 
 def _results(x, fmt, num_per_channels, use_tma_aligned_col_major_sf, use_packed_ue8m0, use_e4m3_sf):
-    """(shape, dtype) of data, (shape, dtype[, strides]) of sf."""
+    """(shape, dtype) of data, (shape, dtype[, strides]) of sf; x a tensor or a quantised tensor (data, sf)."""
+    data = x if isinstance(x, torch.Tensor) else x[0]
+    shape = (data.shape[0], data.shape[1] if data is x else logical_hidden(data))
     return (
-        contract.data_layout(*x.shape, fmt),
-        _sf_result(x, num_per_channels, use_tma_aligned_col_major_sf, use_packed_ue8m0, use_e4m3_sf),
+        contract.data_layout(*shape, fmt),
+        _sf_result(data, num_per_channels, use_tma_aligned_col_major_sf, use_packed_ue8m0, use_e4m3_sf, shape),
     )
 
 
 def _options(name, H, fmt, num_per_channels, x_block_size, round_sf, use_packed_ue8m0, use_e4m3_sf, stochastic_cast):
     """The rules of the three calls (use_tma_aligned_col_major_sf: any bool; per_token_cast_with_precomputed_sf
-    refuses True)."""
+    refuses True); H the logical hidden size."""
+    if x_block_size is not None:
+        raise ValueError(f'{name}: x_block_size is the scale block of a quantised x (data, sf); x is a tensor, got '
+                         f'x_block_size={x_block_size}')  # fmt: skip
+    _output_options(name, H, fmt, num_per_channels, round_sf, use_packed_ue8m0, use_e4m3_sf, stochastic_cast)
+
+
+def _output_options(name, H, fmt, num_per_channels, round_sf, use_packed_ue8m0, use_e4m3_sf, stochastic_cast):
     contract.check_cast_format(name, fmt, FORMATS)
     contract.check_block(name, 'num_per_channels', num_per_channels, CAST_BLOCK_SIZES)
-    contract.check_unsupported(name, x_block_size=x_block_size, stochastic_cast=stochastic_cast)
+    contract.check_unsupported(name, stochastic_cast=stochastic_cast)
     contract.check_scale_flags(name, round_sf, use_packed_ue8m0)
     contract.check_e4m3_sf(name, use_e4m3_sf, round_sf)
     contract.check_hidden(name, H, hidden_multiple(num_per_channels), f'num_per_channels {num_per_channels}')
@@ -146,9 +160,85 @@ PRECOMPUTED = Operator(
 )
 
 
-@OP.public(cast_eager(OP, 'cast', 'num_per_channels', col_major=True), result=QuantTensor)
+def _quantised_options(name, x_data, x_sf, T, H, fmt, num_per_channels, x_block_size, round_sf, use_packed_ue8m0,
+                       use_e4m3_sf, stochastic_cast):  # fmt: skip
+    if x_block_size is None:
+        raise ValueError(f'{name}: a quantised x (data, sf) needs x_block_size, the (tokens, channels) block of its '
+                         'scales')  # fmt: skip
+    check_quantised(name, x_data, x_sf, T, H, x_block_size)
+    hidden = 2 * H if x_data.dtype == contract.FP4_DATA_DTYPE else H
+    _output_options(name, hidden, fmt, num_per_channels, round_sf, use_packed_ue8m0, use_e4m3_sf, stochastic_cast)
+
+
+def _quantised_choice(x, x_block_size, fmt, num_per_channels, use_tma_aligned_col_major_sf, round_sf,
+                      use_packed_ue8m0, use_e4m3_sf):  # fmt: skip
+    cast = _choice('cast')(x[0], fmt, num_per_channels, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0,
+                           use_e4m3_sf)  # fmt: skip
+    cast['hidden'] = logical_hidden(x[0])
+    del cast['in_dtype']  # float32: what the dequantising stage writes
+    dequantise = kernel_choice(x, 'fp32', x_block_size)
+    del dequantise['out_dtype']
+    return {'dequantise': tuple(dequantise.items()), 'cast': tuple(cast.items())}
+
+
+# per_token_cast of a quantised x (data, sf): the form per_token_cast routes a tuple x to (its errors say
+# per_token_cast), a composition of cast_back to fp32 and per_token_cast of the fp32 rows.
+QUANTISED = Operator(
+    'per_token_cast_quantised',
+    QUANTISED_X,
+    scalar('fmt', 'str'),
+    scalar('num_per_channels', 'int'),
+    scalar('x_block_size', 'ints', optional=True),
+    scalar('use_tma_aligned_col_major_sf', 'bool'),
+    scalar('round_sf', 'bool'),
+    scalar('use_packed_ue8m0', 'bool'),
+    scalar('use_e4m3_sf', 'bool'),
+    scalar('stochastic_cast', 'bool'),
+    outs('out', 'data', 'sf'),
+    extra=_quantised_options,
+    choice=_quantised_choice,
+    results=_results,
+    limits=lambda name, T, H: contract.check_numel(name, T, H),
+    choose_config=choose_per_token_recast_config,
+    get_kernel=get_per_token_recast_kernels,
+    label='per_token_cast',
+)
+
+
+def _quantised_eager(x, fmt, num_per_channels, x_block_size, use_tma_aligned_col_major_sf, round_sf,
+                     use_packed_ue8m0, use_e4m3_sf, stochastic_cast, out) -> QuantTensor:  # fmt: skip
+    """The contract once, then the two stages through their public operators: x dequantised to fp32 rows (T, H),
+    which per_token_cast casts."""
+    QUANTISED.check(x, fmt, num_per_channels, x_block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0,
+                    use_e4m3_sf, stochastic_cast, out)  # fmt: skip
+    values = cast_back(x, 'fp32', tuple(x_block_size))
+    return per_token_cast(values, fmt, num_per_channels, None, use_tma_aligned_col_major_sf, round_sf,
+                          use_packed_ue8m0, use_e4m3_sf, stochastic_cast, out)  # fmt: skip
+
+
+@QUANTISED.public(_quantised_eager, result=QuantTensor)
+def per_token_cast_quantised(
+    x: tuple[torch.Tensor, torch.Tensor],
+    fmt: str,
+    num_per_channels: int,
+    x_block_size: tuple[int, int] | None = None,
+    use_tma_aligned_col_major_sf: bool = False,
+    round_sf: bool = False,
+    use_packed_ue8m0: bool = False,
+    use_e4m3_sf: bool = False,
+    stochastic_cast: bool = False,
+    out: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> QuantTensor:
+    """per_token_cast of a quantised x = (data, sf), what per_token_cast(x, ...) calls for a tuple x: the cast of
+    the dequantised values, per_token_cast(cast_back(x, 'fp32', x_block_size), fmt, num_per_channels, ...), bit for
+    bit (two launches; see per_token_cast)."""
+
+
+@OP.public(
+    cast_eager(OP, 'cast', 'num_per_channels', col_major=True), result=QuantTensor, quantised=per_token_cast_quantised
+)
 def per_token_cast(
-    x: torch.Tensor,
+    x: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
     fmt: str,
     num_per_channels: int,
     x_block_size: tuple[int, int] | None = None,
@@ -172,7 +262,12 @@ def per_token_cast(
 
     Args:
         x: (T, H) bf16 or fp32, contiguous; T >= 0 (T = 0: empty results, no launch), H a positive multiple of
-            max(64, num_per_channels), T * H < 2**31.
+            max(64, num_per_channels), T * H < 2**31. Or a quantised tensor (data, sf) with its scale block
+            x_block_size, in any layout cast_back reads (e4m3 or FP4 data; fp32, packed UE8M0 or E4M3 scales,
+            row- or column-major): the result is the cast of its dequantised values, bit for bit
+            per_token_cast(cast_back(x, 'fp32', x_block_size), ...), on both backends. (TileKernels' Ascend kernel
+            computes that; its CUDA kernel multiplies the data by x_sf * inverse instead, which can round
+            differently where neither scale is a power of two.) Two launches: the fp32 rows go through memory.
         fmt: 'e4m3' (FP8) or 'e2m1' (FP4: two codes a byte, element 2 i in the low nibble of byte i).
         num_per_channels: channels per scale factor, 16, 32, 64 or 128.
         round_sf: power-of-two scale factors.
@@ -184,8 +279,9 @@ def per_token_cast(
             shape and values, strides (1, T_pad), a view buf[:, :T].T of a (K, T_pad) buffer; T_pad is T rounded up
             to 16 bytes of sf's dtype on CUDA (4 fp32 / int32, 16 E4M3), T on Ascend (TileKernels' rule per
             backend; T = 0: strides (1, 0)).
-        x_block_size, stochastic_cast: TileKernels' options for pre-quantised inputs and stochastic rounding; only
-            their defaults are supported yet (ValueError otherwise).
+        x_block_size: (tokens, channels) per scale of a quantised x (cast_back's blocks); None for a tensor x.
+        stochastic_cast: TileKernels' stochastic rounding of the narrowing; only False is supported yet
+            (ValueError; the operator `cast` rounds stochastically).
         out: optional (data, sf) buffers of the result's shapes and dtypes, on x's device, not overlapping x or each
             other; data contiguous, sf contiguous or, with use_tma_aligned_col_major_sf, of the strides above
             (ValueError otherwise).

@@ -26,7 +26,8 @@ Supported: x contiguous (T, H), T >= 1 per launch (the interface skips empty inp
 max(64, block_size). The scales are written row-major, or (`col_major_sf`, TileKernels'
 use_tma_aligned_col_major_sf) straight into a column-major buffer: the same values, token t's scale k at element
 k * S + t for a row stride S >= T of the launch (packed UE8M0: word k). The peer also takes H = 64 * odd with block
-128 (a short last block), strided rows and pre-quantised inputs; these kernels do not. The peer's Ascend kernel
+128 (a short last block) and strided rows; these kernels do not. Pre-quantised inputs are a composition
+(PerTokenRecastConfig below): cast_back's kernel to fp32 rows, then this kernel. The peer's Ascend kernel
 takes only 32-channel blocks and no E4M3 scales; these take every block and scale format on both backends.
 
 One generator builds the Ascend 950 kernel (vector cores, SIMD: _per_token_cast_ascend.py) or the CUDA kernel
@@ -49,6 +50,7 @@ from ._per_token_cast_ascend import ascend_per_token_cast_kernel
 from ._per_token_cast_cuda import cuda_per_token_cast_kernel
 from ._scale_rules import LANES, UE8M0_PACK, check_col_major_words
 from ._tiling import FLOAT_DTYPE_NAMES, MODES, CastFormats, CastModes, RowScales, divisors
+from .cast_back_kernel import CastBackConfig, choose_cast_back_config, get_cast_back_kernel
 
 BLOCK_SIZES = (32, 64, 128)  # per_token_cast_and_cast_back's; 32 first: the only block the peer's Ascend kernel takes
 CAST_BLOCK_SIZES = (16, *BLOCK_SIZES)  # per_token_cast's (and the peer's CUDA kernel's)
@@ -196,3 +198,40 @@ def make_per_token_cast_kernel(cfg: PerTokenCastConfig):
 def get_per_token_cast_kernel(cfg: PerTokenCastConfig):
     """Compiled kernel for `cfg` (compiled on first use, for the current device)."""
     return compile_kernel(make_per_token_cast_kernel(cfg), cfg.backend)
+
+
+@dataclasses.dataclass(frozen=True)
+class PerTokenRecastConfig:
+    """per_token_cast of a quantised x (data, sf): no kernel of its own, two stages launched in order, each chosen
+    by its own operator's chooser: cast_back to fp32 (the stage 'dequantise'), then per_token_cast of the fp32 rows
+    (the stage 'cast'). What a call launches is exactly what the chain of the two public operators launches."""
+
+    backend: Backend
+    dequantise: CastBackConfig  # out_dtype float32
+    cast: PerTokenCastConfig  # in_dtype float32
+
+    def __post_init__(self):
+        for stage in (self.dequantise, self.cast):
+            if stage.backend != self.backend:
+                raise ValueError(f'a stage is configured for {stage.backend}, not {self.backend}')
+        if self.dequantise.out_dtype != 'float32' or self.cast.in_dtype != 'float32':
+            raise ValueError('the stages meet in fp32: cast_back to float32, per_token_cast from float32')
+        if self.dequantise.hidden != self.cast.hidden:
+            raise ValueError(f'one hidden size for both stages, got {self.dequantise.hidden} and {self.cast.hidden}')
+
+
+def choose_per_token_recast_config(*, backend: Backend, num_cores: int, dequantise: tuple, cast: tuple):
+    """Pure choice (no device query): `dequantise` and `cast` are the (name, value) items of choose_cast_back_config's
+    and choose_per_token_cast_config's keyword arguments (tuples, so that a launcher key can hold them)."""
+    common = {'backend': backend, 'num_cores': num_cores}
+    return PerTokenRecastConfig(
+        backend,
+        choose_cast_back_config(**common, **dict(dequantise), out_dtype=torch.float32),
+        choose_per_token_cast_config(**common, **dict(cast), in_dtype=torch.float32),
+    )
+
+
+def get_per_token_recast_kernels(cfg: PerTokenRecastConfig) -> tuple:
+    """The stages' compiled kernels, in launch order (each cached by its own module; the public operators the
+    composition calls find these same kernels)."""
+    return get_cast_back_kernel(cfg.dequantise), get_per_token_cast_kernel(cfg.cast)
