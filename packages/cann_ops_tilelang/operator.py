@@ -201,7 +201,34 @@ def _dims(dims: str | None) -> tuple[str, ...] | None:
     return None if dims is None else tuple(d.strip() for d in dims.split(','))
 
 
-class Operator:
+class Launchers:
+    """The launchers of one kernel (`choose_config`, `get_kernel`), made once per key: every operator's (an
+    Operator is one) and those of the plain-code calls the mechanism does not declare (randn,
+    batched_transpose_weight_sf, the fused kernel of mhc_multilayer_recompute). Making one queries no device and
+    compiles nothing."""
+
+    def __init__(self, choose_config: Callable, get_kernel: Callable) -> None:
+        self._choose_config = choose_config
+        self._get_kernel = get_kernel
+        self._launchers: dict[tuple, Launcher] = {}
+
+    def launcher(self, backend: str | None, device: torch.device, **choice) -> Launcher:
+        """The launcher of the configuration `choose_config(backend=, num_cores=, **choice)` on `device`: chosen
+        (one core-count query) and made on the first call with these values, looked up after. The core count is
+        the device's, fixed for a process; the kernel compiles on the launcher's first launch. backend None: the
+        device's, from require_accelerator when the launcher is made (the device guard, RuntimeError, of a call
+        that has no tensor to check before)."""
+        key = (device, backend, *choice.items())
+        launcher = self._launchers.get(key)
+        if launcher is None:
+            if backend is None:
+                backend = config.require_accelerator(torch.empty(0, device=device))
+            cfg = self._choose_config(backend=backend, num_cores=get_num_cores(device), **choice)
+            launcher = self._launchers[key] = Launcher(self._get_kernel, cfg, device)
+        return launcher
+
+
+class Operator(Launchers):
     """One public operator's shared machinery, made from its declaration (see the module docstring)."""
 
     def __init__(
@@ -226,9 +253,7 @@ class Operator:
         self._results = results
         self._arg_names = [a.name for a in args]
         self._results_params = [] if results is None else list(inspect.signature(results).parameters)
-        self._choose_config = choose_config
-        self._get_kernel = get_kernel
-        self._launchers: dict[tuple, Launcher] = {}
+        super().__init__(choose_config, get_kernel)
         self.fast: dict = {}
         # torch.library op name -> its OpOverload, in the order the forms were defined
         self.forms: dict[str, torch._ops.OpOverload] = {}
@@ -236,17 +261,6 @@ class Operator:
         if args:
             _generate(self, choice, limits, extra, shape_from, results)
         OPERATORS[name] = self
-
-    def launcher(self, backend: str, device: torch.device, **choice) -> Launcher:
-        """The launcher of the configuration `choose_config(backend=, num_cores=, **choice)` on `device`: chosen
-        (one core-count query) and made on the first call with these values, looked up after. The core count is
-        the device's, fixed for a process; the kernel compiles on the launcher's first launch."""
-        key = (device, backend, *choice.items())
-        launcher = self._launchers.get(key)
-        if launcher is None:
-            cfg = self._choose_config(backend=backend, num_cores=get_num_cores(device), **choice)
-            launcher = self._launchers[key] = Launcher(self._get_kernel, cfg, device)
-        return launcher
 
     def remember(self, key, launcher: Launcher, value=None) -> None:
         """Let the fast path find `launcher` (or `value`, an entry that carries it) by `key`, where its entry

@@ -16,6 +16,7 @@ import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
+from cann_ops_tilelang import operator
 from cann_ops_tilelang.mhc import mhc_multilayer_recompute, mhc_post_fwd, mhc_pre_apply_mix_fwd
 from cann_ops_tilelang.mhc.mhc_multilayer_recompute_kernel import (
     ASCEND_UB_BUDGET,
@@ -191,10 +192,10 @@ def test_mhc_multilayer_recompute_eager_call_views_only_what_the_kernel_reshapes
         def launch(self, *args):
             launched.append(args)
 
-    monkeypatch.setattr(module, 'Launcher', Launcher)
+    monkeypatch.setattr(operator, 'Launcher', Launcher)
     monkeypatch.setattr(module, 'require_accelerator', lambda *tensors: 'cuda')
-    monkeypatch.setattr(module, 'get_num_cores', lambda device: 132)
-    monkeypatch.setattr(module, '_LAUNCHERS', {})
+    monkeypatch.setattr(operator, 'get_num_cores', lambda device: 132)
+    monkeypatch.setattr(module._KERNEL, '_launchers', {})
     inputs = make_inputs(3, 4, 64, 4, 4, 'cpu')
     buffers = poisoned_buffers(3, 4, 64, 4, 4, 'cpu')
 

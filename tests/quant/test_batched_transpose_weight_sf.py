@@ -5,12 +5,18 @@ test_batched_transpose_weight_sf_kernel.py."""
 
 from __future__ import annotations
 
+import importlib
+
 import pytest
 import torch
 
+from cann_ops_tilelang import operator
 from cann_ops_tilelang.config import backend_of, get_num_cores
 from cann_ops_tilelang.quant.batched_transpose_weight_sf import batched_transpose_weight_sf
-from cann_ops_tilelang.quant.batched_transpose_weight_sf_kernel import choose_batched_transpose_weight_sf_config
+from cann_ops_tilelang.quant.batched_transpose_weight_sf_kernel import (
+    choose_batched_transpose_weight_sf_config,
+    get_batched_transpose_weight_sf_kernel,
+)
 from tests.quant.batched_transpose_weight_sf_ref import (
     batched_transpose_weight_sf_ref,
     exponent_bytes_ref,
@@ -20,6 +26,8 @@ from tests.testing.bench import config_extras, make_param_id
 from tests.testing.generator import generate_samples
 from tests.testing.numeric import count_bytes
 
+# The module (the package's `batched_transpose_weight_sf` attribute is the function of the same name).
+module = importlib.import_module('cann_ops_tilelang.quant.batched_transpose_weight_sf')
 SF = torch.ones(2, 3)  # a 256 x 384 weight with 128-blocks
 TWO = dict(transpose_sf1s=(False, False), outs=(None, None))  # the other arguments of a batch of two
 
@@ -111,6 +119,35 @@ def test_rejects_too_large():
     big = torch.empty(128, 1024, 1024, device='meta')  # groups x 131072 x 131072: 2**32 words of sf0
     with pytest.raises(ValueError, match='each must be below 2\\*\\*31'):
         _call(sf=(big,))
+
+
+def test_one_launcher_per_block_size(monkeypatch):
+    """Through the one launcher cache (operator.Launchers): a launcher per (device, backend, block_size), its
+    configuration of the backend the device check gave and the device's core count."""
+    made, launched = [], []
+
+    class Launcher:
+        def __init__(self, get_kernel, cfg, device):
+            made.append((get_kernel, cfg, device))
+
+        def launch(self, *args):
+            launched.append(args)
+
+    monkeypatch.setattr(operator, 'Launcher', Launcher)
+    monkeypatch.setattr(operator, 'get_num_cores', lambda device: 132)
+    monkeypatch.setattr(module, 'require_accelerator', lambda *tensors: 'cuda')
+    monkeypatch.setattr(module._KERNEL, '_launchers', {})
+    for block_size in (128, 32, 128):
+        _call(sf=(torch.ones(4, 4),), block_size=block_size)
+    assert made == [
+        (
+            get_batched_transpose_weight_sf_kernel,
+            choose_batched_transpose_weight_sf_config(backend='cuda', num_cores=132, block_size=block_size),
+            torch.device('cpu'),
+        )
+        for block_size in (128, 32)
+    ]
+    assert len(launched) == 3
 
 
 # ---------------------------------------------------------------- device tier: values

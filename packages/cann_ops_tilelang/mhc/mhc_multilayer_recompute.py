@@ -14,9 +14,9 @@ from collections.abc import Sequence
 
 import torch
 
-from cann_ops_tilelang.config import get_num_cores, require_accelerator
-from cann_ops_tilelang.kernel_target import Launcher, placeholder
-from cann_ops_tilelang.operator import traced
+from cann_ops_tilelang.config import require_accelerator
+from cann_ops_tilelang.kernel_target import placeholder
+from cann_ops_tilelang.operator import Launchers, traced
 from cann_ops_tilelang.validation import ALIGN_BYTES, check_contiguous, check_tensor
 
 from ._mhc_expand_apply_common import check_sizes
@@ -180,7 +180,8 @@ def mhc_multilayer_recompute(
             residual = residuals[layer]
 
 
-_LAUNCHERS: dict[tuple, Launcher] = {}
+# The fused kernel's launchers, one per (device, backend, mhc, hidden, layers, post_layers).
+_KERNEL = Launchers(choose_mhc_multilayer_recompute_config, get_mhc_multilayer_recompute_kernel)
 
 
 def _slots(tensors: list[torch.Tensor], dtype: torch.dtype, device) -> list[torch.Tensor]:
@@ -202,14 +203,7 @@ def fused_launches(backend, x, pre, out, post, comb, layer_inputs, residuals) ->
     for first in range(0, L, LAYERS_PER_LAUNCH):
         layers = min(LAYERS_PER_LAUNCH, L - first)
         posts = min(layers, L_post - first)
-        key = (device, backend, M, H, layers, posts)
-        launcher = _LAUNCHERS.get(key)
-        if launcher is None:
-            cfg = choose_mhc_multilayer_recompute_config(
-                backend=backend, mhc=M, hidden=H, layers=layers, post_layers=posts, num_cores=get_num_cores(device)
-            )
-            launcher = _LAUNCHERS[key] = Launcher(get_mhc_multilayer_recompute_kernel, cfg, device)
-
+        launcher = _KERNEL.launcher(backend, device, mhc=M, hidden=H, layers=layers, post_layers=posts)
         launcher.launch(
             residual,
             *_slots(pre[first : first + layers], torch.float32, device),

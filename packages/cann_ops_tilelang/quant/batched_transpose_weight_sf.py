@@ -3,8 +3,8 @@ layouts DeepGEMM reads for the weight and for its transpose, in one launch.
 
 The operator mechanism (operator.py) declares a fixed list of tensors; this call takes lists of them, so it is
 plain code: the checks below (typed errors, in the mechanism's order: types and dtypes, ranks, layouts, the
-scalars, the operator's rules, the outs, the limits, last the device), then one kernel launch through
-kernel_target.Launcher (batched_transpose_weight_sf_kernel.py says what the kernel computes).
+scalars, the operator's rules, the outs, the limits, last the device), then one kernel launch, its launcher from
+operator.Launchers (batched_transpose_weight_sf_kernel.py says what the kernel computes).
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from collections.abc import Sequence
 
 import torch
 
-from cann_ops_tilelang.config import get_num_cores, require_accelerator
-from cann_ops_tilelang.kernel_target import Launcher
+from cann_ops_tilelang.config import Backend, require_accelerator
+from cann_ops_tilelang.operator import Launchers
 from cann_ops_tilelang.validation import check_tensor, may_overlap
 
 from ._contract import PACKED_SF_DTYPE
@@ -31,7 +31,8 @@ from .batched_transpose_weight_sf_kernel import (
 
 _NAME = 'batched_transpose_weight_sf'
 OUT_ALIGNMENT = 32  # bytes: the peer's rule for given outputs (DeepGEMM reads the scales with 16-byte loads or TMA)
-_launchers: dict[tuple, Launcher] = {}
+# A launcher per (device, backend, block_size).
+_KERNEL = Launchers(choose_batched_transpose_weight_sf_config, get_batched_transpose_weight_sf_kernel)
 
 
 def _layouts(groups: int | None, sf_rows: int, sf_cols: int, block_size: int, transpose_sf1: bool):
@@ -120,25 +121,12 @@ def _check_outs(sf, block_size, transpose_sf1s, outs) -> None:
                 raise ValueError(f'{_NAME}: {written[a][0]} must not overlap {written[b][0]}')
 
 
-def _check_devices(sf) -> torch.device:
+def _check_devices(sf) -> tuple[torch.device, Backend]:
     device = sf[0].device
     for i, s in enumerate(sf):
         if s.device != device:
             raise RuntimeError(f'{_NAME}: every sf must be on one device: sf[0] is on {device}, sf[{i}] on {s.device}')
-    require_accelerator(sf[0])
-    return device
-
-
-def _launcher(block_size: int, device: torch.device) -> Launcher:
-    key = (block_size, device)
-    launcher = _launchers.get(key)
-    if launcher is None:
-        backend = require_accelerator(torch.empty(0, device=device))
-        cfg = choose_batched_transpose_weight_sf_config(
-            backend=backend, num_cores=get_num_cores(device), block_size=block_size
-        )
-        launcher = _launchers[key] = Launcher(get_batched_transpose_weight_sf_kernel, cfg, device)
-    return launcher
+    return device, require_accelerator(sf[0])
 
 
 def batched_transpose_weight_sf(
@@ -206,7 +194,7 @@ def batched_transpose_weight_sf(
         raise ValueError(
             f'{_NAME}: the batch has {num_sf} scales and {num_words} output words; each must be below 2**31'
         )
-    device = _check_devices(sf)
+    device, backend = _check_devices(sf)
 
     pool = torch.empty(num_words, dtype=PACKED_SF_DTYPE, device=device)
     pool_views = []
@@ -220,7 +208,7 @@ def batched_transpose_weight_sf(
         task_weight = torch.repeat_interleave(torch.arange(len(sf), dtype=torch.int32), torch.tensor(task_counts))
         tables = torch.cat((table, task_weight)).to(device, non_blocking=True)
         sf_flat = sf[0].view(-1) if len(sf) == 1 else torch.cat([s.view(-1) for s in sf])
-        _launcher(block_size, device).launch(
+        _KERNEL.launcher(backend, device, block_size=block_size).launch(
             sf_flat, tables[: table.numel()].view(len(sf), len(WEIGHT_FIELDS)), tables[table.numel() :], pool
         )
     pairs = []

@@ -19,8 +19,8 @@ from __future__ import annotations
 import torch
 
 from cann_ops_tilelang import config
-from cann_ops_tilelang.config import get_num_cores, require_accelerator
-from cann_ops_tilelang.kernel_target import Launcher
+from cann_ops_tilelang.config import require_accelerator
+from cann_ops_tilelang.operator import Launchers
 
 from ._counter_normal import pairs_drawn, seed_keys
 from .randn_kernel import MAX_NUMEL, TILELANG_DTYPES, choose_randn_config, get_randn_kernel
@@ -28,7 +28,7 @@ from .randn_kernel import MAX_NUMEL, TILELANG_DTYPES, choose_randn_config, get_r
 _SEED_RANGE = (-(2**63), 2**64 - 1)  # what torch.manual_seed takes
 _seed: int | None = None  # None: torch.initial_seed(), read on the first draw
 _states: dict[torch.device, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}  # state, int32 view, offset
-_launchers: dict[tuple[torch.device, torch.dtype], Launcher] = {}
+_KERNEL = Launchers(choose_randn_config, get_randn_kernel)  # a launcher per (device, dtype)
 
 
 def _state_words(seed: int) -> list[int]:
@@ -87,16 +87,6 @@ def _device(device) -> torch.device:
     return device
 
 
-def _launcher(device: torch.device, dtype: torch.dtype) -> Launcher:
-    key = (device, dtype)
-    launcher = _launchers.get(key)
-    if launcher is None:
-        backend = require_accelerator(torch.empty(0, device=device))
-        cfg = choose_randn_config(backend=backend, dtype=dtype, num_cores=get_num_cores(device))
-        launcher = _launchers[key] = Launcher(get_randn_kernel, cfg, device)
-    return launcher
-
-
 def randn(
     *size: int | tuple[int, ...],
     dtype: torch.dtype | None = None,
@@ -139,7 +129,8 @@ def randn(
     if device.type not in ('cuda', 'npu'):
         # The device guard on every call here: the emulator opt-in may change after a launcher was made.
         require_accelerator(torch.empty(0, device=device))
-    launcher = _launcher(device, dtype)  # the device guard (RuntimeError) comes with a device's first launcher
+    # The device guard (RuntimeError) comes with a device's first launcher (backend None: require_accelerator's).
+    launcher = _KERNEL.launcher(None, device, dtype=dtype)
     out = torch.empty(shape, dtype=dtype, device=device)
     if numel:
         _, words, offset = _state(device)
