@@ -106,10 +106,21 @@ def _x(num_tokens=4, hidden=128, dtype=torch.bfloat16, device='cpu'):
         (dict(x=_x(4, 192), num_per_channels=128), ValueError, 'multiple of 128'),
         (dict(use_packed_ue8m0=True), ValueError, 'needs round_sf=True'),
         (
-            dict(x=_x(8).view(2, 4, 128), use_tma_aligned_col_major_sf=True),
+            dict(
+                x=_x(8).view(2, 4, 128),
+                use_tma_aligned_col_major_sf=True,
+                out=(_x(8).view(2, 4, 128).to(torch.float8_e4m3fn), torch.zeros(2, 4, 4)),
+            ),
             ValueError,
-            r'use_tma_aligned_col_major_sf=True is not supported with a batched \(B, T, H\) x',
+            r'out is not supported with use_tma_aligned_col_major_sf=True and a batched \(B, T, H\) x',
         ),
+        (
+            dict(x=_x(8).view(2, 4, 128), use_tma_aligned_col_major_sf=True, residual=_x(8)),
+            ValueError,
+            r'residual must have the batch and tokens of x, \(2, 4\), got shape \(8, 128\)',
+        ),
+        (dict(x=_x(8).view(2, 4, 128), use_tma_aligned_col_major_sf=True), RuntimeError, "no kernels for 'cpu'"),
+        (dict(x=_x(0).view(0, 4, 128), use_tma_aligned_col_major_sf=True), RuntimeError, "no kernels for 'cpu'"),
         (
             dict(out=(_x(4, 128).to(torch.float8_e4m3fn), torch.zeros(4, 4)), use_tma_aligned_col_major_sf=True),
             ValueError,
@@ -135,7 +146,10 @@ def _x(num_tokens=4, hidden=128, dtype=torch.bfloat16, device='cpu'):
         'block',
         'block-hidden',
         'packed',
-        'col-major-batched',
+        'col-major-batched-out',
+        'col-major-batched-residual',
+        'col-major-batched-cpu',
+        'col-major-no-batch-cpu',
         'col-major-out-row-major',
         'row-major-out-col-major',
         'col-major-cpu',
@@ -186,6 +200,33 @@ def test_norm_forward_and_per_token_cast_batched_traced():
         assert norm_forward_and_per_token_cast(x, None, EPS, 'e4m3', 32, out=buffers).out == buffers
         with pytest.raises(ValueError, match=r'out\[1\] must have the batch and tokens of x, \(2, 5\)'):
             norm_forward_and_per_token_cast(x, None, EPS, 'e4m3', 32, out=(data, torch.empty(10, 8, device='cuda')))
+
+
+def _batched_peer_strides(num_batches, num_tokens, k, dtype, backend) -> tuple[int, int, int]:
+    """TileKernels' (B, T, K) column-major scales of a batched call: each batch a (K, T_pad) block of its own."""
+    _, t_pad = tma_col_major_sf((num_tokens, k), dtype, backend).stride()
+    return k * t_pad, 1, t_pad
+
+
+@pytest.mark.parametrize('shape', [(2, 5), (3, 1), (1, 37), (0, 4), (2, 0)])
+@pytest.mark.parametrize('backend', ['ascend', 'cuda'])
+def test_norm_forward_and_per_token_cast_batched_col_major_fake_strides(shape, backend, monkeypatch):
+    """While torch traces: a batched x with column-major scales gives the peer's batched layout on each backend,
+    fp32 and UE8M0 words; the other results (B, T, ...)."""
+    monkeypatch.setattr(config, 'require_accelerator', lambda *tensors: backend)
+    device = 'cuda' if backend == 'cuda' else 'cpu'
+    with FakeTensorMode():
+        x = _x(shape[0] * shape[1], 384, device=device).view(*shape, 384)
+        for block, packed, k, dtype in ((32, False, 12, torch.float32), (16, True, 6, torch.int32)):
+            result = norm_forward_and_per_token_cast(
+                x, None, EPS, 'e4m3', block, torch.empty_like(x), use_tma_aligned_col_major_sf=True, round_sf=packed,
+                use_packed_ue8m0=packed, with_out_bf16=True, with_rstd=True,
+            )  # fmt: skip
+            data, sf = result.out
+            assert (data.shape, data.dtype, data.is_contiguous()) == ((*shape, 384), torch.float8_e4m3fn, True)
+            assert (sf.shape, sf.dtype) == ((*shape, k), dtype)
+            assert sf.stride() == _batched_peer_strides(*shape, k, dtype, backend)
+            assert (result.out_bf16.shape, result.rstd.shape, result.norm_input.shape) == (x.shape, shape, x.shape)
 
 
 @pytest.mark.parametrize('num_tokens', [0, 1, 5, 37])
@@ -343,6 +384,26 @@ def test_norm_forward_and_per_token_cast_batched_values(device):
     assert_equal(batched.out_bf16, rows.out_bf16.view(2, 3, -1))
     assert_equal(batched.rstd, rows.rstd.view(2, 3))
     assert_equal(batched.norm_input, rows.norm_input.view(2, 3, -1))
+
+
+@pytest.mark.npu
+@pytest.mark.parametrize('lead', [(2, 3), (3, 37)])
+def test_norm_forward_and_per_token_cast_batched_col_major_values(lead, device):
+    """A batched x with column-major scales: the rows' call's data and scale values, bit for bit, each batch's
+    scales in its own block of the peer's layout (the first variant's column-major kernel)."""
+    v = VARIANTS[0]
+    x, weight, residual = _inputs(v, lead[0] * lead[1], device)
+    rows = _call(x, weight, v, residual, with_out_bf16=v['bf16'], with_rstd=True)
+    batched = _call(x.view(*lead, -1), weight, v, residual.view(*lead, -1), with_out_bf16=v['bf16'], with_rstd=True,
+                    use_tma_aligned_col_major_sf=True)  # fmt: skip
+    data, sf = batched.out
+    assert_equal(data.view(torch.uint8), rows.out.data.view(torch.uint8).view(*lead, -1))
+    assert_equal(_row_major(sf), rows.out.sf.cpu().view(*lead, -1))
+    backend = 'cuda' if torch.device(device).type == 'cuda' else 'ascend'
+    assert sf.stride() == _batched_peer_strides(*lead, sf.shape[2], sf.dtype, backend)
+    assert_equal(batched.out_bf16, rows.out_bf16.view(*lead, -1))
+    assert_equal(batched.rstd, rows.rstd.view(lead))
+    assert_equal(batched.norm_input, rows.norm_input.view(*lead, -1))
 
 
 @pytest.mark.npu

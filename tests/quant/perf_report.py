@@ -61,6 +61,14 @@ def _calls(case: Case, tk, x: torch.Tensor):
     block = tuple(int(b) for b in block.split('x'))
     flags = _flags(sf)
     if case.op == 'per_token_cast':
+        if kind != 'plain':  # '<input block>-<input scales>': an e4m3 x of those scales re-cast (x_block_size)
+            in_block, in_sf = kind.split('-')
+            in_block = tuple(int(b) for b in in_block.split('x'))
+            if in_block[0] == 1:
+                q = tuple(quant.per_token_cast(x, 'e4m3', in_block[1], **_flags(in_sf)))
+            else:
+                q = tuple(quant.per_block_cast(x, 'e4m3', in_block, **_flags(in_sf)))
+            return _pair(quant.per_token_cast, tk.per_token_cast, (q, case.fmt, block[1], in_block), flags, q)
         args = (x, case.fmt, block[1])
         ours, peer = quant.per_token_cast, tk.per_token_cast
     elif case.op == 'per_block_cast_lossless':  # label 'plain:<out block>:<out sf>' from (1, 32) UE8M0 FP4
@@ -139,6 +147,9 @@ TABLE = [
     Case('per_token_cast', 'plain:1x128:fp32', 8001, 4096),
     Case('per_token_cast', 'plain:1x128:fp32', 4001, 7168, torch.float32),
     Case('per_token_cast', 'plain:1x128:fp32', 1, 7168),
+    Case('per_token_cast', '128x128-fp32:1x128:fp32', 4096, 7168),  # re-cast: ours two launches, the peer's one
+    Case('per_token_cast', '128x128-ue8m0:1x32:ue8m0', 4096, 7168),
+    Case('per_token_cast', '1x32-ue8m0:1x128:fp32', 4001, 7168),
     Case('per_block_cast', 'plain:128x128:fp32', 4096, 7168),
     Case('per_block_cast', 'plain:32x32:ue8m0', 4096, 7168),
     Case('per_block_cast_with_sf_only', 'plain:128x128:fp32', 4096, 7168),

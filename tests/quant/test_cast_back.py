@@ -119,7 +119,7 @@ def test_cast_back_takes_col_major_scales(monkeypatch):
     def choice(data, sf, block, fmt='bf16'):
         op = module.PER_TOKEN if isinstance(block, int) else module.OP
         assert op.check((data, sf), fmt, block, None, None) == 'ascend'  # the whole contract
-        return module._choice((data, sf), fmt, (1, block) if isinstance(block, int) else block)['col_major_sf']
+        return module.kernel_choice((data, sf), fmt, (1, block) if isinstance(block, int) else block)['col_major_sf']
 
     sf = torch.rand(5, 4)
     for layout, expected in (

@@ -217,13 +217,12 @@ def _traced(*args) -> NormForwardAndPerTokenCastResult:
 def _batched(function, x, weight, eps, fmt, num_per_channels, residual, out_scale, use_tma_aligned_col_major_sf,
              round_sf, use_packed_ue8m0, with_out_bf16, out, out_bf16, residual_out, mega_moe_sf, mega_moe_block_m,
              with_rstd) -> NormForwardAndPerTokenCastResult:  # fmt: skip
-    """A (B, T, H) x (the peer's batched call): the call on its B * T rows, the results (B, T, ...). Column-major
-    scales are refused there (the peer's layout of (B, T) rows is not a view of the flat call's)."""
+    """A (B, T, H) x (the peer's batched call): the call on its B * T rows, the results (B, T, ...); column-major
+    scales per batch (_batched_col_major)."""
     if use_tma_aligned_col_major_sf:
-        raise ValueError(
-            'norm_forward_and_per_token_cast: use_tma_aligned_col_major_sf=True is not supported with a batched '
-            f'(B, T, H) x, got x of shape {tuple(x.shape)}: call it on the (B * T, H) rows'
-        )
+        return _batched_col_major(function, x, weight, eps, fmt, num_per_channels, residual, out_scale, round_sf,
+                                  use_packed_ue8m0, with_out_bf16, out, out_bf16, residual_out, mega_moe_sf,
+                                  mega_moe_block_m, with_rstd)  # fmt: skip
     lead = tuple(x.shape[:2])
     rows = functools.partial(batch_rows, 'norm_forward_and_per_token_cast', lead=lead)
     flat_out = out
@@ -244,6 +243,58 @@ def _batched(function, x, weight, eps, fmt, num_per_channels, residual, out_scal
         None if flat.out_bf16 is None else out_bf16 if out_bf16 is not None else flat.out_bf16.view(x.shape),
         None if flat.rstd is None else flat.rstd.view(lead),
         norm_input,
+    )
+
+
+def _batch(t: torch.Tensor | None, b: int) -> torch.Tensor | None:
+    """Batch b of t, a view (select: an int index of a fake CUDA tensor needs CUDA, which a CPU-only host lacks)."""
+    return None if t is None else t.select(0, b)
+
+
+def _batched_col_major(function, x, weight, eps, fmt, num_per_channels, residual, out_scale, round_sf,
+                       use_packed_ue8m0, with_out_bf16, out, out_bf16, residual_out, mega_moe_sf, mega_moe_block_m,
+                       with_rstd) -> NormForwardAndPerTokenCastResult:  # fmt: skip
+    """use_tma_aligned_col_major_sf with a (B, T, H) x, in the peer's layout: each batch's (T, K) scales column-major
+    in a block of their own, (B, T, K) of strides (K * T_pad, 1, T_pad) over a (B * K, T_pad) buffer (T_pad as the
+    2-D call's). A batch's block is the 2-D call's layout of its T rows, which no view of the B * T rows' scales
+    gives, so the call runs once per batch (B launches) into its views. A given `out` is refused, as the peer
+    refuses it with this option."""
+    name = 'norm_forward_and_per_token_cast'
+    B, T, H = x.shape
+    if out is not None:
+        raise ValueError(
+            f'{name}: out is not supported with use_tma_aligned_col_major_sf=True and a batched (B, T, H) x '
+            '(TileKernels 2.1.0 takes none either): the call allocates the scales in its layout'
+        )
+    rows = functools.partial(batch_rows, name, lead=(B, T))
+    residual_out = None if residual is None else residual_out  # ignored without residual, as unbatched
+    for label, value in (('residual', residual), ('out_bf16', out_bf16), ('residual_out', residual_out)):
+        rows(label, value)  # the batch and tokens of x, viewable as rows (the per-batch calls check the rest)
+    each = (weight, eps, fmt, num_per_channels)
+    options = (out_scale, True, round_sf, use_packed_ue8m0, with_out_bf16)
+    if not B:  # no batch to call: the rows' call checks the arguments
+        function(rows('x', x), *each, rows('residual', residual), *options, None, rows('out_bf16', out_bf16),
+                 rows('residual_out', residual_out), mega_moe_sf, mega_moe_block_m, with_rstd)  # fmt: skip
+    (_, K), dtype = sf_layout(T, H, num_per_channels, use_packed_ue8m0)
+    _, t_pad = contract.col_major_sf_strides(T, dtype, x.device)
+    data = x.new_empty(x.shape, dtype=torch.float8_e4m3fn)
+    sf = new_output(x, ((B, T, K), dtype, (K * t_pad, 1, t_pad)))
+    if with_out_bf16 and out_bf16 is None:
+        out_bf16 = x.new_empty(x.shape, dtype=torch.bfloat16)
+    if residual is not None and residual_out is None:
+        residual_out = torch.empty_like(x)
+    rstd = []
+    for b in range(B):
+        result = function(
+            _batch(x, b), *each, _batch(residual, b), *options, (_batch(data, b), _batch(sf, b)), _batch(out_bf16, b),
+            _batch(residual_out, b), mega_moe_sf, mega_moe_block_m, with_rstd,
+        )  # fmt: skip
+        rstd.append(result.rstd)
+    return NormForwardAndPerTokenCastResult(
+        QuantTensor(data, sf),
+        out_bf16 if with_out_bf16 else None,
+        (torch.stack(rstd) if B else x.new_empty((0, T), dtype=torch.float32)) if with_rstd else None,
+        x if residual is None else residual_out,
     )
 
 
@@ -283,7 +334,9 @@ def norm_forward_and_per_token_cast(
         out_bf16: optional (T, H) bf16 buffer, with with_out_bf16.
         use_tma_aligned_col_major_sf: sf column-major, as per_token_cast's option: the same shape and values,
             strides (1, T_pad), a view buf[:, :T].T of a (K, T_pad) buffer (T_pad: T rounded up to 16 bytes of
-            sf's dtype on CUDA, T on Ascend); 2-D x only (ValueError for a batched x).
+            sf's dtype on CUDA, T on Ascend). With a batched (B, T, H) x, TileKernels' batched layout: each
+            batch's scales a block of their own, sf (B, T, K) of strides (K * T_pad, 1, T_pad) over a (B * K,
+            T_pad) buffer; one launch per batch, and no given `out` (ValueError, as the peer).
         mega_moe_sf, mega_moe_block_m: TileKernels' mega-MoE scale layout; only their defaults are supported
             (ValueError otherwise).
         Buffers are contiguous (a column-major sf: of the strides above), on x's device, and overlap no other
