@@ -40,14 +40,15 @@ LEVEL = get_test_level()
 # and hidden size.
 _FORMATS = {'fp32': (False, False, False), 'pow2': (True, False, False), 'ue8m0': (True, True, False),
             'e4m3': (False, False, True)}  # fmt: skip
+# level 0: configurations test_per_token_cast_kernel.py compiles anyway (each compiles once per run)
+_CORE_VARIANTS = [
+    dict(dtype='bfloat16', block=32, sf='fp32', fmt='e4m3'),
+    dict(dtype='float32', block=64, sf='pow2', fmt='e2m1'),
+    dict(dtype='float32', block=16, sf='e4m3', fmt='e2m1'),
+]
 VARIANTS = by_level(
     LEVEL,
-    # level 0: configurations test_per_token_cast_kernel.py compiles anyway (each compiles once per run)
-    core=[
-        dict(dtype='bfloat16', block=32, sf='fp32', fmt='e4m3'),
-        dict(dtype='float32', block=64, sf='pow2', fmt='e2m1'),
-        dict(dtype='float32', block=16, sf='e4m3', fmt='e2m1'),
-    ],
+    core=_CORE_VARIANTS,
     default=generate_samples(
         dtype=['bfloat16', 'float32'], block=[16, 32, 64, 128], sf=list(_FORMATS), fmt=['e4m3', 'e2m1']
     ),
@@ -102,7 +103,7 @@ X = torch.zeros(4, 256, dtype=torch.bfloat16)
             'x must have dtype torch.bfloat16 or torch.float32, got torch.float16',
         ),
         ((X[None], 'e4m3', 128), {}, ValueError, 'x must have 2 dimensions'),
-        ((torch.zeros(256, 4).t(), 'e4m3', 128), {}, ValueError, 'x must be contiguous'),
+        ((torch.zeros(256, 4).t(), 'e4m3', 128), {}, ValueError, 'x must have a contiguous last dimension'),
         ((X, 4, 128), {}, TypeError, 'fmt must be a str, got int'),
         ((X, 'e5m2', 128), {}, ValueError, r"fmt must be one of \('e4m3', 'e2m1'\), got 'e5m2'"),
         ((X, 'e4m3', 128.0), {}, TypeError, 'num_per_channels must be an int, got float'),
@@ -401,6 +402,60 @@ def test_per_token_cast_col_major_column_tiles(hidden, block, sf, device):
     assert_equal(result.data.cpu().view(torch.uint8), rows.data.cpu().view(torch.uint8))
     assert_equal(logical_sf_bytes(result.sf), logical_sf_bytes(rows.sf))
     assert_peer_layout(result.sf, 37, sf, backend_of(device))
+
+
+# ---------------------------------------------------------------- strided rows (the peer takes them)
+
+
+def _strided(num_tokens, hidden, dtype, device, pad=64):
+    """Rows of x, `pad` elements apart beyond H (a view of a wider buffer), and the same values contiguous."""
+    wide = scaled_rows(num_tokens, hidden + pad, dtype, device)
+    return wide[:, :hidden], wide[:, :hidden].contiguous()
+
+
+def test_per_token_cast_strided_rows_contract(monkeypatch):
+    """Strided rows pass the contract where each starts on 16 bytes and choose the kernel of strided rows; others
+    are refused by name (the last dimension must be contiguous, as before)."""
+    wide = torch.zeros(4, 256 + 8, dtype=torch.bfloat16)  # rows 528 bytes apart
+    with pytest.raises(ValueError, match=r'the rows of a strided x must each start on 16 bytes, got row stride 260'):
+        per_token_cast(torch.zeros(4, 260, dtype=torch.bfloat16)[:, :256], 'e4m3', 128)
+    with pytest.raises(ValueError, match='rows of a strided x must each start on 16 bytes'):
+        per_token_cast_with_sf_only(torch.zeros(4, 258)[:, 1:257], 'e4m3', 128)
+    with pytest.raises(RuntimeError, match="no kernels for 'cpu' tensors"):
+        per_token_cast(wide[:, :256], 'e4m3', 128)
+    monkeypatch.setattr(config, 'require_accelerator', lambda *tensors: 'ascend')
+    monkeypatch.setattr(operator, 'get_num_cores', lambda device: 7)
+    configure = per_token_cast.operator.config
+    assert configure(wide[:, :256], 'e4m3', 128).strided_rows
+    assert not configure(wide[:, :256].contiguous(), 'e4m3', 128).strided_rows
+    assert not configure(wide[:1, :256], 'e4m3', 128).strided_rows  # one row: any stride
+    assert per_token_cast_with_precomputed_sf.operator.config(wide[:, :256], 'e4m3', 128, torch.ones(4, 2)).strided_rows
+
+
+# Level 0: the first level-0 variant's kernels of strided rows (the cast, the scales alone, the given scales'
+# cast); level 1 the other level-0 variants' (each three kernels of their own).
+STRIDED_VARIANTS = by_level(LEVEL, core=_CORE_VARIANTS[:1], default=_CORE_VARIANTS)
+
+
+@pytest.mark.npu
+@pytest.mark.parametrize('variant', STRIDED_VARIANTS, ids=make_param_id)
+def test_per_token_cast_strided_rows_values(variant, device):
+    """Strided rows give the bytes of the same rows contiguous: the cast, the scales alone and the given scales'
+    cast (the three calls share the kernel family), also through the fast path's second call."""
+    block, sf, fmt = variant['block'], variant['sf'], variant['fmt']
+    round_sf, packed, e4m3_sf = _FORMATS[sf]
+    strided, rows = _strided(37, padded_hidden(block), variant['dtype'], device)
+    want = _cast(rows, block, sf, fmt)
+    for _ in range(2):
+        got = _cast(strided, block, sf, fmt)
+        assert_equal(got.data.cpu().view(torch.uint8), want.data.cpu().view(torch.uint8))
+        assert_equal(got.sf.cpu().view(torch.uint8), want.sf.cpu().view(torch.uint8))
+    alone = per_token_cast_with_sf_only(strided, fmt, block, False, round_sf, packed, e4m3_sf)
+    assert_equal(alone.cpu().view(torch.uint8), want.sf.cpu().view(torch.uint8))
+    if not packed:  # the given scales' cast reads fp32 or E4M3 scales
+        given = per_token_cast_with_precomputed_sf(strided, fmt, block, want.sf, False, round_sf, False, e4m3_sf)
+        from_rows = per_token_cast_with_precomputed_sf(rows, fmt, block, want.sf, False, round_sf, False, e4m3_sf)
+        assert_equal(given.cpu().view(torch.uint8), from_rows.cpu().view(torch.uint8))
 
 
 # ---------------------------------------------------------------- a quantised x (data, sf): the peer's x_block_size

@@ -341,6 +341,27 @@ def test_per_token_cast_cuda_lowers(case):
     assert ('__frcp_rn' in lowered.source) == cfg.e4m3_sf
 
 
+_LOADS = re.compile(r'\((\w+)\*\)\(x \+')  # the CUDA source's vector loads of x: their types
+
+
+@pytest.mark.parametrize('backend', ['ascend', 'cuda'])
+@pytest.mark.parametrize('variant', _CORE_VARIANTS, ids=make_param_id)
+def test_per_token_cast_strided_rows_lower(backend, variant):
+    """Rows of a runtime stride (strided_rows): the row stride is a launch argument, and on CUDA x is read with the
+    vector loads of the contiguous kernel (the stride's 16-byte alignment assumed: the interface checks it)."""
+    cores = ASCEND_950_VECTOR_CORES if backend == 'ascend' else H200_SMS
+    lower = assert_ascend_kernel_lowers if backend == 'ascend' else assert_cuda_kernel_lowers
+    plain = _config(backend, cores, variant, 1088 if variant['block_size'] <= 64 else 1152)
+    strided = dataclasses.replace(plain, strided_rows=True)
+    sources = [lower(lambda c=c: make_per_token_cast_kernel(c), key=c, kernel_name=KERNEL_NAME).source
+               for c in (plain, strided)]  # fmt: skip
+    assert ['x_stride' in source for source in sources] == [False, True]
+    if backend == 'cuda':
+        loads = [sorted(set(_LOADS.findall(source))) for source in sources]
+        assert loads[0], 'the contiguous kernel loads x in vectors'
+        assert loads[1] == loads[0]
+
+
 # ---------------------------------------------------------------- device tier
 
 

@@ -46,7 +46,8 @@ def cast_eager(op: Operator, mode: str, block_arg: str, *, col_major: bool = Fal
         key = None
         if out is None and not any(args[i] for i in unsupported):
             shape = op.fast_ok(*args)
-            if shape is not None and shape[0]:
+            # Contiguous x only: strided rows (per_token_cast's) take the full check, their alignment included.
+            if shape is not None and shape[0] and (shape[0] == 1 or x.stride(0) == shape[1]):
                 round_sf = args[round_at] and mode != 'precomputed'
                 e4m3_sf = e4m3_sf_at is not None and args[e4m3_sf_at]
                 key = (shape[1], x.dtype, x.get_device(), fmt, args[block_at], round_sf, packed, e4m3_sf, transposed)

@@ -141,6 +141,9 @@ def ascend_per_token_cast_kernel(cfg):
     clamps = not fp4 and (not computes_sf or cfg.e4m3_sf)
 
     num_tokens = T.dynamic('num_tokens')
+    x_type = T.Tensor((num_tokens, hidden), in_dtype)
+    if cfg.strided_rows:  # rows x_stride elements apart (each task's DMA reads its row slice)
+        x_type = T.StridedTensor((num_tokens, hidden), (T.dynamic('x_stride'), 1), in_dtype)
 
     load_f32, block_maxima, block_scalar = ascend_row_macros(T, in_dtype=in_dtype, block_size=bs, chunks=chunks)
 
@@ -225,7 +228,7 @@ def ascend_per_token_cast_kernel(cfg):
 
         @T.prim_func
         def per_token_cast_kernel(
-            x: T.Tensor((num_tokens, hidden), in_dtype),
+            x: x_type,
             out: T.Tensor(data_shape, data_dtype),
             out_sf: out_sf_type,
         ):
@@ -234,14 +237,14 @@ def ascend_per_token_cast_kernel(cfg):
     elif cfg.mode == 'sf_only':
 
         @T.prim_func
-        def per_token_cast_kernel(x: T.Tensor((num_tokens, hidden), in_dtype), out_sf: out_sf_type):
+        def per_token_cast_kernel(x: x_type, out_sf: out_sf_type):
             body(x, None, out_sf, None)
 
     else:
 
         @T.prim_func
         def per_token_cast_kernel(
-            x: T.Tensor((num_tokens, hidden), in_dtype),
+            x: x_type,
             sf: T.Tensor(sf_shape, sf_dtype),
             out: T.Tensor(data_shape, data_dtype),
         ):

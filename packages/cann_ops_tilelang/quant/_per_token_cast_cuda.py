@@ -50,6 +50,10 @@ def cuda_per_token_cast_kernel(cfg):
     writes_data, computes_sf = cfg.writes_data, cfg.computes_sf
     col_major, packed = cfg.col_major_sf, cfg.packed_ue8m0
     num_tokens = T.dynamic('num_tokens')
+    x_type = T.Tensor((num_tokens, hidden), in_dtype)
+    if cfg.strided_rows:  # rows x_stride elements apart, each starting on 16 bytes (the interface checks it)
+        x_stride = T.dynamic('x_stride')
+        x_type = T.StridedTensor((num_tokens, hidden), (x_stride, 1), in_dtype)
 
     sf_at = functools.partial(scale_index, col_major=cfg.col_major_sf, packed=cfg.packed_ue8m0)
 
@@ -77,6 +81,8 @@ def cuda_per_token_cast_kernel(cfg):
     def body(x, out, out_sf, sf):
         # Tokens on grid x (up to 2**31 - 1 blocks; y stops at 65535), column tiles on y.
         with T.Kernel(num_tokens, n_tiles, threads=cfg.threads) as (t, j):
+            if cfg.strided_rows:  # so that the loads keep their 16-byte vectors
+                T.evaluate(T.assume(x_stride % (16 // (2 if in_dtype == 'bfloat16' else 4)) == 0))
             if computes_sf:
                 # The tile stays in x's dtype in registers (half the registers for bf16, so more tiles in flight per
                 # SM); its |x| maximum is exact in any dtype and widens exactly.
@@ -139,7 +145,7 @@ def cuda_per_token_cast_kernel(cfg):
 
         @T.prim_func
         def per_token_cast_kernel(
-            x: T.Tensor((num_tokens, hidden), in_dtype),
+            x: x_type,
             out: T.Tensor(data_shape, data_dtype),
             out_sf: out_sf_type,
         ):
@@ -148,14 +154,14 @@ def cuda_per_token_cast_kernel(cfg):
     elif cfg.mode == 'sf_only':
 
         @T.prim_func
-        def per_token_cast_kernel(x: T.Tensor((num_tokens, hidden), in_dtype), out_sf: out_sf_type):
+        def per_token_cast_kernel(x: x_type, out_sf: out_sf_type):
             body(x, None, out_sf, None)
 
     else:
 
         @T.prim_func
         def per_token_cast_kernel(
-            x: T.Tensor((num_tokens, hidden), in_dtype),
+            x: x_type,
             sf: T.Tensor(sf_shape, sf_dtype),
             out: T.Tensor(data_shape, data_dtype),
         ):

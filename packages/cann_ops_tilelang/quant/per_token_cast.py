@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from cann_ops_tilelang.operator import Operator, out, outs, scalar, tensor
+from cann_ops_tilelang.validation import ALIGN_BYTES
 
 from . import _contract as contract
 from ._eager import cast_eager
@@ -48,9 +49,25 @@ def _results(x, fmt, num_per_channels, use_tma_aligned_col_major_sf, use_packed_
     )
 
 
-def _options(name, H, fmt, num_per_channels, x_block_size, round_sf, use_packed_ue8m0, use_e4m3_sf, stochastic_cast):
+def strided_rows(x: torch.Tensor) -> bool:
+    """Whether x's rows are apart by another stride than H (then the kernels of strided rows read them)."""
+    return x.shape[0] > 1 and x.stride(0) != x.shape[1]
+
+
+def _check_rows(name, x, memory):
+    """Strided rows (TileKernels takes them) must each start on 16 bytes: the kernels' vector loads."""
+    if strided_rows(x) and (x.stride(0) * x.element_size() % ALIGN_BYTES or (memory and x.data_ptr() % ALIGN_BYTES)):
+        raise ValueError(
+            f'{name}: the rows of a strided x must each start on {ALIGN_BYTES} bytes, got row stride {x.stride(0)} '
+            f'({x.element_size()}-byte elements) and data_ptr() = {x.data_ptr() if memory else "?"}'
+        )
+
+
+def _options(name, x, memory, H, fmt, num_per_channels, x_block_size, round_sf, use_packed_ue8m0, use_e4m3_sf,
+             stochastic_cast):  # fmt: skip
     """The rules of the three calls (use_tma_aligned_col_major_sf: any bool; per_token_cast_with_precomputed_sf
     refuses True); H the logical hidden size."""
+    _check_rows(name, x, memory)
     if x_block_size is not None:
         raise ValueError(f'{name}: x_block_size is the scale block of a quantised x (data, sf); x is a tensor, got '
                          f'x_block_size={x_block_size}')  # fmt: skip
@@ -78,18 +95,19 @@ def _choice(mode):
             'fmt': fmt,
             'e4m3_sf': use_e4m3_sf,
             'col_major_sf': use_tma_aligned_col_major_sf,
+            'strided_rows': strided_rows(x),
         }
 
     return choice
 
 
-def _half_options(name, H, fmt, num_per_channels, round_sf, use_packed_ue8m0, use_e4m3_sf):
-    _options(name, H, fmt, num_per_channels, None, round_sf, use_packed_ue8m0, use_e4m3_sf, False)
+def _half_options(name, x, memory, H, fmt, num_per_channels, round_sf, use_packed_ue8m0, use_e4m3_sf):
+    _options(name, x, memory, H, fmt, num_per_channels, None, round_sf, use_packed_ue8m0, use_e4m3_sf, False)
 
 
-def _precomputed_options(name, x, fmt, num_per_channels, sf, use_tma_aligned_col_major_sf, round_sf,
+def _precomputed_options(name, x, memory, fmt, num_per_channels, sf, use_tma_aligned_col_major_sf, round_sf,
                          use_packed_ue8m0, use_e4m3_sf):  # fmt: skip
-    _half_options(name, x.shape[1], fmt, num_per_channels, round_sf, use_packed_ue8m0, use_e4m3_sf)
+    _half_options(name, x, memory, x.shape[1], fmt, num_per_channels, round_sf, use_packed_ue8m0, use_e4m3_sf)
     if use_tma_aligned_col_major_sf:
         raise ValueError(
             f'{name}: use_tma_aligned_col_major_sf=True is not supported: the given scales are read row-major (as '
@@ -102,7 +120,7 @@ def _precomputed_options(name, x, fmt, num_per_channels, sf, use_tma_aligned_col
         raise TypeError(f'{name}: sf must have dtype {wanted} with use_e4m3_sf={use_e4m3_sf}, got {sf.dtype}')
 
 
-X = tensor('x', (torch.bfloat16, torch.float32), 'T, H')
+X = tensor('x', (torch.bfloat16, torch.float32), 'T, H', layout='rows')
 _LIMITS = {'limits': lambda name, T, H: contract.check_numel(name, T, H)}
 _KERNEL = {'choose_config': choose_per_token_cast_config, 'get_kernel': get_per_token_cast_kernel}
 OP = Operator(
@@ -175,6 +193,7 @@ def _quantised_choice(x, x_block_size, fmt, num_per_channels, use_tma_aligned_co
     cast = _choice('cast')(x[0], fmt, num_per_channels, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0,
                            use_e4m3_sf)  # fmt: skip
     cast['hidden'] = logical_hidden(x[0])
+    cast['strided_rows'] = False  # the dequantising stage's contiguous rows
     del cast['in_dtype']  # float32: what the dequantising stage writes
     dequantise = kernel_choice(x, 'fp32', x_block_size)
     del dequantise['out_dtype']
@@ -261,8 +280,10 @@ def per_token_cast(
     saturating at +-6 (values past 6, +-inf and NaN give +-6).
 
     Args:
-        x: (T, H) bf16 or fp32, contiguous; T >= 0 (T = 0: empty results, no launch), H a positive multiple of
-            max(64, num_per_channels), T * H < 2**31. Or a quantised tensor (data, sf) with its scale block
+        x: (T, H) bf16 or fp32, the last dimension contiguous, rows contiguous or of any stride whose row starts
+            are 16-byte aligned (as TileKernels takes them; a kernel of its own, the row stride a launch argument);
+            T >= 0 (T = 0: empty results, no launch), H a positive multiple of max(64, num_per_channels),
+            T * H < 2**31. Or a quantised tensor (data, sf) with its scale block
             x_block_size, in any layout cast_back reads (e4m3 or FP4 data; fp32, packed UE8M0 or E4M3 scales,
             row- or column-major): the result is the cast of its dequantised values, bit for bit
             per_token_cast(cast_back(x, 'fp32', x_block_size), ...), on both backends. (TileKernels' Ascend kernel

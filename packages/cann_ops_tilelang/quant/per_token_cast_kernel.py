@@ -22,13 +22,14 @@ block gives sf inf (UE8M0 0xff), inverse 0, so finite values become +-0 and the 
 scales the inf block's scale saturates at 448, its finite values are x / 448 and the inf saturates (+-448 / +-6);
 NaN in a block is unspecified (the max reductions of the backends may drop it), as in the peer.
 
-Supported: x contiguous (T, H), T >= 1 per launch (the interface skips empty inputs), H a positive multiple of
-max(64, block_size). The scales are written row-major, or (`col_major_sf`, TileKernels'
-use_tma_aligned_col_major_sf) straight into a column-major buffer: the same values, token t's scale k at element
-k * S + t for a row stride S >= T of the launch (packed UE8M0: word k). The peer also takes H = 64 * odd with block
-128 (a short last block) and strided rows; these kernels do not. Pre-quantised inputs are a composition
-(PerTokenRecastConfig below): cast_back's kernel to fp32 rows, then this kernel. The peer's Ascend kernel
-takes only 32-channel blocks and no E4M3 scales; these take every block and scale format on both backends.
+Supported: x (T, H), contiguous or (`strided_rows`) rows a runtime stride apart, each starting on 16 bytes, T >= 1
+per launch (the interface skips empty inputs), H a positive multiple of max(64, block_size). The scales are written
+row-major, or (`col_major_sf`, TileKernels' use_tma_aligned_col_major_sf) straight into a column-major buffer: the
+same values, token t's scale k at element k * S + t for a row stride S >= T of the launch (packed UE8M0: word k).
+The peer also takes H = 64 * odd with block 128 (a short last block); these kernels do not. Pre-quantised inputs
+are a composition (PerTokenRecastConfig below): cast_back's kernel to fp32 rows, then this kernel. The peer's
+Ascend kernel takes only 32-channel blocks and no E4M3 scales; these take every block and scale format on both
+backends.
 
 One generator builds the Ascend 950 kernel (vector cores, SIMD: _per_token_cast_ascend.py) or the CUDA kernel
 (_per_token_cast_cuda.py), chosen by `cfg.backend`; both take (x, out, out_sf) and are bit-exact against
@@ -85,6 +86,9 @@ class PerTokenCastConfig(CastModes, CastFormats, RowScales):
     # out_sf[k, t] of a (sf_cols, T) view whose row stride is a launch argument (T rounded up, or T itself);
     # packed UE8M0: the bytes of word w of token t at out_sf[w, 4 t : 4 t + 4] of a (sf_cols / 4, 4 T) uint8 view.
     col_major_sf: bool = False
+    # x's rows a runtime stride apart (TileKernels takes strided rows), each starting on 16 bytes; False: contiguous
+    # x, the kernel that has no stride argument.
+    strided_rows: bool = False
 
     def __post_init__(self):
         if self.backend not in ('ascend', 'cuda'):
@@ -135,6 +139,7 @@ def choose_per_token_cast_config(
     fmt: str = 'e4m3',
     e4m3_sf: bool = False,
     col_major_sf: bool = False,
+    strided_rows: bool = False,
 ) -> PerTokenCastConfig:
     """Pure choice of the compile-time parameters (no device query). `in_dtype`: torch.bfloat16 / torch.float32
     (or their names). In mode 'precomputed' round_sf is dropped (the inverse is 1 / sf either way). Invalid
@@ -155,7 +160,8 @@ def choose_per_token_cast_config(
             raise ValueError('mode "precomputed" reads fp32 scales: packed_ue8m0 is not supported there')
         round_sf = False
     make = functools.partial(PerTokenCastConfig, backend, hidden, dtype, block_size, round_sf, packed_ue8m0, num_cores,
-                             mode=mode, fmt=fmt, e4m3_sf=e4m3_sf, col_major_sf=col_major_sf)  # fmt: skip
+                             mode=mode, fmt=fmt, e4m3_sf=e4m3_sf, col_major_sf=col_major_sf,
+                             strided_rows=strided_rows)  # fmt: skip
     if backend == 'ascend':
         # The largest task that fits the buffers: the op streams x once, so fewer, longer DMAs per core.
         block_k = divisors(hidden, unit, _ASCEND_MAX_BLOCK_K)[0]
@@ -184,10 +190,11 @@ def choose_per_token_cast_config(
 def make_per_token_cast_kernel(cfg: PerTokenCastConfig):
     """The TileLang prim_func `per_token_cast_kernel(x, out, out_sf)` for `cfg.backend` (no compile).
 
-    x: (T, hidden) cfg.in_dtype; out: (T, cfg.data_cols) cfg.data_dtype (float8_e4m3fn, or FP4 bytes int8);
-    out_sf: (T, cfg.sf_cols) cfg.sf_dtype, or with cfg.col_major_sf a view (cfg.sf_cols, T) of row stride S >= T
-    (the interface's column-major scales transposed: sf.T), packed UE8M0 bytes (cfg.sf_cols / 4, 4 T) of row stride
-    4 S (sf.T.view(torch.uint8)). T is dynamic and must be >= 1.
+    x: (T, hidden) cfg.in_dtype (with cfg.strided_rows, rows of a runtime stride); out: (T, cfg.data_cols)
+    cfg.data_dtype (float8_e4m3fn, or FP4 bytes int8); out_sf: (T, cfg.sf_cols) cfg.sf_dtype, or with
+    cfg.col_major_sf a view (cfg.sf_cols, T) of row stride S >= T (the interface's column-major scales transposed:
+    sf.T), packed UE8M0 bytes (cfg.sf_cols / 4, 4 T) of row stride 4 S (sf.T.view(torch.uint8)). T is dynamic and
+    must be >= 1.
     """
     if cfg.backend == 'ascend':
         return ascend_per_token_cast_kernel(cfg)
