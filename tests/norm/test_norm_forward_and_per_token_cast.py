@@ -5,6 +5,7 @@ benchmark."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import pytest
@@ -12,8 +13,16 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from cann_ops_tilelang import config
+from cann_ops_tilelang.kernel_target import Launcher
 from cann_ops_tilelang.norm import norm_forward, norm_forward_and_per_token_cast
-from cann_ops_tilelang.norm.norm_forward_kernel import choose_norm_forward_config, make_norm_forward_kernel
+from cann_ops_tilelang.norm._norm_common import ASCEND_UB_BUDGET, forward_launch_args
+from cann_ops_tilelang.norm._norm_forward_ascend import staging_tile
+from cann_ops_tilelang.norm.norm_forward_kernel import (
+    ascend_ub_bytes,
+    choose_norm_forward_config,
+    get_norm_forward_kernel,
+    make_norm_forward_kernel,
+)
 from cann_ops_tilelang.quant import per_token_cast
 from tests.quant.cast_ref import per_token_cast_format_ref, tma_col_major_sf
 from tests.testing.bench import config_extras, make_param_id
@@ -59,6 +68,14 @@ VARIANTS = by_level(
     ),
 )
 NUM_TOKENS = by_level(LEVEL, core=(0, 1, 37), default=(130,), full=(4001,))
+# fp32 x with weight, residual and the bf16 output: on Ascend the weight is streamed per row past these widths (the
+# widest row whose buffers fit UB beside the resident fp32 weight), per (block, scale format).
+STREAMED_FROM = {(16, 'fp32'): 15296, (16, 'ue8m0'): 15488, (32, 'fp32'): 15680, (64, 'fp32'): 15872,
+                 (128, 'fp32'): 16000}  # fmt: skip
+STREAMED = dict(dtype=torch.float32, weight=True, residual=True, bf16=True)
+# The device check of streamed rows (new kernels at new widths: level 1): 16384, and just past the threshold.
+STREAMED_WIDE = by_level(LEVEL, core=[], default=[STREAMED | dict(block=128, sf='fp32', hidden=16384),
+                                                  STREAMED | dict(block=16, sf='ue8m0', hidden=15552)])  # fmt: skip
 BENCHMARK_PARAMS = generate_samples(num_tokens=[4001, 8001], hidden=[4096, 7168], residual=[False, True])
 
 
@@ -279,6 +296,54 @@ def test_norm_forward_and_per_token_cast_col_major_lowers(backend, v):
                          source)  # fmt: skip
 
 
+def _ub(v, streamed=False) -> int:
+    """The Ascend kernel's UB estimate (both buffer kinds, one version) for variant `v`."""
+    per_stage, resident = ascend_ub_bytes(
+        hidden=v['hidden'], dtype='float32' if v['dtype'] == torch.float32 else 'bfloat16', with_weight=v['weight'],
+        with_residual=v['residual'], block_size=v['block'], packed_ue8m0=SCALES[v['sf']][1], with_out_bf16=v['bf16'],
+        weight_streamed=streamed,
+    )  # fmt: skip
+    return per_stage + resident
+
+
+@pytest.mark.parametrize(('block', 'sf'), list(STREAMED_FROM), ids=lambda v: str(v))
+def test_norm_forward_and_per_token_cast_weight_streamed_config(block, sf):
+    """Ascend keeps the fp32 weight resident wherever the row's buffers fit UB beside it (the kernel of before);
+    from the first width where they do not, up to 16384, it streams the weight (one buffer version), and the
+    streamed buffers fit. Every other option set keeps the resident weight at 16384."""
+    last = STREAMED_FROM[(block, sf)]
+    step = max(64, block)
+    for hidden in (last - step, last, last + step, 16384):
+        v = STREAMED | dict(block=block, sf=sf, hidden=hidden)
+        cfg = _config('ascend', v)
+        fits = _ub(v) <= ASCEND_UB_BUDGET
+        assert (cfg.weight_streamed, fits) == (hidden > last, hidden <= last), hidden
+        if cfg.weight_streamed:
+            assert cfg.num_stages == 1
+            assert _ub(v, streamed=True) <= ASCEND_UB_BUDGET
+        assert not _config('cuda', v).weight_streamed
+    wide = STREAMED | dict(block=block, sf=sf, hidden=16384)
+    for other in (dict(bf16=False), dict(residual=False), dict(dtype=torch.bfloat16), dict(sf='pow2', bf16=False)):
+        assert not _config('ascend', wide | other).weight_streamed, other
+    with pytest.raises(ValueError, match='weight_streamed is an Ascend option of a kernel with weight'):
+        dataclasses.replace(_config('cuda', wide), weight_streamed=True)
+    with pytest.raises(ValueError, match='weight_streamed is an Ascend option of a kernel with weight'):
+        dataclasses.replace(_config('ascend', wide | dict(weight=False)), weight_streamed=True)
+
+
+@pytest.mark.parametrize('block', [16, 128])
+def test_norm_forward_and_per_token_cast_weight_streamed_lowers(block):
+    """The streamed kernel at 16384 lowers within UB and within the estimate; one weight tile per DMA."""
+    cfg = _config('ascend', STREAMED | dict(block=block, sf='fp32', hidden=16384))
+    assert cfg.weight_streamed
+    lowered = assert_ascend_kernel_lowers(lambda: make_norm_forward_kernel(cfg), key=cfg,
+                                          kernel_name='norm_forward_kernel')  # fmt: skip
+    assert lowered.ub_bytes <= _ub(STREAMED | dict(block=block, sf='fp32', hidden=16384), streamed=True)
+    tile = staging_tile(16384)
+    assert re.search(rf'for \(int32_t k = 0; k < {16384 // tile}; \+\+k\) \{{', lowered.source)
+    assert re.search(rf'asc_copy_gm2ub_align\([^;]*weight\[\(k \* {tile}\)\][^;]*, 1, {tile * 4}, ', lowered.source)
+
+
 # ---------------------------------------------------------------- device tier
 
 
@@ -296,6 +361,26 @@ def _inputs(v, num_tokens, device):
 @pytest.mark.parametrize('num_tokens', NUM_TOKENS)
 @pytest.mark.parametrize('v', VARIANTS, ids=make_param_id)
 def test_norm_forward_and_per_token_cast_values(v, num_tokens, device):
+    _assert_values(v, num_tokens, device)
+
+
+@pytest.mark.npu
+@pytest.mark.parametrize('v', STREAMED_WIDE, ids=make_param_id)
+def test_norm_forward_and_per_token_cast_weight_streamed_values(v, device):
+    """fp32 rows with weight, residual and the bf16 output past what UB holds beside the resident weight (Ascend
+    streams the weight per row): the composition's bits and the references, as every width."""
+    if config.backend_of(device) == 'ascend':
+        round_sf, packed = SCALES[v['sf']]
+        x, weight, residual = _inputs(v, 1, device)
+        cfg = norm_forward_and_per_token_cast.operator.config(
+            x, weight, EPS, 'e4m3', v['block'], residual, round_sf=round_sf, use_packed_ue8m0=packed,
+            with_out_bf16=True, with_rstd=True,
+        )  # fmt: skip
+        assert cfg.weight_streamed
+    _assert_values(v, 3, device)
+
+
+def _assert_values(v, num_tokens, device):
     x, weight, residual = _inputs(v, num_tokens, device)
     round_sf, packed = SCALES[v['sf']]
     result = _call(x, weight, v, residual, with_out_bf16=v['bf16'], with_rstd=True)
@@ -327,6 +412,42 @@ def test_norm_forward_and_per_token_cast_values(v, num_tokens, device):
     assert again.out == buffers
     assert_equal(buffers[0].view(torch.uint8), result.out.data.view(torch.uint8))
     assert_equal(buffers[1], result.out.sf)
+
+
+# The streamed kernel forced at a small width (3 weight tiles of 448), against the resident one: (dtype, block, sf).
+FORCED_STREAMED = by_level(LEVEL, core=[(torch.float32, 32, 'fp32')], default=[(torch.bfloat16, 16, 'ue8m0')])
+
+
+@pytest.mark.npu
+@pytest.mark.parametrize(('dtype', 'block', 'sf'), FORCED_STREAMED, ids=lambda v: str(v))
+def test_norm_forward_and_per_token_cast_weight_streamed_same_bits(dtype, block, sf, device):
+    """The Ascend kernel that streams the weight per row gives the resident kernel's bits, every output (forced
+    where the resident one fits; 4 cores for 9 rows, so that cores take two rows and three)."""
+    if config.backend_of(device) != 'ascend':
+        pytest.skip('weight streaming is an Ascend kernel')
+    v = dict(dtype=dtype, block=block, sf=sf, weight=True, residual=True, bf16=True, hidden=1344)
+    assert staging_tile(v['hidden']) == 448
+    x, weight, residual = _inputs(v, 9, device)
+    resident = dataclasses.replace(_config('ascend', v), num_cores=4, num_stages=1)
+    assert not resident.weight_streamed
+    results = []
+    for cfg in (resident, dataclasses.replace(resident, weight_streamed=True)):
+        data = torch.full(x.shape, 0xFF, dtype=torch.uint8, device=device).view(torch.float8_e4m3fn)
+        sf_t = torch.full((9, cfg.sf_cols), 0xFF if cfg.packed_ue8m0 else float('nan'), device=device,
+                          dtype=torch.uint8 if cfg.packed_ue8m0 else torch.float32)  # fmt: skip
+        bf16 = torch.full(x.shape, float('nan'), dtype=torch.bfloat16, device=device)
+        y = torch.full_like(x, float('nan')) if cfg.writes_y else None
+        residual_out = torch.full_like(x, float('nan'))
+        rstd = torch.full((9,), float('nan'), device=device)
+        outs = (data.view(torch.uint8), sf_t.view(torch.uint8), bf16 if y is None else y, residual_out, rstd)
+        args = forward_launch_args(x, weight, residual, residual_out, y, rstd, data, sf_t,
+                                   None if cfg.writes_y else bf16, EPS, 0.75)  # fmt: skip
+        Launcher(get_norm_forward_kernel, cfg, device).launch(*args)
+        results.append(outs)
+    for streamed, whole in zip(results[1], results[0], strict=True):
+        assert_equal(streamed.cpu().view(torch.uint8), whole.cpu().view(torch.uint8))
+    for written in results[0][2:]:  # y (or the bf16 output), residual_out, rstd
+        assert not torch.isnan(written.float()).any()
 
 
 def _row_major(t: torch.Tensor) -> torch.Tensor:

@@ -9,6 +9,12 @@ and one SIMD VF computes, in 64-lane fp32 registers (bf16 widens exactly):
 2. sum(r * r) in one register, folded (vcadd), rstd = 1 / sqrt(sum / H + eps) broadcast to every lane;
 3. y = (r * rstd) * (w * out_scale), rounded to x's dtype, over the residual row (or in place over x);
 4. the cast: per_token_cast's three passes over y (block maxima, scales, e4m3 data), with its macros.
+
+Where the row's buffers do not fit UB beside the resident fp32 weight (cfg.weight_streamed: fp32 x with weight,
+residual and the cast's bf16 output, H past 15296..16000) nothing is staged before the loop: the VF stops after
+step 2 with rstd in UB, then for each staging tile of the weight a DMA of the tile and a VF doing step 3 over its
+columns (w * out_scale in a register, the same fp32 products and roundings: the same bits), then a VF doing step
+4 over the whole row. The weight is read once per row instead of once per core.
 """
 
 # No `from __future__ import annotations`: TileLang evaluates the prim_func annotations, which
@@ -74,6 +80,8 @@ def ascend_norm_forward_kernel(cfg, prim_func):
     sf_cols = cfg.sf_cols
     col_major = cfg.col_major_sf
     tile = staging_tile(hidden)
+    tile_chunks = tile // LANES
+    streamed = cfg.weight_streamed  # y per weight tile (no resident weight): see y_tile_vf
 
     load_f32, store_row, stage_weight = ascend_weight_macros(T, hidden=hidden, dtype=dtype)
     _, block_maxima, block_scalar = ascend_row_macros(T, in_dtype=dtype, block_size=bs, chunks=chunks)
@@ -81,6 +89,22 @@ def ascend_norm_forward_kernel(cfg, prim_func):
     scales = ascend_cast_scales_macro(
         T, fmt='e4m3', round_sf=cfg.round_sf, packed_ue8m0=cfg.packed_ue8m0, e4m3_sf=False
     )
+
+    @T.macro
+    def cast_passes(y_ub, amax_ub, inv_ub, sf_ub, data_ub):
+        # per_token_cast's passes over y as stored (rounded to x's dtype): the same bytes as its kernel.
+        low = S.pset(32, 'PAT_VL32')  # lanes 0..31: the first 32-element block of a register
+        every = S.pset(32, 'PAT_ALL')  # a mask is bound to a name before it feeds another mask op
+        high = S.pnot(low, every)
+        quarters = quarter_masks() if bs == 16 else None
+        S.mem_bar('VST_VLD')
+        block_maxima(y_ub, amax_ub, low, high, quarters)
+        S.mem_bar('VST_VLD')
+        scales(amax_ub, sf_ub, inv_ub, groups)
+        S.mem_bar('VST_VLD')
+        for c in T.serial(chunks):
+            scaled = S.vmul(load_f32(y_ub, c), block_scalar(inv_ub, c, low, quarters))
+            S.vsts(data_ub[c * LANES], S.vcvt(scaled, T.float8_e4m3fn), dist='PK4_B32')
 
     @T.macro
     def row_vf(x_ub, res_ub, y_ub, w_ub, st_ub, amax_ub, inv_ub, sf_ub, data_ub, bf_ub, eps, out_scale):
@@ -101,29 +125,30 @@ def ascend_norm_forward_kernel(cfg, prim_func):
                     S.vmula(acc, r, r)
             mean = S.vdiv(S.vcadd(acc), S.vdup(float(hidden), f32))  # lane 0
             rstd = S.vdiv(S.vdup(1.0, f32), S.vsqrt(S.vadds(mean, eps)))
-            if with_rstd:
+            if with_rstd or streamed:  # streamed: the tiles' VFs take rstd from st_ub
                 S.vsts(st_ub[0], rstd, dist='ONEPT_B32')
-            rstd_all = S.vdupv(rstd)
-            for c in T.serial(chunks):
-                y = S.vmul(load_f32(x_ub, c), rstd_all)
-                y = S.vmul(y, S.vld(w_ub[c * LANES])) if with_weight else S.vmuls(y, out_scale)
-                store_row(y_ub, c, y)
-                if separate_bf16:
-                    S.vsts(bf_ub[c * LANES], S.vcvt(y, T.bfloat16), dist='PK_B32')
-            if cast:
-                # per_token_cast's passes over y as stored (rounded to x's dtype): the same bytes as its kernel.
-                low = S.pset(32, 'PAT_VL32')  # lanes 0..31: the first 32-element block of a register
-                every = S.pset(32, 'PAT_ALL')  # a mask is bound to a name before it feeds another mask op
-                high = S.pnot(low, every)
-                quarters = quarter_masks() if bs == 16 else None
-                S.mem_bar('VST_VLD')
-                block_maxima(y_ub, amax_ub, low, high, quarters)
-                S.mem_bar('VST_VLD')
-                scales(amax_ub, sf_ub, inv_ub, groups)
-                S.mem_bar('VST_VLD')
+            if not streamed:
+                rstd_all = S.vdupv(rstd)
                 for c in T.serial(chunks):
-                    scaled = S.vmul(load_f32(y_ub, c), block_scalar(inv_ub, c, low, quarters))
-                    S.vsts(data_ub[c * LANES], S.vcvt(scaled, T.float8_e4m3fn), dist='PK4_B32')
+                    y = S.vmul(load_f32(x_ub, c), rstd_all)
+                    y = S.vmul(y, S.vld(w_ub[c * LANES])) if with_weight else S.vmuls(y, out_scale)
+                    store_row(y_ub, c, y)
+                    if separate_bf16:
+                        S.vsts(bf_ub[c * LANES], S.vcvt(y, T.bfloat16), dist='PK_B32')
+                if cast:
+                    cast_passes(y_ub, amax_ub, inv_ub, sf_ub, data_ub)
+
+    @T.macro
+    def y_tile_vf(x_ub, y_ub, st_ub, stage_ub, bf_ub, k, out_scale):
+        # weight_streamed: y over weight tile k (staged in stage_ub), the resident path's products and roundings.
+        with T.SimdVF():
+            rstd_all = S.vld(st_ub[0], dist='BRC_B32')
+            for c in T.serial(tile_chunks):
+                w = S.vmuls(load_f32(stage_ub, c), out_scale)
+                y = S.vmul(S.vmul(load_f32(x_ub, k * tile_chunks + c), rstd_all), w)
+                store_row(y_ub, k * tile_chunks + c, y)
+                if separate_bf16:
+                    S.vsts(bf_ub[(k * tile_chunks + c) * LANES], S.vcvt(y, T.bfloat16), dist='PK_B32')
 
     @T.macro
     def body(x, weight, residual, residual_out, out, rstd, data, sf, out_bf16, eps, out_scale, num_tokens):
@@ -134,13 +159,14 @@ def ascend_norm_forward_kernel(cfg, prim_func):
             if with_residual:
                 res_ub = T.alloc_shared((hidden,), dtype)
                 versions[res_ub] = stages
-            if with_rstd:
+            if with_rstd or streamed:
                 st_ub = T.alloc_shared((8,), f32)  # rstd in element 0 (one 32-byte block)
                 versions[st_ub] = stages
             if with_weight:
-                w_ub = T.alloc_shared((hidden,), f32)
+                if not streamed:
+                    w_ub = T.alloc_shared((hidden,), f32)
+                    versions[w_ub] = 1
                 stage_ub = T.alloc_shared((tile,), dtype)
-                versions[w_ub] = 1
                 versions[stage_ub] = 1
             if cast:
                 amax_ub = T.alloc_shared((groups_padded,), f32)
@@ -153,13 +179,20 @@ def ascend_norm_forward_kernel(cfg, prim_func):
                 versions[bf_ub] = stages
             T.annotate_buffer_versions(versions)
             y_ub = res_ub if with_residual else x_ub  # y over the residual row, or in place over x
-            if with_weight:
+            if with_weight and not streamed:
                 stage_weight(weight, stage_ub, w_ub, out_scale)
             for t in T.Persistent([num_tokens], grid, cid, group_size=1, num_stages=stages):
                 T.copy(x[t, 0:hidden], x_ub)
                 if with_residual:
                     T.copy(residual[t, 0:hidden], res_ub)
                 row_vf(x_ub, res_ub, y_ub, w_ub, st_ub, amax_ub, inv_ub, sf_ub, data_ub, bf_ub, eps, out_scale)
+                if streamed:  # y tile by tile, each tile of the weight read into stage_ub; then the cast's passes
+                    for k in T.serial(hidden // tile):
+                        T.copy(weight[k * tile : k * tile + tile], stage_ub)
+                        y_tile_vf(x_ub, y_ub, st_ub, stage_ub, bf_ub, k, out_scale)
+                    if cast:
+                        with T.SimdVF():
+                            cast_passes(y_ub, amax_ub, inv_ub, sf_ub, data_ub)
                 if with_residual:
                     T.copy(x_ub, residual_out[t, 0:hidden])
                 if writes_y:

@@ -17,8 +17,10 @@ the kernel never touches (_norm_common.placeholder), eps and out_scale are runti
 value). The token count is dynamic; the interface launches nothing for T = 0.
 
 Ascend (_norm_forward_ascend.py): a persistent loop of whole rows over the vector cores, the row in UB, the
-weight times out_scale resident in fp32. CUDA (_norm_forward_cuda.py): one thread block per row, 16-byte chunks
-per thread kept in registers between the reduction and the epilogue; the cast's block maxima by warp shuffles.
+weight times out_scale resident in fp32 (streamed per row, tile by tile, where the row's buffers do not fit UB
+beside it: NormForwardConfig.weight_streamed). CUDA (_norm_forward_cuda.py): one thread block per row, 16-byte
+chunks per thread kept in registers between the reduction and the epilogue; the cast's block maxima by warp
+shuffles.
 """
 
 # No `from __future__ import annotations`: TileLang evaluates the prim_func annotations, which
@@ -63,6 +65,10 @@ class NormForwardConfig:
     # kernel's sf is the transposed view (sf_cols, T) of a row stride that is a launch argument; packed UE8M0 bytes
     # (sf_cols / 4, 4 T), row r's word w at [w, 4 r : 4 r + 4].
     col_major_sf: bool = False
+    # Ascend, with weight: no resident weight; each row reads w in staging tiles and computes its y tile by tile
+    # (the same products and roundings, so the same bits; the weight read once per row). Chosen only where the
+    # row's buffers do not fit UB beside the resident fp32 weight (fp32 x, residual, the cast's bf16 output).
+    weight_streamed: bool = False
 
     def __post_init__(self):
         if self.backend not in ('ascend', 'cuda'):
@@ -88,6 +94,8 @@ class NormForwardConfig:
             raise ValueError(f'CUDA: threads {self.threads} must be whole warps up to 1024, chunks >= 1')
         if self.num_stages not in (1, 2):
             raise ValueError(f'num_stages must be 1 or 2, got {self.num_stages}')
+        if self.weight_streamed and (self.backend != 'ascend' or not self.with_weight):
+            raise ValueError('weight_streamed is an Ascend option of a kernel with weight')
 
     @property
     def cast(self) -> bool:
@@ -120,11 +128,13 @@ class NormForwardConfig:
 
 
 def ascend_ub_bytes(*, hidden: int, dtype: str, with_weight: bool, with_residual: bool, block_size: int,
-                    packed_ue8m0: bool, with_out_bf16: bool) -> tuple[int, int]:  # fmt: skip
-    """(bytes per buffer version, resident bytes) of the Ascend kernel's UB buffers."""
+                    packed_ue8m0: bool, with_out_bf16: bool,
+                    weight_streamed: bool = False) -> tuple[int, int]:  # fmt: skip
+    """(bytes per buffer version, resident bytes) of the Ascend kernel's UB buffers; `weight_streamed`: the
+    weight's staging tile only, no resident fp32 weight."""
     row = hidden * DTYPE_BYTES[dtype]
     per_stage = row * (2 if with_residual else 1) + 32  # x (then r), residual (then y), rstd
-    resident = (hidden * 4 + WEIGHT_TILE * DTYPE_BYTES[dtype]) if with_weight else 0
+    resident = (hidden * 4 * (not weight_streamed) + WEIGHT_TILE * DTYPE_BYTES[dtype]) if with_weight else 0
     if block_size:
         groups = -(-(hidden // block_size) // LANES) * LANES
         per_stage += hidden + groups * (1 if packed_ue8m0 else 4)  # e4m3 data, scales
@@ -148,8 +158,9 @@ def choose_norm_forward_config(
     with_out_bf16: bool = False,
     col_major_sf: bool = False,
 ) -> NormForwardConfig:
-    """Pure choice of the compile-time parameters (no device query); ValueError for what the kernels do not take
-    (on Ascend: a row whose buffers do not fit UB)."""
+    """Pure choice of the compile-time parameters (no device query); ValueError for what the kernels do not take.
+    On Ascend the weight stays resident in UB where the row's buffers fit beside it, else it is streamed per row
+    (`weight_streamed`; only fp32 x with residual and the cast's bf16 output, H past 15296..16000)."""
     if dtype not in FLOAT_DTYPE_NAMES:
         raise ValueError(f'dtype must be torch.bfloat16 or torch.float32, got {dtype!r}')
     name = FLOAT_DTYPE_NAMES[dtype]
@@ -158,11 +169,17 @@ def choose_norm_forward_config(
         block_size, round_sf, packed_ue8m0, with_out_bf16, col_major_sf=col_major_sf,
     )  # fmt: skip
     if backend == 'ascend':
-        per_stage, resident = ascend_ub_bytes(
-            hidden=hidden, dtype=name, with_weight=with_weight, with_residual=with_residual, block_size=block_size,
-            packed_ue8m0=packed_ue8m0, with_out_bf16=with_out_bf16,
+        ub = functools.partial(
+            ascend_ub_bytes, hidden=hidden, dtype=name, with_weight=with_weight, with_residual=with_residual,
+            block_size=block_size, packed_ue8m0=packed_ue8m0, with_out_bf16=with_out_bf16,
         )  # fmt: skip
-        return make(num_stages=ascend_stages('norm_forward', per_stage, resident))
+        try:
+            stages, streamed = ascend_stages('norm_forward', *ub()), False
+        except ValueError:  # the row's buffers do not fit beside the resident weight
+            if not with_weight:
+                raise
+            stages, streamed = ascend_stages('norm_forward', *ub(weight_streamed=True)), True
+        return make(num_stages=stages, weight_streamed=streamed)
     if backend == 'cuda':
         threads, chunks, _ = cuda_row_layout(hidden, name, _CUDA_MAX_CHUNKS)
         return make(threads=threads, chunks=chunks)
