@@ -16,7 +16,6 @@ import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from cann_ops_tilelang import operator
 from cann_ops_tilelang.mhc import mhc_multilayer_recompute, mhc_post_fwd, mhc_pre_apply_mix_fwd
 from cann_ops_tilelang.mhc.mhc_multilayer_recompute_kernel import (
     ASCEND_UB_BUDGET,
@@ -28,6 +27,7 @@ from cann_ops_tilelang.mhc.mhc_multilayer_recompute_kernel import (
 )
 from cann_ops_tilelang.operator import OPERATORS
 from tests.testing.bench import make_param_id
+from tests.testing.fast_path import record_launchers
 from tests.testing.generator import by_level, generate_samples, get_test_level
 from tests.testing.graphs import GraphRecorder
 from tests.testing.lowering import assert_ascend_kernel_lowers, assert_cuda_kernel_lowers
@@ -183,19 +183,8 @@ def test_mhc_multilayer_recompute_eager_call_views_only_what_the_kernel_reshapes
     and inputs, (T, M, H) residuals) only the comb mixes are viewed, (T, M, M) as the kernel's (T, M * M), once a
     layer (a view costs microseconds, and a call checks 6 L tensors), and the launch gets the caller's tensors."""
     module = sys.modules[mhc_multilayer_recompute.__module__]
-    launched = []
-
-    class Launcher:
-        def __init__(self, get_kernel, cfg, device):
-            pass
-
-        def launch(self, *args):
-            launched.append(args)
-
-    monkeypatch.setattr(operator, 'Launcher', Launcher)
+    _, launched = record_launchers(monkeypatch, module._KERNEL, 132)
     monkeypatch.setattr(module, 'require_accelerator', lambda *tensors: 'cuda')
-    monkeypatch.setattr(operator, 'get_num_cores', lambda device: 132)
-    monkeypatch.setattr(module._KERNEL, '_launchers', {})
     inputs = make_inputs(3, 4, 64, 4, 4, 'cpu')
     buffers = poisoned_buffers(3, 4, 64, 4, 4, 'cpu')
 

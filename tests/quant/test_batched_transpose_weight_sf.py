@@ -10,7 +10,6 @@ import importlib
 import pytest
 import torch
 
-from cann_ops_tilelang import operator
 from cann_ops_tilelang.config import backend_of, get_num_cores
 from cann_ops_tilelang.quant.batched_transpose_weight_sf import batched_transpose_weight_sf
 from cann_ops_tilelang.quant.batched_transpose_weight_sf_kernel import (
@@ -23,6 +22,7 @@ from tests.quant.batched_transpose_weight_sf_ref import (
     power_of_two_scales,
 )
 from tests.testing.bench import config_extras, make_param_id
+from tests.testing.fast_path import record_launchers
 from tests.testing.generator import generate_samples
 from tests.testing.numeric import count_bytes
 
@@ -124,19 +124,8 @@ def test_rejects_too_large():
 def test_one_launcher_per_block_size(monkeypatch):
     """Through the one launcher cache (operator.Launchers): a launcher per (device, backend, block_size), its
     configuration of the backend the device check gave and the device's core count."""
-    made, launched = [], []
-
-    class Launcher:
-        def __init__(self, get_kernel, cfg, device):
-            made.append((get_kernel, cfg, device))
-
-        def launch(self, *args):
-            launched.append(args)
-
-    monkeypatch.setattr(operator, 'Launcher', Launcher)
-    monkeypatch.setattr(operator, 'get_num_cores', lambda device: 132)
+    made, launched = record_launchers(monkeypatch, module._KERNEL, 132)
     monkeypatch.setattr(module, 'require_accelerator', lambda *tensors: 'cuda')
-    monkeypatch.setattr(module._KERNEL, '_launchers', {})
     for block_size in (128, 32, 128):
         _call(sf=(torch.ones(4, 4),), block_size=block_size)
     assert made == [

@@ -17,11 +17,12 @@ from fractions import Fraction
 import pytest
 import torch
 
-from cann_ops_tilelang import config, operator
+from cann_ops_tilelang import config
 from cann_ops_tilelang.rand._counter_normal import GROUP_ELEMENTS, pairs_drawn, seed_keys
 from cann_ops_tilelang.rand.randn import randn, randn_like, set_seed
 from cann_ops_tilelang.rand.randn_kernel import MAX_NUMEL, choose_randn_config, get_randn_kernel, make_randn_kernel
 from tests.testing.bench import make_param_id
+from tests.testing.fast_path import record_launchers
 from tests.testing.generator import by_level, generate_samples, get_test_level
 from tests.testing.lowering import (
     ASCEND_950_VECTOR_CORES,
@@ -127,20 +128,9 @@ def test_randn_refuses_cpu_without_emulator(size):
 def test_randn_makes_one_launcher_per_device_and_dtype(monkeypatch):
     """Through the one launcher cache (operator.Launchers): a launcher per (device, dtype), its configuration of the
     device's backend (require_accelerator, the device guard, when it is made) and core count."""
-    made, launched = [], []
-
-    class Launcher:
-        def __init__(self, get_kernel, cfg, device):
-            made.append((get_kernel, cfg, device))
-
-        def launch(self, *args):
-            launched.append(args)
-
-    monkeypatch.setattr(operator, 'Launcher', Launcher)
-    monkeypatch.setattr(operator, 'get_num_cores', lambda device: H200_SMS)
+    made, launched = record_launchers(monkeypatch, randn_module._KERNEL)
     monkeypatch.setattr(config, 'require_accelerator', lambda *tensors: 'cuda')
     monkeypatch.setattr(randn_module, 'require_accelerator', lambda *tensors: 'cuda')
-    monkeypatch.setattr(randn_module._KERNEL, '_launchers', {})
     monkeypatch.setattr(randn_module, '_states', {})
     monkeypatch.setattr(randn_module, '_seed', SEED)
     for dtype in (torch.float32, torch.bfloat16, torch.float32, torch.bfloat16):

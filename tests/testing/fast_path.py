@@ -43,3 +43,24 @@ def count_plans(monkeypatch: pytest.MonkeyPatch, op: operator.Operator) -> list[
     plan = op.plan
     monkeypatch.setattr(op, 'plan', lambda *args: plans.append(args) or plan(*args))
     return plans
+
+
+def record_launchers(
+    monkeypatch: pytest.MonkeyPatch, launchers: operator.Launchers, num_cores: int = H200_SMS
+) -> tuple[list[tuple], list[tuple]]:
+    """`launchers`' cache emptied, one core count, and its launchers recorded instead of made: returns (made,
+    launched), made a (get_kernel, cfg, device) per launcher the cache makes, launched the arguments of each
+    launch."""
+    made, launched = [], []
+
+    class Recording:
+        def __init__(self, get_kernel, cfg, device):
+            made.append((get_kernel, cfg, device))
+
+        def launch(self, *args):
+            launched.append(args)
+
+    monkeypatch.setattr(operator, 'Launcher', Recording)
+    monkeypatch.setattr(operator, 'get_num_cores', lambda device: num_cores)
+    monkeypatch.setattr(launchers, '_launchers', {})
+    return made, launched
