@@ -5,12 +5,13 @@ bit-reproducibility (device tier: an accelerator, or the Ascend kernels on the e
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from cann_ops_tilelang import config
+from cann_ops_tilelang import config, operator
 from cann_ops_tilelang.kernel_target import Launcher, placeholder
 from cann_ops_tilelang.norm import norm_backward, norm_forward
 from cann_ops_tilelang.norm.norm_backward_kernel import (
@@ -31,6 +32,7 @@ from tests.testing.numeric import assert_close, assert_equal, count_bytes
 from tests.testing.timing import record_name
 
 from .norm_backward_ref import norm_backward_ref, norm_forward_math
+from .test_norm_forward import assert_padding, strided_view
 
 LEVEL = get_test_level()
 EPS = 1e-6
@@ -179,6 +181,20 @@ def _x(num_tokens=4, hidden=64, dtype=torch.bfloat16, device='cpu'):
         (dict(residual_out_grad=_x(4, 128)), ValueError, 'residual_out_grad must have shape'),
         (dict(out_scale=float('nan')), ValueError, 'out_scale'),
         (dict(x=_x(4, 96), out_grad=_x(4, 96)), ValueError, 'multiple of 64 up to 16384, got 96'),
+        (dict(x=_x(64, 4).t()), ValueError, 'x must have a contiguous last dimension'),
+        (
+            dict(out_grad=_x(4, 68)[:, :64]),
+            ValueError,
+            r'the rows of a strided out_grad must each start on 16 bytes, got row stride 68 \(2-byte elements\)',
+        ),
+        (dict(x=_x(4, 66)[:, :64]), ValueError, 'the rows of a strided x must each start on 16 bytes'),
+        (
+            dict(residual_out_grad=_x(4, 80)[:, 1:65]),
+            ValueError,
+            r'the rows of a strided residual_out_grad must each start on 16 bytes, got row stride 80 \(2-byte '
+            r'elements\) and data_ptr\(\) = \d+',
+        ),
+        (dict(x=_x(4, 72)[:, :64], out_grad=_x(4, 128)[:, 64:]), RuntimeError, "no kernels for 'cpu' tensors"),
         (dict(), RuntimeError, "no kernels for 'cpu' tensors"),
     ],
     ids=[
@@ -191,6 +207,11 @@ def _x(num_tokens=4, hidden=64, dtype=torch.bfloat16, device='cpu'):
         'rog-shape',
         'out-scale',
         'hidden',
+        'last-dim',
+        'strided-grad-misaligned',
+        'strided-x-misaligned',
+        'strided-rog-misaligned',
+        'strided-aligned-cpu',
         'cpu',
     ],
 )
@@ -198,6 +219,42 @@ def test_norm_backward_contract(kwargs, error, match):
     args = dict(out_grad=_x(), x=_x(), weight=None, rstd=torch.zeros(4)) | kwargs
     with pytest.raises(error, match=match):
         norm_backward(**args)
+
+
+def test_norm_backward_strided_rows_config(monkeypatch):
+    """A strided out_grad, x or residual_out_grad chooses the row kernel of strided rows (the reduction's
+    configuration has no such field); contiguous rows and one row keep the contiguous kernel."""
+    monkeypatch.setattr(config, 'require_accelerator', lambda *tensors: 'ascend')
+    monkeypatch.setattr(operator, 'get_num_cores', lambda device: 7)
+    configure = norm_backward.operator.config
+    x, wide, rstd = _x(), _x(4, 72), torch.zeros(4)
+    assert not configure(x, x, None, rstd, x).strided_rows
+    assert configure(wide[:, 8:], x, None, rstd).strided_rows
+    assert configure(x, wide[:, :64], None, rstd).strided_rows
+    assert configure(x, x, None, rstd, wide[:, :64]).strided_rows
+    assert not configure(wide[:1, :64], wide[:1, 8:], None, rstd[:1]).strided_rows  # one row: any stride
+    plain = _config('ascend', VARIANTS[0], 'reduce')
+    assert _config('ascend', VARIANTS[0], 'reduce', strided_rows=True) == plain
+    with pytest.raises(ValueError, match='strided_rows is an option of the stage "rows"'):
+        dataclasses.replace(plain, strided_rows=True)
+
+
+@pytest.mark.parametrize('backend', ['ascend', 'cuda'])
+@pytest.mark.parametrize('v', VARIANTS[:1], ids=make_param_id)
+def test_norm_backward_strided_rows_lower(backend, v):
+    """strided_rows: the strides of x, out_grad and residual_out_grad launch arguments, x_grad contiguous; on CUDA
+    the contiguous kernel's vector loads (the strides' alignment assumed: the interface checks it)."""
+    lowers = assert_ascend_kernel_lowers if backend == 'ascend' else assert_cuda_kernel_lowers
+    plain = _config(backend, v)
+    sources = [lowers(lambda c=c: make_norm_backward_kernel(c), key=c, kernel_name='norm_backward_kernel').source
+               for c in (plain, dataclasses.replace(plain, strided_rows=True))]  # fmt: skip
+    names = ('x_stride', 'out_grad_stride', 'residual_out_grad_stride', 'x_grad_stride')
+    assert [[n in s for n in names] for s in sources] == [[False] * 4, [True, True, True, False]]
+    if backend == 'cuda':
+        accesses = re.compile(r'\((\w+)\*\)\((x|out_grad|residual_out_grad|x_grad) \+')
+        vectors = [sorted(set(accesses.findall(s))) for s in sources]
+        assert {name for _, name in vectors[0]} == {'x', 'out_grad', 'residual_out_grad', 'x_grad'}
+        assert vectors[1] == vectors[0]
 
 
 def test_norm_backward_traced():
@@ -256,6 +313,36 @@ def test_norm_backward_values(v, num_tokens, device):
     assert_equal(again.x_grad, result.x_grad)
     assert_close(first.cpu().double(), start.cpu().double() + weight_grad, atol=1e-3 * (1 + num_tokens) ** 0.5,
                  rtol=1e-5)  # fmt: skip
+
+
+# Level 1 (level 0 compiles the forwards' kernels of strided rows only): the first variant's row kernel of strided
+# rows, and an fp32 one without weight.
+STRIDED_VARIANTS = by_level(
+    LEVEL, core=[], default=[VARIANTS[0], *[v for v in VARIANTS if v['dtype'] == torch.float32 and not v['weight']][:1]]
+)
+
+
+@pytest.mark.npu
+@pytest.mark.parametrize('v', STRIDED_VARIANTS, ids=make_param_id)
+def test_norm_backward_strided_rows_values(v, device):
+    """Rows of views of wider buffers (out_grad, x, residual_out_grad, each its own stride) give the bits of the
+    same rows contiguous (x_grad and the weight gradient, accumulated too); the padding is never read (NaN)."""
+    out_grad, x, weight, rstd, rog = _inputs(v, 37, device)
+    want = norm_backward(out_grad, x, weight, rstd, rog, 0.75)
+    strided = (strided_view(out_grad, 8), strided_view(x, 64), None if rog is None else strided_view(rog, 24))
+    for _ in range(2):  # the second call: the fast path's (it takes no key: the full check again)
+        got = norm_backward(strided[0], strided[1], weight, rstd, strided[2], 0.75)
+        assert_equal(got.x_grad, want.x_grad)
+        if weight is not None:
+            assert_equal(got.weight_grad, want.weight_grad)
+    if weight is not None:
+        first, second = torch.ones(v['hidden'], device=device), torch.ones(v['hidden'], device=device)
+        norm_backward(out_grad, x, weight, rstd, rog, 0.75, first)
+        norm_backward(strided[0], strided[1], weight, rstd, strided[2], 0.75, second)
+        assert_equal(second, first)
+    for t in strided:
+        if t is not None:
+            assert_padding(t)
 
 
 @pytest.mark.npu

@@ -4,11 +4,14 @@ kernel on the emulator with --ascend-emulator), the benchmark."""
 
 from __future__ import annotations
 
+import dataclasses
+import re
+
 import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from cann_ops_tilelang import config
+from cann_ops_tilelang import config, operator
 from cann_ops_tilelang.norm import norm_forward
 from cann_ops_tilelang.norm.norm_forward_kernel import (
     NormForwardConfig,
@@ -127,7 +130,31 @@ def _x(num_tokens=4, hidden=64, dtype=torch.bfloat16, device='cpu'):
         (lambda x: norm_forward(x[0], None, EPS), ValueError, 'x must have 2 dimensions'),
         (lambda x: norm_forward(_x(4, 96), None, EPS), ValueError, 'multiple of 64 up to 16384, got 96'),
         (lambda x: norm_forward(_x(1, 16448), None, EPS), ValueError, 'multiple of 64 up to 16384, got 16448'),
-        (lambda x: norm_forward(_x(4, 256)[:, :128], None, EPS), ValueError, 'x must be contiguous'),
+        (lambda x: norm_forward(_x(64, 4).t(), None, EPS), ValueError, 'x must have a contiguous last dimension'),
+        (
+            lambda x: norm_forward(_x(4, 260)[:, :256], None, EPS),
+            ValueError,
+            r'the rows of a strided x must each start on 16 bytes, got row stride 260 \(2-byte elements\)',
+        ),
+        (
+            lambda x: norm_forward(x, None, EPS, _x(4, 66)[:, :64]),
+            ValueError,
+            'the rows of a strided residual must each start on 16 bytes',
+        ),
+        (
+            lambda x: norm_forward(x, None, EPS, x + 1, out=_x(4, 68)[:, :64]),
+            ValueError,
+            'the rows of a strided out must each start on 16 bytes',
+        ),
+        (
+            lambda x: norm_forward(x, None, EPS, x + 1, residual_out=_x(4, 72)[:, 1:65]),
+            ValueError,
+            r'the rows of a strided residual_out must each start on 16 bytes, got row stride 72 \(2-byte elements\) '
+            r'and data_ptr\(\) = \d+',
+        ),
+        (lambda x: norm_forward(_x(4, 264)[:, :256], None, EPS), RuntimeError, "no kernels for 'cpu' tensors"),
+        (lambda x: norm_forward(_x(8, 72).view(2, 4, 72)[:, :, :64], None, EPS), RuntimeError, "no kernels for 'cpu'"),
+        (lambda x: norm_forward(_x(16, 64).view(2, 8, 64)[:, :4], None, EPS), ValueError, 'x must be contiguous'),
         (lambda x: norm_forward(x, torch.zeros(64), EPS), TypeError, 'weight must have the dtype of x'),
         (lambda x: norm_forward(x, torch.zeros(32, dtype=x.dtype), EPS), ValueError, 'weight must have shape'),
         (lambda x: norm_forward(x, None, 0.0), ValueError, 'eps'),
@@ -144,7 +171,14 @@ def _x(num_tokens=4, hidden=64, dtype=torch.bfloat16, device='cpu'):
         'rank',
         'hidden',
         'too-wide',
-        'strided',
+        'last-dim',
+        'strided-misaligned',
+        'strided-residual-misaligned',
+        'strided-out-misaligned',
+        'strided-residual-out-misaligned',
+        'strided-aligned-cpu',
+        'strided-batched-cpu',
+        'strided-batched-unmergeable',
         'weight-dtype',
         'weight-shape',
         'eps',
@@ -165,6 +199,46 @@ def test_norm_forward_rejects_too_many_elements():
     x = torch.empty(2**31 // 4096, 4096, dtype=torch.bfloat16, device='meta')
     with pytest.raises(ValueError, match='at most 2\\*\\*31 - 1 elements'):
         norm_forward(x, None, EPS)
+
+
+# ---------------------------------------------------------------- CPU tier: strided rows (the peer takes them)
+
+_VECTORS = re.compile(r'\((\w+)\*\)\((x|residual|residual_out|out|out_bf16) \+')  # CUDA vector accesses of rows
+
+
+def test_norm_forward_strided_rows_config(monkeypatch):
+    """A strided row tensor (any of them, each its own stride) chooses the kernel of strided rows; contiguous rows,
+    one row, and a residual_out ignored without residual keep the contiguous kernel."""
+    monkeypatch.setattr(config, 'require_accelerator', lambda *tensors: 'ascend')
+    monkeypatch.setattr(operator, 'get_num_cores', lambda device: 7)
+    configure = norm_forward.operator.config
+    x, wide = _x(4, 64), _x(4, 72)
+    assert not configure(x, None, EPS, x + 1, out=_x(4, 64), residual_out=_x(4, 64)).strided_rows
+    assert configure(wide[:, :64], None, EPS).strided_rows
+    assert configure(x, None, EPS, wide[:, :64]).strided_rows
+    assert configure(x, None, EPS, out=wide[:, :64]).strided_rows
+    assert configure(x, None, EPS, x + 1, residual_out=wide[:, 8:]).strided_rows
+    assert not configure(x, None, EPS, residual_out=wide[:, 8:]).strided_rows  # ignored without residual
+    assert not configure(wide[:1, :64], None, EPS).strided_rows  # one row: any stride
+    cfg = configure(wide[:, :64], None, EPS, x + 1)
+    assert cfg == dataclasses.replace(configure(x, None, EPS, x + 1), strided_rows=True)
+
+
+@pytest.mark.parametrize('backend', ['ascend', 'cuda'])
+@pytest.mark.parametrize('v', VARIANTS[:1], ids=make_param_id)
+def test_norm_forward_strided_rows_lower(backend, v):
+    """strided_rows: each present row tensor's stride a launch argument; on CUDA the rows are read and written in
+    the contiguous kernel's 16-byte vectors (the stride's alignment assumed: the interface checks it)."""
+    lowers = assert_ascend_kernel_lowers if backend == 'ascend' else assert_cuda_kernel_lowers
+    plain = _config(backend, v)
+    sources = [lowers(lambda c=c: make_norm_forward_kernel(c), key=c, kernel_name=KERNEL_NAME).source
+               for c in (plain, dataclasses.replace(plain, strided_rows=True))]  # fmt: skip
+    names = ('x_stride', 'residual_stride', 'residual_out_stride', 'out_stride')
+    assert [[f'{n}' in s for n in names] for s in sources] == [[False] * 4, [True] * 4]
+    if backend == 'cuda':
+        vectors = [sorted(set(_VECTORS.findall(s))) for s in sources]
+        assert {name for _, name in vectors[0]} == {'x', 'residual', 'residual_out', 'out'}
+        assert vectors[1] == vectors[0]
 
 
 # ---------------------------------------------------------------- CPU tier: torch.library forms
@@ -277,6 +351,59 @@ def test_norm_forward_batched_values(device):
     assert_equal(batched.out, rows.out.view(2, 3, -1))
     assert_equal(batched.rstd, rows.rstd.view(2, 3))
     assert_equal(batched.norm_input, rows.norm_input.view(2, 3, -1))
+
+
+def strided_view(t: torch.Tensor, pad: int, poison: float = float('nan')) -> torch.Tensor:
+    """t's values as the first columns of a wider buffer (rows `pad` elements longer, the padding `poison`): a
+    strided view."""
+    wide = torch.full((t.shape[0], t.shape[1] + pad), poison, dtype=t.dtype, device=t.device)
+    wide[:, : t.shape[1]] = t
+    return wide[:, : t.shape[1]]
+
+
+def assert_padding(view: torch.Tensor, poison: float = float('nan')) -> None:
+    """The padding columns of strided_view's buffer (after the view's last row: none) still hold `poison`."""
+    rows, width = view.shape[0], view.stride(0)
+    wide = view.as_strided((rows, width), (width, 1))
+    want = torch.full((rows, width - view.shape[1]), poison, dtype=view.dtype)
+    assert_equal(wide[:, view.shape[1] :].cpu().view(torch.uint8), want.view(torch.uint8), check_stride=False)
+
+
+# Level 0: the first variant's kernel of strided rows; level 1 also the second's (fp32, no weight, no residual).
+STRIDED_VARIANTS = by_level(
+    LEVEL, core=VARIANTS[:1], default=[VARIANTS[0], *[v for v in VARIANTS if not v['residual']][:1]]
+)
+
+
+@pytest.mark.npu
+@pytest.mark.parametrize('v', STRIDED_VARIANTS, ids=make_param_id)
+def test_norm_forward_strided_rows_values(v, device):
+    """Rows of views of wider buffers (x, residual, and the given out and residual_out, each its own stride) give
+    the bits of the same rows contiguous, and leave the buffers' padding untouched (poisoned NaN); also one row
+    of a strided buffer (the contiguous kernel)."""
+    for num_tokens in (37, 1):
+        args = _inputs(v, num_tokens, device)
+        x, weight, residual = args['x'], args['weight'], args['residual']
+        want = norm_forward(x, weight, EPS, residual, 0.75, with_rstd=True)
+        sx = strided_view(x, 64)
+        sres = None if residual is None else strided_view(residual, 8)
+        out = strided_view(torch.empty_like(x), 24)
+        res_out = None if residual is None else strided_view(torch.empty_like(x), 40)
+        for _ in range(2):  # the second call: the fast path's (it takes no key: the full check again)
+            got = norm_forward(sx, weight, EPS, sres, 0.75, with_rstd=True)
+            assert_equal(got.out, want.out)
+            assert_equal(got.rstd, want.rstd)
+            assert_equal(got.norm_input, want.norm_input, check_stride=False)  # x itself without residual
+        into = norm_forward(sx, weight, EPS, sres, 0.75, out=out, residual_out=res_out, with_rstd=True)
+        assert into.out is out
+        assert_equal(out, want.out, check_stride=False)
+        assert_equal(into.rstd, want.rstd)
+        for t in (sx, sres, out, res_out):
+            if t is not None:
+                assert_padding(t)
+        if residual is not None:
+            assert into.norm_input is res_out
+            assert_equal(res_out, want.norm_input, check_stride=False)
 
 
 @pytest.mark.npu

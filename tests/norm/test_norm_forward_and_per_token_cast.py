@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from cann_ops_tilelang import config
+from cann_ops_tilelang import config, operator
 from cann_ops_tilelang.kernel_target import Launcher
 from cann_ops_tilelang.norm import norm_forward, norm_forward_and_per_token_cast
 from cann_ops_tilelang.norm._norm_common import ASCEND_UB_BUDGET, forward_launch_args
@@ -37,6 +37,7 @@ from tests.testing.numeric import assert_close, assert_equal, count_bytes
 from tests.testing.timing import record_name
 
 from .norm_forward_and_per_token_cast_ref import norm_forward_and_per_token_cast_ref
+from .test_norm_forward import assert_padding, strided_view
 
 LEVEL = get_test_level()
 EPS = 1e-6
@@ -155,6 +156,20 @@ def _x(num_tokens=4, hidden=128, dtype=torch.bfloat16, device='cpu'):
         (dict(out=(_x(4, 128), torch.zeros(4, 4))), TypeError, r'out\[0\] must have dtype'),
         (dict(out=(_x(4, 128).to(torch.float8_e4m3fn), torch.zeros(4, 5))), ValueError, r'out\[1\] must have shape'),
         (dict(x=_x(4, 96)), ValueError, 'multiple of 64 up to 16384'),
+        (dict(x=_x(4, 132)[:, :128]), ValueError, 'the rows of a strided x must each start on 16 bytes'),
+        (dict(residual=_x(4, 130)[:, :128]), ValueError, 'the rows of a strided residual must each start on 16'),
+        (
+            dict(with_out_bf16=True, out_bf16=_x(4, 136)[:, 4:132]),
+            ValueError,
+            r'the rows of a strided out_bf16 must each start on 16 bytes, got row stride 136 \(2-byte elements\) '
+            r'and data_ptr\(\) = \d+',
+        ),
+        (
+            dict(residual=_x(), residual_out=_x(4, 140)[:, :128]),
+            ValueError,
+            'the rows of a strided residual_out must each start on 16 bytes, got row stride 140',
+        ),
+        (dict(x=_x(4, 136)[:, :128], residual=_x(4, 192)[:, 64:]), RuntimeError, "no kernels for 'cpu' tensors"),
         (dict(), RuntimeError, "no kernels for 'cpu' tensors"),
     ],
     ids=[
@@ -176,6 +191,11 @@ def _x(num_tokens=4, hidden=128, dtype=torch.bfloat16, device='cpu'):
         'out-dtype',
         'out-sf-shape',
         'hidden',
+        'strided-x-misaligned',
+        'strided-residual-misaligned',
+        'strided-out-bf16-misaligned',
+        'strided-residual-out-misaligned',
+        'strided-aligned-cpu',
         'cpu',
     ],
 )
@@ -294,6 +314,49 @@ def test_norm_forward_and_per_token_cast_col_major_lowers(backend, v):
         bursts = cfg.sf_cols // (4 if cfg.packed_ue8m0 else 1)
         assert re.search(rf'asc_copy_ub2gm_align\([^;]*sf\[[^;]*, {bursts}, {burst}, [^;]*sf_stride[^;]*, {burst}\);',
                          source)  # fmt: skip
+
+
+def test_norm_forward_and_per_token_cast_strided_rows_config(monkeypatch):
+    """A strided x, residual, residual_out or out_bf16 chooses the kernel of strided rows (the cast's data and
+    scales keep their layouts); contiguous rows and one row keep the contiguous kernel."""
+    monkeypatch.setattr(config, 'require_accelerator', lambda *tensors: 'ascend')
+    monkeypatch.setattr(operator, 'get_num_cores', lambda device: 7)
+    configure = norm_forward_and_per_token_cast.operator.config
+    x, wide = _x(), _x(4, 136)
+
+    def strided(**kwargs):
+        return configure(**dict(x=x, weight=None, eps=EPS, fmt='e4m3', num_per_channels=32) | kwargs).strided_rows
+
+    assert not strided(residual=_x(), residual_out=_x(), with_out_bf16=True, out_bf16=_x())
+    assert strided(x=wide[:, :128])
+    assert strided(residual=wide[:, 8:])
+    assert strided(residual=_x(), residual_out=wide[:, :128])
+    assert not strided(residual_out=wide[:, :128])  # ignored without residual
+    assert strided(with_out_bf16=True, out_bf16=wide[:, :128])
+    assert strided(x=wide[:, :128], use_tma_aligned_col_major_sf=True)
+    assert not strided(x=wide[:1, :128])  # one row: any stride
+
+
+@pytest.mark.parametrize('v', VARIANTS[:2], ids=make_param_id)
+@pytest.mark.parametrize('backend', ['ascend', 'cuda'])
+def test_norm_forward_and_per_token_cast_strided_rows_lower(backend, v):
+    """strided_rows: the stride of each present row tensor a launch argument (bf16 x: y is `out`; fp32 x: the
+    bf16 output its own `out_bf16`), data contiguous; on CUDA the contiguous kernel's vector accesses."""
+    lowers = assert_ascend_kernel_lowers if backend == 'ascend' else assert_cuda_kernel_lowers
+    plain = _config(backend, v)
+    strided = dataclasses.replace(plain, strided_rows=True)
+    sources = [lowers(lambda c=c: make_norm_forward_kernel(c), key=c, kernel_name='norm_forward_kernel').source
+               for c in (plain, strided)]  # fmt: skip
+    rows = {'x', 'residual', 'residual_out', 'out'} if v['residual'] else {'x', 'out_bf16'}
+    assert set(strided.row_tensors) == rows
+    for name in strided.row_tensors:
+        assert [re.search(rf'\b{name}_stride\b', s) is not None for s in sources] == [False, True]
+    assert 'data_stride' not in sources[1]
+    if backend == 'cuda':
+        accesses = re.compile(r'\((\w+)\*\)\((x|residual|residual_out|out|out_bf16|data) \+')
+        vectors = [sorted(set(accesses.findall(s))) for s in sources]
+        assert {name for _, name in vectors[0]} == {*strided.row_tensors, 'data'}
+        assert vectors[1] == vectors[0]
 
 
 def _ub(v, streamed=False) -> int:
@@ -491,6 +554,51 @@ def test_norm_forward_and_per_token_cast_col_major_values(v, num_tokens, device)
         image = torch.full((k, nbytes // k), 0xA5, dtype=torch.uint8)
         image[:, :width] = _row_major(rows.out.sf.T).view(torch.uint8).view(k, width)
         assert_equal(whole.cpu().view(k, -1), image)
+
+
+# Level 0: the first variant's kernel of strided rows (bf16: y is `out`); level 1 also an fp32 one (out_bf16 a
+# row tensor of its own).
+STRIDED_VARIANTS = by_level(
+    LEVEL, core=VARIANTS[:1], default=[VARIANTS[0], *[v for v in VARIANTS if v['dtype'] == torch.float32][:1]]
+)
+
+
+@pytest.mark.npu
+@pytest.mark.parametrize('v', STRIDED_VARIANTS, ids=make_param_id)
+def test_norm_forward_and_per_token_cast_strided_rows_values(v, device):
+    """Rows of views of wider buffers (x, residual, and the given out_bf16 and residual_out, each its own
+    stride) give the bytes of the same rows contiguous, the buffers' padding untouched (poisoned NaN); data and
+    scales in their layouts (from level 1 also column-major), also through a second call."""
+    x, weight, residual = _inputs(v, 37, device)
+    want = _call(x, weight, v, residual, with_out_bf16=True, with_rstd=True)
+    sx = strided_view(x, 64)
+    sres = None if residual is None else strided_view(residual, 8)
+    for col_major in (False, True) if LEVEL else (False,):  # level 0: one kernel of strided rows
+        sf = want.out.sf
+        if col_major:  # the contiguous rows' scales, column-major
+            sf = _call(
+                x, weight, v, residual, with_out_bf16=True, with_rstd=True, use_tma_aligned_col_major_sf=True
+            ).out.sf
+        for _ in range(2):  # the second call: the fast path's (it takes no key: the full check again)
+            got = _call(sx, weight, v, sres, with_out_bf16=True, with_rstd=True, use_tma_aligned_col_major_sf=col_major)
+            assert_equal(got.out.data.view(torch.uint8), want.out.data.view(torch.uint8))
+            assert_equal(got.out.sf, sf)
+            assert_equal(got.out_bf16, want.out_bf16)
+            assert_equal(got.rstd, want.rstd)
+            assert_equal(got.norm_input, want.norm_input, check_stride=False)  # x itself without residual
+    out_bf16 = strided_view(torch.empty_like(want.out_bf16), 24)
+    res_out = None if residual is None else strided_view(torch.empty_like(x), 40)
+    into = _call(sx, weight, v, sres, with_out_bf16=True, out_bf16=out_bf16, residual_out=res_out, with_rstd=True)
+    assert into.out_bf16 is out_bf16
+    assert_equal(out_bf16, want.out_bf16, check_stride=False)
+    assert_equal(into.out.data.view(torch.uint8), want.out.data.view(torch.uint8))
+    assert_equal(into.out.sf, want.out.sf)
+    if residual is not None:
+        assert into.norm_input is res_out
+        assert_equal(res_out, want.norm_input, check_stride=False)
+    for t in (sx, sres, out_bf16, res_out):
+        if t is not None:
+            assert_padding(t)
 
 
 @pytest.mark.npu

@@ -16,7 +16,7 @@ Stage 'reduce': one thread per column sums the partials' column in block order, 
 # refer to the generator's local shape variables.
 
 # Imported by norm_backward_kernel.py, never the other way round (no import circle).
-from ._norm_common import CUDA_CHUNK_BYTES, DTYPE_BYTES
+from ._norm_common import CUDA_CHUNK_BYTES, DTYPE_BYTES, cuda_assume_strides, row_strides
 
 REDUCE_THREADS = 128  # columns per block of the reduce
 _REDUCE_UNROLL = 8  # partial rows whose loads are in flight at once
@@ -54,6 +54,7 @@ def cuda_norm_backward_kernel(cfg, prim_func):
 
     nt, nc = cfg.threads, cfg.chunks
     ve = CUDA_CHUNK_BYTES // DTYPE_BYTES[dtype]
+    strides = row_strides(T, cfg, cfg.row_tensors)  # {} for contiguous rows
     guard = (hidden // ve) % nt != 0
     nw = nt // 32
     inv_hidden = 1.0 / hidden
@@ -110,6 +111,8 @@ def cuda_norm_backward_kernel(cfg, prim_func):
     @T.macro
     def rows_body(x, weight, out_grad, rstd, residual_out_grad, x_grad, partials, out_scale, num_tokens):
         with T.Kernel(num_partials, threads=nt) as b:
+            if cfg.strided_rows:  # each row stride a whole number of 16-byte chunks, so the chunks stay vectors
+                cuda_assume_strides(T, strides, ve)
             tid = T.get_thread_binding()
             x_l = T.alloc_local((nc * ve,), dtype)
             g_l = T.alloc_local((nc * ve,), dtype)
@@ -162,4 +165,4 @@ def cuda_norm_backward_kernel(cfg, prim_func):
                         for j in T.vectorized(ve):
                             partials[b, col + j] = acc_l[c * ve + j]
 
-    return prim_func(T, cfg, rows_body)
+    return prim_func(T, cfg, rows_body, strides)

@@ -17,7 +17,7 @@ import functools
 
 from cann_ops_tilelang.quant._scale_rules import cuda_cast_scale_and_inverse, scale_index
 
-from ._norm_common import CUDA_CHUNK_BYTES, DTYPE_BYTES
+from ._norm_common import CUDA_CHUNK_BYTES, DTYPE_BYTES, cuda_assume_strides, row_strides
 
 
 def cuda_norm_forward_kernel(cfg, prim_func):
@@ -39,10 +39,13 @@ def cuda_norm_forward_kernel(cfg, prim_func):
     inv_hidden = 1.0 / hidden
 
     sf_at = functools.partial(scale_index, col_major=cfg.col_major_sf, packed=cfg.packed_ue8m0)
+    strides = row_strides(T, cfg, cfg.row_tensors)  # {} for contiguous rows
 
     @T.macro
     def body(x, weight, residual, residual_out, out, rstd, data, sf, out_bf16, eps, out_scale, num_tokens):
         with T.Kernel(num_tokens, threads=nt) as t:
+            if cfg.strided_rows:  # each row stride a whole number of 16-byte chunks, so the chunks stay vectors
+                cuda_assume_strides(T, strides, ve)
             tid = T.get_thread_binding()
             x_l = T.alloc_local((nc * ve,), dtype)  # x, then r rounded to x's dtype
             res_l = T.alloc_local((nc * ve,), dtype)
@@ -132,4 +135,4 @@ def cuda_norm_forward_kernel(cfg, prim_func):
                 if padding > 0 and tid < padding:
                     sf[sf_at(t, cfg.num_blocks + tid)] = T.uint8(0)
 
-    return prim_func(T, cfg, body)
+    return prim_func(T, cfg, body, strides)

@@ -9,7 +9,7 @@ import torch
 
 from cann_ops_tilelang.operator import Operator, scalar, tensor
 
-from ._norm_common import check_hidden, check_same_dtype, placeholder
+from ._norm_common import any_strided, check_hidden, check_rows, check_same_dtype, placeholder
 from .norm_backward_kernel import choose_norm_backward_config, get_norm_backward_kernel
 from .norm_forward import DTYPES
 
@@ -19,28 +19,30 @@ class NormBackwardResult(NamedTuple):
     weight_grad: torch.Tensor | None  # (H,): the given buffer, or weight's dtype; None without weight
 
 
-def _rules(name, out_grad, x, weight, residual_out_grad, weight_grad):
+def _rules(name, out_grad, x, weight, residual_out_grad, weight_grad, memory):
     check_same_dtype(name, x, out_grad=out_grad, weight=weight, residual_out_grad=residual_out_grad)
+    check_rows(name, memory, out_grad=out_grad, x=x, residual_out_grad=residual_out_grad)
     if weight_grad is not None and weight is None:
         raise ValueError(f'{name}: weight_grad accumulates the gradient of a weight: it needs weight')
 
 
-def _choice(x, weight, residual_out_grad):
+def _choice(out_grad, x, weight, residual_out_grad):
     return {
         'hidden': x.shape[1],
         'dtype': x.dtype,
         'with_weight': weight is not None,
         'with_residual_out_grad': residual_out_grad is not None,
+        'strided_rows': any_strided(out_grad, x, residual_out_grad),
     }
 
 
 OP = Operator(
     'norm_backward',
-    tensor('out_grad', DTYPES, 'T, H'),
-    tensor('x', DTYPES, 'T, H'),
+    tensor('out_grad', DTYPES, 'T, H', layout='rows'),
+    tensor('x', DTYPES, 'T, H', layout='rows'),
     tensor('weight', DTYPES, 'H', optional=True),
     tensor('rstd', torch.float32, 'T'),
-    tensor('residual_out_grad', DTYPES, 'T, H', optional=True),
+    tensor('residual_out_grad', DTYPES, 'T, H', optional=True, layout='rows'),
     scalar('out_scale', 'float'),
     tensor('weight_grad', (torch.float32, torch.bfloat16), 'H', optional=True, written='updated'),
     limits=check_hidden,
@@ -54,11 +56,12 @@ OP = Operator(
 def _eager(out_grad, x, weight, rstd, residual_out_grad, out_scale, weight_grad) -> NormBackwardResult:
     """Every check (or the fast path's), then the row kernel and, with a weight, the reduction of its partials
     (none for T = 0). Fast path, for T > 0: by (H, dtype, CUDA index, weight given, residual_out_grad given,
-    weight_grad's dtype or None), whose entry is the pair of launchers."""
+    weight_grad's dtype or None), whose entry is the pair of launchers; strided rows take the full check (their
+    alignment included) and the stage 'reduce' of contiguous rows' configuration (it reads only the partials)."""
     args = (out_grad, x, weight, rstd, residual_out_grad, out_scale, weight_grad)
     key = entry = None
     shape = OP.fast_ok(*args)
-    if shape is not None and shape[0]:
+    if shape is not None and shape[0] and not any_strided(out_grad, x, residual_out_grad):
         key = (shape[1], x.dtype, x.get_device(), weight is None, residual_out_grad is None,
                None if weight_grad is None else weight_grad.dtype)  # fmt: skip
         entry = OP.fast.get(key)
@@ -68,7 +71,7 @@ def _eager(out_grad, x, weight, rstd, residual_out_grad, out_scale, weight_grad)
         reduce = None
         if weight is not None:
             reduce = OP.launcher(
-                rows.cfg.backend, rows.device, **_choice(x, weight, residual_out_grad), stage='reduce',
+                rows.cfg.backend, rows.device, **_choice(out_grad, x, weight, residual_out_grad), stage='reduce',
                 weight_grad_dtype=weight.dtype if weight_grad is None else weight_grad.dtype,
                 accumulate=weight_grad is not None,
             )  # fmt: skip
@@ -155,16 +158,21 @@ def norm_backward(
     (no atomics), so a call gives the same bits on every run.
 
     Args:
-        out_grad: (T, H) of x's dtype, contiguous.
-        x: (T, H) bf16 or fp32, contiguous: norm_forward's norm_input. T >= 0, H a multiple of 64 up to 16384
+        out_grad: (T, H) of x's dtype, rows (below).
+        x: (T, H) bf16 or fp32, rows (below): norm_forward's norm_input. T >= 0, H a multiple of 64 up to 16384
             (on Ascend fp32 rows with weight and residual_out_grad up to what fits UB, ValueError beyond),
             T * H < 2**31.
         weight: (H,) of x's dtype, contiguous, or None (unit weight, no weight gradient).
         rstd: (T,) fp32, contiguous: norm_forward's rstd.
-        residual_out_grad: optional (T, H) of x's dtype: the gradient reaching norm_input by the residual path.
+        residual_out_grad: optional (T, H) of x's dtype, rows (below): the gradient reaching norm_input by the
+            residual path.
         out_scale: finite float, norm_forward's.
         weight_grad: optional (H,) fp32 or bf16 buffer (needs weight), contiguous, apart from every other
             argument: the gradient is added to it in place (fp32 sum, rounded once to its dtype).
+        Rows (as TileKernels takes them): the last dimension contiguous, the row stride free, each tensor its
+        own; a strided one (row stride other than H, T > 1) must start each row on 16 bytes (row stride in bytes
+        and data_ptr() multiples of 16; ValueError naming it) and runs a kernel of strided rows (the strides are
+        launch arguments). x_grad is new and contiguous.
 
     Returns:
         NormBackwardResult(x_grad, weight_grad), a tuple: x_grad (T, H) x's dtype (also the gradient of the

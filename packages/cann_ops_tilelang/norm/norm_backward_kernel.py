@@ -11,6 +11,10 @@ persistent worker (an Ascend vector core or a CUDA thread block), summed over th
 order. Stage 'reduce' (`norm_weight_grad_reduce_kernel`) sums the partials of each column in worker order and adds
 the sum to weight_grad (or writes it). No atomics: the same call gives the same bits on every run.
 
+Rows: contiguous, or (`strided_rows`, TileKernels takes strided rows) x, out_grad and residual_out_grad each rows
+of a runtime stride (launch arguments, each row starting on 16 bytes: the interface checks it); x_grad, which the
+interface allocates, stays contiguous.
+
 Ascend in _norm_backward_ascend.py, CUDA in _norm_backward_cuda.py.
 """
 
@@ -36,6 +40,8 @@ from ._norm_common import (
     MAX_HIDDEN,
     ascend_stages,
     cuda_row_layout,
+    row_strides,
+    row_tensor,
 )
 from ._norm_forward_ascend import WEIGHT_TILE
 
@@ -65,6 +71,9 @@ class NormBackwardConfig:
     num_stages: int = 1  # Ascend buffer versions of the row loop
     rows_in_flight: int = 1  # CUDA stage 'rows': 2 loads the next row while this one is reduced and written
     pieces: int = 1  # Ascend stage 'rows': column pieces a row's buffers hold at a time (more where a row overflows UB)
+    # Stage 'rows': x, out_grad and residual_out_grad (`row_tensors`) rows of runtime strides, one a tensor, each
+    # starting on 16 bytes (TileKernels takes strided rows); False: contiguous rows, no stride arguments.
+    strided_rows: bool = False
 
     def __post_init__(self):
         if self.backend not in ('ascend', 'cuda'):
@@ -96,6 +105,13 @@ class NormBackwardConfig:
                 f'rows_in_flight 2 is for the CUDA stage "rows" with up to {_CUDA_TWO_ROWS_MAX_THREADS} threads, '
                 f'got backend {self.backend!r}, stage {self.stage!r}, threads {self.threads}'
             )
+        if self.strided_rows and self.stage != 'rows':
+            raise ValueError('strided_rows is an option of the stage "rows" (the partials are contiguous)')
+
+    @property
+    def row_tensors(self) -> tuple[str, ...]:
+        """Stage 'rows': the row tensors the call gives, strided with `strided_rows` (x_grad stays contiguous)."""
+        return ('x', 'out_grad', *(('residual_out_grad',) if self.with_residual_out_grad else ()))
 
 
 def ascend_ub_bytes(
@@ -135,16 +151,19 @@ def choose_norm_backward_config(
     weight_grad_dtype: torch.dtype | str = torch.float32,
     accumulate: bool = False,
     rows_in_flight: int | None = None,
+    strided_rows: bool = False,
 ) -> NormBackwardConfig:
     """Pure choice of the compile-time parameters (no device query); ValueError for what the kernels do not take
     (on Ascend: a row whose buffers do not fit UB). CUDA: `rows_in_flight` None takes the default where two rows
-    fit, else 1; it sets the persistent blocks, so the stage 'reduce' of the same call takes the same value."""
+    fit, else 1; it sets the persistent blocks, so the stage 'reduce' of the same call takes the same value.
+    `strided_rows` is the stage 'rows' option (the stage 'reduce' drops it)."""
     if dtype not in FLOAT_DTYPE_NAMES or weight_grad_dtype not in FLOAT_DTYPE_NAMES:
         raise ValueError(f'dtypes must be torch.bfloat16 or torch.float32, got {dtype!r}, {weight_grad_dtype!r}')
     name = FLOAT_DTYPE_NAMES[dtype]
     make = functools.partial(
         NormBackwardConfig, backend, hidden, name, num_cores, with_weight, with_residual_out_grad, stage,
         FLOAT_DTYPE_NAMES[weight_grad_dtype] if stage == 'reduce' else 'float32', accumulate and stage == 'reduce',
+        strided_rows=strided_rows and stage == 'rows',
     )  # fmt: skip
     if backend == 'ascend':
         if stage == 'reduce':
@@ -163,11 +182,12 @@ def choose_norm_backward_config(
     raise ValueError(f'backend must be "ascend" or "cuda", got {backend!r}')
 
 
-def backward_prim_func(T, cfg: NormBackwardConfig, body):
+def backward_prim_func(T, cfg: NormBackwardConfig, body, strides: dict | None = None):
     """Stage 'rows': `norm_backward_kernel(x, weight, out_grad, rstd, residual_out_grad, x_grad, partials,
     out_scale)`, weight and partials (num_partials, H) fp32 (1,) placeholders without with_weight,
     residual_out_grad one without it. Stage 'reduce': `norm_weight_grad_reduce_kernel(partials, weight_grad)`.
-    `body` is the backend's macro of the same arguments (then num_tokens for 'rows')."""
+    `body` is the backend's macro of the same arguments (then num_tokens for 'rows'). `strides`: the row-stride
+    symbols of the row tensors (`backward_row_strides`), None: made here."""
     hidden, dtype = cfg.hidden, cfg.dtype
     partial_shape = (cfg.num_partials, hidden) if cfg.with_weight else (1,)
     if cfg.stage == 'reduce':
@@ -181,6 +201,9 @@ def backward_prim_func(T, cfg: NormBackwardConfig, body):
 
         return norm_weight_grad_reduce_kernel
 
+    if strides is None:
+        strides = backward_row_strides(T, cfg)
+    rows = functools.partial(row_tensor, T, strides=strides)
     num_tokens = T.dynamic('num_tokens')
     row = (num_tokens, hidden)
     w_shape = (hidden,) if cfg.with_weight else (1,)
@@ -188,11 +211,11 @@ def backward_prim_func(T, cfg: NormBackwardConfig, body):
 
     @T.prim_func
     def norm_backward_kernel(
-        x: T.Tensor(row, dtype),
+        x: rows(row, dtype, name='x'),
         weight: T.Tensor(w_shape, dtype),
-        out_grad: T.Tensor(row, dtype),
+        out_grad: rows(row, dtype, name='out_grad'),
         rstd: T.Tensor((num_tokens,), T.float32),
-        residual_out_grad: T.Tensor(rog_shape, dtype),
+        residual_out_grad: rows(rog_shape, dtype, name='residual_out_grad'),
         x_grad: T.Tensor(row, dtype),
         partials: T.Tensor(partial_shape, T.float32),
         out_scale: T.float32,
@@ -200,6 +223,11 @@ def backward_prim_func(T, cfg: NormBackwardConfig, body):
         body(x, weight, out_grad, rstd, residual_out_grad, x_grad, partials, out_scale, num_tokens)
 
     return norm_backward_kernel
+
+
+def backward_row_strides(T, cfg: NormBackwardConfig) -> dict:
+    """The row-stride symbols of cfg's row tensors, by name ({} without strided_rows)."""
+    return row_strides(T, cfg, cfg.row_tensors)
 
 
 def make_norm_backward_kernel(cfg: NormBackwardConfig):

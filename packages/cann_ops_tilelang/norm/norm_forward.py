@@ -10,7 +10,7 @@ import torch
 from cann_ops_tilelang.operator import Operator, scalar, tensor
 from cann_ops_tilelang.validation import batch_rows
 
-from ._norm_common import check_hidden, check_same_dtype, forward_launch_args
+from ._norm_common import any_strided, check_hidden, check_rows, check_same_dtype, forward_launch_args
 from .norm_forward_kernel import choose_norm_forward_config, get_norm_forward_kernel
 
 DTYPES = (torch.bfloat16, torch.float32)
@@ -22,28 +22,36 @@ class NormForwardResult(NamedTuple):
     norm_input: torch.Tensor  # residual_out (x + residual), or x itself without residual
 
 
-def _same_dtypes(name, x, weight, residual, out, residual_out):
+def _rules(name, x, weight, residual, out, residual_out, memory):
     check_same_dtype(name, x, weight=weight, residual=residual, out=out, residual_out=residual_out)
+    ignored = residual is None  # residual_out is ignored without residual
+    check_rows(name, memory, x=x, residual=residual, out=out, residual_out=None if ignored else residual_out)
+
+
+def _strided(x, residual, out, residual_out) -> bool:
+    """Whether the call takes the kernels of strided rows (residual_out counts only with residual)."""
+    return any_strided(x, residual, out, residual_out if residual is not None else None)
 
 
 OP = Operator(
     'norm_forward',
-    tensor('x', DTYPES, 'T, H'),
+    tensor('x', DTYPES, 'T, H', layout='rows'),
     tensor('weight', DTYPES, 'H', optional=True),
     scalar('eps', 'positive'),
-    tensor('residual', DTYPES, 'T, H', optional=True),
+    tensor('residual', DTYPES, 'T, H', optional=True, layout='rows'),
     scalar('out_scale', 'float'),
-    tensor('out', DTYPES, 'T, H', optional=True, written='written'),
-    tensor('residual_out', DTYPES, 'T, H', optional=True, written='written'),
+    tensor('out', DTYPES, 'T, H', optional=True, written='written', layout='rows'),
+    tensor('residual_out', DTYPES, 'T, H', optional=True, written='written', layout='rows'),
     scalar('with_rstd', 'bool'),
     limits=check_hidden,
-    extra=_same_dtypes,
-    choice=lambda x, weight, residual, with_rstd: {
+    extra=_rules,
+    choice=lambda x, weight, residual, out, residual_out, with_rstd: {
         'hidden': x.shape[1],
         'dtype': x.dtype,
         'with_weight': weight is not None,
         'with_residual': residual is not None,
         'with_rstd': with_rstd,
+        'strided_rows': _strided(x, residual, out, residual_out),
     },
     choose_config=choose_norm_forward_config,
     get_kernel=get_norm_forward_kernel,
@@ -52,11 +60,12 @@ OP = Operator(
 
 def _run(x, weight, eps, residual, out_scale, out, residual_out, with_rstd, rstd=None) -> NormForwardResult:
     """Every check (or the fast path's), the outputs the call did not give, the launch (none for T = 0). Fast
-    path: by (H, dtype, CUDA index, weight given, residual given, with_rstd), for T > 0."""
+    path: by (H, dtype, CUDA index, weight given, residual given, with_rstd), for T > 0 and contiguous rows
+    (strided rows take the full check, their alignment included)."""
     args = (x, weight, eps, residual, out_scale, out, residual_out, with_rstd)
     key = None
     shape = OP.fast_ok(*args)
-    if shape is not None and shape[0]:
+    if shape is not None and shape[0] and not _strided(x, residual, None, None):
         key = (shape[1], x.dtype, x.get_device(), weight is None, residual is None, with_rstd)
     launcher, fast = OP.prepare(key, args)
     if out is None:
@@ -156,17 +165,22 @@ def norm_forward(
         out = (r * rstd) * (weight * out_scale), rounded to x's dtype (weight 1 when None)
 
     Args:
-        x: (T, H) bf16 or fp32, contiguous; T >= 0 (T = 0: empty results, no launch), H a multiple of 64 up to
-            16384, T * H < 2**31. Or (B, T, H), as the peer's batched call: its B * T rows, and the tensors of x's
-            shape (residual, out, residual_out) and the results (B, T, ...).
+        x: (T, H) bf16 or fp32, rows (see below); T >= 0 (T = 0: empty results, no launch), H a multiple of 64
+            up to 16384, T * H < 2**31. Or (B, T, H), as the peer's batched call: its B * T rows (viewable as
+            (B * T, H): a strided x whose batches are not one row stride apart is refused), and the tensors of
+            x's shape (residual, out, residual_out) and the results (B, T, ...).
         weight: (H,) of x's dtype, contiguous, or None (unit weight).
         eps: finite float > 0.
-        residual: optional (T, H) of x's dtype, contiguous.
+        residual: optional (T, H) of x's dtype, rows.
         out_scale: finite float, multiplies the weight before the product.
-        out: optional (T, H) buffer of x's dtype for the output.
-        residual_out: optional (T, H) buffer of x's dtype for r (ignored without residual).
+        out: optional (T, H) buffer of x's dtype for the output, rows.
+        residual_out: optional (T, H) buffer of x's dtype for r, rows (ignored without residual).
         with_rstd: also return rstd.
-        Buffers are contiguous, on x's device, and overlap no other argument.
+        Rows (as TileKernels takes them): the last dimension contiguous, the row stride free, each tensor its
+        own; a strided one (row stride other than H, T > 1) must start each row on 16 bytes (row stride in bytes
+        and data_ptr() multiples of 16; ValueError naming it) and runs kernels of strided rows (the strides are
+        launch arguments). Buffers are on x's device and overlap no other argument; the outputs the call
+        allocates are contiguous.
 
     Returns:
         NormForwardResult(out, rstd, norm_input), a tuple: out (T, H) x's dtype; rstd (T,) (x.shape[:-1]) fp32 or None;

@@ -15,7 +15,7 @@ from cann_ops_tilelang.quant.per_token_cast import sf_layout
 from cann_ops_tilelang.quant.per_token_cast_kernel import CAST_BLOCK_SIZES, hidden_multiple
 from cann_ops_tilelang.validation import batch_rows, check_out
 
-from ._norm_common import check_hidden, check_same_dtype, forward_launch_args
+from ._norm_common import any_strided, check_hidden, check_rows, check_same_dtype, forward_launch_args
 from .norm_forward import DTYPES
 from .norm_forward_kernel import CAST_FORMATS, choose_norm_forward_config, get_norm_forward_kernel
 
@@ -43,6 +43,8 @@ def _options(name, x, weight, fmt, num_per_channels, residual, use_tma_aligned_c
              use_packed_ue8m0, with_out_bf16, out, out_bf16, residual_out, mega_moe_sf, mega_moe_block_m,
              memory):  # fmt: skip
     check_same_dtype(name, x, weight=weight, residual=residual, residual_out=residual_out)
+    check_rows(name, memory, x=x, residual=residual, out_bf16=out_bf16,
+               residual_out=residual_out if residual is not None else None)  # fmt: skip
     contract.check_cast_format(name, fmt, CAST_FORMATS)
     contract.check_block(name, 'num_per_channels', num_per_channels, CAST_BLOCK_SIZES)
     contract.check_unsupported(name, mega_moe_sf=mega_moe_sf is not None, mega_moe_block_m=mega_moe_block_m)
@@ -63,8 +65,13 @@ def _options(name, x, weight, fmt, num_per_channels, residual, use_tma_aligned_c
             others[f'out[{i}]'] = part
 
 
+def _strided(x, residual, out_bf16, residual_out) -> bool:
+    """Whether the call takes the kernels of strided rows (residual_out counts only with residual)."""
+    return any_strided(x, residual, out_bf16, residual_out if residual is not None else None)
+
+
 def _choice(x, weight, num_per_channels, residual, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0,
-            with_out_bf16, with_rstd):  # fmt: skip
+            with_out_bf16, out_bf16, residual_out, with_rstd):  # fmt: skip
     return {
         'hidden': x.shape[1],
         'dtype': x.dtype,
@@ -76,25 +83,26 @@ def _choice(x, weight, num_per_channels, residual, use_tma_aligned_col_major_sf,
         'packed_ue8m0': use_packed_ue8m0,
         'with_out_bf16': with_out_bf16,
         'col_major_sf': use_tma_aligned_col_major_sf,
+        'strided_rows': _strided(x, residual, out_bf16, residual_out),
     }
 
 
 OP = Operator(
     'norm_forward_and_per_token_cast',
-    tensor('x', DTYPES, 'T, H'),
+    tensor('x', DTYPES, 'T, H', layout='rows'),
     tensor('weight', DTYPES, 'H', optional=True),
     scalar('eps', 'positive'),
     scalar('fmt', 'str'),
     scalar('num_per_channels', 'int'),
-    tensor('residual', DTYPES, 'T, H', optional=True),
+    tensor('residual', DTYPES, 'T, H', optional=True, layout='rows'),
     scalar('out_scale', 'float'),
     scalar('use_tma_aligned_col_major_sf', 'bool'),
     scalar('round_sf', 'bool'),
     scalar('use_packed_ue8m0', 'bool'),
     scalar('with_out_bf16', 'bool'),
     scalar('out', 'any', optional=True),
-    tensor('out_bf16', torch.bfloat16, 'T, H', optional=True, written='written'),
-    tensor('residual_out', DTYPES, 'T, H', optional=True, written='written'),
+    tensor('out_bf16', torch.bfloat16, 'T, H', optional=True, written='written', layout='rows'),
+    tensor('residual_out', DTYPES, 'T, H', optional=True, written='written', layout='rows'),
     tensor('mega_moe_sf', torch.int32, optional=True),
     scalar('mega_moe_block_m', 'int'),
     scalar('with_rstd', 'bool'),
@@ -109,15 +117,16 @@ OP = Operator(
 def _run(*args, rstd=None) -> NormForwardAndPerTokenCastResult:
     """Every check (or the fast path's), the outputs the call did not give, the launch (none for T = 0). Fast
     path, without out= and TileKernels' options these kernels do not take, for T > 0: by (H, dtype, CUDA index,
-    weight given, residual given, fmt, block, round_sf, packed, with_out_bf16, with_rstd, column-major scales); a
-    key is remembered only after a fully checked call with it, so an unsupported fmt or block never takes it.
+    weight given, residual given, fmt, block, round_sf, packed, with_out_bf16, with_rstd, column-major scales), for
+    contiguous rows (strided rows take the full check, their alignment included); a key is remembered only after
+    a fully checked call with it, so an unsupported fmt or block never takes it.
     Column-major scales reach the kernel transposed, sf.T (UE8M0 bytes: sf.T.view(torch.uint8))."""
     (x, weight, eps, fmt, num_per_channels, residual, out_scale, col_major, round_sf, packed, with_out_bf16, out,
      out_bf16, residual_out, mega_moe_sf, mega_moe_block_m, with_rstd) = args  # fmt: skip
     key = None
     if out is None and mega_moe_sf is None and mega_moe_block_m == 0:
         shape = OP.fast_ok(*args)
-        if shape is not None and shape[0]:
+        if shape is not None and shape[0] and not _strided(x, residual, None, None):
             key = (shape[1], x.dtype, x.get_device(), weight is None, residual is None, fmt, num_per_channels,
                    round_sf, packed, with_out_bf16, with_rstd, col_major)  # fmt: skip
     launcher, fast = OP.prepare(key, args)
@@ -325,13 +334,13 @@ def norm_forward_and_per_token_cast(
 
     Args:
         x, weight, eps, residual, out_scale, residual_out, with_rstd: as norm_forward (H also a multiple of
-            num_per_channels).
+            num_per_channels; x, residual and residual_out rows of any 16-byte-aligned row stride, as there).
         fmt: 'e4m3'.
         num_per_channels: channels per scale factor, 16, 32, 64 or 128.
         round_sf: power-of-two scale factors; use_packed_ue8m0 (with round_sf): UE8M0 bytes packed four per int32.
         with_out_bf16: also return y as bf16 (for bf16 x the output norm_forward returns).
         out: optional (data, sf) buffers of the result's shapes and dtypes.
-        out_bf16: optional (T, H) bf16 buffer, with with_out_bf16.
+        out_bf16: optional (T, H) bf16 buffer, with with_out_bf16; rows, as residual_out.
         use_tma_aligned_col_major_sf: sf column-major, as per_token_cast's option: the same shape and values,
             strides (1, T_pad), a view buf[:, :T].T of a (K, T_pad) buffer (T_pad: T rounded up to 16 bytes of
             sf's dtype on CUDA, T on Ascend). With a batched (B, T, H) x, TileKernels' batched layout: each
@@ -339,8 +348,8 @@ def norm_forward_and_per_token_cast(
             T_pad) buffer; one launch per batch, and no given `out` (ValueError, as the peer).
         mega_moe_sf, mega_moe_block_m: TileKernels' mega-MoE scale layout; only their defaults are supported
             (ValueError otherwise).
-        Buffers are contiguous (a column-major sf: of the strides above), on x's device, and overlap no other
-        argument.
+        Buffers are on x's device and overlap no other argument; out's data is contiguous, its sf row-major
+        contiguous or column-major of the strides above; the outputs the call allocates are contiguous.
 
     Returns:
         NormForwardAndPerTokenCastResult(out, out_bf16, rstd, norm_input), a tuple: out QuantTensor(data (T, H)

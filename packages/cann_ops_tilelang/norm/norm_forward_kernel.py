@@ -14,7 +14,10 @@ kernels write rstd (fp32, one per token), which norm_backward takes.
 
 One prim_func signature for every variant (`forward_prim_func`): an absent optional tensor is a (1,) placeholder
 the kernel never touches (_norm_common.placeholder), eps and out_scale are runtime fp32 scalars (no compile per
-value). The token count is dynamic; the interface launches nothing for T = 0.
+value). The token count is dynamic; the interface launches nothing for T = 0. Rows: contiguous, or
+(`strided_rows`, TileKernels takes strided rows) x, residual, residual_out, out and out_bf16 each rows of a
+runtime stride (launch arguments, each row starting on 16 bytes: the interfaces check it); data and the scales
+keep their layouts.
 
 Ascend (_norm_forward_ascend.py): a persistent loop of whole rows over the vector cores, the row in UB, the
 weight times out_scale resident in fp32 (streamed per row, tile by tile, where the row's buffers do not fit UB
@@ -37,7 +40,16 @@ from cann_ops_tilelang.quant._tiling import FLOAT_DTYPE_NAMES
 from cann_ops_tilelang.quant.per_token_cast_kernel import CAST_BLOCK_SIZES, hidden_multiple
 
 # The backend bodies (they do not import this module: no import circle).
-from ._norm_common import DTYPE_BYTES, HIDDEN_MULTIPLE, LANES, MAX_HIDDEN, ascend_stages, cuda_row_layout
+from ._norm_common import (
+    DTYPE_BYTES,
+    HIDDEN_MULTIPLE,
+    LANES,
+    MAX_HIDDEN,
+    ascend_stages,
+    cuda_row_layout,
+    row_strides,
+    row_tensor,
+)
 from ._norm_forward_ascend import WEIGHT_TILE, ascend_norm_forward_kernel
 from ._norm_forward_cuda import cuda_norm_forward_kernel
 
@@ -69,6 +81,10 @@ class NormForwardConfig:
     # (the same products and roundings, so the same bits; the weight read once per row). Chosen only where the
     # row's buffers do not fit UB beside the resident fp32 weight (fp32 x, residual, the cast's bf16 output).
     weight_streamed: bool = False
+    # The row tensors (x, residual, residual_out, out, out_bf16; `row_tensors`) rows of runtime strides, one a
+    # tensor, each starting on 16 bytes (TileKernels takes strided rows); False: contiguous rows, the kernels that
+    # have no stride argument.
+    strided_rows: bool = False
 
     def __post_init__(self):
         if self.backend not in ('ascend', 'cuda'):
@@ -126,6 +142,12 @@ class NormForwardConfig:
         """The bf16 output needs its own buffer (fp32 x); for bf16 x it is y itself."""
         return self.with_out_bf16 and self.dtype == 'float32'
 
+    @property
+    def row_tensors(self) -> tuple[str, ...]:
+        """The kernel's (T, H) row tensors of the variant, strided with `strided_rows` (data stays contiguous)."""
+        names = ('x', *(('residual', 'residual_out') if self.with_residual else ()))
+        return names + ('out',) * self.writes_y + ('out_bf16',) * self.separate_bf16
+
 
 def ascend_ub_bytes(*, hidden: int, dtype: str, with_weight: bool, with_residual: bool, block_size: int,
                     packed_ue8m0: bool, with_out_bf16: bool,
@@ -157,6 +179,7 @@ def choose_norm_forward_config(
     packed_ue8m0: bool = False,
     with_out_bf16: bool = False,
     col_major_sf: bool = False,
+    strided_rows: bool = False,
 ) -> NormForwardConfig:
     """Pure choice of the compile-time parameters (no device query); ValueError for what the kernels do not take.
     On Ascend the weight stays resident in UB where the row's buffers fit beside it, else it is streamed per row
@@ -166,7 +189,7 @@ def choose_norm_forward_config(
     name = FLOAT_DTYPE_NAMES[dtype]
     make = functools.partial(
         NormForwardConfig, backend, hidden, name, num_cores, with_weight, with_residual, with_rstd,
-        block_size, round_sf, packed_ue8m0, with_out_bf16, col_major_sf=col_major_sf,
+        block_size, round_sf, packed_ue8m0, with_out_bf16, col_major_sf=col_major_sf, strided_rows=strided_rows,
     )  # fmt: skip
     if backend == 'ascend':
         ub = functools.partial(
@@ -186,12 +209,16 @@ def choose_norm_forward_config(
     raise ValueError(f'backend must be "ascend" or "cuda", got {backend!r}')
 
 
-def forward_prim_func(T, cfg: NormForwardConfig, body):
+def forward_prim_func(T, cfg: NormForwardConfig, body, strides: dict | None = None):
     """The prim_func `norm_forward_kernel(x, weight, residual, residual_out, out, rstd, data, sf, out_bf16, eps,
     out_scale)` around a backend's body macro (same arguments, then num_tokens). Absent tensors of the variant
     are (1,) placeholders: weight without with_weight, residual and residual_out without with_residual, out
     where y is not written in x's dtype (`writes_y`), rstd without with_rstd, data and sf without the cast,
-    out_bf16 without a separate bf16 output."""
+    out_bf16 without a separate bf16 output. `strides`: the row-stride symbols of the row tensors
+    (`forward_row_strides`; the backend's body may assume on them), None: made here."""
+    if strides is None:
+        strides = forward_row_strides(T, cfg)
+    rows = functools.partial(row_tensor, T, strides=strides)
     num_tokens = T.dynamic('num_tokens')
     row = (num_tokens, cfg.hidden)
     one = (1,)
@@ -209,21 +236,26 @@ def forward_prim_func(T, cfg: NormForwardConfig, body):
 
     @T.prim_func
     def norm_forward_kernel(
-        x: T.Tensor(row, dtype),
+        x: rows(row, dtype, name='x'),
         weight: T.Tensor(w_shape, dtype),
-        residual: T.Tensor(res_shape, dtype),
-        residual_out: T.Tensor(res_shape, dtype),
-        out: T.Tensor(out_shape, dtype),
+        residual: rows(res_shape, dtype, name='residual'),
+        residual_out: rows(res_shape, dtype, name='residual_out'),
+        out: rows(out_shape, dtype, name='out'),
         rstd: T.Tensor(rstd_shape, T.float32),
         data: T.Tensor(data_shape, T.float8_e4m3fn),
         sf: sf_type,
-        out_bf16: T.Tensor(bf16_shape, T.bfloat16),
+        out_bf16: rows(bf16_shape, T.bfloat16, name='out_bf16'),
         eps: T.float32,
         out_scale: T.float32,
     ):
         body(x, weight, residual, residual_out, out, rstd, data, sf, out_bf16, eps, out_scale, num_tokens)
 
     return norm_forward_kernel
+
+
+def forward_row_strides(T, cfg: NormForwardConfig) -> dict:
+    """The row-stride symbols of cfg's row tensors, by name ({} without strided_rows)."""
+    return row_strides(T, cfg, cfg.row_tensors)
 
 
 def make_norm_forward_kernel(cfg: NormForwardConfig):
