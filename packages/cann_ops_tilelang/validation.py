@@ -238,3 +238,28 @@ def batch_rows(name: str, label: str, value, lead: tuple[int, ...]):
         return value.view(-1, *value.shape[len(lead) :])
     except (RuntimeError, ValueError):  # torch's view error (ValueError on fake tensors)
         raise ValueError(f'{name}: {label} must be contiguous, got strides {value.stride()}') from None
+
+
+def is_strided(t: torch.Tensor | None) -> bool:
+    """Whether t's rows are apart by another stride than its row length (a view of a wider buffer); one row: any
+    stride is contiguous."""
+    return t is not None and t.shape[0] > 1 and t.stride(0) != t.shape[1]
+
+
+def check_row_starts(name: str, memory: bool, **tensors) -> bool:
+    """TileKernels' strided rows (the last dimension contiguous, declared layout 'rows'): each row of a strided
+    tensor must start on ALIGN_BYTES (16) bytes, the kernels' vector accesses; ValueError naming the tensor.
+    Returns whether any of them is strided (the kernels of strided rows then run). None and contiguous tensors
+    pass (fake tensors, memory=False: their strides only)."""
+    strided = False
+    for label, t in tensors.items():
+        if not is_strided(t):
+            continue
+        strided = True
+        misaligned = t.stride(0) * t.element_size() % ALIGN_BYTES or (memory and t.data_ptr() % ALIGN_BYTES)
+        if misaligned:
+            raise ValueError(
+                f'{name}: the rows of a strided {label} must each start on {ALIGN_BYTES} bytes, got row stride '
+                f'{t.stride(0)} ({t.element_size()}-byte elements) and data_ptr() = {t.data_ptr() if memory else "?"}'
+            )
+    return strided

@@ -1,6 +1,6 @@
 """What the norm domain's operators and kernels share: the hidden-size contract, the Ascend UB budget, the CUDA
 row layout, the placeholders the kernels take for an absent optional tensor, and strided rows (the rule the
-interfaces check, the kernels' stride symbols).
+interfaces check is validation.check_row_starts; the kernels' stride symbols).
 
 Imported by the kernel modules and the backend bodies alike (it imports neither: no import circle).
 """
@@ -11,7 +11,7 @@ import torch
 
 from cann_ops_tilelang.kernel_target import placeholder
 from cann_ops_tilelang.quant._contract import check_numel
-from cann_ops_tilelang.validation import ALIGN_BYTES
+from cann_ops_tilelang.validation import is_strided
 
 HIDDEN_MULTIPLE = 64  # one 64-lane fp32 Ascend register; CUDA 16-byte chunks never straddle a row
 MAX_HIDDEN = 16384  # a whole row stays on chip (Ascend UB, CUDA registers)
@@ -28,31 +28,6 @@ def check_hidden(name: str, T: int, H: int) -> None:
             f'{name}: hidden size must be a positive multiple of {HIDDEN_MULTIPLE} up to {MAX_HIDDEN}, got {H}'
         )
     check_numel(name, T, H)
-
-
-def is_strided(t: torch.Tensor | None) -> bool:
-    """Whether t's rows are apart by another stride than its row length (a view of a wider buffer); one row: any
-    stride is contiguous."""
-    return t is not None and t.shape[0] > 1 and t.stride(0) != t.shape[1]
-
-
-def check_rows(name: str, memory: bool, **tensors) -> bool:
-    """TileKernels' strided rows (the last dimension contiguous, declared layout 'rows'): each row of a strided
-    tensor must start on ALIGN_BYTES (16) bytes, the CUDA kernels' vector accesses; ValueError naming the tensor.
-    Returns whether any of them is strided (the kernels of strided rows then run). None and contiguous tensors
-    pass (fake tensors, memory=False: their strides only)."""
-    strided = False
-    for label, t in tensors.items():
-        if not is_strided(t):
-            continue
-        strided = True
-        misaligned = t.stride(0) * t.element_size() % ALIGN_BYTES or (memory and t.data_ptr() % ALIGN_BYTES)
-        if misaligned:
-            raise ValueError(
-                f'{name}: the rows of a strided {label} must each start on {ALIGN_BYTES} bytes, got row stride '
-                f'{t.stride(0)} ({t.element_size()}-byte elements) and data_ptr() = {t.data_ptr() if memory else "?"}'
-            )
-    return strided
 
 
 def any_strided(*tensors) -> bool:

@@ -8,8 +8,9 @@ from typing import NamedTuple
 import torch
 
 from cann_ops_tilelang.operator import Operator, scalar, tensor
+from cann_ops_tilelang.validation import check_row_starts
 
-from ._norm_common import any_strided, check_hidden, check_rows, check_same_dtype, placeholder
+from ._norm_common import any_strided, check_hidden, check_same_dtype, placeholder
 from .norm_backward_kernel import choose_norm_backward_config, get_norm_backward_kernel
 from .norm_forward import DTYPES
 
@@ -21,7 +22,7 @@ class NormBackwardResult(NamedTuple):
 
 def _rules(name, out_grad, x, weight, residual_out_grad, weight_grad, memory):
     check_same_dtype(name, x, out_grad=out_grad, weight=weight, residual_out_grad=residual_out_grad)
-    check_rows(name, memory, out_grad=out_grad, x=x, residual_out_grad=residual_out_grad)
+    check_row_starts(name, memory, out_grad=out_grad, x=x, residual_out_grad=residual_out_grad)
     if weight_grad is not None and weight is None:
         raise ValueError(f'{name}: weight_grad accumulates the gradient of a weight: it needs weight')
 

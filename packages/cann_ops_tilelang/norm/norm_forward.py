@@ -8,9 +8,9 @@ from typing import NamedTuple
 import torch
 
 from cann_ops_tilelang.operator import Operator, scalar, tensor
-from cann_ops_tilelang.validation import batch_rows
+from cann_ops_tilelang.validation import batch_rows, check_row_starts
 
-from ._norm_common import any_strided, check_hidden, check_rows, check_same_dtype, forward_launch_args
+from ._norm_common import any_strided, check_hidden, check_same_dtype, forward_launch_args
 from .norm_forward_kernel import choose_norm_forward_config, get_norm_forward_kernel
 
 DTYPES = (torch.bfloat16, torch.float32)
@@ -25,7 +25,7 @@ class NormForwardResult(NamedTuple):
 def _rules(name, x, weight, residual, out, residual_out, memory):
     check_same_dtype(name, x, weight=weight, residual=residual, out=out, residual_out=residual_out)
     ignored = residual is None  # residual_out is ignored without residual
-    check_rows(name, memory, x=x, residual=residual, out=out, residual_out=None if ignored else residual_out)
+    check_row_starts(name, memory, x=x, residual=residual, out=out, residual_out=None if ignored else residual_out)
 
 
 def _strided(x, residual, out, residual_out) -> bool:

@@ -13,9 +13,9 @@ from cann_ops_tilelang.quant import _contract as contract
 from cann_ops_tilelang.quant._quant_tensor import QuantTensor
 from cann_ops_tilelang.quant.per_token_cast import sf_layout
 from cann_ops_tilelang.quant.per_token_cast_kernel import CAST_BLOCK_SIZES, hidden_multiple
-from cann_ops_tilelang.validation import batch_rows, check_out
+from cann_ops_tilelang.validation import batch_rows, check_out, check_row_starts
 
-from ._norm_common import any_strided, check_hidden, check_rows, check_same_dtype, forward_launch_args
+from ._norm_common import any_strided, check_hidden, check_same_dtype, forward_launch_args
 from .norm_forward import DTYPES
 from .norm_forward_kernel import CAST_FORMATS, choose_norm_forward_config, get_norm_forward_kernel
 
@@ -43,7 +43,7 @@ def _options(name, x, weight, fmt, num_per_channels, residual, use_tma_aligned_c
              use_packed_ue8m0, with_out_bf16, out, out_bf16, residual_out, mega_moe_sf, mega_moe_block_m,
              memory):  # fmt: skip
     check_same_dtype(name, x, weight=weight, residual=residual, residual_out=residual_out)
-    check_rows(name, memory, x=x, residual=residual, out_bf16=out_bf16,
+    check_row_starts(name, memory, x=x, residual=residual, out_bf16=out_bf16,
                residual_out=residual_out if residual is not None else None)  # fmt: skip
     contract.check_cast_format(name, fmt, CAST_FORMATS)
     contract.check_block(name, 'num_per_channels', num_per_channels, CAST_BLOCK_SIZES)
