@@ -6,7 +6,8 @@ An operator's `<op>.py` declares, in one `Operator(...)`:
   (dtype or dtypes, shape symbols such as 'T, hc + 1, H', layout, alignment, optional, written in place),
   `quant(name, dtype, dims, sf_dtype=...)` for a quantised tensor, the tuple (data, sf); `out(...)` for an
   optional output buffer, or `outs(name, *parts)` for a tuple of them, whose shapes and dtypes `results` gives;
-  `scalar(name, kind)`;
+  `scalar(name, kind)`; the out argument comes after every tensor, and only scalars may follow it (keyword-only
+  ones of the public signature, such as per_token_cast's `seed`: the forms take them before the buffers);
 - `limits` (a function raising ValueError on sizes the kernels do not take: its parameters name shape symbols),
   `extra` (plain-code checks the table cannot say: its parameters name arguments, symbols, `memory`);
   `results` ((shape, dtype) of each output buffer, or (shape, dtype, strides) for a buffer of another layout
@@ -253,6 +254,8 @@ class Operator(Launchers):
         self._results = results
         self._arg_names = [a.name for a in args]
         self._results_params = [] if results is None else list(inspect.signature(results).parameters)
+        # the position of the out argument (None: none), the last one or followed by scalars only
+        self.out_index = next((i for i, a in enumerate(args) if a.kind == 'out'), None)
         super().__init__(choose_config, get_kernel)
         self.fast: dict = {}
         # torch.library op name -> its OpOverload, in the order the forms were defined
@@ -384,8 +387,9 @@ class Operator(Launchers):
         call: the memory-free check, then the form the arguments take. A quantised tensor (data, sf) is two tensor
         arguments of the forms, a tuple of output buffers one written tensor each; the functional form of an
         operator with such buffers returns their tuple."""
-        out_arg = self.args[-1] if self.args[-1].kind == 'out' else None
-        inputs = self.args[:-1] if out_arg else self.args
+        at = self.out_index
+        out_arg = self.args[at] if at is not None else None
+        inputs = [a for a in self.args if a is not out_arg]
         opaque = [a.name for a in inputs if a.kind == 'any']
         if opaque:
             raise ValueError(f'{self.name}: no torch.library form can carry {opaque} (kind "any"): pass `traced`')
@@ -430,8 +434,15 @@ class Operator(Launchers):
                     args.append(next(values))
             return args
 
+        def with_out(args, buffers) -> list:
+            """The public arguments of a call: the inputs with the out argument at its place."""
+            args = list(args)
+            if out_arg:
+                args.insert(at, buffers)
+            return args
+
         def fake_outputs(*values):
-            args = [*public(values), *([None] if out_arg else [])]
+            args = with_out(public(values), None)
             self.check(*args, memory=False)
             if fake is None and self._results is not None:
                 first = next(t for t in values if isinstance(t, torch.Tensor))
@@ -440,7 +451,7 @@ class Operator(Launchers):
             return None if fake is None else fake(*args)
 
         def kernel(*values):
-            value = eager(*public(values), *([None] if out_arg else []))
+            value = eager(*with_out(public(values), None))
             return tuple(value) if parts else value
 
         functional = self.define(self.name, f'({", ".join(params)}) -> {returns}', kernel, fake_outputs)
@@ -451,20 +462,21 @@ class Operator(Launchers):
 
             def into(*values):
                 args, buffers = public(values[:-count]), values[-count:]
-                return eager(*args, buffers if parts else buffers[0])
+                return eager(*with_out(args, buffers if parts else buffers[0]))
 
             def into_fake(*values):
-                self.check(*public(values[:-count]), values[-count:] if parts else values[-1], memory=False)
+                self.check(*with_out(public(values[:-count]), values[-count:] if parts else values[-1]), memory=False)
 
             into_out = self.define(f'{self.name}_out', f'({", ".join(params)}, {buffers}) -> ()', into, into_fake)
 
         def call(*args):
             self.check(*args, memory=False)
-            if out_arg and args[-1] is not None:
-                buffers = args[-1]
-                into_out(*flat(args[:-1]), *(buffers if parts else (buffers,)))
+            rest = args[:at] + args[at + 1 :] if out_arg else args
+            if out_arg and args[at] is not None:
+                buffers = args[at]
+                into_out(*flat(rest), *(buffers if parts else (buffers,)))
                 return result(*buffers) if parts and result is not None else buffers
-            value = functional(*flat(args[:-1] if out_arg else args))
+            value = functional(*flat(rest))
             if returns == '()':
                 value = tuple(args[i] for i in written)
                 return value[0] if result is None and len(value) == 1 else result(*value)
@@ -494,11 +506,12 @@ def _public_function(
     tensor of `batched_rank` dimensions goes to it first; with `quantised`, a first argument that is a tuple."""
     namespace = {'traced': traced, '_traced_call': call, '_eager': eager, '_batched': batched, '_Tensor': torch.Tensor,
                  '_quantised': quantised}  # fmt: skip
-    params, keyword_only = [], False
+    params, keyword_only, passed = [], False, []
     for i, p in enumerate(inspect.signature(stub).parameters.values()):
         if p.kind is p.KEYWORD_ONLY and not keyword_only:
             params.append('*')
             keyword_only = True
+        passed.append(f'{p.name}={p.name}' if keyword_only else p.name)
         if p.default is p.empty:
             params.append(p.name)
         else:
@@ -514,7 +527,7 @@ def _public_function(
     if quantised is not None:
         batch += (
             f'    if type({names[0]}) is not _Tensor and isinstance({names[0]}, tuple):\n'
-            f'        return _quantised({args})\n'
+            f'        return _quantised({", ".join(passed)})\n'
         )
     source = (
         f'def {stub.__name__}({", ".join(params)}):\n'
@@ -546,8 +559,8 @@ def _generate(op: Operator, choice, limits, extra, shape_from, results) -> None:
     names = [a.name for a in args]
     tensors = [t for a in args if a.kind in ('tensor', 'quant') for t in _items(a)]
     outputs = [a for a in args if a.kind == 'out']
-    if (outputs and args[-1].kind != 'out') or len(outputs) > 1:
-        raise ValueError(f'{op.name}: one out argument at most, the last one')
+    if len(outputs) > 1 or (outputs and any(a.kind in ('tensor', 'quant') for a in args[op.out_index :])):
+        raise ValueError(f'{op.name}: one out argument at most, after every tensor (only scalars may follow it)')
     if outputs and results is None and (outputs[0].parts or (outputs[0].dims is None and outputs[0].like is None)):
         raise ValueError(f'{op.name}: output buffers without dims need `results`, their shapes and dtypes')
     first = tensors[0].name

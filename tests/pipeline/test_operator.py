@@ -230,6 +230,58 @@ def test_public_function_forms_and_config(monkeypatch):
         declared.public(eager)(lambda x, y, out=None: None)
 
 
+def test_a_keyword_only_scalar_may_follow_out(monkeypatch):
+    """A scalar after the out argument (per_token_cast's keyword-only seed): the forms take it before the buffers,
+    the eager path gets every argument in the declared order (out at its place), a quantised first argument is
+    routed with it by keyword; a tensor after out is refused."""
+    name = f'toy_{uuid.uuid4().hex[:8]}'
+    declared = operator.Operator(
+        name, operator.tensor('x', torch.float32, 'n'), operator.out('out', like='x'),
+        operator.scalar('seed', 'int', optional=True), choose_config=None, get_kernel=None,
+    )  # fmt: skip
+    calls, routed = [], []
+
+    def eager(x, out, seed):
+        calls.append((out is None, seed))
+        return torch.empty_like(x) if out is None else out
+
+    def quantised(x, out=None, *, seed=None):
+        routed.append(seed)
+        return x[0]
+
+    def fake(x, out, seed):
+        assert (out, seed) == (None, 7)
+        return torch.empty_like(x)
+
+    @declared.public(eager, returns='Tensor', fake=fake, quantised=quantised)
+    def toy(x: torch.Tensor, out: torch.Tensor | None = None, *, seed: int | None = None) -> torch.Tensor:
+        """Toy docstring."""
+
+    assert declared.out_index == 1
+    schemas = [str(overload._schema) for overload in declared.forms.values()]
+    assert schemas == [
+        f'cann_ops_tilelang::{name}(Tensor x, int? seed) -> Tensor',
+        f'cann_ops_tilelang::{name}_out(Tensor x, int? seed, Tensor(a!) out) -> ()',
+    ]
+    x, buffer = torch.zeros(4), torch.zeros(4)
+    toy(x, seed=3)
+    assert toy(x, buffer, seed=4) is buffer
+    declared.forms[name](x, 5)
+    declared.forms[f'{name}_out'](x, 6, buffer)
+    assert calls == [(True, 3), (False, 4), (True, 5), (False, 6)]
+    monkeypatch.setattr(config, 'require_accelerator', lambda *tensors: 'cuda')
+    with FakeTensorMode():
+        made = toy(torch.empty(4), seed=7)  # traced: the functional form, its fake with out at its place
+        assert (made.shape, made.dtype) == ((4,), torch.float32)
+    assert toy((x, x), seed=8) is x
+    assert routed == [8]
+    with pytest.raises(ValueError, match='one out argument at most, after every tensor'):
+        operator.Operator(
+            f'{name}_bad', operator.tensor('x', torch.float32, 'n'), operator.out('out', like='x'),
+            operator.tensor('y', torch.float32, 'n'), choose_config=None, get_kernel=None,
+        )  # fmt: skip
+
+
 def test_public_function_hands_a_batched_first_tensor_to_batched():
     """With `batched`, a first tensor of one dimension more than declared goes to it, with the public function to
     call on its rows; other ranks and other types go on as before (the checks name them)."""

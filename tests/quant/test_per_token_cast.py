@@ -4,6 +4,10 @@ with --ascend-emulator). The kernels themselves: test_per_token_cast_kernel.py."
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import inspect
+
 import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -17,6 +21,7 @@ from cann_ops_tilelang.quant import (
     per_token_cast_with_precomputed_sf,
     per_token_cast_with_sf_only,
 )
+from cann_ops_tilelang.quant.cast_kernel import key_argument, seed_key
 from cann_ops_tilelang.quant.per_token_cast import QUANTISED
 from cann_ops_tilelang.quant.per_token_cast_kernel import choose_per_token_cast_config
 from tests.quant.cast_back_ref import cast_back_ref
@@ -31,6 +36,8 @@ from tests.quant.cast_ref import (
     scaled_rows,
     tma_col_major_sf,
 )
+from tests.quant.stochastic_rounding_ref import stochastic_e4m3_ref
+from tests.testing import fast_path
 from tests.testing.bench import config_extras, make_param_id
 from tests.testing.generator import by_level, generate_samples, get_test_level
 from tests.testing.numeric import assert_equal, count_bytes
@@ -113,7 +120,15 @@ X = torch.zeros(4, 256, dtype=torch.bfloat16)
         ((X, 'e4m3', 128), {'use_packed_ue8m0': True}, ValueError, 'use_packed_ue8m0=True needs round_sf=True'),
         ((X, 'e4m3', 128), {'x_block_size': (1, 128)}, ValueError, r'x is a tensor, got x_block_size=\(1, 128\)'),
         ((X, 'e2m1', 128), {'use_e4m3_sf': True, 'round_sf': True}, ValueError, 'use_e4m3_sf=True and round_sf'),
-        ((X, 'e4m3', 128), {'stochastic_cast': True}, ValueError, 'stochastic_cast=True is not supported yet'),
+        ((X, 'e2m1', 128), {'stochastic_cast': True}, ValueError,
+         "stochastic_cast=True is not supported yet with fmt='e2m1'"),
+        ((X, 'e4m3', 128), {'seed': 3}, ValueError, 'seed=3 is used only with stochastic_cast=True'),
+        ((X, 'e4m3', 128), {'stochastic_cast': True, 'seed': -1}, ValueError, r'seed must be in \[0, 2\*\*32\), got -'),
+        ((X, 'e4m3', 128), {'stochastic_cast': True, 'seed': 2**32}, ValueError, r'seed must be in \[0, 2\*\*32\)'),
+        ((X, 'e4m3', 128), {'stochastic_cast': True, 'seed': 1.0}, TypeError, 'seed must be an int, got float'),
+        ((X, 'e4m3', 128), {'stochastic_cast': True, 'seed': True}, TypeError, 'seed must be an int, got bool'),
+        ((X, 'e4m3', 128), {'stochastic_cast': True}, RuntimeError, "no kernels for 'cpu' tensors"),
+        ((X, 'e4m3', 128), {'stochastic_cast': True, 'seed': 2**32 - 1}, RuntimeError, "no kernels for 'cpu' tensors"),
         ((X, 'e4m3', 128), {'use_tma_aligned_col_major_sf': 1}, TypeError, 'use_tma_aligned_col_major_sf must be a'),
         ((X, 'e4m3', 128), {'use_tma_aligned_col_major_sf': True}, RuntimeError, "no kernels for 'cpu' tensors"),
         ((X[:, :192].clone(), 'e4m3', 128), {}, ValueError, 'multiple of 128 for num_per_channels 128, got 192'),
@@ -124,7 +139,7 @@ X = torch.zeros(4, 256, dtype=torch.bfloat16)
         ((X, 'e4m3', 128), {}, RuntimeError, "no kernels for 'cpu' tensors"),
     ],
     ids=lambda v: v if isinstance(v, str) and v.isidentifier() else None,
-)
+)  # fmt: skip
 def test_per_token_cast_rejects(args, kwargs, error, match):
     with pytest.raises(error, match=match):
         per_token_cast(*args, **kwargs)
@@ -192,7 +207,7 @@ def test_per_token_cast_fake_tensors(monkeypatch):
     schemas = [str(op._schema) for op in per_token_cast.operator.forms.values()]
     options = (
         'str fmt, int num_per_channels, int[]? x_block_size, bool use_tma_aligned_col_major_sf, bool round_sf, '
-        'bool use_packed_ue8m0, bool use_e4m3_sf, bool stochastic_cast'
+        'bool use_packed_ue8m0, bool use_e4m3_sf, bool stochastic_cast, int? seed'
     )
     assert schemas == [
         f'cann_ops_tilelang::per_token_cast(Tensor x, {options}) -> (Tensor, Tensor)',
@@ -458,6 +473,156 @@ def test_per_token_cast_strided_rows_values(variant, device):
         assert_equal(given.cpu().view(torch.uint8), from_rows.cpu().view(torch.uint8))
 
 
+# ---------------------------------------------------------------- stochastic_cast (e4m3 data)
+
+
+def _stochastic_ref(x: torch.Tensor, block: int, sf: str, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(data bits uint8, scale bytes uint8) of per_token_cast(x, 'e4m3', block, ..., stochastic_cast=True, seed=seed)
+    from the existing references: the plain cast's scales and inverses (cast_ref.py), and quant.cast's stochastic
+    rounding (stochastic_rounding_ref.py) of the products x * inverse, element t * H + h (the flattened order)."""
+    round_sf, packed, e4m3_sf = _FORMATS[sf]
+    x = x.cpu()
+    num_tokens, hidden = x.shape
+    blocks = x.float().reshape(num_tokens, hidden // block, block)
+    _, inverse = format_scale_and_inverse_ref(
+        blocks.abs().amax(dim=-1), 'e4m3', round_sf=round_sf, packed_ue8m0=packed, e4m3_sf=e4m3_sf
+    )
+    scaled = (blocks * inverse.unsqueeze(-1)).reshape(num_tokens, hidden)
+    _, scales = per_token_cast_format_ref(x, block, 'e4m3', round_sf=round_sf, packed_ue8m0=packed, e4m3_sf=e4m3_sf)
+    return stochastic_e4m3_ref(scaled, seed), logical_sf_bytes(scales)
+
+
+def test_per_token_cast_stochastic_signatures():
+    """seed is keyword-only, after out (TileKernels' positional arguments unchanged); the halves have neither
+    stochastic_cast nor seed (as TileKernels)."""
+    params = inspect.signature(per_token_cast).parameters
+    assert list(params)[-3:] == ['stochastic_cast', 'out', 'seed']
+    assert params['seed'].kind is inspect.Parameter.KEYWORD_ONLY
+    assert params['seed'].default is None
+    assert params['out'].kind is inspect.Parameter.POSITIONAL_OR_KEYWORD
+    for half in (per_token_cast_with_sf_only, per_token_cast_with_precomputed_sf):
+        assert not {'stochastic_cast', 'seed'} & set(inspect.signature(half).parameters)
+
+
+def test_per_token_cast_stochastic_fast_path(monkeypatch):
+    """CPU tensors taken as CUDA ones: the plain and the stochastic kernel have launchers and fast-path keys of
+    their own; the stochastic launch passes the data's bits and, last, the seed's key, the seed drawn per call
+    where None (torch's default generator: torch.manual_seed reproduces it); a seed without stochastic_cast still
+    gets the contract's error once the keys are warm."""
+    op = per_token_cast.operator
+    launches = fast_path.stub_cuda_launches(monkeypatch, op)
+    plans = fast_path.count_plans(monkeypatch, op)
+    x = torch.randn(4, 256, dtype=torch.bfloat16)
+    for _ in range(2):
+        per_token_cast(x, 'e4m3', 128)
+        per_token_cast(x, 'e4m3', 128, stochastic_cast=True, seed=7)
+    assert len(plans) == 2  # one per kernel, then the fast path
+    plain, stochastic = launches[0], launches[1]
+    assert (plain[0].stochastic, len(plain[1]), plain[1][1].dtype) == (False, 3, torch.float8_e4m3fn)
+    assert (stochastic[0].stochastic, len(stochastic[1]), stochastic[1][1].dtype) == (True, 4, torch.uint8)
+    assert stochastic[0] == dataclasses.replace(plain[0], stochastic=True)
+    assert [len(args) for _, args in launches] == [3, 4, 3, 4]
+    assert stochastic[1][3] == launches[3][1][3] == key_argument(seed_key(7))
+    torch.manual_seed(3)
+    drawn = [per_token_cast(x, 'e4m3', 128, stochastic_cast=True) and launches[-1][1][3] for _ in range(2)]
+    torch.manual_seed(3)
+    want = [key_argument(seed_key(int(torch.randint(2**32, (), dtype=torch.int64)))) for _ in range(2)]
+    assert drawn == want
+    assert drawn[0] != drawn[1]
+    assert len(plans) == 2
+    with pytest.raises(ValueError, match='seed=3 is used only with stochastic_cast=True'):
+        per_token_cast(x, 'e4m3', 128, seed=3)
+    with pytest.raises(ValueError, match=r'seed must be in \[0, 2\*\*32\)'):
+        per_token_cast(x, 'e4m3', 128, stochastic_cast=True, seed=2**32)
+    with pytest.raises(ValueError, match="not supported yet with fmt='e2m1'"):
+        per_token_cast(x, 'e2m1', 128, stochastic_cast=True)
+    assert len(launches) == 6
+
+
+# Level 0: one kernel of its own, the stochastic twin of the first level-0 variant (bf16, 32-channel fp32 scales, H
+# 1088; its plain kernel is compiled anyway); level 1 adds fp32 x with E4M3 and UE8M0 scales (column-major).
+_STOCHASTIC_CORE = [dict(dtype='bfloat16', block=32, sf='fp32')]
+STOCHASTIC_VARIANTS = by_level(
+    LEVEL,
+    core=_STOCHASTIC_CORE,
+    default=[
+        *_STOCHASTIC_CORE,
+        dict(dtype='float32', block=16, sf='e4m3'),
+        dict(dtype='bfloat16', block=128, sf='ue8m0', cm=True),
+        dict(dtype='float32', block=64, sf='pow2'),
+    ],
+)
+
+
+@pytest.mark.npu
+@pytest.mark.parametrize('variant', STOCHASTIC_VARIANTS, ids=make_param_id)
+@pytest.mark.parametrize('num_tokens', by_level(LEVEL, core=(0, 37), default=(1, 300)))
+def test_per_token_cast_stochastic_values(variant, num_tokens, device):
+    """The data bit for bit the reference's stochastic rounding of x * inverse (element t * H + h), the scales the
+    plain cast's; the same seed the same bytes, another seed other bytes; out= buffers."""
+    block, sf, cm = variant['block'], variant['sf'], variant.get('cm', False)
+    x = scaled_rows(num_tokens, padded_hidden(block), variant['dtype'], device)
+    x[:, :3] = torch.tensor([0.0, -0.0, float('nan')], dtype=x.dtype)  # NaN: 0x7F with its sign
+    cast = functools.partial(_cast, x, block, sf, 'e4m3', stochastic_cast=True, use_tma_aligned_col_major_sf=cm)
+    result = cast(seed=12345)
+    assert result.data.dtype == torch.float8_e4m3fn
+    want_data, want_sf = _stochastic_ref(x, block, sf, 12345)
+    assert_equal(result.data.cpu().view(torch.uint8), want_data)
+    assert_equal(logical_sf_bytes(result.sf), want_sf)
+    plain = _cast(x, block, sf, 'e4m3', use_tma_aligned_col_major_sf=cm)
+    assert_equal(logical_sf_bytes(result.sf), logical_sf_bytes(plain.sf))
+    assert_equal(cast(seed=12345).data.cpu().view(torch.uint8), want_data)
+    if num_tokens:
+        other = cast(seed=12346).data.cpu().view(torch.uint8)
+        assert not torch.equal(other, want_data)
+        assert_equal(other, _stochastic_ref(x, block, sf, 12346)[0])
+    buffers = (torch.empty_like(result.data), result.sf.clone().zero_() if not cm else torch.zeros_like(result.sf))
+    if cm:
+        buffers = (buffers[0], tma_col_major_sf(tuple(result.sf.shape), result.sf.dtype, backend_of(device), device))
+    again = cast(seed=12345, out=buffers)
+    assert again.data is buffers[0]
+    assert again.sf is buffers[1]
+    assert_equal(again.data.cpu().view(torch.uint8), want_data)
+    assert_equal(logical_sf_bytes(again.sf), want_sf)
+
+
+@pytest.mark.npu
+def test_per_token_cast_stochastic_is_unbiased(device):
+    """The level-0 stochastic kernel (bf16, 32-channel fp32 scales, H 1088): row r holds blocks of 448 (scale 1)
+    and 31 copies of 1.25 + f_r * 0.125, between the e4m3 neighbours 1.25 and 1.375, f_r = r / 16; over the
+    1054 copies of a row the share rounded up is f_r and the dequantised mean is the value, within 5 standard
+    errors; over 8 seeds, the data of random rows is x * inverse on average (so the dequantised data is x).
+    One kernel, compiled for test_per_token_cast_stochastic_values' level-0 variant."""
+    fractions = torch.arange(1, 16, dtype=torch.float64) / 16
+    values = 1.25 + fractions * 0.125  # exact in bf16
+    x = values.repeat_interleave(1088).reshape(15, 1088).to(torch.bfloat16)
+    x[:, ::32] = 448.0
+    result = _cast(x.to(device), 32, 'fp32', stochastic_cast=True, seed=99)
+    assert_equal(result.sf.cpu(), torch.ones(15, 34))
+    data = result.data.cpu().double()
+    copies = data[:, x[0].float() != 448.0]
+    assert copies.shape == (15, 1054)
+    assert ((copies == 1.25) | (copies == 1.375)).all()  # only the two neighbours
+    sigma = (fractions * (1 - fractions) / copies.shape[1]).sqrt()
+    up = (copies == 1.375).double().mean(dim=1)
+    assert ((up - fractions).abs() <= 5 * sigma).all(), (up, fractions)
+    assert ((copies.mean(dim=1) - values).abs() <= 5 * sigma * 0.125).all()
+    # Any x: E[data] = x * inverse, so E[data * sf] = x. Per element and seed the data is one of the two e4m3
+    # neighbours of v = |x * inverse|, u apart: (mean over seeds - v) / u has mean 0 and variance <= 1 / (4 S).
+    rows = scaled_rows(37, 1088, 'bfloat16', device)
+    blocks = rows.cpu().float().reshape(37, 34, 32)
+    _, inverse = format_scale_and_inverse_ref(blocks.abs().amax(dim=-1), 'e4m3')
+    v = (blocks * inverse.unsqueeze(-1)).reshape(37, 1088).abs().double()
+    u = torch.where(v < 2.0**-6, 2.0**-9, torch.exp2(torch.floor(torch.log2(v.clamp(min=2.0**-6))) - 3))
+    seeds = range(8)
+    data = torch.stack([_cast(rows, 32, 'fp32', stochastic_cast=True, seed=seed).data.cpu() for seed in seeds])
+    magnitude = data.double().abs()
+    assert ((magnitude - v).abs() < u).all()  # a neighbour each time
+    z = ((magnitude.mean(dim=0) - v) / u)[v > 0]
+    assert z.numel() > 40000
+    assert z.mean().abs() <= 5 * (0.25 / len(seeds) / z.numel()) ** 0.5, z.mean()
+
+
 # ---------------------------------------------------------------- a quantised x (data, sf): the peer's x_block_size
 
 FP8, FP4 = torch.float8_e4m3fn, torch.int8
@@ -475,7 +640,11 @@ Q8 = (torch.zeros(4, 256, dtype=FP8), torch.ones(4, 2))  # per-token, 128-channe
         ((Q8, 'e4m3', 128, (3, 128)), {}, ValueError, r'x_block_size\[0\] \(tokens per scale\) must be one of'),
         ((Q8, 'e5m2', 128, (1, 128)), {}, ValueError, r"per_token_cast: fmt must be one of \('e4m3', 'e2m1'\)"),
         ((Q8, 'e4m3', 48, (1, 128)), {}, ValueError, r'num_per_channels must be one of \(16, 32, 64, 128\)'),
-        ((Q8, 'e4m3', 128, (1, 128)), {'stochastic_cast': True}, ValueError, 'stochastic_cast=True is not supported'),
+        ((Q8, 'e4m3', 128, (1, 128)), {'stochastic_cast': True}, ValueError,
+         r'stochastic_cast=True is not supported yet for a quantised x \(data, sf\)'),
+        ((Q8, 'e4m3', 128, (1, 128)), {'stochastic_cast': True, 'seed': 1}, ValueError,
+         'stochastic_cast=True is not supported yet for a quantised x'),
+        ((Q8, 'e4m3', 128, (1, 128)), {'seed': 1}, ValueError, 'seed=1 is used only with stochastic_cast=True'),
         ((Q8, 'e4m3', 128, (1, 128)), {'use_packed_ue8m0': True}, ValueError, 'use_packed_ue8m0=True needs round_sf'),
         (((torch.zeros(4, 96, dtype=FP4), torch.ones(4, 3)), 'e4m3', 128, (1, 64)), {}, ValueError,
          r'multiple of 128 for x_block_size \(1, 64\) and FP4 data'),
@@ -521,7 +690,7 @@ def test_per_token_cast_quantised_fake_tensors(monkeypatch):
     schemas = [str(op._schema) for op in QUANTISED.forms.values()]
     options = (
         'str fmt, int num_per_channels, int[]? x_block_size, bool use_tma_aligned_col_major_sf, bool round_sf, '
-        'bool use_packed_ue8m0, bool use_e4m3_sf, bool stochastic_cast'
+        'bool use_packed_ue8m0, bool use_e4m3_sf, bool stochastic_cast, int? seed'
     )
     assert schemas == [
         f'cann_ops_tilelang::per_token_cast_quantised(Tensor x_data, Tensor x_sf, {options}) -> (Tensor, Tensor)',

@@ -501,6 +501,59 @@ def test_per_token_cast_config_modes():
         choose_per_token_cast_config(backend='cuda', num_cores=132, hidden=256, in_dtype='bfloat16', mode='both')
 
 
+# ---------------------------------------------------------------- stochastic rounding of the data (stochastic)
+
+
+def test_per_token_cast_config_stochastic():
+    """Off by default (every existing configuration unchanged); the cast to e4m3 only; the data argument becomes
+    the e4m3 bits (uint8)."""
+    common = dict(backend='cuda', num_cores=132, hidden=1088, in_dtype='bfloat16', block_size=32)
+    plain = choose_per_token_cast_config(**common)
+    assert not plain.stochastic
+    assert plain == choose_per_token_cast_config(**common, stochastic=False)
+    assert plain.data_storage == plain.data_dtype == 'float8_e4m3fn'
+    cfg = choose_per_token_cast_config(**common, stochastic=True)
+    assert cfg == dataclasses.replace(plain, stochastic=True)
+    assert (cfg.data_storage, cfg.data_dtype) == ('uint8', 'float8_e4m3fn')
+    with pytest.raises(ValueError, match='stochastic: mode "cast" to e4m3 only'):
+        choose_per_token_cast_config(**common, stochastic=True, fmt='e2m1')
+    for mode in ('sf_only', 'precomputed'):
+        with pytest.raises(ValueError, match='stochastic: mode "cast" to e4m3 only'):
+            choose_per_token_cast_config(**common, stochastic=True, mode=mode)
+
+
+# (variant, hidden, column-major scales): one column tile and several (7168: the element index's j * block_k).
+_STOCHASTIC_LOWERING = [
+    (_CORE_VARIANTS[0], 1088, False),
+    (dict(in_dtype='float32', block_size=16, sf='e4m3', fmt='e4m3'), 7168, False),
+    (_CORE_VARIANTS[2], 1152, True),
+]
+
+
+@pytest.mark.parametrize('backend', ['ascend', 'cuda'])
+@pytest.mark.parametrize(('variant', 'hidden', 'col_major'), _STOCHASTIC_LOWERING, ids=str)
+def test_per_token_cast_stochastic_lowers(backend, variant, hidden, col_major):
+    """The stochastic kernels lower on both backends (CUDA: not run in this project yet, no GPU): an int32 key
+    argument after the scales, the data written as bits (uchar on CUDA), the hash's step and the exact fp32 adds of
+    quant.cast's rounding, no saturating fp8 conversion of the data. (TileLang reports the CUDA element loop as not
+    vectorized, the hash's branch; the stores stay vector stores of the bits.)"""
+    cores = ASCEND_950_VECTOR_CORES if backend == 'ascend' else H200_SMS
+    plain = _config(backend, cores, variant, hidden, col_major_sf=col_major)
+    cfg = dataclasses.replace(plain, stochastic=True)
+    lower = assert_ascend_kernel_lowers if backend == 'ascend' else assert_cuda_kernel_lowers
+    source = lower(lambda: make_per_token_cast_kernel(cfg), key=cfg, kernel_name=KERNEL_NAME).source
+    plain_source = lower(lambda: make_per_token_cast_kernel(plain), key=plain, kernel_name=KERNEL_NAME).source
+    assert 'key' in source
+    assert 'key' not in plain_source
+    if backend == 'cuda':
+        assert 'uchar* __restrict__ out' in source
+        assert 'int key' in source
+        assert str(0x9E3779B1) in source  # the element hash's index step
+        assert '__fadd_rn' in source
+        if not cfg.e4m3_sf:  # (the E4M3 scales' own conversion aside)
+            assert '__NV_SATFINITE' not in source
+
+
 # ---------------------------------------------------------------- column-major scales (col_major_sf)
 
 # The configurations of test_per_token_cast.py's level-0 column-major values (hidden padded_hidden(block)): UE8M0

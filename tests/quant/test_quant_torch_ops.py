@@ -24,7 +24,7 @@ def test_every_quant_operator_has_its_forms():
     assert set(quant.__all__) - set(functions) == unformed
     for name in functions:
         assert getattr(quant, name).operator is OPERATORS[name]
-        has_out = OPERATORS[name].args[-1].kind == 'out'
+        has_out = OPERATORS[name].out_index is not None  # per_token_cast's keyword-only seed follows its out
         assert sorted(OPERATORS[name].forms) == [name, f'{name}_out'][: 1 + has_out]
         assert _op(name)._schema.name == f'{NAMESPACE}::{name}'
     # A quantised input is two tensors of the forms; a tuple of buffers one written tensor each.
@@ -39,9 +39,9 @@ def _form_args(name: str, device) -> tuple:
     token = quant.per_token_cast(x, 'e4m3', 128)
     cm_x = scaled_rows(37, 1088, 'bfloat16', device) if name.endswith('_col_major') else None
     cases = {
-        'per_token_cast': (x, 'e4m3', 128, None, False, False, False, False, False),
+        'per_token_cast': (x, 'e4m3', 128, None, False, False, False, False, False, None),
         # column-major UE8M0 scales (strides (1, T_pad)), test_per_token_cast.py's level-0 configuration
-        'per_token_cast_col_major': (cm_x, 'e4m3', 64, None, True, True, True, False, False),
+        'per_token_cast_col_major': (cm_x, 'e4m3', 64, None, True, True, True, False, False, None),
         'per_block_cast': (x, 'e4m3', [128, 128], False, False, False, False),
         # column-major UE8M0 scales of 2 token blocks, test_per_block_cast.py's level-0 configuration
         'per_block_cast_col_major': (cm_x, 'e4m3', [32, 32], True, True, True, False),

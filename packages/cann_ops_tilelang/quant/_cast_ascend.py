@@ -30,39 +30,12 @@ _MAGNITUDE = 0x7FFFFFFF
 _INF_BITS = 0x7F800000
 
 
-def ascend_cast_kernel(cfg, recipe):
-    """`cfg` is a CastConfig (backend "ascend"), `recipe` the CastRecipe."""
-    import tilelang.ascend.language as T
-
+def ascend_stochastic_macros(T, recipe):
+    """The SIMD macros of the stochastic roundings (cast_kernel.py's rule), for inside a `T.SimdVF()`: the element
+    hash `random_bits(ramp, key_lanes, offset)` of 64 consecutive indices, and `round_bf16` / `round_e4m3`, fp32 bits
+    to the output's bits in each uint32 lane. One home for every kernel that rounds stochastically (cast,
+    per_token_cast's stochastic_cast); `recipe`: cast_kernel.CastRecipe."""
     S = T.simd
-    f32, u32 = T.float32, T.uint32
-    in_dtype, out_dtype, out_storage = cfg.in_dtype, cfg.out_dtype, cfg.out_storage
-    tile, stages, grid, stochastic = cfg.tile, cfg.num_stages, cfg.num_cores, cfg.stochastic_rounding
-
-    fp8_max = recipe.e5m2_max if out_dtype == 'float8_e5m2' else recipe.e4m3_max  # the plain FP8 casts' clamp
-    numel = T.dynamic('numel')
-
-    @T.macro
-    def load_f32(x_ub, c):
-        if in_dtype == 'float32':
-            return S.vld(x_ub[c * LANES])
-        if in_dtype in FP8_NAMES:
-            return S.vcvt(S.vld(x_ub[c * LANES], dist='UNPK4_B8'), f32)
-        return S.vcvt(S.vld(x_ub[c * LANES], dist='UNPK_B16'), f32)
-
-    @T.macro
-    def store_plain(out_ub, c, v):
-        if out_dtype == 'float32':
-            S.vsts(out_ub[c * LANES], v)
-        elif out_dtype in FP8_NAMES:
-            capped = S.vsel(S.vdup(fp8_max, f32), v, S.vcmps(v, fp8_max, op='gt'))
-            capped = S.vsel(S.vdup(-fp8_max, f32), capped, S.vcmps(capped, -fp8_max, op='lt'))
-            narrow = S.vcvt(capped, out_dtype)
-            if out_storage == 'uint8':  # e5m2 through its bits: see CastConfig.out_storage
-                narrow = T.reinterpret(narrow, 'uint8x256')
-            S.vsts(out_ub[c * LANES], narrow, dist='PK4_B32')
-        else:
-            S.vsts(out_ub[c * LANES], S.vcvt(v, out_dtype, sat=False), dist='PK_B32')
 
     @T.macro
     def random_bits(ramp, key_lanes, offset):
@@ -97,6 +70,45 @@ def ascend_cast_kernel(cfg, recipe):
         code = S.vshrs(S.vadds(carried, T.uint32((1 << 32) - recipe.e4m3_code_base)), 20)
         code = S.vsel(nan8, code, S.vcmps(mag, T.uint32(_INF_BITS), op='gt'))
         return S.vor(code, sign)
+
+    return random_bits, round_bf16, round_e4m3
+
+
+def ascend_cast_kernel(cfg, recipe):
+    """`cfg` is a CastConfig (backend "ascend"), `recipe` the CastRecipe."""
+    import tilelang.ascend.language as T
+
+    S = T.simd
+    f32, u32 = T.float32, T.uint32
+    in_dtype, out_dtype, out_storage = cfg.in_dtype, cfg.out_dtype, cfg.out_storage
+    tile, stages, grid, stochastic = cfg.tile, cfg.num_stages, cfg.num_cores, cfg.stochastic_rounding
+
+    fp8_max = recipe.e5m2_max if out_dtype == 'float8_e5m2' else recipe.e4m3_max  # the plain FP8 casts' clamp
+    numel = T.dynamic('numel')
+
+    @T.macro
+    def load_f32(x_ub, c):
+        if in_dtype == 'float32':
+            return S.vld(x_ub[c * LANES])
+        if in_dtype in FP8_NAMES:
+            return S.vcvt(S.vld(x_ub[c * LANES], dist='UNPK4_B8'), f32)
+        return S.vcvt(S.vld(x_ub[c * LANES], dist='UNPK_B16'), f32)
+
+    @T.macro
+    def store_plain(out_ub, c, v):
+        if out_dtype == 'float32':
+            S.vsts(out_ub[c * LANES], v)
+        elif out_dtype in FP8_NAMES:
+            capped = S.vsel(S.vdup(fp8_max, f32), v, S.vcmps(v, fp8_max, op='gt'))
+            capped = S.vsel(S.vdup(-fp8_max, f32), capped, S.vcmps(capped, -fp8_max, op='lt'))
+            narrow = S.vcvt(capped, out_dtype)
+            if out_storage == 'uint8':  # e5m2 through its bits: see CastConfig.out_storage
+                narrow = T.reinterpret(narrow, 'uint8x256')
+            S.vsts(out_ub[c * LANES], narrow, dist='PK4_B32')
+        else:
+            S.vsts(out_ub[c * LANES], S.vcvt(v, out_dtype, sat=False), dist='PK_B32')
+
+    random_bits, round_bf16, round_e4m3 = ascend_stochastic_macros(T, recipe)
 
     @T.macro
     def convert_vf(x_ub, out_ub, count, first, key):

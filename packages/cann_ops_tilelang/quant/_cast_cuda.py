@@ -31,17 +31,12 @@ _MAGNITUDE = 0x7FFFFFFF
 _INF_BITS = 0x7F800000
 
 
-def cuda_cast_kernel(cfg, recipe):
-    """`cfg` is a CastConfig (backend "cuda"), `recipe` the CastRecipe."""
-    import tilelang.language as T
-
+def cuda_stochastic_macros(T, recipe):
+    """The macros of the stochastic roundings (cast_kernel.py's rule) in uint32 and exact fp32 arithmetic: the
+    element hash `random_bits(index, key)` and `round_bf16(bits, h)` / `round_e4m3(bits, h)`, fp32 bits to the
+    output's bits (uint32). One home for every kernel that rounds stochastically (cast, per_token_cast's
+    stochastic_cast); `recipe`: cast_kernel.CastRecipe."""
     f32, u32 = T.float32, T.uint32
-    in_dtype, out_dtype, out_storage = cfg.in_dtype, cfg.out_dtype, cfg.out_storage
-    threads, vec, steps, tile, stochastic = cfg.threads, cfg.vector, cfg.steps, cfg.tile, cfg.stochastic_rounding
-    in_chunk = min(vec, _ACCESS_BYTES // _BYTES[in_dtype])  # elements of one 16-byte access
-    out_chunk = min(vec, _ACCESS_BYTES // _BYTES[out_storage])
-
-    numel = T.dynamic('numel')
 
     def u(value):
         return T.uint32(value)
@@ -78,6 +73,23 @@ def cuda_cast_kernel(cfg, recipe):
         code = (carried - u(recipe.e4m3_code_base)) >> u(20)
         code = T.if_then_else(T.Cast('int32', mag) > _INF_BITS, u(0x7F), code)
         return code | ((bits >> u(24)) & u(0x80))
+
+    return random_bits, round_bf16, round_e4m3
+
+
+def cuda_cast_kernel(cfg, recipe):
+    """`cfg` is a CastConfig (backend "cuda"), `recipe` the CastRecipe."""
+    import tilelang.language as T
+
+    f32, u32 = T.float32, T.uint32
+    in_dtype, out_dtype, out_storage = cfg.in_dtype, cfg.out_dtype, cfg.out_storage
+    threads, vec, steps, tile, stochastic = cfg.threads, cfg.vector, cfg.steps, cfg.tile, cfg.stochastic_rounding
+    in_chunk = min(vec, _ACCESS_BYTES // _BYTES[in_dtype])  # elements of one 16-byte access
+    out_chunk = min(vec, _ACCESS_BYTES // _BYTES[out_storage])
+
+    numel = T.dynamic('numel')
+
+    random_bits, round_bf16, round_e4m3 = cuda_stochastic_macros(T, recipe)
 
     @T.macro
     def body(x, out, key):

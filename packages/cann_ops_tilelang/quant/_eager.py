@@ -15,24 +15,30 @@ import torch
 from cann_ops_tilelang.operator import Operator
 
 from ._quant_tensor import QuantTensor
+from .cast_kernel import SEED_LIMIT, draw_seed, key_argument, seed_key
 
-_UNSUPPORTED = ('x_block_size', 'use_tma_aligned_col_major_sf', 'stochastic_cast')  # if declared
+_UNSUPPORTED = ('x_block_size', 'use_tma_aligned_col_major_sf')  # if declared
 
 
 def cast_eager(op: Operator, mode: str, block_arg: str, *, col_major: bool = False) -> Callable:
     """The eager function of `op`, a cast of mode 'cast', 'sf_only' or 'precomputed' whose arguments are x, fmt,
-    the block (`block_arg`), options, and last the out buffer(s). Fast path, without out= and TileKernels' options
-    these kernels do not have: by (H, dtype, CUDA index, fmt, block, round_sf, packed, E4M3 scales, column-major
-    scales); round_sf does not change a 'precomputed' kernel (the inverse is 1 / sf either way), so it is not part
-    of that key. A key is cached only after a fully checked call with it succeeded, so an unsupported fmt never
-    takes the fast path. `col_major`: the operator writes use_tma_aligned_col_major_sf's column-major scales (its
-    outputs' layout from the declaration's `results`); otherwise that option is one it refuses."""
+    the block (`block_arg`), options, the out buffer(s), and after them keyword-only scalars (`seed`). Fast path,
+    without out= and TileKernels' options these kernels do not have: by (H, dtype, CUDA index, fmt, block, round_sf,
+    packed, E4M3 scales, column-major scales, stochastic rounding); round_sf does not change a 'precomputed' kernel
+    (the inverse is 1 / sf either way), so it is not part of that key. Stochastic rounding (`stochastic_cast`, where
+    declared, with its `seed`): a kernel and key of its own; the kernel takes the data as e4m3 bits and, last, the
+    seed's key, the seed drawn per call where None (cast_kernel.draw_seed). A key is cached only after a fully
+    checked call with it succeeded, so an unsupported fmt never takes the fast path. `col_major`: the operator
+    writes use_tma_aligned_col_major_sf's column-major scales (its outputs' layout from the declaration's
+    `results`); otherwise that option is one it refuses."""
     index = {a.name: i for i, a in enumerate(op.args)}
     block_at, round_at, packed_at = index[block_arg], index['round_sf'], index['use_packed_ue8m0']
     col_major_at = index['use_tma_aligned_col_major_sf'] if col_major else None
     unsupported = [index[name] for name in _UNSUPPORTED if name in index and index[name] != col_major_at]
     sf_at = index.get('sf')
     e4m3_sf_at = index.get('use_e4m3_sf')
+    out_at = op.out_index
+    stochastic_at, seed_at = index.get('stochastic_cast'), index.get('seed')
 
     def kernel_sf(sf, packed, transposed):
         """The scales as the kernel takes them: transposed when column-major, bytes when packed."""
@@ -40,22 +46,31 @@ def cast_eager(op: Operator, mode: str, block_arg: str, *, col_major: bool = Fal
         return sf.view(torch.uint8) if packed else sf
 
     def eager(*args):
-        x, fmt, out = args[0], args[1], args[-1]
+        x, fmt, out = args[0], args[1], args[out_at]
         packed = args[packed_at]
         transposed = col_major_at is not None and args[col_major_at]
+        stochastic = stochastic_at is not None and args[stochastic_at]
+        seed = None if seed_at is None else args[seed_at]
         key = None
-        if out is None and not any(args[i] for i in unsupported):
+        # A seed only with stochastic rounding, of the type and range the full check takes (the key holds neither).
+        seed_ok = seed is None or (stochastic is True and type(seed) is int and 0 <= seed < SEED_LIMIT)
+        if out is None and seed_ok and not any(args[i] for i in unsupported):
             shape = op.fast_ok(*args)
             # Contiguous x only: strided rows (per_token_cast's) take the full check, their alignment included.
             if shape is not None and shape[0] and (shape[0] == 1 or x.stride(0) == shape[1]):
                 round_sf = args[round_at] and mode != 'precomputed'
                 e4m3_sf = e4m3_sf_at is not None and args[e4m3_sf_at]
-                key = (shape[1], x.dtype, x.get_device(), fmt, args[block_at], round_sf, packed, e4m3_sf, transposed)
+                key = (shape[1], x.dtype, x.get_device(), fmt, args[block_at], round_sf, packed, e4m3_sf, transposed,
+                       stochastic)  # fmt: skip
         launcher, fast = op.prepare(key, args)
         outputs = op.new_outputs(x, *args) if out is None else out
         if mode == 'cast':
             data, sf = outputs
-            launch_args = (x, data, kernel_sf(sf, packed, transposed))
+            if stochastic:  # the e4m3 bits, and the key of the seed (drawn per call where None)
+                key_arg = key_argument(seed_key(draw_seed() if seed is None else seed))
+                launch_args = (x, data.view(torch.uint8), kernel_sf(sf, packed, transposed), key_arg)
+            else:
+                launch_args = (x, data, kernel_sf(sf, packed, transposed))
             result = QuantTensor(data, sf)
         elif mode == 'sf_only':
             result = outputs[0] if out is None else out

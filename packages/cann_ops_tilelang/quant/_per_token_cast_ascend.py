@@ -5,10 +5,12 @@ and one SIMD VF makes three passes over it, in fp32 (bf16 widens exactly): the a
 (a masked reduction per 16-, 32-, 64- or 128-element block), the scale factors and their inverses for 64 blocks
 per register, then x * inverse narrowed to float8_e4m3fn, or (FP4) rounded to e2m1 codes by compares on the
 grid's midpoints and packed two a byte after a deinterleave of two registers. The data row and the scale row go
-back to GM. Mode 'sf_only' skips the third pass and the data row; mode 'precomputed' reads the task's scales
-(fp32 or e4m3) instead of the first two passes and takes their IEEE reciprocals. Where a product can pass 448
-(given scales, E4M3 scales that saturate or round down) it is clamped to +-448 before the e4m3 narrowing, so
-no kernel relies on the conversion's saturation setting; the e2m1 rounding saturates by construction.
+back to GM. With cfg.stochastic the third pass rounds x * inverse to e4m3 by quant.cast's stochastic rounding
+(_cast_ascend.ascend_stochastic_macros: the element hash of t * H + h from the task's first index and a lane ramp, the
+key a launch argument) and packs the low byte of each lane. Mode 'sf_only' skips the third pass and the data row; mode
+'precomputed' reads the task's scales (fp32 or e4m3) instead of the first two passes and takes their IEEE reciprocals.
+Where a product can pass 448 (given scales, E4M3 scales that saturate or round down) it is clamped to +-448 before the
+e4m3 narrowing, so no kernel relies on the conversion's saturation setting; the e2m1 rounding saturates by construction.
 
 Column-major scales (cfg.col_major_sf): the task's scales leave UB as they are (dense, one task's run) in one DMA
 whose bursts are single scales (fp32 4 bytes, E4M3 1 byte) or packed UE8M0 words (4 bytes), each burst to the next
@@ -22,6 +24,7 @@ per task the bursts stay short, which only a device can price.)
 # refer to the generator's local shape variables.
 
 # Imported by per_token_cast_kernel.py, never the other way round (no import circle): the config comes as `cfg`.
+from ._cast_ascend import _MAGNITUDE, _SIGN, ascend_stochastic_macros
 from ._scale_rules import (
     LANES,
     UE8M0_PACK,
@@ -110,14 +113,15 @@ def ascend_quarter_masks_macro(T):
     return quarter_masks
 
 
-def ascend_per_token_cast_kernel(cfg):
-    """`cfg` is a PerTokenCastConfig (backend "ascend")."""
+def ascend_per_token_cast_kernel(cfg, recipe):
+    """`cfg` is a PerTokenCastConfig (backend "ascend"), `recipe` quant.cast's CastRecipe (the stochastic rounding's
+    constants)."""
     import tilelang.ascend.language as T
 
     S = T.simd
-    f32 = T.float32
+    f32, u32 = T.float32, T.uint32
     hidden, bk, bs, stages = cfg.hidden, cfg.block_k, cfg.block_size, cfg.num_stages
-    in_dtype, sf_dtype, data_dtype = cfg.in_dtype, cfg.sf_dtype, cfg.data_dtype
+    in_dtype, sf_dtype, data_storage = cfg.in_dtype, cfg.sf_dtype, cfg.data_storage
     n_tiles = cfg.num_col_tiles
     groups = cfg.groups_per_tile
     groups_padded = -(-groups // LANES) * LANES  # whole registers of scales
@@ -137,8 +141,11 @@ def ascend_per_token_cast_kernel(cfg):
     quarter_masks = ascend_quarter_masks_macro(T)
     writes_data, computes_sf = cfg.writes_data, cfg.computes_sf
     col_major, packed = cfg.col_major_sf, cfg.packed_ue8m0
-    # Products past 448: given scales, and E4M3 scales (saturated at 448, or rounded below c / 448).
-    clamps = not fp4 and (not computes_sf or cfg.e4m3_sf)
+    stochastic = cfg.stochastic
+    # Products past 448: given scales, and E4M3 scales (saturated at 448, or rounded below c / 448). The stochastic
+    # rounding saturates by itself (min(|v|, 448) first).
+    clamps = not fp4 and (not computes_sf or cfg.e4m3_sf) and not stochastic
+    random_bits, _, round_e4m3 = ascend_stochastic_macros(T, recipe)
 
     num_tokens = T.dynamic('num_tokens')
     x_type = T.Tensor((num_tokens, hidden), in_dtype)
@@ -156,7 +163,7 @@ def ascend_per_token_cast_kernel(cfg):
         return scaled
 
     @T.macro
-    def cast_vf(x_ub, amax_ub, inv_ub, sf_ub, out_ub):
+    def cast_vf(x_ub, amax_ub, inv_ub, sf_ub, out_ub, first, key):
         with T.SimdVF():
             low = S.pset(32, 'PAT_VL32')  # lanes 0..31: the first 32-element block of a register
             every = S.pset(32, 'PAT_ALL')  # a mask is bound to a name before it feeds another mask op
@@ -183,6 +190,26 @@ def ascend_per_token_cast_kernel(cfg):
                     if chunks % 2:
                         last = e2m1_codes(scaled_register(x_ub, inv_ub, chunks - 1, low, quarters))
                         store_code_pairs(out_ub, chunks // 2 * LANES, last, S.vdup(0, T.uint32))
+                elif stochastic:
+                    # Pass 3: x * inverse -> e4m3 by quant.cast's stochastic rounding of element `first` + lane
+                    # (t * H + h), the bits packed from the low byte of each lane. The constant registers of
+                    # quant.cast's kernel (_cast_ascend.py), made once per VF.
+                    ramp = S.alloc_var(u32)
+                    ramp = S.vmuls(T.reinterpret(S.vci(0, 'int32'), 'uint32x64'), T.uint32(recipe.index_step))
+                    key_lanes = S.alloc_var(u32)
+                    key_lanes = S.vdup(key, u32)
+                    magnitude = S.alloc_var(u32)
+                    magnitude = S.vdup(T.uint32(_MAGNITUDE), u32)
+                    sign_bit = S.alloc_var(u32)
+                    sign_bit = S.vdup(T.uint32(_SIGN), u32)
+                    nan8 = S.alloc_var(u32)
+                    nan8 = S.vdup(T.uint32(0x7F), u32)
+                    for c in T.serial(chunks):
+                        scaled = scaled_register(x_ub, inv_ub, c, low, quarters)
+                        offset = T.Cast('uint32', first + c * LANES) * T.uint32(recipe.index_step) + key
+                        h = random_bits(ramp, key_lanes, offset)
+                        code = round_e4m3(T.reinterpret(scaled, 'uint32x64'), h, magnitude, sign_bit, nan8)
+                        S.vsts(out_ub[c * LANES], T.reinterpret(code, 'uint8x256'), dist='PK4_B32')
                 else:
                     # Pass 3: x * inverse -> e4m3 (nearest even), one byte per fp32 lane, packed.
                     for c in T.serial(chunks):
@@ -190,7 +217,7 @@ def ascend_per_token_cast_kernel(cfg):
                         S.vsts(out_ub[c * LANES], S.vcvt(scaled, T.float8_e4m3fn), dist='PK4_B32')
 
     @T.macro
-    def body(x, out, out_sf, sf):
+    def body(x, out, out_sf, sf, key):
         with T.Kernel(grid) as cid:
             x_ub = T.alloc_shared((bk,), in_dtype)
             amax_ub = T.alloc_shared((groups_padded,), f32)
@@ -199,7 +226,7 @@ def ascend_per_token_cast_kernel(cfg):
             versions = {x_ub: stages, sf_ub: stages, amax_ub: 1, inv_ub: 1}
             out_ub = None
             if writes_data:
-                out_ub = T.alloc_shared((data_ub_len,), data_dtype)
+                out_ub = T.alloc_shared((data_ub_len,), data_storage)
                 versions[out_ub] = stages
             T.annotate_buffer_versions(versions)
             for task in T.Persistent([num_tokens * n_tiles], grid, cid, group_size=1, num_stages=stages):
@@ -208,7 +235,8 @@ def ascend_per_token_cast_kernel(cfg):
                 T.copy(x[t, j * bk : j * bk + bk], x_ub)
                 if not computes_sf:
                     T.copy(sf[t, j * groups : j * groups + groups], sf_ub[0:groups])
-                cast_vf(x_ub, amax_ub, inv_ub, sf_ub, out_ub)
+                # first: the element index t * H + j * bk of the task's first element (< 2**31: T * H is)
+                cast_vf(x_ub, amax_ub, inv_ub, sf_ub, out_ub, t * hidden + j * bk if stochastic else None, key)
                 if writes_data:
                     T.copy(out_ub[0:data_len], out[t, j * data_len : j * data_len + data_len])
                 if computes_sf and not col_major:
@@ -224,21 +252,32 @@ def ascend_per_token_cast_kernel(cfg):
     out_sf_type = T.Tensor(sf_shape, sf_dtype)
     if col_major:  # the transposed column-major scales: rows of stride sf_stride >= T
         out_sf_type = col_major_scales(T, num_tokens, cfg.sf_cols, sf_dtype, packed=packed)
-    if cfg.mode == 'cast':
+    if cfg.mode == 'cast' and stochastic:
 
         @T.prim_func
         def per_token_cast_kernel(
             x: x_type,
-            out: T.Tensor(data_shape, data_dtype),
+            out: T.Tensor(data_shape, data_storage),
+            out_sf: out_sf_type,
+            key: T.int32,
+        ):
+            body(x, out, out_sf, None, T.Cast('uint32', key))
+
+    elif cfg.mode == 'cast':
+
+        @T.prim_func
+        def per_token_cast_kernel(
+            x: x_type,
+            out: T.Tensor(data_shape, data_storage),
             out_sf: out_sf_type,
         ):
-            body(x, out, out_sf, None)
+            body(x, out, out_sf, None, None)
 
     elif cfg.mode == 'sf_only':
 
         @T.prim_func
         def per_token_cast_kernel(x: x_type, out_sf: out_sf_type):
-            body(x, None, out_sf, None)
+            body(x, None, out_sf, None, None)
 
     else:
 
@@ -246,8 +285,8 @@ def ascend_per_token_cast_kernel(cfg):
         def per_token_cast_kernel(
             x: x_type,
             sf: T.Tensor(sf_shape, sf_dtype),
-            out: T.Tensor(data_shape, data_dtype),
+            out: T.Tensor(data_shape, data_storage),
         ):
-            body(x, out, None, sf)
+            body(x, out, None, sf, None)
 
     return per_token_cast_kernel

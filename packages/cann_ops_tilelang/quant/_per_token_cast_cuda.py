@@ -4,8 +4,10 @@ One thread block per (token, column tile): the tile is read once into registers,
 block, and each element is scaled in fp32 (bf16 widens exactly) and narrowed to float8_e4m3fn (the saturating
 conversion), or rounded to an e2m1 code (fp4.cuda_e2m1_code: compares on the grid's midpoints, the same
 rounding as the Ascend kernel; sm_90 has no FP4 conversion) and packed two codes a byte.
-Mode 'sf_only' skips the data stores; mode 'precomputed' takes the IEEE reciprocals of the given scales (fp32 or
-e4m3) instead of the reduction (the saturating narrowing caps what they overflow).
+With cfg.stochastic the e4m3 narrowing is quant.cast's stochastic rounding instead (_cast_cuda.cuda_stochastic_macros:
+the element hash of t * H + h, the key a launch argument), written as uint8 bits; lowered in the CPU tier, not yet run
+on a GPU. Mode 'sf_only' skips the data stores; mode 'precomputed' takes the IEEE reciprocals of the given scales (fp32
+or e4m3) instead of the reduction (the saturating narrowing caps what they overflow).
 
 Column-major scales (cfg.col_major_sf): the thread block of token t stores its scales at out_sf[k, t] of the
 transposed view, so its `groups` stores are 4-byte (UE8M0 / E4M3: 1-byte) stores T_aligned elements apart instead
@@ -22,19 +24,22 @@ Several tokens per block would coalesce them, at the cost of the one-token tilin
 # Imported by per_token_cast_kernel.py, never the other way round (no import circle): the config comes as `cfg`.
 import functools
 
+from ._cast_cuda import cuda_stochastic_macros
 from ._scale_rules import col_major_scales, cuda_cast_scale_and_inverse, cuda_inverse_of, scale_index
 from .fp4 import cuda_e2m1_code
 
 
-def cuda_per_token_cast_kernel(cfg):
-    """`cfg` is a PerTokenCastConfig (backend "cuda")."""
+def cuda_per_token_cast_kernel(cfg, recipe):
+    """`cfg` is a PerTokenCastConfig (backend "cuda"), `recipe` quant.cast's CastRecipe (the stochastic rounding's
+    constants)."""
     import tilelang.language as T
 
     hidden, bk, bs = cfg.hidden, cfg.block_k, cfg.block_size
     groups, n_tiles = cfg.groups_per_tile, cfg.num_col_tiles
     padding, num_blocks = cfg.sf_padding, cfg.num_blocks
-    in_dtype, sf_dtype, data_dtype = cfg.in_dtype, cfg.sf_dtype, cfg.data_dtype
-    fp4 = cfg.fp4
+    in_dtype, sf_dtype, data_storage = cfg.in_dtype, cfg.sf_dtype, cfg.data_storage
+    fp4, stochastic = cfg.fp4, cfg.stochastic
+    random_bits, _, round_e4m3 = cuda_stochastic_macros(T, recipe)
     # FP4: each thread owns runs of `run` consecutive elements (up to 16 bytes of x: one load), whose codes make
     # run / 2 consecutive bytes (one store); a fragment is indexed alike in every parallel loop, so a run is one
     # index. The runs of a tile must spread evenly over the threads (else shorter runs, down to a byte's pair).
@@ -78,7 +83,7 @@ def cuda_per_token_cast_kernel(cfg):
                 out[t, j * (bk // 2) + g * (bs // 2) + r * (run // 2) + i] = packed[i]
 
     @T.macro
-    def body(x, out, out_sf, sf):
+    def body(x, out, out_sf, sf, key):
         # Tokens on grid x (up to 2**31 - 1 blocks; y stops at 65535), column tiles on y.
         with T.Kernel(num_tokens, n_tiles, threads=cfg.threads) as (t, j):
             if cfg.strided_rows:  # so that the loads keep their 16-byte vectors
@@ -109,6 +114,14 @@ def cuda_per_token_cast_kernel(cfg):
                         codes = T.alloc_local((run,), T.uint32)
                         packed = T.alloc_local((run // 2,), T.int8)
                         store_fp4_runs(out, t, j, codes, packed, lambda g, r, e: xv[g, r, e], lambda g: inverse[g])
+                    elif stochastic:
+                        for g, k in T.Parallel(groups, bs):
+                            # quant.cast's stochastic rounding to e4m3 bits of element t * H + h (a product
+                            # that is bit for bit the plain cast's), written as uint8.
+                            scaled = T.cast(xv[g, k], T.float32) * inverse[g]
+                            h = random_bits(t * hidden + j * bk + g * bs + k, key)
+                            code = round_e4m3(T.reinterpret(scaled, T.uint32), h)
+                            out[t, j * bk + g * bs + k] = T.Cast('uint8', code)
                     else:
                         for g, k in T.Parallel(groups, bs):
                             # __nv_fp8_e4m3's conversion: nearest even, saturating to +-448, NaN kept.
@@ -141,21 +154,32 @@ def cuda_per_token_cast_kernel(cfg):
     out_sf_type = T.Tensor(sf_shape, sf_dtype)
     if col_major:  # the transposed column-major scales: rows of stride sf_stride >= T
         out_sf_type = col_major_scales(T, num_tokens, cfg.sf_cols, sf_dtype, packed=packed)
-    if cfg.mode == 'cast':
+    if cfg.mode == 'cast' and stochastic:
 
         @T.prim_func
         def per_token_cast_kernel(
             x: x_type,
-            out: T.Tensor(data_shape, data_dtype),
+            out: T.Tensor(data_shape, data_storage),
+            out_sf: out_sf_type,
+            key: T.int32,
+        ):
+            body(x, out, out_sf, None, T.Cast('uint32', key))
+
+    elif cfg.mode == 'cast':
+
+        @T.prim_func
+        def per_token_cast_kernel(
+            x: x_type,
+            out: T.Tensor(data_shape, data_storage),
             out_sf: out_sf_type,
         ):
-            body(x, out, out_sf, None)
+            body(x, out, out_sf, None, None)
 
     elif cfg.mode == 'sf_only':
 
         @T.prim_func
         def per_token_cast_kernel(x: x_type, out_sf: out_sf_type):
-            body(x, None, out_sf, None)
+            body(x, None, out_sf, None, None)
 
     else:
 
@@ -163,8 +187,8 @@ def cuda_per_token_cast_kernel(cfg):
         def per_token_cast_kernel(
             x: x_type,
             sf: T.Tensor(sf_shape, sf_dtype),
-            out: T.Tensor(data_shape, data_dtype),
+            out: T.Tensor(data_shape, data_storage),
         ):
-            body(x, out, None, sf)
+            body(x, out, None, sf, None)
 
     return per_token_cast_kernel

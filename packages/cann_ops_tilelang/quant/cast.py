@@ -14,6 +14,7 @@ from .cast_kernel import (
     STOCHASTIC_BITS,
     STOCHASTIC_PAIRS,
     choose_cast_config,
+    draw_seed,
     get_cast_kernel,
     key_argument,
     seed_key,
@@ -65,11 +66,6 @@ OP = Operator(
     choose_config=choose_cast_config,
     get_kernel=get_cast_kernel,
 )
-
-
-def draw_seed() -> int:
-    """A seed from torch's default CPU generator (torch.manual_seed reproduces it; no device is touched)."""
-    return int(torch.randint(SEED_LIMIT, (), dtype=torch.int64))
 
 
 def _eager(x, dtype, stochastic_rounding, seed, out):

@@ -106,6 +106,11 @@ def seed_key(seed: int) -> int:
     return h ^ (h >> 16)
 
 
+def draw_seed() -> int:
+    """A seed from torch's default CPU generator (torch.manual_seed reproduces it; no device is touched)."""
+    return int(torch.randint(SEED_LIMIT, (), dtype=torch.int64))
+
+
 def key_argument(key: int) -> int:
     """The key as the kernels' int32 scalar argument (the same 32 bits)."""
     return key - 2**32 if key >= 2**31 else key

@@ -12,6 +12,7 @@ from ._eager import cast_eager
 from ._quant_tensor import QuantTensor
 from .cast_back import X as QUANTISED_X
 from .cast_back import cast_back, check_quantised, kernel_choice, logical_hidden
+from .cast_kernel import SEED_LIMIT
 from .per_token_cast_kernel import (
     CAST_BLOCK_SIZES,
     FORMATS,
@@ -64,20 +65,32 @@ def _check_rows(name, x, memory):
 
 
 def _options(name, x, memory, H, fmt, num_per_channels, x_block_size, round_sf, use_packed_ue8m0, use_e4m3_sf,
-             stochastic_cast):  # fmt: skip
+             stochastic_cast, seed=None):  # fmt: skip
     """The rules of the three calls (use_tma_aligned_col_major_sf: any bool; per_token_cast_with_precomputed_sf
     refuses True); H the logical hidden size."""
     _check_rows(name, x, memory)
     if x_block_size is not None:
         raise ValueError(f'{name}: x_block_size is the scale block of a quantised x (data, sf); x is a tensor, got '
                          f'x_block_size={x_block_size}')  # fmt: skip
-    _output_options(name, H, fmt, num_per_channels, round_sf, use_packed_ue8m0, use_e4m3_sf, stochastic_cast)
+    _output_options(name, H, fmt, num_per_channels, round_sf, use_packed_ue8m0, use_e4m3_sf)
+    _stochastic_options(name, fmt, stochastic_cast, seed)
 
 
-def _output_options(name, H, fmt, num_per_channels, round_sf, use_packed_ue8m0, use_e4m3_sf, stochastic_cast):
+def _stochastic_options(name, fmt, stochastic_cast, seed):
+    """stochastic_cast: e4m3 data only (FP4 is not supported yet); seed: with stochastic_cast only, in [0, 2**32)
+    (quant.cast's rules)."""
+    if stochastic_cast and fmt != 'e4m3':
+        raise ValueError(f'{name}: stochastic_cast=True is not supported yet with fmt={fmt!r} (e4m3 data only)')
+    if seed is not None:
+        if not stochastic_cast:
+            raise ValueError(f'{name}: seed={seed} is used only with stochastic_cast=True')
+        if not 0 <= seed < SEED_LIMIT:
+            raise ValueError(f'{name}: seed must be in [0, 2**32), got {seed}')
+
+
+def _output_options(name, H, fmt, num_per_channels, round_sf, use_packed_ue8m0, use_e4m3_sf):
     contract.check_cast_format(name, fmt, FORMATS)
     contract.check_block(name, 'num_per_channels', num_per_channels, CAST_BLOCK_SIZES)
-    contract.check_unsupported(name, stochastic_cast=stochastic_cast)
     contract.check_scale_flags(name, round_sf, use_packed_ue8m0)
     contract.check_e4m3_sf(name, use_e4m3_sf, round_sf)
     contract.check_hidden(name, H, hidden_multiple(num_per_channels), f'num_per_channels {num_per_channels}')
@@ -98,6 +111,16 @@ def _choice(mode):
             'strided_rows': strided_rows(x),
         }
 
+    return choice
+
+
+def _cast_choice(x, fmt, num_per_channels, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, use_e4m3_sf,
+                 stochastic_cast):  # fmt: skip
+    """per_token_cast's: the kernel of stochastic rounding is one of its own (its key a launch argument)."""
+    choice = _choice('cast')(x, fmt, num_per_channels, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0,
+                             use_e4m3_sf)  # fmt: skip
+    if stochastic_cast:  # absent otherwise: the plain cast's launcher keys and configurations stay as they were
+        choice['stochastic'] = True
     return choice
 
 
@@ -135,8 +158,9 @@ OP = Operator(
     scalar('use_e4m3_sf', 'bool'),
     scalar('stochastic_cast', 'bool'),
     outs('out', 'data', 'sf'),
+    scalar('seed', 'int', optional=True),  # keyword-only, after out (TileKernels has no seed)
     extra=_options,
-    choice=_choice('cast'),
+    choice=_cast_choice,
     results=_results,
     **_LIMITS,
     **_KERNEL,
@@ -179,13 +203,16 @@ PRECOMPUTED = Operator(
 
 
 def _quantised_options(name, x_data, x_sf, T, H, fmt, num_per_channels, x_block_size, round_sf, use_packed_ue8m0,
-                       use_e4m3_sf, stochastic_cast):  # fmt: skip
+                       use_e4m3_sf, stochastic_cast, seed):  # fmt: skip
     if x_block_size is None:
         raise ValueError(f'{name}: a quantised x (data, sf) needs x_block_size, the (tokens, channels) block of its '
                          'scales')  # fmt: skip
     check_quantised(name, x_data, x_sf, T, H, x_block_size)
     hidden = 2 * H if x_data.dtype == contract.FP4_DATA_DTYPE else H
-    _output_options(name, hidden, fmt, num_per_channels, round_sf, use_packed_ue8m0, use_e4m3_sf, stochastic_cast)
+    _output_options(name, hidden, fmt, num_per_channels, round_sf, use_packed_ue8m0, use_e4m3_sf)
+    if stochastic_cast:  # the element index of x (data, sf) and the composition's rounding are not defined yet
+        raise ValueError(f'{name}: stochastic_cast=True is not supported yet for a quantised x (data, sf)')
+    _stochastic_options(name, fmt, stochastic_cast, seed)
 
 
 def _quantised_choice(x, x_block_size, fmt, num_per_channels, use_tma_aligned_col_major_sf, round_sf,
@@ -214,6 +241,7 @@ QUANTISED = Operator(
     scalar('use_e4m3_sf', 'bool'),
     scalar('stochastic_cast', 'bool'),
     outs('out', 'data', 'sf'),
+    scalar('seed', 'int', optional=True),  # per_token_cast's signature; stochastic_cast is refused here
     extra=_quantised_options,
     choice=_quantised_choice,
     results=_results,
@@ -225,11 +253,11 @@ QUANTISED = Operator(
 
 
 def _quantised_eager(x, fmt, num_per_channels, x_block_size, use_tma_aligned_col_major_sf, round_sf,
-                     use_packed_ue8m0, use_e4m3_sf, stochastic_cast, out) -> QuantTensor:  # fmt: skip
+                     use_packed_ue8m0, use_e4m3_sf, stochastic_cast, out, seed) -> QuantTensor:  # fmt: skip
     """The contract once, then the two stages through their public operators: x dequantised to fp32 rows (T, H),
     which per_token_cast casts."""
     QUANTISED.check(x, fmt, num_per_channels, x_block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0,
-                    use_e4m3_sf, stochastic_cast, out)  # fmt: skip
+                    use_e4m3_sf, stochastic_cast, out, seed)  # fmt: skip
     values = cast_back(x, 'fp32', tuple(x_block_size))
     return per_token_cast(values, fmt, num_per_channels, None, use_tma_aligned_col_major_sf, round_sf,
                           use_packed_ue8m0, use_e4m3_sf, stochastic_cast, out)  # fmt: skip
@@ -247,10 +275,13 @@ def per_token_cast_quantised(
     use_e4m3_sf: bool = False,
     stochastic_cast: bool = False,
     out: tuple[torch.Tensor, torch.Tensor] | None = None,
+    *,
+    seed: int | None = None,
 ) -> QuantTensor:
     """per_token_cast of a quantised x = (data, sf), what per_token_cast(x, ...) calls for a tuple x: the cast of
     the dequantised values, per_token_cast(cast_back(x, 'fp32', x_block_size), fmt, num_per_channels, ...), bit for
-    bit (two launches; see per_token_cast)."""
+    bit (two launches; see per_token_cast). stochastic_cast=True is not supported yet (ValueError), so `seed` is
+    refused too."""
 
 
 @OP.public(
@@ -267,6 +298,8 @@ def per_token_cast(
     use_e4m3_sf: bool = False,
     stochastic_cast: bool = False,
     out: tuple[torch.Tensor, torch.Tensor] | None = None,
+    *,
+    seed: int | None = None,
 ) -> QuantTensor:
     """Cast each row of x to FP8 e4m3 or FP4 e2m1 with one scale factor per block of `num_per_channels` channels
     (TileKernels 2.1.0's call). For a block with absolute maximum a, m the format's largest value (448 / 6) and
@@ -301,11 +334,24 @@ def per_token_cast(
             to 16 bytes of sf's dtype on CUDA (4 fp32 / int32, 16 E4M3), T on Ascend (TileKernels' rule per
             backend; T = 0: strides (1, 0)).
         x_block_size: (tokens, channels) per scale of a quantised x (cast_back's blocks); None for a tensor x.
-        stochastic_cast: TileKernels' stochastic rounding of the narrowing; only False is supported yet
-            (ValueError; the operator `cast` rounds stochastically).
+        stochastic_cast: TileKernels' stochastic rounding of the narrowing, fmt 'e4m3' only. The scales are the
+            plain cast's (the scale rule is unchanged); the data is data = SR_e4m3(fp32(x) * inverse), the stochastic
+            rounding to e4m3 of the operator `cast` (cast_kernel.py: a product between two e4m3 neighbours rounds
+            up in magnitude with probability (distance to the lower one) / (their spacing), so E[data * sf] = x
+            within e4m3's range; saturating at +-448, NaN -> 0x7F with its sign), its random bits a fixed integer
+            hash of (seed, element index), the element index t * H + h of x's logical element, so the bytes depend
+            on neither the kernel's tiling nor the backend (integer and exact fp32 operations: the same bytes on
+            Ascend and CUDA for the same seed; the CUDA kernel is lowered in this project's CPU tier but not yet
+            run on a GPU). Not supported yet (ValueError): fmt 'e2m1' (FP4's rounding has no stochastic rule in
+            `cast` to share yet) and a quantised x (the composition's element index and rounding are not defined
+            yet).
         out: optional (data, sf) buffers of the result's shapes and dtypes, on x's device, not overlapping x or each
             other; data contiguous, sf contiguous or, with use_tma_aligned_col_major_sf, of the strides above
             (ValueError otherwise).
+        seed: (keyword-only; TileKernels has none) the stochastic rounding's seed, in [0, 2**32), with
+            stochastic_cast=True only (ValueError otherwise). None: drawn per call from torch's default CPU generator
+            (torch.manual_seed reproduces a call), without a device synchronisation. The kernel takes the seed's key
+            as a launch argument: no compile per seed.
 
     Returns:
         QuantTensor(data, sf), a tuple: data (T, H) float8_e4m3fn, or FP4 (T, H / 2) int8; sf (T, H /

@@ -12,6 +12,10 @@ format's largest value (448 for e4m3, 6 for e2m1):
     out = e4m3(float(x) * inverse), to nearest even, saturating at +-448
     FP4: out = e2m1(float(x) * inverse), to nearest even on {0, .5, 1, 1.5, 2, 3, 4, 6}, saturating at +-6
          (+-inf and NaN -> +-6), two codes per byte, element 2 i in the low nibble of byte i: (T, H / 2) int8
+    stochastic (TileKernels' stochastic_cast, e4m3 only): out = SR_e4m3(float(x) * inverse), quant.cast's
+         stochastic rounding to e4m3 (cast_kernel.py: a counter hash of (key, element index), integer and exact
+         fp32 operations) with element index t * H + h, the logical element of x (so the bits depend on neither
+         the tiling nor the backend); the scales are the plain cast's
 
 The rounded scale is stored as an fp32 power of two, or (`packed_ue8m0`) as its biased exponent byte
 (UE8M0): byte k of a row is block k, and the row is padded with zero bytes to a multiple of 4, which the
@@ -52,6 +56,7 @@ from ._per_token_cast_cuda import cuda_per_token_cast_kernel
 from ._scale_rules import LANES, UE8M0_PACK, check_col_major_words
 from ._tiling import FLOAT_DTYPE_NAMES, MODES, CastFormats, CastModes, RowScales, divisors
 from .cast_back_kernel import CastBackConfig, choose_cast_back_config, get_cast_back_kernel
+from .cast_kernel import RECIPE
 
 BLOCK_SIZES = (32, 64, 128)  # per_token_cast_and_cast_back's; 32 first: the only block the peer's Ascend kernel takes
 CAST_BLOCK_SIZES = (16, *BLOCK_SIZES)  # per_token_cast's (and the peer's CUDA kernel's)
@@ -89,6 +94,9 @@ class PerTokenCastConfig(CastModes, CastFormats, RowScales):
     # x's rows a runtime stride apart (TileKernels takes strided rows), each starting on 16 bytes; False: contiguous
     # x, the kernel that has no stride argument.
     strided_rows: bool = False
+    # The e4m3 narrowing of x * inverse by stochastic rounding (TileKernels' stochastic_cast; mode 'cast', fmt
+    # 'e4m3'): quant.cast's rule (cast_kernel.py) for element t * hidden + h of x, the key a launch argument.
+    stochastic: bool = False
 
     def __post_init__(self):
         if self.backend not in ('ascend', 'cuda'):
@@ -119,6 +127,14 @@ class PerTokenCastConfig(CastModes, CastFormats, RowScales):
         if self.col_major_sf and not self.computes_sf:
             raise ValueError('col_major_sf: mode "precomputed" reads row-major scales (as TileKernels)')
         check_col_major_words(self)
+        if self.stochastic and (self.fmt != 'e4m3' or self.mode != 'cast'):
+            raise ValueError(f'stochastic: mode "cast" to e4m3 only, got mode {self.mode!r}, fmt {self.fmt!r}')
+
+    @property
+    def data_storage(self) -> str:
+        """The dtype of the kernel's data argument: data_dtype, or the e4m3 bits (uint8: the interface passes a
+        view) where the kernel writes the stochastic rounding's bits."""
+        return 'uint8' if self.stochastic else self.data_dtype
 
     @property
     def block_channels(self) -> int:
@@ -140,6 +156,7 @@ def choose_per_token_cast_config(
     e4m3_sf: bool = False,
     col_major_sf: bool = False,
     strided_rows: bool = False,
+    stochastic: bool = False,
 ) -> PerTokenCastConfig:
     """Pure choice of the compile-time parameters (no device query). `in_dtype`: torch.bfloat16 / torch.float32
     (or their names). In mode 'precomputed' round_sf is dropped (the inverse is 1 / sf either way). Invalid
@@ -161,7 +178,7 @@ def choose_per_token_cast_config(
         round_sf = False
     make = functools.partial(PerTokenCastConfig, backend, hidden, dtype, block_size, round_sf, packed_ue8m0, num_cores,
                              mode=mode, fmt=fmt, e4m3_sf=e4m3_sf, col_major_sf=col_major_sf,
-                             strided_rows=strided_rows)  # fmt: skip
+                             strided_rows=strided_rows, stochastic=stochastic)  # fmt: skip
     if backend == 'ascend':
         # The largest task that fits the buffers: the op streams x once, so fewer, longer DMAs per core.
         block_k = divisors(hidden, unit, _ASCEND_MAX_BLOCK_K)[0]
@@ -191,14 +208,15 @@ def make_per_token_cast_kernel(cfg: PerTokenCastConfig):
     """The TileLang prim_func `per_token_cast_kernel(x, out, out_sf)` for `cfg.backend` (no compile).
 
     x: (T, hidden) cfg.in_dtype (with cfg.strided_rows, rows of a runtime stride); out: (T, cfg.data_cols)
-    cfg.data_dtype (float8_e4m3fn, or FP4 bytes int8); out_sf: (T, cfg.sf_cols) cfg.sf_dtype, or with
-    cfg.col_major_sf a view (cfg.sf_cols, T) of row stride S >= T (the interface's column-major scales transposed:
-    sf.T), packed UE8M0 bytes (cfg.sf_cols / 4, 4 T) of row stride 4 S (sf.T.view(torch.uint8)). T is dynamic and
-    must be >= 1.
+    cfg.data_storage (float8_e4m3fn, FP4 bytes int8, or with cfg.stochastic the e4m3 bits uint8); out_sf:
+    (T, cfg.sf_cols) cfg.sf_dtype, or with cfg.col_major_sf a view (cfg.sf_cols, T) of row stride S >= T (the
+    interface's column-major scales transposed: sf.T), packed UE8M0 bytes (cfg.sf_cols / 4, 4 T) of row stride 4 S
+    (sf.T.view(torch.uint8)). T is dynamic and must be >= 1. With cfg.stochastic a fourth argument, the int32 key
+    (cast_kernel.key_argument(seed_key(seed))).
     """
     if cfg.backend == 'ascend':
-        return ascend_per_token_cast_kernel(cfg)
-    return cuda_per_token_cast_kernel(cfg)
+        return ascend_per_token_cast_kernel(cfg, RECIPE)
+    return cuda_per_token_cast_kernel(cfg, RECIPE)
 
 
 @functools.cache
