@@ -25,13 +25,13 @@ per task the bursts stay short, which only a device can price.)
 
 # Imported by per_token_cast_kernel.py, never the other way round (no import circle): the config comes as `cfg`.
 from ._cast_ascend import _MAGNITUDE, _SIGN, ascend_stochastic_macros
+from ._per_token_cast_signature import per_token_cast_prim_func
 from ._scale_rules import (
     LANES,
     UE8M0_PACK,
     ascend_cast_scales_macro,
     ascend_e4m3_sf_inverses_macro,
     ascend_precomputed_macros,
-    col_major_scales,
 )
 from .fp4 import ascend_e2m1_macros
 
@@ -247,46 +247,4 @@ def ascend_per_token_cast_kernel(cfg, recipe):
                 elif computes_sf:
                     T.copy(sf_ub[0:sf_len], out_sf[j * groups : j * groups + sf_len, t])
 
-    sf_shape = (num_tokens, cfg.sf_cols)
-    data_shape = (num_tokens, cfg.data_cols)
-    out_sf_type = T.Tensor(sf_shape, sf_dtype)
-    if col_major:  # the transposed column-major scales: rows of stride sf_stride >= T
-        out_sf_type = col_major_scales(T, num_tokens, cfg.sf_cols, sf_dtype, packed=packed)
-    if cfg.mode == 'cast' and stochastic:
-
-        @T.prim_func
-        def per_token_cast_kernel(
-            x: x_type,
-            out: T.Tensor(data_shape, data_storage),
-            out_sf: out_sf_type,
-            key: T.int32,
-        ):
-            body(x, out, out_sf, None, T.Cast('uint32', key))
-
-    elif cfg.mode == 'cast':
-
-        @T.prim_func
-        def per_token_cast_kernel(
-            x: x_type,
-            out: T.Tensor(data_shape, data_storage),
-            out_sf: out_sf_type,
-        ):
-            body(x, out, out_sf, None, None)
-
-    elif cfg.mode == 'sf_only':
-
-        @T.prim_func
-        def per_token_cast_kernel(x: x_type, out_sf: out_sf_type):
-            body(x, None, out_sf, None, None)
-
-    else:
-
-        @T.prim_func
-        def per_token_cast_kernel(
-            x: x_type,
-            sf: T.Tensor(sf_shape, sf_dtype),
-            out: T.Tensor(data_shape, data_storage),
-        ):
-            body(x, out, None, sf, None)
-
-    return per_token_cast_kernel
+    return per_token_cast_prim_func(T, cfg, num_tokens, x_type, body)

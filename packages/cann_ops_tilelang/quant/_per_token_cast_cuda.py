@@ -25,7 +25,8 @@ Several tokens per block would coalesce them, at the cost of the one-token tilin
 import functools
 
 from ._cast_cuda import cuda_stochastic_macros
-from ._scale_rules import col_major_scales, cuda_cast_scale_and_inverse, cuda_inverse_of, scale_index
+from ._per_token_cast_signature import per_token_cast_prim_func
+from ._scale_rules import cuda_cast_scale_and_inverse, cuda_inverse_of, scale_index
 from .fp4 import cuda_e2m1_code
 
 
@@ -37,7 +38,7 @@ def cuda_per_token_cast_kernel(cfg, recipe):
     hidden, bk, bs = cfg.hidden, cfg.block_k, cfg.block_size
     groups, n_tiles = cfg.groups_per_tile, cfg.num_col_tiles
     padding, num_blocks = cfg.sf_padding, cfg.num_blocks
-    in_dtype, sf_dtype, data_storage = cfg.in_dtype, cfg.sf_dtype, cfg.data_storage
+    in_dtype = cfg.in_dtype
     fp4, stochastic = cfg.fp4, cfg.stochastic
     random_bits, _, round_e4m3 = cuda_stochastic_macros(T, recipe)
     # FP4: each thread owns runs of `run` consecutive elements (up to 16 bytes of x: one load), whose codes make
@@ -53,7 +54,6 @@ def cuda_per_token_cast_kernel(cfg, recipe):
     )  # fmt: skip
 
     writes_data, computes_sf = cfg.writes_data, cfg.computes_sf
-    col_major, packed = cfg.col_major_sf, cfg.packed_ue8m0
     num_tokens = T.dynamic('num_tokens')
     x_type = T.Tensor((num_tokens, hidden), in_dtype)
     if cfg.strided_rows:  # rows x_stride elements apart, each starting on 16 bytes (the interface checks it)
@@ -149,46 +149,4 @@ def cuda_per_token_cast_kernel(cfg, recipe):
                         T.float8_e4m3fn,
                     )
 
-    sf_shape = (num_tokens, cfg.sf_cols)
-    data_shape = (num_tokens, cfg.data_cols)
-    out_sf_type = T.Tensor(sf_shape, sf_dtype)
-    if col_major:  # the transposed column-major scales: rows of stride sf_stride >= T
-        out_sf_type = col_major_scales(T, num_tokens, cfg.sf_cols, sf_dtype, packed=packed)
-    if cfg.mode == 'cast' and stochastic:
-
-        @T.prim_func
-        def per_token_cast_kernel(
-            x: x_type,
-            out: T.Tensor(data_shape, data_storage),
-            out_sf: out_sf_type,
-            key: T.int32,
-        ):
-            body(x, out, out_sf, None, T.Cast('uint32', key))
-
-    elif cfg.mode == 'cast':
-
-        @T.prim_func
-        def per_token_cast_kernel(
-            x: x_type,
-            out: T.Tensor(data_shape, data_storage),
-            out_sf: out_sf_type,
-        ):
-            body(x, out, out_sf, None, None)
-
-    elif cfg.mode == 'sf_only':
-
-        @T.prim_func
-        def per_token_cast_kernel(x: x_type, out_sf: out_sf_type):
-            body(x, None, out_sf, None, None)
-
-    else:
-
-        @T.prim_func
-        def per_token_cast_kernel(
-            x: x_type,
-            sf: T.Tensor(sf_shape, sf_dtype),
-            out: T.Tensor(data_shape, data_storage),
-        ):
-            body(x, out, None, sf, None)
-
-    return per_token_cast_kernel
+    return per_token_cast_prim_func(T, cfg, num_tokens, x_type, body)

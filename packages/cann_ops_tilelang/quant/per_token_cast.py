@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from cann_ops_tilelang.operator import Operator, out, outs, scalar, tensor
-from cann_ops_tilelang.validation import ALIGN_BYTES
+from cann_ops_tilelang.validation import check_row_starts, is_strided
 
 from . import _contract as contract
 from ._eager import cast_eager
@@ -50,25 +50,11 @@ def _results(x, fmt, num_per_channels, use_tma_aligned_col_major_sf, use_packed_
     )
 
 
-def strided_rows(x: torch.Tensor) -> bool:
-    """Whether x's rows are apart by another stride than H (then the kernels of strided rows read them)."""
-    return x.shape[0] > 1 and x.stride(0) != x.shape[1]
-
-
-def _check_rows(name, x, memory):
-    """Strided rows (TileKernels takes them) must each start on 16 bytes: the kernels' vector loads."""
-    if strided_rows(x) and (x.stride(0) * x.element_size() % ALIGN_BYTES or (memory and x.data_ptr() % ALIGN_BYTES)):
-        raise ValueError(
-            f'{name}: the rows of a strided x must each start on {ALIGN_BYTES} bytes, got row stride {x.stride(0)} '
-            f'({x.element_size()}-byte elements) and data_ptr() = {x.data_ptr() if memory else "?"}'
-        )
-
-
 def _options(name, x, memory, H, fmt, num_per_channels, x_block_size, round_sf, use_packed_ue8m0, use_e4m3_sf,
              stochastic_cast, seed=None):  # fmt: skip
     """The rules of the three calls (use_tma_aligned_col_major_sf: any bool; per_token_cast_with_precomputed_sf
     refuses True); H the logical hidden size."""
-    _check_rows(name, x, memory)
+    check_row_starts(name, memory, x=x)  # strided rows (TileKernels takes them) on 16 bytes
     if x_block_size is not None:
         raise ValueError(f'{name}: x_block_size is the scale block of a quantised x (data, sf); x is a tensor, got '
                          f'x_block_size={x_block_size}')  # fmt: skip
@@ -108,7 +94,7 @@ def _choice(mode):
             'fmt': fmt,
             'e4m3_sf': use_e4m3_sf,
             'col_major_sf': use_tma_aligned_col_major_sf,
-            'strided_rows': strided_rows(x),
+            'strided_rows': is_strided(x),
         }
 
     return choice
@@ -146,9 +132,8 @@ def _precomputed_options(name, x, memory, fmt, num_per_channels, sf, use_tma_ali
 X = tensor('x', (torch.bfloat16, torch.float32), 'T, H', layout='rows')
 _LIMITS = {'limits': lambda name, T, H: contract.check_numel(name, T, H)}
 _KERNEL = {'choose_config': choose_per_token_cast_config, 'get_kernel': get_per_token_cast_kernel}
-OP = Operator(
-    'per_token_cast',
-    X,
+# After x (a tensor, or the quantised form's (data, sf)): the arguments of per_token_cast and its quantised form.
+_CAST_ARGS = (
     scalar('fmt', 'str'),
     scalar('num_per_channels', 'int'),
     scalar('x_block_size', 'ints', optional=True),
@@ -159,6 +144,11 @@ OP = Operator(
     scalar('stochastic_cast', 'bool'),
     outs('out', 'data', 'sf'),
     scalar('seed', 'int', optional=True),  # keyword-only, after out (TileKernels has no seed)
+)
+OP = Operator(
+    'per_token_cast',
+    X,
+    *_CAST_ARGS,
     extra=_options,
     choice=_cast_choice,
     results=_results,
@@ -232,20 +222,11 @@ def _quantised_choice(x, x_block_size, fmt, num_per_channels, use_tma_aligned_co
 QUANTISED = Operator(
     'per_token_cast_quantised',
     QUANTISED_X,
-    scalar('fmt', 'str'),
-    scalar('num_per_channels', 'int'),
-    scalar('x_block_size', 'ints', optional=True),
-    scalar('use_tma_aligned_col_major_sf', 'bool'),
-    scalar('round_sf', 'bool'),
-    scalar('use_packed_ue8m0', 'bool'),
-    scalar('use_e4m3_sf', 'bool'),
-    scalar('stochastic_cast', 'bool'),
-    outs('out', 'data', 'sf'),
-    scalar('seed', 'int', optional=True),  # per_token_cast's signature; stochastic_cast is refused here
+    *_CAST_ARGS,  # per_token_cast's signature (stochastic_cast is refused here)
     extra=_quantised_options,
     choice=_quantised_choice,
     results=_results,
-    limits=lambda name, T, H: contract.check_numel(name, T, H),
+    **_LIMITS,
     choose_config=choose_per_token_recast_config,
     get_kernel=get_per_token_recast_kernels,
     label='per_token_cast',
