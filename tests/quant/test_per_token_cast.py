@@ -640,10 +640,12 @@ Q8 = (torch.zeros(4, 256, dtype=FP8), torch.ones(4, 2))  # per-token, 128-channe
         ((Q8, 'e4m3', 128, (3, 128)), {}, ValueError, r'x_block_size\[0\] \(tokens per scale\) must be one of'),
         ((Q8, 'e5m2', 128, (1, 128)), {}, ValueError, r"per_token_cast: fmt must be one of \('e4m3', 'e2m1'\)"),
         ((Q8, 'e4m3', 48, (1, 128)), {}, ValueError, r'num_per_channels must be one of \(16, 32, 64, 128\)'),
-        ((Q8, 'e4m3', 128, (1, 128)), {'stochastic_cast': True}, ValueError,
-         r'stochastic_cast=True is not supported yet for a quantised x \(data, sf\)'),
-        ((Q8, 'e4m3', 128, (1, 128)), {'stochastic_cast': True, 'seed': 1}, ValueError,
-         'stochastic_cast=True is not supported yet for a quantised x'),
+        ((Q8, 'e2m1', 128, (1, 128)), {'stochastic_cast': True}, ValueError,
+         r"per_token_cast: stochastic_cast=True is not supported yet with fmt='e2m1'"),
+        ((Q8, 'e4m3', 128, (1, 128)), {'stochastic_cast': True, 'seed': 2**32}, ValueError,
+         r'seed must be in \[0, 2\*\*32\)'),
+        ((Q8, 'e4m3', 128, (1, 128)), {'stochastic_cast': True, 'seed': 1}, RuntimeError,
+         "no kernels for 'cpu' tensors"),
         ((Q8, 'e4m3', 128, (1, 128)), {'seed': 1}, ValueError, 'seed=1 is used only with stochastic_cast=True'),
         ((Q8, 'e4m3', 128, (1, 128)), {'use_packed_ue8m0': True}, ValueError, 'use_packed_ue8m0=True needs round_sf'),
         (((torch.zeros(4, 96, dtype=FP4), torch.ones(4, 3)), 'e4m3', 128, (1, 64)), {}, ValueError,
@@ -762,6 +764,22 @@ def test_per_token_cast_quantised_values(variant, num_tokens, device):
     assert again.sf is buffers[1]
     assert_equal(again.data.cpu().view(torch.uint8), want[0].view(torch.uint8))
     assert_equal(logical_sf_bytes(again.sf), logical_sf_bytes(want[1]))
+
+
+@pytest.mark.npu
+@pytest.mark.parametrize('num_tokens', by_level(LEVEL, core=(), default=(37,)))  # level 1: a stochastic fp32 kernel
+def test_per_token_cast_quantised_stochastic_values(num_tokens, device):
+    """A quantised x with stochastic_cast: the stochastic rounding of its dequantised values times the inverse
+    (element t * H + h), bit for bit the reference's; the seed reproduces it."""
+    x = scaled_rows(num_tokens, 1152, 'bfloat16', device)
+    quantised = tuple(per_block_cast(x, 'e4m3', (128, 128)))  # fp32 block scales: values bf16 could not hold
+    result = per_token_cast(quantised, 'e4m3', 32, (128, 128), stochastic_cast=True, seed=7)
+    values = cast_back_ref(quantised[0].cpu(), quantised[1].cpu(), torch.float32, 128, 128)
+    want_data, want_sf = _stochastic_ref(values, 32, 'fp32', 7)
+    assert_equal(result.data.cpu().view(torch.uint8), want_data)
+    assert_equal(logical_sf_bytes(result.sf), want_sf)
+    again = per_token_cast(quantised, 'e4m3', 32, (128, 128), stochastic_cast=True, seed=7)
+    assert_equal(again.data.cpu().view(torch.uint8), want_data)
 
 
 # The peer's shapes (tokens 4001 / 8001, hidden 4096 / 7168), 128-channel fp32 and 32-channel UE8M0 scales.

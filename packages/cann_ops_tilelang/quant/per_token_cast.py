@@ -200,15 +200,13 @@ def _quantised_options(name, x_data, x_sf, T, H, fmt, num_per_channels, x_block_
     check_quantised(name, x_data, x_sf, T, H, x_block_size)
     hidden = 2 * H if x_data.dtype == contract.FP4_DATA_DTYPE else H
     _output_options(name, hidden, fmt, num_per_channels, round_sf, use_packed_ue8m0, use_e4m3_sf)
-    if stochastic_cast:  # the element index of x (data, sf) and the composition's rounding are not defined yet
-        raise ValueError(f'{name}: stochastic_cast=True is not supported yet for a quantised x (data, sf)')
     _stochastic_options(name, fmt, stochastic_cast, seed)
 
 
 def _quantised_choice(x, x_block_size, fmt, num_per_channels, use_tma_aligned_col_major_sf, round_sf,
-                      use_packed_ue8m0, use_e4m3_sf):  # fmt: skip
-    cast = _choice('cast')(x[0], fmt, num_per_channels, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0,
-                           use_e4m3_sf)  # fmt: skip
+                      use_packed_ue8m0, use_e4m3_sf, stochastic_cast):  # fmt: skip
+    cast = _cast_choice(x[0], fmt, num_per_channels, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0,
+                        use_e4m3_sf, stochastic_cast)  # fmt: skip
     cast['hidden'] = logical_hidden(x[0])
     cast['strided_rows'] = False  # the dequantising stage's contiguous rows
     del cast['in_dtype']  # float32: what the dequantising stage writes
@@ -222,7 +220,7 @@ def _quantised_choice(x, x_block_size, fmt, num_per_channels, use_tma_aligned_co
 QUANTISED = Operator(
     'per_token_cast_quantised',
     QUANTISED_X,
-    *_CAST_ARGS,  # per_token_cast's signature (stochastic_cast is refused here)
+    *_CAST_ARGS,  # per_token_cast's signature
     extra=_quantised_options,
     choice=_quantised_choice,
     results=_results,
@@ -241,7 +239,7 @@ def _quantised_eager(x, fmt, num_per_channels, x_block_size, use_tma_aligned_col
                     use_e4m3_sf, stochastic_cast, out, seed)  # fmt: skip
     values = cast_back(x, 'fp32', tuple(x_block_size))
     return per_token_cast(values, fmt, num_per_channels, None, use_tma_aligned_col_major_sf, round_sf,
-                          use_packed_ue8m0, use_e4m3_sf, stochastic_cast, out)  # fmt: skip
+                          use_packed_ue8m0, use_e4m3_sf, stochastic_cast, out, seed=seed)  # fmt: skip
 
 
 @QUANTISED.public(_quantised_eager, result=QuantTensor)
@@ -261,8 +259,8 @@ def per_token_cast_quantised(
 ) -> QuantTensor:
     """per_token_cast of a quantised x = (data, sf), what per_token_cast(x, ...) calls for a tuple x: the cast of
     the dequantised values, per_token_cast(cast_back(x, 'fp32', x_block_size), fmt, num_per_channels, ...), bit for
-    bit (two launches; see per_token_cast). stochastic_cast=True is not supported yet (ValueError), so `seed` is
-    refused too."""
+    bit (two launches; see per_token_cast), stochastic_cast and seed included: the stochastic rounding of the
+    dequantised values times the inverse, element index t * H + h as for a tensor x."""
 
 
 @OP.public(
@@ -323,8 +321,8 @@ def per_token_cast(
             hash of (seed, element index), the element index t * H + h of x's logical element, so the bytes depend
             on neither the kernel's tiling nor the backend (integer and exact fp32 operations: the same bytes on
             Ascend and CUDA for the same seed; the CUDA kernel is lowered in this project's CPU tier but not yet
-            run on a GPU). Not supported yet (ValueError): fmt 'e2m1' (FP4's rounding has no stochastic rule in
-            `cast` to share yet) and a quantised x (the composition's element index and rounding are not defined
+            run on a GPU). A quantised x: the rounding of its dequantised values, the same element index. Not
+            supported yet (ValueError): fmt 'e2m1' (FP4's rounding has no stochastic rule in `cast` to share
             yet).
         out: optional (data, sf) buffers of the result's shapes and dtypes, on x's device, not overlapping x or each
             other; data contiguous, sf contiguous or, with use_tma_aligned_col_major_sf, of the strides above
