@@ -237,7 +237,10 @@ def batch_rows(name: str, label: str, value, lead: tuple[int, ...]):
     try:
         return value.view(-1, *value.shape[len(lead) :])
     except (RuntimeError, ValueError):  # torch's view error (ValueError on fake tensors)
-        raise ValueError(f'{name}: {label} must be contiguous, got strides {value.stride()}') from None
+        raise ValueError(
+            f'{name}: the batches of {label} must be one batch of rows apart (its rows merge into one (B * T, ...) '
+            f'view; the last dimension contiguous), got strides {value.stride()} for shape {tuple(value.shape)}'
+        ) from None
 
 
 def is_strided(t: torch.Tensor | None) -> bool:

@@ -154,7 +154,11 @@ def _x(num_tokens=4, hidden=64, dtype=torch.bfloat16, device='cpu'):
         ),
         (lambda x: norm_forward(_x(4, 264)[:, :256], None, EPS), RuntimeError, "no kernels for 'cpu' tensors"),
         (lambda x: norm_forward(_x(8, 72).view(2, 4, 72)[:, :, :64], None, EPS), RuntimeError, "no kernels for 'cpu'"),
-        (lambda x: norm_forward(_x(16, 64).view(2, 8, 64)[:, :4], None, EPS), ValueError, 'x must be contiguous'),
+        (
+            lambda x: norm_forward(_x(16, 64).view(2, 8, 64)[:, :4], None, EPS),
+            ValueError,
+            'the batches of x must be one batch of rows apart',
+        ),
         (lambda x: norm_forward(x, torch.zeros(64), EPS), TypeError, 'weight must have the dtype of x'),
         (lambda x: norm_forward(x, torch.zeros(32, dtype=x.dtype), EPS), ValueError, 'weight must have shape'),
         (lambda x: norm_forward(x, None, 0.0), ValueError, 'eps'),
@@ -295,7 +299,7 @@ def test_norm_forward_batched_traced_results():
         assert given.norm_input is res_out
         with pytest.raises(ValueError, match=r'residual must have the batch and tokens of x, \(2, 5\)'):
             norm_forward(x, w, EPS, torch.empty(10, 128, dtype=x.dtype, device='cuda'))
-        with pytest.raises(ValueError, match='norm_forward: x must be contiguous'):
+        with pytest.raises(ValueError, match='norm_forward: the batches of x must be one batch of rows apart'):
             norm_forward(x.transpose(0, 1), w, EPS)
         with pytest.raises(TypeError, match='weight must have the dtype of x'):
             norm_forward(x, w.float(), EPS)
