@@ -124,6 +124,30 @@ def stochastic_bf16_by_value(x: torch.Tensor, seed: int) -> torch.Tensor:
     return signed.to(torch.bfloat16).view(torch.int16).reshape(x.shape)
 
 
+E2M1_MAGNITUDES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)  # the e2m1 magnitudes of codes 0 .. 7
+
+
+def stochastic_e2m1_ref(v: torch.Tensor, seed: int) -> torch.Tensor:
+    """fp32 values v (per_token_cast's products x * inverse, element index = the flattened position) -> e2m1 codes
+    (uint8, 0..15, v's shape) by stochastic rounding, in float64 from the definition:
+
+    a = |v|; a >= 6, +-inf and NaN give code 7 (+-6); otherwise lo = the largest e2m1 magnitude <= a, hi the next
+    one, frac = (a - lo) / (hi - lo), u = (h >> 8) / 2**24 from the element's 32 hash bits h, and the magnitude is
+    hi if u < frac, else lo. The sign bit is v's (so -0.0 gives code 8)."""
+    flat = v.reshape(-1).float()
+    u = (random_bits(flat.numel(), seed_key(seed)) >> 8).double() / 2.0**24
+    a = flat.double().abs()
+    grid = torch.tensor(E2M1_MAGNITUDES, dtype=torch.float64)
+    finite_below = a < 6.0  # false for NaN and inf
+    a_in = torch.where(finite_below, a, torch.zeros_like(a))
+    lower = (torch.searchsorted(grid, a_in, right=True) - 1).clamp(0, 6)  # grid[lower] <= a < grid[lower + 1]
+    lo, hi = grid[lower], grid[lower + 1]
+    frac = (a_in - lo) / (hi - lo)
+    codes = torch.where(finite_below, lower + (u < frac).long(), torch.full_like(lower, 7))
+    sign = (flat.view(torch.int32) < 0).long() << 3
+    return (codes | sign).to(torch.uint8).reshape(v.shape)
+
+
 def plain_cast_ref(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """x -> dtype to nearest even through fp32 (every source value is an fp32 value, so the one rounding is the
     narrowing's); float8_e4m3fn / float8_e5m2 saturate at +-448 / +-57344 (+-inf too, NaN stays NaN), the others

@@ -20,6 +20,7 @@ from cann_ops_tilelang.quant import (
     per_token_cast,
     per_token_cast_with_precomputed_sf,
     per_token_cast_with_sf_only,
+    unpack_from_e2m1fn_x2,
 )
 from cann_ops_tilelang.quant.cast_kernel import key_argument, seed_key
 from cann_ops_tilelang.quant.per_token_cast import QUANTISED
@@ -30,13 +31,14 @@ from tests.quant.cast_ref import (
     assert_peer_layout,
     format_scale_and_inverse_ref,
     logical_sf_bytes,
+    pack_e2m1_ref,
     padded_hidden,
     per_token_cast_format_ref,
     per_token_cast_precomputed_ref,
     scaled_rows,
     tma_col_major_sf,
 )
-from tests.quant.stochastic_rounding_ref import stochastic_e4m3_ref
+from tests.quant.stochastic_rounding_ref import stochastic_e2m1_ref, stochastic_e4m3_ref
 from tests.testing import fast_path
 from tests.testing.bench import config_extras, make_param_id
 from tests.testing.generator import by_level, generate_samples, get_test_level
@@ -120,8 +122,8 @@ X = torch.zeros(4, 256, dtype=torch.bfloat16)
         ((X, 'e4m3', 128), {'use_packed_ue8m0': True}, ValueError, 'use_packed_ue8m0=True needs round_sf=True'),
         ((X, 'e4m3', 128), {'x_block_size': (1, 128)}, ValueError, r'x is a tensor, got x_block_size=\(1, 128\)'),
         ((X, 'e2m1', 128), {'use_e4m3_sf': True, 'round_sf': True}, ValueError, 'use_e4m3_sf=True and round_sf'),
-        ((X, 'e2m1', 128), {'stochastic_cast': True}, ValueError,
-         "stochastic_cast=True is not supported yet with fmt='e2m1'"),
+        ((X, 'e2m1', 128), {'stochastic_cast': True}, RuntimeError, "no kernels for 'cpu' tensors"),  # FP4: supported
+        ((X, 'e2m1', 128), {'stochastic_cast': True, 'seed': 2**32}, ValueError, r'seed must be in \[0, 2\*\*32\)'),
         ((X, 'e4m3', 128), {'seed': 3}, ValueError, 'seed=3 is used only with stochastic_cast=True'),
         ((X, 'e4m3', 128), {'stochastic_cast': True, 'seed': -1}, ValueError, r'seed must be in \[0, 2\*\*32\), got -'),
         ((X, 'e4m3', 128), {'stochastic_cast': True, 'seed': 2**32}, ValueError, r'seed must be in \[0, 2\*\*32\)'),
@@ -476,19 +478,25 @@ def test_per_token_cast_strided_rows_values(variant, device):
 # ---------------------------------------------------------------- stochastic_cast (e4m3 data)
 
 
-def _stochastic_ref(x: torch.Tensor, block: int, sf: str, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(data bits uint8, scale bytes uint8) of per_token_cast(x, 'e4m3', block, ..., stochastic_cast=True, seed=seed)
-    from the existing references: the plain cast's scales and inverses (cast_ref.py), and quant.cast's stochastic
-    rounding (stochastic_rounding_ref.py) of the products x * inverse, element t * H + h (the flattened order)."""
+def _stochastic_ref(
+    x: torch.Tensor, block: int, sf: str, seed: int, fmt: str = 'e4m3'
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(data bits uint8, scale bytes uint8) of per_token_cast(x, fmt, block, ..., stochastic_cast=True, seed=seed)
+    from the existing references: the plain cast's scales and inverses (cast_ref.py), and the stochastic rounding
+    (stochastic_rounding_ref.py: quant.cast's to e4m3, or the e2m1 rule, packed two codes a byte) of the products
+    x * inverse, element t * H + h (the flattened order)."""
     round_sf, packed, e4m3_sf = _FORMATS[sf]
     x = x.cpu()
     num_tokens, hidden = x.shape
     blocks = x.float().reshape(num_tokens, hidden // block, block)
     _, inverse = format_scale_and_inverse_ref(
-        blocks.abs().amax(dim=-1), 'e4m3', round_sf=round_sf, packed_ue8m0=packed, e4m3_sf=e4m3_sf
+        blocks.abs().amax(dim=-1), fmt, round_sf=round_sf, packed_ue8m0=packed, e4m3_sf=e4m3_sf
     )
     scaled = (blocks * inverse.unsqueeze(-1)).reshape(num_tokens, hidden)
-    _, scales = per_token_cast_format_ref(x, block, 'e4m3', round_sf=round_sf, packed_ue8m0=packed, e4m3_sf=e4m3_sf)
+    _, scales = per_token_cast_format_ref(x, block, fmt, round_sf=round_sf, packed_ue8m0=packed, e4m3_sf=e4m3_sf)
+    if fmt == 'e2m1':
+        data = pack_e2m1_ref(stochastic_e2m1_ref(scaled, seed)).view(torch.uint8)
+        return _without_nan_signs(data, x, inverse, fmt), logical_sf_bytes(scales)
     return stochastic_e4m3_ref(scaled, seed), logical_sf_bytes(scales)
 
 
@@ -534,9 +542,20 @@ def test_per_token_cast_stochastic_fast_path(monkeypatch):
         per_token_cast(x, 'e4m3', 128, seed=3)
     with pytest.raises(ValueError, match=r'seed must be in \[0, 2\*\*32\)'):
         per_token_cast(x, 'e4m3', 128, stochastic_cast=True, seed=2**32)
-    with pytest.raises(ValueError, match="not supported yet with fmt='e2m1'"):
-        per_token_cast(x, 'e2m1', 128, stochastic_cast=True)
     assert len(launches) == 6
+    # FP4 data: a stochastic kernel of its own (one plan, then the fast path), its int8 bytes passed as they are,
+    # the key last.
+    planned = len(plans)
+    for _ in range(2):
+        per_token_cast(x, 'e2m1', 128, stochastic_cast=True, seed=7)
+    assert len(plans) == planned + 1
+    assert len(launches) == 8
+    fp4_plain_cfg = choose_per_token_cast_config(backend='cuda', num_cores=132, hidden=256, in_dtype='bfloat16',
+                                                 block_size=128, fmt='e2m1')  # fmt: skip
+    for cfg, args in launches[6:]:
+        assert cfg == dataclasses.replace(fp4_plain_cfg, stochastic=True)
+        assert (len(args), args[1].dtype, tuple(args[1].shape)) == (4, torch.int8, (4, 128))
+        assert args[3] == key_argument(seed_key(7))
 
 
 # Level 0: one kernel of its own, the stochastic twin of the first level-0 variant (bf16, 32-channel fp32 scales, H
@@ -623,6 +642,96 @@ def test_per_token_cast_stochastic_is_unbiased(device):
     assert z.mean().abs() <= 5 * (0.25 / len(seeds) / z.numel()) ** 0.5, z.mean()
 
 
+# ---------------------------------------------------------------- stochastic_cast of FP4 data (e2m1)
+
+# Level 0: one kernel of its own, the stochastic twin of the level-0 NVFP4 variant (fp32 x, 16-channel E4M3 scales, H
+# 1088; its plain kernel is compiled anyway); level 1 adds MXFP4 (bf16, 32-channel UE8M0 scales), column-major
+# power-of-two scales and 128-channel fp32 scales.
+_STOCHASTIC_FP4_CORE = [dict(dtype='float32', block=16, sf='e4m3')]
+STOCHASTIC_FP4_VARIANTS = by_level(
+    LEVEL,
+    core=_STOCHASTIC_FP4_CORE,
+    default=[
+        *_STOCHASTIC_FP4_CORE,
+        dict(dtype='bfloat16', block=32, sf='ue8m0'),
+        dict(dtype='float32', block=64, sf='pow2', cm=True),
+        dict(dtype='bfloat16', block=128, sf='fp32'),
+    ],
+)
+
+
+def _fp4_bits(result: QuantTensor, x: torch.Tensor, block: int, sf: str) -> torch.Tensor:
+    """The FP4 bytes (uint8) with the sign bits of a NaN product's byte cleared (as the reference's)."""
+    round_sf, packed, e4m3_sf = _FORMATS[sf]
+    amax = x.cpu().float().reshape(x.shape[0], x.shape[1] // block, block).abs().amax(dim=-1)
+    _, inverse = format_scale_and_inverse_ref(amax, 'e2m1', round_sf=round_sf, packed_ue8m0=packed, e4m3_sf=e4m3_sf)
+    return _without_nan_signs(result.data.cpu().view(torch.uint8), x, inverse, 'e2m1')
+
+
+@pytest.mark.npu
+@pytest.mark.parametrize('variant', STOCHASTIC_FP4_VARIANTS, ids=make_param_id)
+@pytest.mark.parametrize('num_tokens', by_level(LEVEL, core=(0, 37), default=(1, 300)))
+def test_per_token_cast_stochastic_fp4_values(variant, num_tokens, device):
+    """FP4 data: bit for bit the reference's stochastic e2m1 rounding of x * inverse (element t * H + h), the scales
+    the plain cast's; the same seed the same bytes, another seed other bytes; out= buffers. Signed zeros, NaN, an
+    inf and values on, between and past the grid's points included."""
+    block, sf, cm = variant['block'], variant['sf'], variant.get('cm', False)
+    hidden = padded_hidden(block)
+    x = scaled_rows(num_tokens, hidden, variant['dtype'], device)
+    if num_tokens:
+        x[:, :3] = torch.tensor([0.0, -0.0, float('nan')], dtype=x.dtype)
+        x[0, -block:] = torch.tensor([6.0, -6.0, 4.0, -3.0, 2.5, -1.25, 0.75, 0.2] * (block // 8), dtype=x.dtype)
+        x[-1, -1] = float('-inf')
+    cast = functools.partial(_cast, x, block, sf, 'e2m1', stochastic_cast=True, use_tma_aligned_col_major_sf=cm)
+    result = cast(seed=12345)
+    assert (result.data.dtype, tuple(result.data.shape)) == (torch.int8, (num_tokens, hidden // 2))
+    want_data, want_sf = _stochastic_ref(x, block, sf, 12345, 'e2m1')
+    assert_equal(_fp4_bits(result, x, block, sf), want_data)
+    assert_equal(logical_sf_bytes(result.sf), want_sf)
+    plain = _cast(x, block, sf, 'e2m1', use_tma_aligned_col_major_sf=cm)
+    assert_equal(logical_sf_bytes(result.sf), logical_sf_bytes(plain.sf))
+    assert_equal(cast(seed=12345).data.cpu(), result.data.cpu())
+    if num_tokens:
+        other = cast(seed=12346)
+        assert not torch.equal(other.data.cpu(), result.data.cpu())
+        assert_equal(_fp4_bits(other, x, block, sf), _stochastic_ref(x, block, sf, 12346, 'e2m1')[0])
+    buffers = (torch.empty_like(result.data), torch.zeros_like(result.sf))
+    if cm:
+        buffers = (buffers[0], tma_col_major_sf(tuple(result.sf.shape), result.sf.dtype, backend_of(device), device))
+    again = cast(seed=12345, out=buffers)
+    assert again.data is buffers[0]
+    assert again.sf is buffers[1]
+    assert_equal(_fp4_bits(again, x, block, sf), want_data)
+    assert_equal(logical_sf_bytes(again.sf), want_sf)
+
+
+@pytest.mark.npu
+def test_per_token_cast_stochastic_fp4_is_unbiased(device):
+    """The level-0 stochastic FP4 kernel (fp32 x, 16-channel E4M3 scales, H 1088): each block holds 6 (scale 1) and
+    15 copies of a value between two grid points, 2 + f (spacing 1) in rows 0..14 and 0.5 + f / 2 (spacing 0.5) in
+    rows 15..29, f = r / 16; over the 1020 copies of a row only the two neighbours occur, the share rounded up is f
+    and the mean is the value, within 5 standard errors. One kernel, compiled for
+    test_per_token_cast_stochastic_fp4_values' level-0 variant."""
+    fractions = torch.arange(1, 16, dtype=torch.float64) / 16
+    lows = torch.tensor([2.0] * 15 + [0.5] * 15, dtype=torch.float64)
+    spacings = torch.tensor([1.0] * 15 + [0.5] * 15, dtype=torch.float64)
+    values = lows + fractions.repeat(2) * spacings
+    x = values.repeat_interleave(1088).reshape(30, 1088).float()
+    x[:, ::16] = 6.0
+    result = _cast(x.to(device), 16, 'e4m3', 'e2m1', stochastic_cast=True, seed=99)
+    assert_equal(result.sf.cpu().float(), torch.ones(30, 68))
+    data = unpack_from_e2m1fn_x2(result.data.cpu(), torch.float64)
+    copies = data[:, x[0] != 6.0]
+    assert copies.shape == (30, 1020)
+    lo, hi = lows.unsqueeze(1), (lows + spacings).unsqueeze(1)
+    assert ((copies == lo) | (copies == hi)).all()  # only the two neighbours
+    f = fractions.repeat(2)
+    sigma = (f * (1 - f) / copies.shape[1]).sqrt()
+    up = (copies == hi).double().mean(dim=1)
+    assert ((up - f).abs() <= 5 * sigma).all(), (up, f)
+    assert ((copies.mean(dim=1) - values).abs() <= 5 * sigma * spacings).all()
+
+
 # ---------------------------------------------------------------- a quantised x (data, sf): the peer's x_block_size
 
 FP8, FP4 = torch.float8_e4m3fn, torch.int8
@@ -640,8 +749,7 @@ Q8 = (torch.zeros(4, 256, dtype=FP8), torch.ones(4, 2))  # per-token, 128-channe
         ((Q8, 'e4m3', 128, (3, 128)), {}, ValueError, r'x_block_size\[0\] \(tokens per scale\) must be one of'),
         ((Q8, 'e5m2', 128, (1, 128)), {}, ValueError, r"per_token_cast: fmt must be one of \('e4m3', 'e2m1'\)"),
         ((Q8, 'e4m3', 48, (1, 128)), {}, ValueError, r'num_per_channels must be one of \(16, 32, 64, 128\)'),
-        ((Q8, 'e2m1', 128, (1, 128)), {'stochastic_cast': True}, ValueError,
-         r"per_token_cast: stochastic_cast=True is not supported yet with fmt='e2m1'"),
+        ((Q8, 'e2m1', 128, (1, 128)), {'stochastic_cast': True}, RuntimeError, "no kernels for 'cpu' tensors"),
         ((Q8, 'e4m3', 128, (1, 128)), {'stochastic_cast': True, 'seed': 2**32}, ValueError,
          r'seed must be in \[0, 2\*\*32\)'),
         ((Q8, 'e4m3', 128, (1, 128)), {'stochastic_cast': True, 'seed': 1}, RuntimeError,
@@ -768,17 +876,18 @@ def test_per_token_cast_quantised_values(variant, num_tokens, device):
 
 @pytest.mark.npu
 @pytest.mark.parametrize('num_tokens', by_level(LEVEL, core=(), default=(37,)))  # level 1: a stochastic fp32 kernel
-def test_per_token_cast_quantised_stochastic_values(num_tokens, device):
+@pytest.mark.parametrize('fmt', ['e4m3', 'e2m1'])
+def test_per_token_cast_quantised_stochastic_values(num_tokens, fmt, device):
     """A quantised x with stochastic_cast: the stochastic rounding of its dequantised values times the inverse
-    (element t * H + h), bit for bit the reference's; the seed reproduces it."""
+    (element t * H + h), bit for bit the reference's (e4m3 and FP4 data); the seed reproduces it."""
     x = scaled_rows(num_tokens, 1152, 'bfloat16', device)
     quantised = tuple(per_block_cast(x, 'e4m3', (128, 128)))  # fp32 block scales: values bf16 could not hold
-    result = per_token_cast(quantised, 'e4m3', 32, (128, 128), stochastic_cast=True, seed=7)
+    result = per_token_cast(quantised, fmt, 32, (128, 128), stochastic_cast=True, seed=7)
     values = cast_back_ref(quantised[0].cpu(), quantised[1].cpu(), torch.float32, 128, 128)
-    want_data, want_sf = _stochastic_ref(values, 32, 'fp32', 7)
+    want_data, want_sf = _stochastic_ref(values, 32, 'fp32', 7, fmt)
     assert_equal(result.data.cpu().view(torch.uint8), want_data)
     assert_equal(logical_sf_bytes(result.sf), want_sf)
-    again = per_token_cast(quantised, 'e4m3', 32, (128, 128), stochastic_cast=True, seed=7)
+    again = per_token_cast(quantised, fmt, 32, (128, 128), stochastic_cast=True, seed=7)
     assert_equal(again.data.cpu().view(torch.uint8), want_data)
 
 

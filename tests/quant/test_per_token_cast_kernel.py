@@ -505,8 +505,8 @@ def test_per_token_cast_config_modes():
 
 
 def test_per_token_cast_config_stochastic():
-    """Off by default (every existing configuration unchanged); the cast to e4m3 only; the data argument becomes
-    the e4m3 bits (uint8)."""
+    """Off by default (every existing configuration unchanged); mode 'cast' only; the data argument becomes the
+    e4m3 bits (uint8), FP4's stays its int8 bytes."""
     common = dict(backend='cuda', num_cores=132, hidden=1088, in_dtype='bfloat16', block_size=32)
     plain = choose_per_token_cast_config(**common)
     assert not plain.stochastic
@@ -515,11 +515,13 @@ def test_per_token_cast_config_stochastic():
     cfg = choose_per_token_cast_config(**common, stochastic=True)
     assert cfg == dataclasses.replace(plain, stochastic=True)
     assert (cfg.data_storage, cfg.data_dtype) == ('uint8', 'float8_e4m3fn')
-    with pytest.raises(ValueError, match='stochastic: mode "cast" to e4m3 only'):
-        choose_per_token_cast_config(**common, stochastic=True, fmt='e2m1')
-    for mode in ('sf_only', 'precomputed'):
-        with pytest.raises(ValueError, match='stochastic: mode "cast" to e4m3 only'):
-            choose_per_token_cast_config(**common, stochastic=True, mode=mode)
+    fp4 = choose_per_token_cast_config(**common, stochastic=True, fmt='e2m1')
+    assert fp4 == dataclasses.replace(choose_per_token_cast_config(**common, fmt='e2m1'), stochastic=True)
+    assert fp4.data_storage == fp4.data_dtype == 'int8'
+    for fmt in ('e4m3', 'e2m1'):
+        for mode in ('sf_only', 'precomputed'):
+            with pytest.raises(ValueError, match='stochastic: mode "cast" only'):
+                choose_per_token_cast_config(**common, stochastic=True, mode=mode, fmt=fmt)
 
 
 # (variant, hidden, column-major scales): one column tile and several (7168: the element index's j * block_k).
@@ -527,6 +529,10 @@ _STOCHASTIC_LOWERING = [
     (_CORE_VARIANTS[0], 1088, False),
     (dict(in_dtype='float32', block_size=16, sf='e4m3', fmt='e4m3'), 7168, False),
     (_CORE_VARIANTS[2], 1152, True),
+    # FP4: the level-0 NVFP4 configuration (fp32, 16-channel E4M3 scales, H 1088), MXFP4 (bf16, 32-channel UE8M0)
+    # over several column tiles with column-major scales.
+    (_CORE_VARIANTS[3], 1088, False),
+    (dict(in_dtype='bfloat16', block_size=32, sf='ue8m0', fmt='e2m1'), 7168, True),
 ]
 
 
@@ -546,10 +552,14 @@ def test_per_token_cast_stochastic_lowers(backend, variant, hidden, col_major):
     assert 'key' in source
     assert 'key' not in plain_source
     if backend == 'cuda':
-        assert 'uchar* __restrict__ out' in source
         assert 'int key' in source
         assert str(0x9E3779B1) in source  # the element hash's index step
-        assert '__fadd_rn' in source
+        if cfg.fp4:  # the FP4 bytes as they are; the exact fp32 (a - lo) * (1 / spacing)
+            assert 'signed char* __restrict__ out' in source
+            assert '__fmul_rn(__fsub_rn(' in source
+        else:
+            assert 'uchar* __restrict__ out' in source
+            assert '__fadd_rn' in source
         if not cfg.e4m3_sf:  # (the E4M3 scales' own conversion aside)
             assert '__NV_SATFINITE' not in source
 

@@ -26,7 +26,8 @@ def cast_eager(op: Operator, mode: str, block_arg: str, *, col_major: bool = Fal
     without out= and TileKernels' options these kernels do not have: by (H, dtype, CUDA index, fmt, block, round_sf,
     packed, E4M3 scales, column-major scales, stochastic rounding); round_sf does not change a 'precomputed' kernel
     (the inverse is 1 / sf either way), so it is not part of that key. Stochastic rounding (`stochastic_cast`, where
-    declared, with its `seed`): a kernel and key of its own; the kernel takes the data as e4m3 bits and, last, the
+    declared, with its `seed`): a kernel and key of its own; the kernel takes the data as e4m3 bits (FP4: its int8
+    bytes) and, last, the
     seed's key, the seed drawn per call where None (cast_kernel.draw_seed). A key is cached only after a fully
     checked call with it succeeded, so an unsupported fmt never takes the fast path. `col_major`: the operator
     writes use_tma_aligned_col_major_sf's column-major scales (its outputs' layout from the declaration's
@@ -66,9 +67,10 @@ def cast_eager(op: Operator, mode: str, block_arg: str, *, col_major: bool = Fal
         outputs = op.new_outputs(x, *args) if out is None else out
         if mode == 'cast':
             data, sf = outputs
-            if stochastic:  # the e4m3 bits, and the key of the seed (drawn per call where None)
+            if stochastic:  # the e4m3 bits (FP4: its int8 bytes), and the key of the seed (drawn per call where None)
                 key_arg = key_argument(seed_key(draw_seed() if seed is None else seed))
-                launch_args = (x, data.view(torch.uint8), kernel_sf(sf, packed, transposed), key_arg)
+                bits = data if data.dtype == torch.int8 else data.view(torch.uint8)
+                launch_args = (x, bits, kernel_sf(sf, packed, transposed), key_arg)
             else:
                 launch_args = (x, data, kernel_sf(sf, packed, transposed))
             result = QuantTensor(data, sf)

@@ -7,8 +7,11 @@ per register, then x * inverse narrowed to float8_e4m3fn, or (FP4) rounded to e2
 grid's midpoints and packed two a byte after a deinterleave of two registers. The data row and the scale row go
 back to GM. With cfg.stochastic the third pass rounds x * inverse to e4m3 by quant.cast's stochastic rounding
 (_cast_ascend.ascend_stochastic_macros: the element hash of t * H + h from the task's first index and a lane ramp, the
-key a launch argument) and packs the low byte of each lane. Mode 'sf_only' skips the third pass and the data row; mode
-'precomputed' reads the task's scales (fp32 or e4m3) instead of the first two passes and takes their IEEE reciprocals.
+key a launch argument) and packs the low byte of each lane; FP4 with cfg.stochastic rounds x * inverse to e2m1 codes
+by fp4.ascend_e2m1_stochastic_macro with the same hash (compares for the lower neighbour, the exact fraction (a - lo) *
+(1 / spacing) against 24 random bits) and packs them as the nearest-even codes are. Mode 'sf_only' skips the third
+pass and the data row; mode 'precomputed' reads the task's scales (fp32 or e4m3) instead of the first two passes and
+takes their IEEE reciprocals.
 Where a product can pass 448 (given scales, E4M3 scales that saturate or round down) it is clamped to +-448 before the
 e4m3 narrowing, so no kernel relies on the conversion's saturation setting; the e2m1 rounding saturates by construction.
 
@@ -33,7 +36,7 @@ from ._scale_rules import (
     ascend_e4m3_sf_inverses_macro,
     ascend_precomputed_macros,
 )
-from .fp4 import ascend_e2m1_macros
+from .fp4 import ascend_e2m1_macros, ascend_e2m1_stochastic_macro
 
 
 def ascend_row_macros(T, *, in_dtype: str, block_size: int, chunks: int):
@@ -138,6 +141,7 @@ def ascend_per_token_cast_kernel(cfg, recipe):
     fp32_inverses, saturate = ascend_precomputed_macros(T)
     inverses = ascend_e4m3_sf_inverses_macro(T) if cfg.e4m3_sf else fp32_inverses
     e2m1_codes, store_code_pairs = ascend_e2m1_macros(T)
+    stochastic_e2m1_codes = ascend_e2m1_stochastic_macro(T)
     quarter_masks = ascend_quarter_masks_macro(T)
     writes_data, computes_sf = cfg.writes_data, cfg.computes_sf
     col_major, packed = cfg.col_major_sf, cfg.packed_ue8m0
@@ -162,6 +166,10 @@ def ascend_per_token_cast_kernel(cfg, recipe):
             scaled = saturate(scaled)
         return scaled
 
+    def register_offset(first, c, key):
+        """The hash's per-register term of register c: index_step * (first element index + 64 c) + key."""
+        return T.Cast('uint32', first + c * LANES) * T.uint32(recipe.index_step) + key
+
     @T.macro
     def cast_vf(x_ub, amax_ub, inv_ub, sf_ub, out_ub, first, key):
         with T.SimdVF():
@@ -179,7 +187,26 @@ def ascend_per_token_cast_kernel(cfg, recipe):
                 inverses(sf_ub, inv_ub, groups)  # the given scales' IEEE reciprocals
             if writes_data:
                 S.mem_bar('VST_VLD')
-                if fp4:
+                if fp4 and stochastic:
+                    # Pass 3: x * inverse -> e2m1 codes by the stochastic rounding of element `first` + lane
+                    # (t * H + h), two registers (128 elements) -> 64 bytes. The hash's constant registers, once per VF.
+                    ramp = S.alloc_var(u32)
+                    ramp = S.vmuls(T.reinterpret(S.vci(0, 'int32'), 'uint32x64'), T.uint32(recipe.index_step))
+                    key_lanes = S.alloc_var(u32)
+                    key_lanes = S.vdup(key, u32)
+                    for p in T.serial(chunks // 2):
+                        even_h = random_bits(ramp, key_lanes, register_offset(first, 2 * p, key))
+                        odd_h = random_bits(ramp, key_lanes, register_offset(first, 2 * p + 1, key))
+                        store_code_pairs(
+                            out_ub, p * LANES,
+                            stochastic_e2m1_codes(scaled_register(x_ub, inv_ub, 2 * p, low, quarters), even_h),
+                            stochastic_e2m1_codes(scaled_register(x_ub, inv_ub, 2 * p + 1, low, quarters), odd_h),
+                        )  # fmt: skip
+                    if chunks % 2:
+                        last_h = random_bits(ramp, key_lanes, register_offset(first, chunks - 1, key))
+                        last = stochastic_e2m1_codes(scaled_register(x_ub, inv_ub, chunks - 1, low, quarters), last_h)
+                        store_code_pairs(out_ub, chunks // 2 * LANES, last, S.vdup(0, T.uint32))
+                elif fp4:
                     # Pass 3: x * inverse -> e2m1 codes, two registers (128 elements) -> 64 bytes.
                     for p in T.serial(chunks // 2):
                         store_code_pairs(

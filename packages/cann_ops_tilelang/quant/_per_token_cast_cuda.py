@@ -5,9 +5,10 @@ block, and each element is scaled in fp32 (bf16 widens exactly) and narrowed to 
 conversion), or rounded to an e2m1 code (fp4.cuda_e2m1_code: compares on the grid's midpoints, the same
 rounding as the Ascend kernel; sm_90 has no FP4 conversion) and packed two codes a byte.
 With cfg.stochastic the e4m3 narrowing is quant.cast's stochastic rounding instead (_cast_cuda.cuda_stochastic_macros:
-the element hash of t * H + h, the key a launch argument), written as uint8 bits; lowered in the CPU tier, not yet run
-on a GPU. Mode 'sf_only' skips the data stores; mode 'precomputed' takes the IEEE reciprocals of the given scales (fp32
-or e4m3) instead of the reduction (the saturating narrowing caps what they overflow).
+the element hash of t * H + h, the key a launch argument), written as uint8 bits, and the e2m1 rounding is
+fp4.cuda_e2m1_stochastic_code with the same hash (the packing unchanged); lowered in the CPU tier, not yet run on a
+GPU. Mode 'sf_only' skips the data stores; mode 'precomputed' takes the IEEE reciprocals of the given scales (fp32 or
+e4m3) instead of the reduction (the saturating narrowing caps what they overflow).
 
 Column-major scales (cfg.col_major_sf): the thread block of token t stores its scales at out_sf[k, t] of the
 transposed view, so its `groups` stores are 4-byte (UE8M0 / E4M3: 1-byte) stores T_aligned elements apart instead
@@ -27,7 +28,7 @@ import functools
 from ._cast_cuda import cuda_stochastic_macros
 from ._per_token_cast_signature import per_token_cast_prim_func
 from ._scale_rules import cuda_cast_scale_and_inverse, cuda_inverse_of, scale_index
-from .fp4 import cuda_e2m1_code
+from .fp4 import cuda_e2m1_code, cuda_e2m1_stochastic_code
 
 
 def cuda_per_token_cast_kernel(cfg, recipe):
@@ -70,13 +71,18 @@ def cuda_per_token_cast_kernel(cfg, recipe):
                 xv[g, r, e] = x[t, j * bk + g * bs + r * run + e]
 
     @T.macro
-    def store_fp4_runs(out, t, j, codes, packed, load, inverse_of):
+    def store_fp4_runs(out, t, j, codes, packed, load, inverse_of, key=None):
         """The FP4 bytes of run r of block g of column tile j, out[t, (j * bk + g * bs + r * run) / 2 + i] for
         i < run / 2 (the offset written in bytes, so the stores vectorize): the e2m1 codes of the run's elements
-        (x's dtype, `load(g, r, e)`) scaled by `inverse_of(g)`, element 2 i in the low nibble of byte i."""
+        (x's dtype, `load(g, r, e)`) scaled by `inverse_of(g)`, element 2 i in the low nibble of byte i. With a
+        `key` (cfg.stochastic) the codes are the stochastic rounding's, hashing element t * H + h."""
         for g, r in T.Parallel(groups, runs):
             for e in T.unroll(run):
-                codes[e] = cuda_e2m1_code(T, T.cast(load(g, r, e), T.float32) * inverse_of(g))
+                if key is None:
+                    codes[e] = cuda_e2m1_code(T, T.cast(load(g, r, e), T.float32) * inverse_of(g))
+                else:
+                    h = random_bits(t * hidden + j * bk + g * bs + r * run + e, key)
+                    codes[e] = cuda_e2m1_stochastic_code(T, T.cast(load(g, r, e), T.float32) * inverse_of(g), h)
             for i in T.unroll(run // 2):
                 packed[i] = T.cast(codes[2 * i] | (codes[2 * i + 1] << T.uint32(4)), T.int8)
             for i in T.vectorized(run // 2):
@@ -113,7 +119,10 @@ def cuda_per_token_cast_kernel(cfg, recipe):
                     if fp4:
                         codes = T.alloc_local((run,), T.uint32)
                         packed = T.alloc_local((run // 2,), T.int8)
-                        store_fp4_runs(out, t, j, codes, packed, lambda g, r, e: xv[g, r, e], lambda g: inverse[g])
+                        store_fp4_runs(
+                            out, t, j, codes, packed, lambda g, r, e: xv[g, r, e], lambda g: inverse[g],
+                            key if stochastic else None,
+                        )  # fmt: skip
                     elif stochastic:
                         for g, k in T.Parallel(groups, bs):
                             # quant.cast's stochastic rounding to e4m3 bits of element t * H + h (a product

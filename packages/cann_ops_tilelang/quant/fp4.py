@@ -1,5 +1,5 @@
-"""FP4 (e2m1): decoding the packed bytes that the FP4 casts write (TileKernels' helper), and the e2m1 rounding the
-domain's FP4 kernels share (per_token_cast), for both backends."""
+"""FP4 (e2m1): decoding the packed bytes that the FP4 casts write (TileKernels' helper), and the e2m1 roundings the
+domain's FP4 kernels share (per_token_cast: to nearest even, and stochastic), for both backends."""
 
 from __future__ import annotations
 
@@ -37,6 +37,12 @@ E2M1_MAX = E2M1_VALUES[7]  # largest e2m1 magnitude
 # down for even k ('<='), up for odd k ('<').
 E2M1_MIDPOINTS = tuple((a + b) / 2 for a, b in itertools.pairwise(E2M1_VALUES[:8]))
 E2M1_SIGN = 0x8  # the sign bit of a code
+# Stochastic rounding: u = (h >> E2M1_RANDOM_SHIFT) * 2**-24 from the element's 32 hash bits h (24 bits, exact in fp32).
+E2M1_RANDOM_SHIFT = 8
+E2M1_RANDOM_SCALE = 2.0**-24
+# (code k, magnitude of code k, 1 / (magnitude of code k + 1 - magnitude of code k)) for k = 6 .. 0: the lower
+# neighbour of a magnitude below the next code's, and the inverse of the spacing (a power of two, so exact).
+E2M1_LOWER_STEPS = tuple((k, E2M1_VALUES[k], 1.0 / (E2M1_VALUES[k + 1] - E2M1_VALUES[k])) for k in range(6, -1, -1))
 
 
 def cuda_e2m1_code(T, value):
@@ -49,6 +55,57 @@ def cuda_e2m1_code(T, value):
         below = magnitude <= T.float32(midpoint) if k % 2 == 0 else magnitude < T.float32(midpoint)
         code = code - T.Select(below, T.uint32(1), T.uint32(0))
     return code | ((T.reinterpret(value, T.uint32) >> T.uint32(28)) & T.uint32(E2M1_SIGN))
+
+
+def cuda_e2m1_stochastic_code(T, value, h):
+    """The e2m1 code (uint32 PrimExpr) of an fp32 PrimExpr by stochastic rounding with the element's hash bits `h`
+    (uint32): a = |value|; below 6 the lower grid neighbour lo (code k) and the spacing s to the next one give
+    frac = (a - lo) / s (exact: a - lo is, s is a power of two), and the code rounds up to k + 1 iff
+    u = (h >> 8) * 2**-24 < frac; a >= 6, +-inf and NaN give code 7 (+-6: the nearest-even code's rule). The sign
+    bit is the input's (so -0.0 and negatives that round to 0 give code 8). Exact fp32 operations (`__fsub_rn` /
+    `__fmul_rn`), so the same code as the Ascend macro's."""
+    f32, u32 = T.float32, T.uint32
+    magnitude = T.abs(value)
+    below_max = magnitude < T.float32(E2M1_MAX)  # false for NaN
+    code, lower, inverse_spacing = T.uint32(7), T.float32(E2M1_MAX), T.float32(0.0)
+    for k, low, inv in E2M1_LOWER_STEPS:  # descending: the last true test is the lower neighbour
+        below = magnitude < T.float32(E2M1_VALUES[k + 1])
+        code = T.Select(below, T.uint32(k), code)
+        lower = T.Select(below, T.float32(low), lower)
+        inverse_spacing = T.Select(below, T.float32(inv), inverse_spacing)
+    frac = T.call_extern(f32, '__fmul_rn', T.call_extern(f32, '__fsub_rn', magnitude, lower), inverse_spacing)
+    frac = T.Select(below_max, frac, T.float32(0.0))  # a >= 6, inf, NaN: never up (u >= 0)
+    u = T.Cast(f32, T.Cast('int32', h >> T.uint32(E2M1_RANDOM_SHIFT))) * T.float32(E2M1_RANDOM_SCALE)
+    code = code + T.Select(u < frac, T.uint32(1), T.uint32(0))
+    return code | ((T.reinterpret(value, u32) >> T.uint32(28)) & T.uint32(E2M1_SIGN))
+
+
+def ascend_e2m1_stochastic_macro(T):
+    """SIMD macro `stochastic_codes(v, h)` for inside a `T.SimdVF()`: the e2m1 codes of 64 fp32 lanes by the
+    stochastic rounding of cuda_e2m1_stochastic_code, lane by lane, `h` the lanes' hash bits (uint32x64); one code
+    per 32-bit lane (uint32x64), for ascend_e2m1_macros' `store_pairs`."""
+    S = T.simd
+
+    @T.macro
+    def stochastic_codes(v, h):
+        magnitude = S.vabs(v)
+        code = S.vdup(7, T.int32)
+        lower = S.vdup(E2M1_MAX, T.float32)
+        inverse_spacing = S.vdup(0.0, T.float32)
+        for k, low, inv in E2M1_LOWER_STEPS:
+            below = S.vcmps(magnitude, E2M1_VALUES[k + 1], op='lt')
+            code = S.vsel(S.vdup(k, T.int32), code, below)
+            lower = S.vsel(S.vdup(low, T.float32), lower, below)
+            inverse_spacing = S.vsel(S.vdup(inv, T.float32), inverse_spacing, below)
+        frac = S.vmul(S.vsub(magnitude, lower), inverse_spacing)
+        # a >= 6, inf, NaN: frac 0, so never up (u >= 0)
+        frac = S.vsel(frac, S.vdup(0.0, T.float32), S.vcmps(magnitude, E2M1_MAX, op='lt'))
+        u = S.vmuls(S.vcvt(T.reinterpret(S.vshrs(h, E2M1_RANDOM_SHIFT), 'int32x64'), T.float32), E2M1_RANDOM_SCALE)
+        code = S.vsel(S.vadds(code, 1), code, S.vcmp(u, frac, op='lt'))
+        sign = S.vand(S.vshrs(T.reinterpret(v, 'uint32x64'), 28), S.vdup(E2M1_SIGN, T.uint32))
+        return S.vor(T.reinterpret(code, 'uint32x64'), sign)
+
+    return stochastic_codes
 
 
 def ascend_e2m1_macros(T):

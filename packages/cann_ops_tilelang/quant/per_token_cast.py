@@ -63,10 +63,8 @@ def _options(name, x, memory, H, fmt, num_per_channels, x_block_size, round_sf, 
 
 
 def _stochastic_options(name, fmt, stochastic_cast, seed):
-    """stochastic_cast: e4m3 data only (FP4 is not supported yet); seed: with stochastic_cast only, in [0, 2**32)
-    (quant.cast's rules)."""
-    if stochastic_cast and fmt != 'e4m3':
-        raise ValueError(f'{name}: stochastic_cast=True is not supported yet with fmt={fmt!r} (e4m3 data only)')
+    """stochastic_cast: e4m3 and FP4 data (fmt is checked with the output options); seed: with stochastic_cast only,
+    in [0, 2**32) (quant.cast's rules)."""
     if seed is not None:
         if not stochastic_cast:
             raise ValueError(f'{name}: seed={seed} is used only with stochastic_cast=True')
@@ -313,17 +311,20 @@ def per_token_cast(
             to 16 bytes of sf's dtype on CUDA (4 fp32 / int32, 16 E4M3), T on Ascend (TileKernels' rule per
             backend; T = 0: strides (1, 0)).
         x_block_size: (tokens, channels) per scale of a quantised x (cast_back's blocks); None for a tensor x.
-        stochastic_cast: TileKernels' stochastic rounding of the narrowing, fmt 'e4m3' only. The scales are the
-            plain cast's (the scale rule is unchanged); the data is data = SR_e4m3(fp32(x) * inverse), the stochastic
+        stochastic_cast: TileKernels' stochastic rounding of the narrowing. The scales are the plain cast's (the
+            scale rule is unchanged); e4m3 data is data = SR_e4m3(fp32(x) * inverse), the stochastic
             rounding to e4m3 of the operator `cast` (cast_kernel.py: a product between two e4m3 neighbours rounds
             up in magnitude with probability (distance to the lower one) / (their spacing), so E[data * sf] = x
             within e4m3's range; saturating at +-448, NaN -> 0x7F with its sign), its random bits a fixed integer
             hash of (seed, element index), the element index t * H + h of x's logical element, so the bytes depend
             on neither the kernel's tiling nor the backend (integer and exact fp32 operations: the same bytes on
             Ascend and CUDA for the same seed; the CUDA kernel is lowered in this project's CPU tier but not yet
-            run on a GPU). A quantised x: the rounding of its dequantised values, the same element index. Not
-            supported yet (ValueError): fmt 'e2m1' (FP4's rounding has no stochastic rule in `cast` to share
-            yet).
+            run on a GPU). FP4 data (fmt 'e2m1'): the same hash h of the same element index; for v = fp32(x) *
+            inverse and a = |v| < 6, lo the largest e2m1 magnitude <= a and hi the next one, the code is hi's iff
+            (h >> 8) * 2**-24 < (a - lo) / (hi - lo) (exact in fp32), else lo's, with v's sign bit (-0.0 and
+            negatives rounded to 0: code 8); a >= 6, +-inf and NaN give +-6 (code 7 with the sign bit), as the
+            nearest-even rounding. E[data * sf] = x where |x * inverse| <= 6 (always, with fp32 / power-of-two
+            scales). A quantised x: the rounding of its dequantised values, the same element index.
         out: optional (data, sf) buffers of the result's shapes and dtypes, on x's device, not overlapping x or each
             other; data contiguous, sf contiguous or, with use_tma_aligned_col_major_sf, of the strides above
             (ValueError otherwise).

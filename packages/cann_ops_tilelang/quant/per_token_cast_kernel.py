@@ -12,10 +12,16 @@ format's largest value (448 for e4m3, 6 for e2m1):
     out = e4m3(float(x) * inverse), to nearest even, saturating at +-448
     FP4: out = e2m1(float(x) * inverse), to nearest even on {0, .5, 1, 1.5, 2, 3, 4, 6}, saturating at +-6
          (+-inf and NaN -> +-6), two codes per byte, element 2 i in the low nibble of byte i: (T, H / 2) int8
-    stochastic (TileKernels' stochastic_cast, e4m3 only): out = SR_e4m3(float(x) * inverse), quant.cast's
-         stochastic rounding to e4m3 (cast_kernel.py: a counter hash of (key, element index), integer and exact
-         fp32 operations) with element index t * H + h, the logical element of x (so the bits depend on neither
-         the tiling nor the backend); the scales are the plain cast's
+    stochastic (TileKernels' stochastic_cast): out = SR_e4m3(float(x) * inverse), quant.cast's stochastic
+         rounding to e4m3 (cast_kernel.py: a counter hash h of (key, element index), integer and exact fp32
+         operations) with element index t * H + h, the logical element of x (so the bits depend on neither the
+         tiling nor the backend); the scales are the plain cast's
+    stochastic FP4: out = SR_e2m1(v), v = float(x) * inverse, with the same hash h of the same element index:
+         a = |v|; a >= 6, +-inf and NaN give code 7 (+-6, as the nearest-even rounding); otherwise lo is the
+         largest e2m1 magnitude <= a (code k), hi the next one, frac = (a - lo) / (hi - lo) (exact in fp32: a - lo
+         is, and the spacing 0.5, 1 or 2 is a power of two), u = (h >> 8) * 2**-24 (24 bits, exact), and the
+         code is k + 1 iff u < frac, else k; the sign bit is v's (-0.0 and negatives rounded to 0: code 8).
+         E[|out|] = a for a <= 6 (unbiased); fp4.py's cuda_e2m1_stochastic_code / ascend_e2m1_stochastic_macro
 
 The rounded scale is stored as an fp32 power of two, or (`packed_ue8m0`) as its biased exponent byte
 (UE8M0): byte k of a row is block k, and the row is padded with zero bytes to a multiple of 4, which the
@@ -94,8 +100,8 @@ class PerTokenCastConfig(CastModes, CastFormats, RowScales):
     # x's rows a runtime stride apart (TileKernels takes strided rows), each starting on 16 bytes; False: contiguous
     # x, the kernel that has no stride argument.
     strided_rows: bool = False
-    # The e4m3 narrowing of x * inverse by stochastic rounding (TileKernels' stochastic_cast; mode 'cast', fmt
-    # 'e4m3'): quant.cast's rule (cast_kernel.py) for element t * hidden + h of x, the key a launch argument.
+    # The narrowing of x * inverse by stochastic rounding (TileKernels' stochastic_cast; mode 'cast'): e4m3 by
+    # quant.cast's rule (cast_kernel.py), e2m1 by fp4.py's, for element t * hidden + h of x, the key a launch argument.
     stochastic: bool = False
 
     def __post_init__(self):
@@ -127,14 +133,14 @@ class PerTokenCastConfig(CastModes, CastFormats, RowScales):
         if self.col_major_sf and not self.computes_sf:
             raise ValueError('col_major_sf: mode "precomputed" reads row-major scales (as TileKernels)')
         check_col_major_words(self)
-        if self.stochastic and (self.fmt != 'e4m3' or self.mode != 'cast'):
-            raise ValueError(f'stochastic: mode "cast" to e4m3 only, got mode {self.mode!r}, fmt {self.fmt!r}')
+        if self.stochastic and self.mode != 'cast':
+            raise ValueError(f'stochastic: mode "cast" only, got mode {self.mode!r}')
 
     @property
     def data_storage(self) -> str:
         """The dtype of the kernel's data argument: data_dtype, or the e4m3 bits (uint8: the interface passes a
-        view) where the kernel writes the stochastic rounding's bits."""
-        return 'uint8' if self.stochastic else self.data_dtype
+        view) where the kernel writes the stochastic rounding's e4m3 bits (FP4: its int8 bytes either way)."""
+        return 'uint8' if self.stochastic and not self.fp4 else self.data_dtype
 
     @property
     def block_channels(self) -> int:
