@@ -319,6 +319,12 @@ def test_moe_swiglu_forward_fast_path_flow(stub_cuda_launches, monkeypatch):
         moe_swiglu_forward(x, 'bf16', psum[:0], weights, 2.0, 4.0)
     with pytest.raises(ValueError, match='routed_scaling_factor needs topk_weights'):
         moe_swiglu_forward(x, 'bf16', psum, None, 2.0, 4.0)
+    # topk_weights of another length: the kernels' entries take its size as their own (found on the H200: the fast
+    # path launched a short one), so the key refuses it and the full check names it.
+    launches = len(stub_cuda_launches)
+    with pytest.raises(ValueError, match='topk_weights must have shape'):
+        moe_swiglu_forward(x, 'bf16', psum, weights[:1].clone(), 2.0, 4.0)
+    assert len(stub_cuda_launches) == launches
 
 
 def test_moe_swiglu_forward_and_per_token_cast_fast_path_flow(stub_cuda_launches, monkeypatch):
