@@ -32,9 +32,10 @@ _INF_BITS = 0x7F800000
 
 def ascend_stochastic_macros(T, recipe):
     """The SIMD macros of the stochastic roundings (cast_kernel.py's rule), for inside a `T.SimdVF()`: the element
-    hash `random_bits(ramp, key_lanes, offset)` of 64 consecutive indices, and `round_bf16` / `round_e4m3`, fp32 bits
-    to the output's bits in each uint32 lane. One home for every kernel that rounds stochastically (cast,
-    per_token_cast's stochastic_cast); `recipe`: cast_kernel.CastRecipe."""
+    hash `random_bits(ramp, key_lanes, offset)` of 64 consecutive indices (its registers from `hash_registers(key)`,
+    made once per VF), and `round_bf16` / `round_e4m3`, fp32 bits to the output's bits in each uint32 lane. One home
+    for every kernel that rounds stochastically (cast, per_token_cast's stochastic_cast); `recipe`:
+    cast_kernel.CastRecipe."""
     S = T.simd
 
     @T.macro
@@ -46,6 +47,15 @@ def ascend_stochastic_macros(T, recipe):
         h = S.vxor(h, key_lanes)
         h = S.vxor(h, S.vshrs(h, recipe.shift2))
         return S.vmuls(h, T.uint32(recipe.mul2))
+
+    @T.macro
+    def hash_registers(key):
+        """The hash's constant registers of a VF, made once: (ramp, key_lanes) for random_bits."""
+        ramp = S.alloc_var(T.uint32)
+        ramp = S.vmuls(T.reinterpret(S.vci(0, 'int32'), 'uint32x64'), T.uint32(recipe.index_step))
+        key_lanes = S.alloc_var(T.uint32)
+        key_lanes = S.vdup(key, T.uint32)
+        return ramp, key_lanes
 
     @T.macro
     def round_bf16(bits, h, magnitude, sign_bit, inf16, qnan16):
@@ -71,7 +81,7 @@ def ascend_stochastic_macros(T, recipe):
         code = S.vsel(nan8, code, S.vcmps(mag, T.uint32(_INF_BITS), op='gt'))
         return S.vor(code, sign)
 
-    return random_bits, round_bf16, round_e4m3
+    return hash_registers, random_bits, round_bf16, round_e4m3
 
 
 def ascend_cast_kernel(cfg, recipe):
@@ -108,17 +118,14 @@ def ascend_cast_kernel(cfg, recipe):
         else:
             S.vsts(out_ub[c * LANES], S.vcvt(v, out_dtype, sat=False), dist='PK_B32')
 
-    random_bits, round_bf16, round_e4m3 = ascend_stochastic_macros(T, recipe)
+    hash_registers, random_bits, round_bf16, round_e4m3 = ascend_stochastic_macros(T, recipe)
 
     @T.macro
     def convert_vf(x_ub, out_ub, count, first, key):
         with T.SimdVF():
             if stochastic:
                 # Registers every 64 elements use, made once per VF.
-                ramp = S.alloc_var(u32)
-                ramp = S.vmuls(T.reinterpret(S.vci(0, 'int32'), 'uint32x64'), T.uint32(recipe.index_step))
-                key_lanes = S.alloc_var(u32)
-                key_lanes = S.vdup(key, u32)
+                ramp, key_lanes = hash_registers(key)
                 magnitude = S.alloc_var(u32)
                 magnitude = S.vdup(T.uint32(_MAGNITUDE), u32)
                 sign_bit = S.alloc_var(u32)

@@ -149,7 +149,7 @@ def ascend_per_token_cast_kernel(cfg, recipe):
     # Products past 448: given scales, and E4M3 scales (saturated at 448, or rounded below c / 448). The stochastic
     # rounding saturates by itself (min(|v|, 448) first).
     clamps = not fp4 and (not computes_sf or cfg.e4m3_sf) and not stochastic
-    random_bits, _, round_e4m3 = ascend_stochastic_macros(T, recipe)
+    hash_registers, random_bits, _, round_e4m3 = ascend_stochastic_macros(T, recipe)
 
     num_tokens = T.dynamic('num_tokens')
     x_type = T.Tensor((num_tokens, hidden), in_dtype)
@@ -190,10 +190,7 @@ def ascend_per_token_cast_kernel(cfg, recipe):
                 if fp4 and stochastic:
                     # Pass 3: x * inverse -> e2m1 codes by the stochastic rounding of element `first` + lane
                     # (t * H + h), two registers (128 elements) -> 64 bytes. The hash's constant registers, once per VF.
-                    ramp = S.alloc_var(u32)
-                    ramp = S.vmuls(T.reinterpret(S.vci(0, 'int32'), 'uint32x64'), T.uint32(recipe.index_step))
-                    key_lanes = S.alloc_var(u32)
-                    key_lanes = S.vdup(key, u32)
+                    ramp, key_lanes = hash_registers(key)
                     for p in T.serial(chunks // 2):
                         even_h = random_bits(ramp, key_lanes, register_offset(first, 2 * p, key))
                         odd_h = random_bits(ramp, key_lanes, register_offset(first, 2 * p + 1, key))
@@ -221,10 +218,7 @@ def ascend_per_token_cast_kernel(cfg, recipe):
                     # Pass 3: x * inverse -> e4m3 by quant.cast's stochastic rounding of element `first` + lane
                     # (t * H + h), the bits packed from the low byte of each lane. The constant registers of
                     # quant.cast's kernel (_cast_ascend.py), made once per VF.
-                    ramp = S.alloc_var(u32)
-                    ramp = S.vmuls(T.reinterpret(S.vci(0, 'int32'), 'uint32x64'), T.uint32(recipe.index_step))
-                    key_lanes = S.alloc_var(u32)
-                    key_lanes = S.vdup(key, u32)
+                    ramp, key_lanes = hash_registers(key)
                     magnitude = S.alloc_var(u32)
                     magnitude = S.vdup(T.uint32(_MAGNITUDE), u32)
                     sign_bit = S.alloc_var(u32)
