@@ -23,3 +23,14 @@ def test_perf_report_runs_as_a_module(domain):
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith('usage:'), done.stdout
+
+
+def test_quant_report_passes_each_operator_its_output_buffers():
+    from cann_ops_tilelang import quant
+    from tests.quant import perf_report
+
+    ops = {case.op for case in perf_report.TABLE} - {'batched_transpose_weight_sf'}  # that one takes a list
+    names = {op: perf_report.out_name(getattr(quant, op)) for op in ops}
+    assert names['per_token_cast'] == 'out'  # seed follows it
+    assert names['per_block_cast_with_sf_only'] == 'out_sf'
+    assert all(name in ('out', 'out_sf') for name in names.values()), names

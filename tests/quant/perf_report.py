@@ -123,13 +123,18 @@ def _weight_scales(tk, bs: int, hidden: int, device):
     return flat(quant.batched_transpose_weight_sf), flat(tk.batched_transpose_weight_sf), result, moved
 
 
+def out_name(public) -> str:
+    """The name of a public function's output-buffer argument: out, or out_sf for the scales alone (not always the
+    last argument: keyword-only scalars such as seed may follow it)."""
+    return public.operator.args[public.operator.out_index].name
+
+
 def _pair(ours, peer, args, flags, inputs):
     result = ours(*args, **flags)
     buffers = _buffers(result)
     inputs = inputs if isinstance(inputs, tuple) else (inputs,)
     moved = sum(t.nbytes for t in (*inputs, *(result if isinstance(result, tuple) else (result,))))
-    out_name = ours.operator.args[-1].name  # out, or out_sf for the scales alone
-    return (lambda: ours(*args, **flags, **{out_name: buffers})), (lambda: peer(*args, **flags)), result, moved
+    return (lambda: ours(*args, **flags, **{out_name(ours): buffers})), (lambda: peer(*args, **flags)), result, moved
 
 
 def _same(ours, theirs) -> bool:
