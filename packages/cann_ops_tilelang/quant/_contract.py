@@ -48,18 +48,20 @@ def sf_layout(num_tokens: int, hidden: int, block, packed: bool) -> tuple[tuple[
     """(shape, dtype) of the scale factors of a (T, H) tensor cast in blocks of block = (bt, bc) tokens by
     channels, one row per token block:
 
-    - bc > 1 (per_token_cast's bt = 1, per_block_cast's): fp32 (ceil(T / bt), H / bc), or UE8M0 bytes, byte k of a
-      row for channel block k, packed four per int32 (ceil(T / bt), ceil(H / bc / 4)), zero padding;
+    - bc > 1 (per_token_cast's bt = 1, per_block_cast's): fp32 (ceil(T / bt), ceil(H / bc)), or UE8M0 bytes, byte k
+      of a row for channel block k, packed four per int32 (ceil(T / bt), ceil(ceil(H / bc) / 4)), zero padding (a
+      short last block, per_token_cast's H = 64 * odd with bc = 128, has its scale);
     - bc = 1 (per_channel_cast's): fp32 (ceil(T / bt), H), or UE8M0 bytes packed along the tokens, byte j of word
       [r, h] for token block 4 r + j of channel h, (ceil(ceil(T / bt) / 4), H).
     """
     bt, bc = block
     rows = -(-num_tokens // bt)
+    blocks = -(-hidden // bc)
     if not packed:
-        return (rows, hidden // bc), torch.float32
+        return (rows, blocks), torch.float32
     if bc == 1:
         return (-(-rows // UE8M0_PACK), hidden), PACKED_SF_DTYPE
-    return (rows, -(-(hidden // bc) // UE8M0_PACK)), PACKED_SF_DTYPE
+    return (rows, -(-blocks // UE8M0_PACK)), PACKED_SF_DTYPE
 
 
 TMA_ALIGN_BYTES = 16  # what TMA needs of a column-major scale buffer's row stride (the peer's CUDA padding)

@@ -46,8 +46,19 @@ class RowScales:
 
     @property
     def num_blocks(self) -> int:
-        """Scale factors per scale row."""
-        return self.hidden // self.block_channels
+        """Scale factors per scale row; a short last block (H not a multiple of the block) has one too."""
+        return -(-self.hidden // self.block_channels)
+
+    @property
+    def short_block(self) -> bool:
+        """Whether the last block of a row is short: H = 64 * odd with 128-channel blocks (per_token_cast)."""
+        return self.hidden % self.block_channels != 0
+
+    @property
+    def blocked_hidden(self) -> int:
+        """H rounded up to whole blocks: the columns the tiles cover (the short block's missing channels count as
+        zeros in its maximum, and are never stored)."""
+        return self.num_blocks * self.block_channels
 
     @property
     def groups_per_tile(self) -> int:
@@ -56,7 +67,7 @@ class RowScales:
 
     @property
     def num_col_tiles(self) -> int:
-        return self.hidden // self.block_k
+        return self.blocked_hidden // self.block_k
 
     @property
     def sf_pack(self) -> int:
