@@ -76,6 +76,20 @@ def e4m3_ref(scaled: torch.Tensor) -> torch.Tensor:
     return scaled.clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
 
 
+def row_blocks(x: torch.Tensor, block_size: int) -> torch.Tensor:
+    """x (T, H) as fp32 blocks (T, ceil(H / block), block): a short last block (H not a multiple of the block) is
+    filled with zeros, which leave its |x| maximum as its own channels' (the scale rule's definition)."""
+    num_tokens, hidden = x.shape
+    blocks = -(-hidden // block_size)
+    padded = torch.nn.functional.pad(x.float(), (0, blocks * block_size - hidden))
+    return padded.reshape(num_tokens, blocks, block_size)
+
+
+def from_blocks(scaled: torch.Tensor, hidden: int) -> torch.Tensor:
+    """The (T, H) values of row_blocks' layout: the short block's filling dropped."""
+    return scaled.reshape(scaled.shape[0], -1)[:, :hidden]
+
+
 def per_token_cast_ref(
     x: torch.Tensor,
     block_size: int = 32,
@@ -84,18 +98,16 @@ def per_token_cast_ref(
     packed_ue8m0: bool = False,
     ue8m0_pack: int = 4,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(out (T, H) float8_e4m3fn, out_sf) of x (T, H) bf16 / fp32, H a multiple of `block_size`.
+    """(out (T, H) float8_e4m3fn, out_sf) of x (T, H) bf16 / fp32 (a short last block: row_blocks).
 
-    out_sf: (T, H // block_size) fp32 (the scale, a power of two with `round_sf`), or with `packed_ue8m0` the
+    out_sf: (T, ceil(H / block_size)) fp32 (the scale, a power of two with `round_sf`), or with `packed_ue8m0` the
     biased exponent bytes, (T, H // block_size rounded up to `ue8m0_pack`) uint8 with zero padding.
     """
-    num_tokens, hidden = x.shape
-    blocks = x.float().reshape(num_tokens, hidden // block_size, block_size)
+    blocks = row_blocks(x, block_size)
     amax = blocks.abs().amax(dim=-1)
     stored, inverse = scale_and_inverse_ref(amax, round_sf=round_sf, packed_ue8m0=packed_ue8m0)
     sf = pack_ue8m0_rows(stored, ue8m0_pack) if packed_ue8m0 else stored
-    scaled = (blocks * inverse.unsqueeze(-1)).reshape(num_tokens, hidden)
-    return e4m3_ref(scaled), sf
+    return e4m3_ref(from_blocks(blocks * inverse.unsqueeze(-1), x.shape[1])), sf
 
 
 def tma_col_major_sf(shape: tuple[int, int], dtype: torch.dtype, backend: str, device=None) -> torch.Tensor:
@@ -202,25 +214,22 @@ def per_token_cast_format_ref(
     """per_token_cast_ref for every output and scale format: (data, sf). data (T, H) float8_e4m3fn, or FP4 (T, H / 2)
     int8; sf (T, H / block) fp32 / float8_e4m3fn, or UE8M0 bytes padded to 4 (uint8). Products are clamped to
     +-448 before the e4m3 narrowing (E4M3 scales may round below c / 448 or saturate)."""
-    num_tokens, hidden = x.shape
-    blocks = x.float().reshape(num_tokens, hidden // block_size, block_size)
+    blocks = row_blocks(x, block_size)
     amax = blocks.abs().amax(dim=-1)
     stored, inverse = format_scale_and_inverse_ref(
         amax, fmt, round_sf=round_sf, packed_ue8m0=packed_ue8m0, e4m3_sf=e4m3_sf
     )
     sf = pack_ue8m0_rows(stored) if packed_ue8m0 else stored
-    scaled = (blocks * inverse.unsqueeze(-1)).reshape(num_tokens, hidden)
-    return narrow_ref(scaled, fmt), sf
+    return narrow_ref(from_blocks(blocks * inverse.unsqueeze(-1), x.shape[1]), fmt), sf
 
 
 def per_token_cast_precomputed_ref(x: torch.Tensor, sf: torch.Tensor, block_size: int, fmt: str = 'e4m3'):
     """The data of per_token_cast_with_precomputed_sf: x * (1 / fp32(sf)) per block (IEEE reciprocal), narrowed
     (e4m3: clamped to +-448 first, NaN kept; FP4: e2m1_codes_ref)."""
-    num_tokens, hidden = x.shape
-    blocks = x.float().reshape(num_tokens, hidden // block_size, block_size)
+    blocks = row_blocks(x, block_size)
     given = sf.float()
     inverse = torch.ones_like(given) / given
-    return narrow_ref((blocks * inverse.unsqueeze(-1)).reshape(num_tokens, hidden), fmt)
+    return narrow_ref(from_blocks(blocks * inverse.unsqueeze(-1), x.shape[1]), fmt)
 
 
 def logical_sf_bytes(sf: torch.Tensor) -> torch.Tensor:

@@ -30,11 +30,13 @@ from tests.quant.cast_ref import (
     assert_col_major_buffer_written,
     assert_peer_layout,
     format_scale_and_inverse_ref,
+    from_blocks,
     logical_sf_bytes,
     pack_e2m1_ref,
     padded_hidden,
     per_token_cast_format_ref,
     per_token_cast_precomputed_ref,
+    row_blocks,
     scaled_rows,
     tma_col_major_sf,
 )
@@ -75,8 +77,8 @@ def _without_nan_signs(data: torch.Tensor, x: torch.Tensor, inverse: torch.Tenso
     (x86, the reference's CPU and the emulator's, gives -NaN; a GPU +NaN), unspecified by the contract (e4m3: the
     byte's sign; FP4: both codes' signs of a byte holding one)."""
     num_tokens, hidden = x.shape
-    blocks = x.cpu().float().reshape(num_tokens, inverse.shape[1], hidden // inverse.shape[1])
-    nan = torch.isnan(blocks * inverse.unsqueeze(-1)).reshape(x.shape)
+    block = 1 << (-(-hidden // inverse.shape[1]) - 1).bit_length()  # a power of two; the last block may be short
+    nan = torch.isnan(row_blocks(x.cpu(), block) * inverse.unsqueeze(-1)).reshape(num_tokens, -1)[:, :hidden]
     if fmt == 'e2m1':
         return torch.where(nan.reshape(num_tokens, hidden // 2, 2).any(dim=-1), data & 0x77, data)
     return torch.where(nan, data & 0x7F, data)
@@ -88,7 +90,7 @@ def _assert_matches(result: QuantTensor, x: torch.Tensor, block: int, sf: str, f
     data, scales = per_token_cast_format_ref(
         x.cpu(), block, fmt, round_sf=round_sf, packed_ue8m0=packed, e4m3_sf=e4m3_sf
     )
-    amax = x.cpu().float().reshape(x.shape[0], x.shape[1] // block, block).abs().amax(dim=-1)
+    amax = row_blocks(x.cpu(), block).abs().amax(dim=-1)
     _, inverse = format_scale_and_inverse_ref(amax, fmt, round_sf=round_sf, packed_ue8m0=packed, e4m3_sf=e4m3_sf)
     got = result.data.cpu().view(torch.uint8)
     assert_equal(_without_nan_signs(got, x, inverse, fmt), _without_nan_signs(data.view(torch.uint8), x, inverse, fmt))
@@ -133,9 +135,9 @@ X = torch.zeros(4, 256, dtype=torch.bfloat16)
         ((X, 'e4m3', 128), {'stochastic_cast': True, 'seed': 2**32 - 1}, RuntimeError, "no kernels for 'cpu' tensors"),
         ((X, 'e4m3', 128), {'use_tma_aligned_col_major_sf': 1}, TypeError, 'use_tma_aligned_col_major_sf must be a'),
         ((X, 'e4m3', 128), {'use_tma_aligned_col_major_sf': True}, RuntimeError, "no kernels for 'cpu' tensors"),
-        ((X[:, :192].clone(), 'e4m3', 128), {}, ValueError, 'multiple of 128 for num_per_channels 128, got 192'),
-        ((X[:, :96].contiguous(), 'e4m3', 32), {}, ValueError, 'positive multiple of 64 for num_per_channels 32'),
-        ((X[:, :96].contiguous(), 'e2m1', 16), {}, ValueError, 'positive multiple of 64 for num_per_channels 16'),
+        ((X[:, :192].clone(), 'e4m3', 128), {}, RuntimeError, "no kernels for 'cpu' tensors"),  # a short last block
+        ((X[:, :96].contiguous(), 'e4m3', 32), {}, ValueError, 'positive multiple of 64 for whole 64-lane registers'),
+        ((X[:, :96].contiguous(), 'e2m1', 128), {}, ValueError, 'positive multiple of 64 for whole 64-lane'),
         ((X[:, :0], 'e4m3', 32), {}, ValueError, 'positive multiple of 64'),
         ((torch.empty(2**17, 2**14 + 64, device='meta'), 'e4m3', 64), {}, ValueError, 'at most 2\\*\\*31 - 1'),
         ((X, 'e4m3', 128), {}, RuntimeError, "no kernels for 'cpu' tensors"),
@@ -475,6 +477,95 @@ def test_per_token_cast_strided_rows_values(variant, device):
         assert_equal(given.cpu().view(torch.uint8), from_rows.cpu().view(torch.uint8))
 
 
+# ---------------------------------------------------------------- a short last block (H = 64 * odd, 128 channels)
+
+# Level 0: one kernel of its own (bf16, fp32 scales, e4m3 at H 192: blocks of 128 and 64 channels). Level 1: H 2880
+# (gpt-oss's hidden; 22 whole blocks and a short one: on CUDA two tiles of 1536, the second reaching past H) in every
+# dtype, scale and data format, and H 8128, the widest row an Ascend task holds.
+_SHORT_CORE = [dict(dtype='bfloat16', sf='fp32', fmt='e4m3', hidden=192)]
+SHORT_VARIANTS = by_level(
+    LEVEL,
+    core=_SHORT_CORE,
+    default=[
+        *generate_samples(dtype=['bfloat16', 'float32'], sf=list(_FORMATS), fmt=['e4m3', 'e2m1'], hidden=[2880]),
+        dict(dtype='bfloat16', sf='ue8m0', fmt='e4m3', hidden=8128),
+    ],
+)
+
+
+def test_per_token_cast_short_block_contract(monkeypatch):
+    """H = 64 * odd takes 128-channel blocks, a short last one with a scale of its own (ceil(H / 128) scales, packed
+    UE8M0 words of them); an Ascend row past 8128 is refused by name (the row is one task)."""
+    x = torch.zeros(5, 2880, dtype=torch.bfloat16)
+    monkeypatch.setattr(config, 'require_accelerator', lambda *tensors: 'ascend')
+    monkeypatch.setattr(operator, 'get_num_cores', lambda device: 7)
+    with FakeTensorMode():
+        fake = torch.empty(5, 2880, dtype=torch.bfloat16)
+        assert tuple(_cast(fake, 128).sf.shape) == (5, 23)
+        assert tuple(_cast(fake, 128, 'ue8m0').sf.shape) == (5, 6)
+        assert tuple(_cast(fake, 128, fmt='e2m1').data.shape) == (5, 1440)
+    cfg = per_token_cast.operator.config(x, 'e4m3', 128)
+    assert cfg.short_block
+    assert (cfg.block_k, cfg.blocked_hidden, cfg.num_blocks) == (2944, 2944, 23)
+    with pytest.raises(ValueError, match='short last block .* needs the row in one task: hidden <= 8128'):
+        per_token_cast.operator.config(torch.zeros(5, 8256, dtype=torch.bfloat16), 'e4m3', 128)
+    with pytest.raises(ValueError, match=r'sf must have shape \(5, 23\)'):
+        per_token_cast_with_precomputed_sf(x, 'e4m3', 128, torch.ones(5, 22))
+
+
+@pytest.mark.npu
+@pytest.mark.parametrize('variant', SHORT_VARIANTS, ids=make_param_id)
+@pytest.mark.parametrize('num_tokens', by_level(LEVEL, core=(1, 37), default=(37,)))
+def test_per_token_cast_short_block_values(variant, num_tokens, device):
+    """The short block's scale is its 64 channels' (the reference pads it with zeros); nothing past H is written
+    (poisoned buffers); the scales alone are the full cast's, the given scales' cast the reference's."""
+    sf, fmt, hidden = variant['sf'], variant['fmt'], variant['hidden']
+    round_sf, packed, e4m3_sf = _FORMATS[sf]
+    x = scaled_rows(num_tokens, hidden, variant['dtype'], device)
+    # The short block of one magnitude above every scale floor, its neighbours of 2**-20 .. 2**20: a scale of its own.
+    x[:, -64:] = (torch.randn(num_tokens, 64) / 8).to(x.dtype)
+    result = _cast(x, 128, sf, fmt)
+    _assert_matches(result, x, 128, sf, fmt)
+    poisoned = (
+        torch.full_like(result.data.view(torch.uint8), 0x7F),
+        torch.full_like(result.sf.view(torch.uint8), 0xA5),
+    )
+    again = _cast(x, 128, sf, fmt, out=tuple(t.view(r.dtype) for t, r in zip(poisoned, result, strict=True)))
+    _assert_matches(again, x, 128, sf, fmt)
+    if LEVEL == 0:
+        return  # the halves are kernels of their own
+    alone = per_token_cast_with_sf_only(x, fmt, 128, False, round_sf, packed, e4m3_sf)
+    assert_equal(alone.cpu().view(torch.uint8), result.sf.cpu().view(torch.uint8))
+    if not packed:  # the given scales' IEEE reciprocals (fp32 scales: not always the cast's m / c)
+        given = per_token_cast_with_precomputed_sf(x, fmt, 128, result.sf, False, round_sf, False, e4m3_sf)
+        expected = per_token_cast_precomputed_ref(x.cpu(), result.sf.cpu(), 128, fmt)
+        inverse = torch.ones(result.sf.shape) / result.sf.cpu().float()
+        assert_equal(
+            _without_nan_signs(given.cpu().view(torch.uint8), x, inverse, fmt),
+            _without_nan_signs(expected.view(torch.uint8), x, inverse, fmt),
+        )
+
+
+@pytest.mark.npu
+@pytest.mark.parametrize('num_tokens', by_level(LEVEL, core=(), default=(37,)))
+def test_per_token_cast_short_block_layouts(num_tokens, device):
+    """Level 1: the short block with strided rows, column-major packed UE8M0 scales and stochastic rounding give
+    the bytes of the plain layouts and of the stochastic reference."""
+    strided, rows = _strided(num_tokens, 2880, 'bfloat16', device)
+    want = _cast(rows, 128, 'ue8m0')
+    got = _cast(strided, 128, 'ue8m0', use_tma_aligned_col_major_sf=True)
+    assert_equal(got.data.cpu().view(torch.uint8), want.data.cpu().view(torch.uint8))
+    assert_equal(logical_sf_bytes(got.sf), logical_sf_bytes(want.sf))
+    for fmt in ('e4m3', 'e2m1'):
+        data, scales = _stochastic_ref(rows, 128, 'fp32', 5, fmt)
+        result = _cast(rows, 128, 'fp32', fmt, stochastic_cast=True, seed=5)
+        bits = result.data.cpu().view(torch.uint8)
+        if fmt == 'e2m1':
+            bits = _fp4_bits(result, rows, 128, 'fp32')
+        assert_equal(bits, data)
+        assert_equal(logical_sf_bytes(result.sf), scales)
+
+
 # ---------------------------------------------------------------- stochastic_cast (e4m3 data)
 
 
@@ -487,12 +578,11 @@ def _stochastic_ref(
     x * inverse, element t * H + h (the flattened order)."""
     round_sf, packed, e4m3_sf = _FORMATS[sf]
     x = x.cpu()
-    num_tokens, hidden = x.shape
-    blocks = x.float().reshape(num_tokens, hidden // block, block)
+    blocks = row_blocks(x, block)
     _, inverse = format_scale_and_inverse_ref(
         blocks.abs().amax(dim=-1), fmt, round_sf=round_sf, packed_ue8m0=packed, e4m3_sf=e4m3_sf
     )
-    scaled = (blocks * inverse.unsqueeze(-1)).reshape(num_tokens, hidden)
+    scaled = from_blocks(blocks * inverse.unsqueeze(-1), x.shape[1])
     _, scales = per_token_cast_format_ref(x, block, fmt, round_sf=round_sf, packed_ue8m0=packed, e4m3_sf=e4m3_sf)
     if fmt == 'e2m1':
         data = pack_e2m1_ref(stochastic_e2m1_ref(scaled, seed)).view(torch.uint8)
@@ -665,7 +755,7 @@ STOCHASTIC_FP4_VARIANTS = by_level(
 def _fp4_bits(result: QuantTensor, x: torch.Tensor, block: int, sf: str) -> torch.Tensor:
     """The FP4 bytes (uint8) with the sign bits of a NaN product's byte cleared (as the reference's)."""
     round_sf, packed, e4m3_sf = _FORMATS[sf]
-    amax = x.cpu().float().reshape(x.shape[0], x.shape[1] // block, block).abs().amax(dim=-1)
+    amax = row_blocks(x.cpu(), block).abs().amax(dim=-1)
     _, inverse = format_scale_and_inverse_ref(amax, 'e2m1', round_sf=round_sf, packed_ue8m0=packed, e4m3_sf=e4m3_sf)
     return _without_nan_signs(result.data.cpu().view(torch.uint8), x, inverse, 'e2m1')
 

@@ -192,7 +192,7 @@ def test_per_token_cast_config_padded_ue8m0_rows_stay_in_one_ascend_task():
         (dict(fmt='e5m2'), 'fmt must be one of'),
         (dict(round_sf=True, e4m3_sf=True), 'e4m3_sf excludes round_sf'),
         (dict(hidden=96), 'multiple of 64'),
-        (dict(hidden=192, block_size=128), 'multiple of 128'),
+        (dict(hidden=8256, block_size=128), 'short last block .* hidden <= 8128'),  # Ascend: the row is one task
         (dict(hidden=0), 'positive multiple'),
         (dict(packed_ue8m0=True), 'needs round_sf'),
     ],
@@ -360,6 +360,33 @@ def test_per_token_cast_strided_rows_lower(backend, variant):
         loads = [sorted(set(_LOADS.findall(source))) for source in sources]
         assert loads[0], 'the contiguous kernel loads x in vectors'
         assert loads[1] == loads[0]
+
+
+_SHORT_LOWERING = [v for v in _CORE_VARIANTS if v['block_size'] == 128] + [
+    dict(in_dtype='float32', block_size=128, sf='e4m3', fmt='e2m1')
+]
+
+
+@pytest.mark.parametrize('backend', ['ascend', 'cuda'])
+@pytest.mark.parametrize('variant', _SHORT_LOWERING, ids=make_param_id)
+def test_per_token_cast_short_block_lowers(backend, variant):
+    """A short last block (H 2880 = 22.5 blocks of 128): Ascend's row-long task fits UB up to H 8128 (fp32 x
+    included); CUDA's guarded tiles (2 of 1536 columns) load x in the vectors of the unguarded kernel of the same
+    tiles (H 3072)."""
+    cores = ASCEND_950_VECTOR_CORES if backend == 'ascend' else H200_SMS
+    lower = assert_ascend_kernel_lowers if backend == 'ascend' else assert_cuda_kernel_lowers
+    short = _config(backend, cores, variant, 2880)
+    if backend == 'ascend':
+        configs = [short, _config(backend, cores, variant, 8128)]
+    else:
+        configs = [short, dataclasses.replace(short, hidden=short.num_col_tiles * short.block_k)]
+    assert [c.short_block for c in configs] == [True, backend == 'ascend']
+    sources = [lower(lambda c=c: make_per_token_cast_kernel(c), key=c, kernel_name=KERNEL_NAME).source
+               for c in configs]  # fmt: skip
+    if backend == 'cuda':
+        loads = [sorted(set(_LOADS.findall(source))) for source in sources]
+        assert loads[1], 'the whole-block kernel loads x in vectors'
+        assert loads[0] == loads[1]
 
 
 # ---------------------------------------------------------------- device tier

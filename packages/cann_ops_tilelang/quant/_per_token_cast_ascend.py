@@ -39,9 +39,10 @@ from ._scale_rules import (
 from .fp4 import ascend_e2m1_macros, ascend_e2m1_stochastic_macro
 
 
-def ascend_row_macros(T, *, in_dtype: str, block_size: int, chunks: int):
+def ascend_row_macros(T, *, in_dtype: str, block_size: int, chunks: int, valid_chunks: int | None = None):
     """SIMD macros over a row tile of `chunks` 64-lane registers in UB, cut into blocks of `block_size` (16, 32, 64
-    or 128) channels, for the per-token casts (per_token_cast, per_token_cast_and_cast_back):
+    or 128) channels, for the per-token casts (per_token_cast, per_token_cast_and_cast_back); `valid_chunks` (odd,
+    128-channel blocks only): the registers that hold x, the last block short of its second register:
 
     - `load_f32(x_ub, c)`: register c as fp32 (bf16 widens exactly);
     - `block_maxima(x_ub, amax_ub, low, high, quarters)`: the |x| maximum of each block into amax_ub[0:blocks]
@@ -71,9 +72,12 @@ def ascend_row_macros(T, *, in_dtype: str, block_size: int, chunks: int):
                 S.vsts(amax_ub[4 * c + 2], S.vcmax(a, third), dist='ONEPT_B32')
                 S.vsts(amax_ub[4 * c + 3], S.vcmax(a, fourth), dist='ONEPT_B32')
         elif bs == 128:
-            for p in T.serial(chunks // 2):
+            pairs = (chunks if valid_chunks is None else valid_chunks) // 2
+            for p in T.serial(pairs):
                 pair_max = S.vmax(S.vabs(load_f32(x_ub, 2 * p)), S.vabs(load_f32(x_ub, 2 * p + 1)))
                 S.vsts(amax_ub[p], S.vcmax(pair_max), dist='ONEPT_B32')
+            if valid_chunks is not None and valid_chunks % 2:  # the short last block: its one register
+                S.vsts(amax_ub[pairs], S.vcmax(S.vabs(load_f32(x_ub, valid_chunks - 1))), dist='ONEPT_B32')
         else:
             for c in T.serial(chunks):
                 a = S.vabs(load_f32(x_ub, c))
@@ -130,8 +134,13 @@ def ascend_per_token_cast_kernel(cfg, recipe):
     groups_padded = -(-groups // LANES) * LANES  # whole registers of scales
     sf_len = groups + cfg.sf_padding  # scale elements one task stores (padding only when it owns the row)
     chunks = bk // LANES
+    # A short last block (H = 64 * odd, 128-channel blocks; the task is the row): H / 64 registers hold x, the last
+    # block has one of its two, and the data pass and stores stop at H (UB past it is never read).
+    short = cfg.short_block
+    x_len = hidden if short else bk  # elements of x one task reads
+    data_chunks = x_len // LANES
     fp4 = cfg.fp4
-    data_len = bk // 2 if fp4 else bk  # data elements of one task (FP4: bytes)
+    data_len = x_len // 2 if fp4 else x_len  # data elements of one task (FP4: bytes)
     # FP4 packs two registers into 64 bytes; an odd last register still stores 64 (the second half zero codes).
     data_ub_len = -(-chunks // 2) * LANES if fp4 else bk
     grid = cfg.num_cores
@@ -156,7 +165,9 @@ def ascend_per_token_cast_kernel(cfg, recipe):
     if cfg.strided_rows:  # rows x_stride elements apart (each task's DMA reads its row slice)
         x_type = T.StridedTensor((num_tokens, hidden), (T.dynamic('x_stride'), 1), in_dtype)
 
-    load_f32, block_maxima, block_scalar = ascend_row_macros(T, in_dtype=in_dtype, block_size=bs, chunks=chunks)
+    load_f32, block_maxima, block_scalar = ascend_row_macros(
+        T, in_dtype=in_dtype, block_size=bs, chunks=chunks, valid_chunks=data_chunks if short else None
+    )
 
     @T.macro
     def scaled_register(x_ub, inv_ub, c, low, quarters):
@@ -191,7 +202,7 @@ def ascend_per_token_cast_kernel(cfg, recipe):
                     # Pass 3: x * inverse -> e2m1 codes by the stochastic rounding of element `first` + lane
                     # (t * H + h), two registers (128 elements) -> 64 bytes. The hash's constant registers, once per VF.
                     ramp, key_lanes = hash_registers(key)
-                    for p in T.serial(chunks // 2):
+                    for p in T.serial(data_chunks // 2):
                         even_h = random_bits(ramp, key_lanes, register_offset(first, 2 * p, key))
                         odd_h = random_bits(ramp, key_lanes, register_offset(first, 2 * p + 1, key))
                         store_code_pairs(
@@ -199,21 +210,23 @@ def ascend_per_token_cast_kernel(cfg, recipe):
                             stochastic_e2m1_codes(scaled_register(x_ub, inv_ub, 2 * p, low, quarters), even_h),
                             stochastic_e2m1_codes(scaled_register(x_ub, inv_ub, 2 * p + 1, low, quarters), odd_h),
                         )  # fmt: skip
-                    if chunks % 2:
-                        last_h = random_bits(ramp, key_lanes, register_offset(first, chunks - 1, key))
-                        last = stochastic_e2m1_codes(scaled_register(x_ub, inv_ub, chunks - 1, low, quarters), last_h)
-                        store_code_pairs(out_ub, chunks // 2 * LANES, last, S.vdup(0, T.uint32))
+                    if data_chunks % 2:
+                        last_h = random_bits(ramp, key_lanes, register_offset(first, data_chunks - 1, key))
+                        last = stochastic_e2m1_codes(
+                            scaled_register(x_ub, inv_ub, data_chunks - 1, low, quarters), last_h
+                        )
+                        store_code_pairs(out_ub, data_chunks // 2 * LANES, last, S.vdup(0, T.uint32))
                 elif fp4:
                     # Pass 3: x * inverse -> e2m1 codes, two registers (128 elements) -> 64 bytes.
-                    for p in T.serial(chunks // 2):
+                    for p in T.serial(data_chunks // 2):
                         store_code_pairs(
                             out_ub, p * LANES,
                             e2m1_codes(scaled_register(x_ub, inv_ub, 2 * p, low, quarters)),
                             e2m1_codes(scaled_register(x_ub, inv_ub, 2 * p + 1, low, quarters)),
                         )  # fmt: skip
-                    if chunks % 2:
-                        last = e2m1_codes(scaled_register(x_ub, inv_ub, chunks - 1, low, quarters))
-                        store_code_pairs(out_ub, chunks // 2 * LANES, last, S.vdup(0, T.uint32))
+                    if data_chunks % 2:
+                        last = e2m1_codes(scaled_register(x_ub, inv_ub, data_chunks - 1, low, quarters))
+                        store_code_pairs(out_ub, data_chunks // 2 * LANES, last, S.vdup(0, T.uint32))
                 elif stochastic:
                     # Pass 3: x * inverse -> e4m3 by quant.cast's stochastic rounding of element `first` + lane
                     # (t * H + h), the bits packed from the low byte of each lane. The constant registers of
@@ -225,7 +238,7 @@ def ascend_per_token_cast_kernel(cfg, recipe):
                     sign_bit = S.vdup(T.uint32(_SIGN), u32)
                     nan8 = S.alloc_var(u32)
                     nan8 = S.vdup(T.uint32(0x7F), u32)
-                    for c in T.serial(chunks):
+                    for c in T.serial(data_chunks):
                         scaled = scaled_register(x_ub, inv_ub, c, low, quarters)
                         offset = T.Cast('uint32', first + c * LANES) * T.uint32(recipe.index_step) + key
                         h = random_bits(ramp, key_lanes, offset)
@@ -233,7 +246,7 @@ def ascend_per_token_cast_kernel(cfg, recipe):
                         S.vsts(out_ub[c * LANES], T.reinterpret(code, 'uint8x256'), dist='PK4_B32')
                 else:
                     # Pass 3: x * inverse -> e4m3 (nearest even), one byte per fp32 lane, packed.
-                    for c in T.serial(chunks):
+                    for c in T.serial(data_chunks):
                         scaled = scaled_register(x_ub, inv_ub, c, low, quarters)
                         S.vsts(out_ub[c * LANES], S.vcvt(scaled, T.float8_e4m3fn), dist='PK4_B32')
 
@@ -253,7 +266,10 @@ def ascend_per_token_cast_kernel(cfg, recipe):
             for task in T.Persistent([num_tokens * n_tiles], grid, cid, group_size=1, num_stages=stages):
                 t = task // n_tiles
                 j = task % n_tiles
-                T.copy(x[t, j * bk : j * bk + bk], x_ub)
+                if short:  # the row (j = 0), H of the task's bk elements
+                    T.copy(x[t, 0:hidden], x_ub[0:hidden])
+                else:
+                    T.copy(x[t, j * bk : j * bk + bk], x_ub)
                 if not computes_sf:
                     T.copy(sf[t, j * groups : j * groups + groups], sf_ub[0:groups])
                 # first: the element index t * H + j * bk of the task's first element (< 2**31: T * H is)

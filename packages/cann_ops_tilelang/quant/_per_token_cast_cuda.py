@@ -41,6 +41,10 @@ def cuda_per_token_cast_kernel(cfg, recipe):
     padding, num_blocks = cfg.sf_padding, cfg.num_blocks
     in_dtype = cfg.in_dtype
     fp4, stochastic = cfg.fp4, cfg.stochastic
+    # A short last block (H = 64 * odd, 128-channel blocks): the last tile reaches past H, so its loads read zeros
+    # there and its stores stop at H; a block wholly past H (the tiles' overhang) stores no scale. Only these
+    # configurations carry the guards.
+    short = cfg.short_block
     random_bits, _, round_e4m3 = cuda_stochastic_macros(T, recipe)
     # FP4: each thread owns runs of `run` consecutive elements (up to 16 bytes of x: one load), whose codes make
     # run / 2 consecutive bytes (one store); a fragment is indexed alike in every parallel loop, so a run is one
@@ -63,12 +67,21 @@ def cuda_per_token_cast_kernel(cfg, recipe):
 
     sf_at = functools.partial(scale_index, col_major=cfg.col_major_sf, packed=cfg.packed_ue8m0)
 
+    def inside(column):
+        """Whether a column of the tile is one of x's: True (a Python bool, no guard) unless the block is short."""
+        return column < hidden if short else True
+
     @T.macro
     def load_runs(x, t, j, xv):
         """FP4: the tile of (token t, column tile j) into the fragment xv (groups, runs, run)."""
         for g, r in T.Parallel(groups, runs):
             for e in T.vectorized(run):
-                xv[g, r, e] = x[t, j * bk + g * bs + r * run + e]
+                if short:  # a run lies wholly inside or past H (both multiples of 64)
+                    xv[g, r, e] = T.if_then_else(
+                        j * bk + g * bs + r * run < hidden, x[t, j * bk + g * bs + r * run + e], T.cast(0, in_dtype)
+                    )
+                else:
+                    xv[g, r, e] = x[t, j * bk + g * bs + r * run + e]
 
     @T.macro
     def store_fp4_runs(out, t, j, codes, packed, load, inverse_of, key=None):
@@ -77,16 +90,17 @@ def cuda_per_token_cast_kernel(cfg, recipe):
         (x's dtype, `load(g, r, e)`) scaled by `inverse_of(g)`, element 2 i in the low nibble of byte i. With a
         `key` (cfg.stochastic) the codes are the stochastic rounding's, hashing element t * H + h."""
         for g, r in T.Parallel(groups, runs):
-            for e in T.unroll(run):
-                if key is None:
-                    codes[e] = cuda_e2m1_code(T, T.cast(load(g, r, e), T.float32) * inverse_of(g))
-                else:
-                    h = random_bits(t * hidden + j * bk + g * bs + r * run + e, key)
-                    codes[e] = cuda_e2m1_stochastic_code(T, T.cast(load(g, r, e), T.float32) * inverse_of(g), h)
-            for i in T.unroll(run // 2):
-                packed[i] = T.cast(codes[2 * i] | (codes[2 * i + 1] << T.uint32(4)), T.int8)
-            for i in T.vectorized(run // 2):
-                out[t, j * (bk // 2) + g * (bs // 2) + r * (run // 2) + i] = packed[i]
+            if inside(j * bk + g * bs + r * run):
+                for e in T.unroll(run):
+                    if key is None:
+                        codes[e] = cuda_e2m1_code(T, T.cast(load(g, r, e), T.float32) * inverse_of(g))
+                    else:
+                        h = random_bits(t * hidden + j * bk + g * bs + r * run + e, key)
+                        codes[e] = cuda_e2m1_stochastic_code(T, T.cast(load(g, r, e), T.float32) * inverse_of(g), h)
+                for i in T.unroll(run // 2):
+                    packed[i] = T.cast(codes[2 * i] | (codes[2 * i + 1] << T.uint32(4)), T.int8)
+                for i in T.vectorized(run // 2):
+                    out[t, j * (bk // 2) + g * (bs // 2) + r * (run // 2) + i] = packed[i]
 
     @T.macro
     def body(x, out, out_sf, sf, key):
@@ -108,13 +122,19 @@ def cuda_per_token_cast_kernel(cfg, recipe):
                 else:
                     xv = T.alloc_fragment((groups, bs), in_dtype)
                     for g, k in T.Parallel(groups, bs):
-                        xv[g, k] = x[t, j * bk + g * bs + k]
+                        if short:
+                            xv[g, k] = T.if_then_else(
+                                j * bk + g * bs + k < hidden, x[t, j * bk + g * bs + k], T.cast(0, in_dtype)
+                            )
+                        else:
+                            xv[g, k] = x[t, j * bk + g * bs + k]
                     T.reduce_absmax(xv, amax, dim=1)
                 for g in T.Parallel(groups):
-                    if writes_data:
-                        out_sf[sf_at(t, j * groups + g)], inverse[g] = scale_and_inverse(T.cast(amax[g], T.float32))
-                    else:
-                        out_sf[sf_at(t, j * groups + g)] = scale_and_inverse(T.cast(amax[g], T.float32))[0]
+                    if inside((j * groups + g) * bs):  # a block wholly past H has no scale to store
+                        if writes_data:
+                            out_sf[sf_at(t, j * groups + g)], inverse[g] = scale_and_inverse(T.cast(amax[g], T.float32))
+                        else:
+                            out_sf[sf_at(t, j * groups + g)] = scale_and_inverse(T.cast(amax[g], T.float32))[0]
                 if writes_data:
                     if fp4:
                         codes = T.alloc_local((run,), T.uint32)
@@ -127,16 +147,18 @@ def cuda_per_token_cast_kernel(cfg, recipe):
                         for g, k in T.Parallel(groups, bs):
                             # quant.cast's stochastic rounding to e4m3 bits of element t * H + h (a product
                             # that is bit for bit the plain cast's), written as uint8.
-                            scaled = T.cast(xv[g, k], T.float32) * inverse[g]
-                            h = random_bits(t * hidden + j * bk + g * bs + k, key)
-                            code = round_e4m3(T.reinterpret(scaled, T.uint32), h)
-                            out[t, j * bk + g * bs + k] = T.Cast('uint8', code)
+                            if inside(j * bk + g * bs + k):
+                                scaled = T.cast(xv[g, k], T.float32) * inverse[g]
+                                h = random_bits(t * hidden + j * bk + g * bs + k, key)
+                                code = round_e4m3(T.reinterpret(scaled, T.uint32), h)
+                                out[t, j * bk + g * bs + k] = T.Cast('uint8', code)
                     else:
                         for g, k in T.Parallel(groups, bs):
                             # __nv_fp8_e4m3's conversion: nearest even, saturating to +-448, NaN kept.
-                            out[t, j * bk + g * bs + k] = T.cast(
-                                T.cast(xv[g, k], T.float32) * inverse[g], T.float8_e4m3fn
-                            )
+                            if inside(j * bk + g * bs + k):
+                                out[t, j * bk + g * bs + k] = T.cast(
+                                    T.cast(xv[g, k], T.float32) * inverse[g], T.float8_e4m3fn
+                                )
                 if padding > 0 and j == n_tiles - 1:
                     for p in T.serial(padding):
                         out_sf[sf_at(t, num_blocks + p)] = T.uint8(0)
@@ -152,10 +174,11 @@ def cuda_per_token_cast_kernel(cfg, recipe):
                 )  # fmt: skip
             else:
                 for g, k in T.Parallel(groups, bs):
-                    out[t, j * bk + g * bs + k] = T.cast(
-                        T.cast(x[t, j * bk + g * bs + k], T.float32)
-                        * cuda_inverse_of(T, T.cast(sf[t, j * groups + g], T.float32)),
-                        T.float8_e4m3fn,
-                    )
+                    if inside(j * bk + g * bs + k):
+                        out[t, j * bk + g * bs + k] = T.cast(
+                            T.cast(x[t, j * bk + g * bs + k], T.float32)
+                            * cuda_inverse_of(T, T.cast(sf[t, j * groups + g], T.float32)),
+                            T.float8_e4m3fn,
+                        )
 
     return per_token_cast_prim_func(T, cfg, num_tokens, x_type, body)

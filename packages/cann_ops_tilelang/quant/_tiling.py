@@ -67,7 +67,8 @@ class RowScales:
 
     @property
     def num_col_tiles(self) -> int:
-        return self.blocked_hidden // self.block_k
+        """Column tiles of a row: whole ones, and with a short block the last may reach past H (CUDA)."""
+        return -(-self.hidden // self.block_k)
 
     @property
     def sf_pack(self) -> int:

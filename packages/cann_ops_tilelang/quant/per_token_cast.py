@@ -15,12 +15,12 @@ from .cast_back import cast_back, check_quantised, kernel_choice, logical_hidden
 from .cast_kernel import SEED_LIMIT
 from .per_token_cast_kernel import (
     CAST_BLOCK_SIZES,
+    CAST_HIDDEN_UNIT,
     FORMATS,
     choose_per_token_cast_config,
     choose_per_token_recast_config,
     get_per_token_cast_kernel,
     get_per_token_recast_kernels,
-    hidden_multiple,
 )
 
 
@@ -77,7 +77,7 @@ def _output_options(name, H, fmt, num_per_channels, round_sf, use_packed_ue8m0, 
     contract.check_block(name, 'num_per_channels', num_per_channels, CAST_BLOCK_SIZES)
     contract.check_scale_flags(name, round_sf, use_packed_ue8m0)
     contract.check_e4m3_sf(name, use_e4m3_sf, round_sf)
-    contract.check_hidden(name, H, hidden_multiple(num_per_channels), f'num_per_channels {num_per_channels}')
+    contract.check_hidden(name, H, CAST_HIDDEN_UNIT, 'whole 64-lane registers')
 
 
 def _choice(mode):
@@ -292,8 +292,9 @@ def per_token_cast(
     Args:
         x: (T, H) bf16 or fp32, the last dimension contiguous, rows contiguous or of any stride whose row starts
             are 16-byte aligned (as TileKernels takes them; a kernel of its own, the row stride a launch argument);
-            T >= 0 (T = 0: empty results, no launch), H a positive multiple of max(64, num_per_channels),
-            T * H < 2**31. Or a quantised tensor (data, sf) with its scale block
+            T >= 0 (T = 0: empty results, no launch), H a positive multiple of 64 (with num_per_channels 128 an odd
+            multiple, e.g. 2880, leaves a short last block: its scale covers its 64 channels; on Ascend then
+            H <= 8128), T * H < 2**31. Or a quantised tensor (data, sf) with its scale block
             x_block_size, in any layout cast_back reads (e4m3 or FP4 data; fp32, packed UE8M0 or E4M3 scales,
             row- or column-major): the result is the cast of its dequantised values, bit for bit
             per_token_cast(cast_back(x, 'fp32', x_block_size), ...), on both backends. (TileKernels' Ascend kernel

@@ -33,10 +33,13 @@ scales the inf block's scale saturates at 448, its finite values are x / 448 and
 NaN in a block is unspecified (the max reductions of the backends may drop it), as in the peer.
 
 Supported: x (T, H), contiguous or (`strided_rows`) rows a runtime stride apart, each starting on 16 bytes, T >= 1
-per launch (the interface skips empty inputs), H a positive multiple of max(64, block_size). The scales are written
+per launch (the interface skips empty inputs), H a positive multiple of 64; with 128-channel blocks an odd multiple
+(e.g. 2880) leaves a short last block of 64 channels: its scale is that of its 64 channels (the missing ones count as
+zeros in the maximum), the scale row has ceil(H / 128) entries, and nothing past H is written (Ascend: the row is
+one task then, H <= 8128; CUDA: tiles of whole blocks, the last one guarded). The scales are written
 row-major, or (`col_major_sf`, TileKernels' use_tma_aligned_col_major_sf) straight into a column-major buffer: the
 same values, token t's scale k at element k * S + t for a row stride S >= T of the launch (packed UE8M0: word k).
-The peer also takes H = 64 * odd with block 128 (a short last block); these kernels do not. Pre-quantised inputs
+Pre-quantised inputs
 are a composition (PerTokenRecastConfig below): cast_back's kernel to fp32 rows, then this kernel. The peer's
 Ascend kernel takes only 32-channel blocks and no E4M3 scales; these take every block and scale format on both
 backends.
@@ -74,8 +77,14 @@ _CUDA_THREADS = 64
 
 
 def hidden_multiple(block_size: int) -> int:
-    """What H must be a positive multiple of: whole scale blocks and whole vector registers."""
+    """What H must be a positive multiple of for whole scale blocks and whole vector registers (the fused casts of
+    norm and SwiGLU; per_token_cast itself takes CAST_HIDDEN_UNIT, a short last block included)."""
     return max(LANES, block_size)
+
+
+# What per_token_cast's H must be a positive multiple of: whole 64-lane registers; with 128-channel blocks an odd
+# multiple leaves the last block short (64 channels), as the peer's CUDA kernel allows (e.g. H = 2880).
+CAST_HIDDEN_UNIT = LANES
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,12 +126,14 @@ class PerTokenCastConfig(CastModes, CastFormats, RowScales):
             raise ValueError(f'fmt must be one of {FORMATS}, got {self.fmt!r}')
         if self.e4m3_sf and self.round_sf:
             raise ValueError('e4m3_sf excludes round_sf (E4M3 or power-of-two scales)')
+        if self.hidden <= 0 or self.hidden % CAST_HIDDEN_UNIT != 0:
+            raise ValueError(f'hidden must be a positive multiple of {CAST_HIDDEN_UNIT}, got {self.hidden}')
         unit = hidden_multiple(self.block_size)
-        if self.hidden <= 0 or self.hidden % unit != 0:
-            raise ValueError(
-                f'hidden must be a positive multiple of {unit} (block_size {self.block_size}), got {self.hidden}'
-            )
-        if self.block_k % unit != 0 or self.hidden % self.block_k != 0:
+        if self.short_block:  # tiles of whole blocks, the last reaching past H (Ascend: the row is one task)
+            if self.block_k % unit != 0 or (self.backend == 'ascend' and self.block_k != self.blocked_hidden):
+                raise ValueError(f'block_k {self.block_k}: a multiple of {unit} (Ascend: the blocked row) for a '
+                                 f'short last block of hidden {self.hidden}')  # fmt: skip
+        elif self.block_k % unit != 0 or self.hidden % self.block_k != 0:
             raise ValueError(f'block_k {self.block_k} must be a multiple of {unit} dividing hidden {self.hidden}')
         if self.sf_padding and self.num_col_tiles > 1 and self.backend == 'ascend':
             raise ValueError('Ascend: a padded UE8M0 row must be handled by one task (block_k == hidden)')
@@ -173,9 +184,10 @@ def choose_per_token_cast_config(
     dtype = FLOAT_DTYPE_NAMES[in_dtype]
     if block_size not in CAST_BLOCK_SIZES:
         raise ValueError(f'block_size must be one of {CAST_BLOCK_SIZES}, got {block_size}')
+    if hidden <= 0 or hidden % CAST_HIDDEN_UNIT != 0:
+        raise ValueError(f'hidden must be a positive multiple of {CAST_HIDDEN_UNIT}, got {hidden}')
     unit = hidden_multiple(block_size)
-    if hidden <= 0 or hidden % unit != 0:
-        raise ValueError(f'hidden must be a positive multiple of {unit} (block_size {block_size}), got {hidden}')
+    blocked = -(-hidden // block_size) * block_size  # H rounded up to whole blocks
     if mode not in MODES:
         raise ValueError(f'mode must be one of {MODES}, got {mode!r}')
     if mode == 'precomputed':
@@ -185,6 +197,14 @@ def choose_per_token_cast_config(
     make = functools.partial(PerTokenCastConfig, backend, hidden, dtype, block_size, round_sf, packed_ue8m0, num_cores,
                              mode=mode, fmt=fmt, e4m3_sf=e4m3_sf, col_major_sf=col_major_sf,
                              strided_rows=strided_rows, stochastic=stochastic)  # fmt: skip
+    if backend == 'ascend' and blocked != hidden:
+        # A short last block: the task is the row, whose copies then have static lengths (H in, H out).
+        if blocked > _ASCEND_MAX_ROW:
+            raise ValueError(
+                f'Ascend: a short last block (hidden {hidden}, not a multiple of {block_size}) needs the row in one '
+                f'task: hidden <= {_ASCEND_MAX_ROW - CAST_HIDDEN_UNIT}'
+            )
+        return make(block_k=blocked, threads=0, num_stages=2)
     if backend == 'ascend':
         # The largest task that fits the buffers: the op streams x once, so fewer, longer DMAs per core.
         block_k = divisors(hidden, unit, _ASCEND_MAX_BLOCK_K)[0]
@@ -204,7 +224,11 @@ def choose_per_token_cast_config(
     if backend == 'cuda':
         # One small thread block per (token, column tile), many per SM: each thread has block_k / 64 elements of
         # 16-byte loads in flight (see docs/quant.md, "per_token_cast on CUDA").
-        block_k = divisors(hidden, unit, _CUDA_MAX_BLOCK_K)[0]
+        if blocked == hidden:
+            block_k = divisors(hidden, unit, _CUDA_MAX_BLOCK_K)[0]
+        else:  # a short last block: even tiles of whole blocks, the last reaching past H (guarded)
+            tiles = -(-blocked // _CUDA_MAX_BLOCK_K)
+            block_k = -(-blocked // tiles // unit) * unit
         threads = 32 * max(1, min(_CUDA_THREADS // 32, block_k // 1024))
         return make(block_k=block_k, threads=threads, num_stages=1)
     raise ValueError(f'backend must be "ascend" or "cuda", got {backend!r}')
