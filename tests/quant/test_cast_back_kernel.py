@@ -528,12 +528,15 @@ def test_cast_back_formats_lower(case):
 
 @pytest.mark.parametrize('backend', ['ascend', 'cuda'])
 @pytest.mark.parametrize('case', SHORT_BLOCK_CASES, ids=_case_id)
-def test_cast_back_short_block_lowers(backend, case):
-    """A short last block lowers on both backends: Ascend a task of the whole row, its UB as the config says; CUDA
-    the kernel of whole blocks, a thread's scale at col // 128 (the short block's for the last 64 columns)."""
+@pytest.mark.parametrize('col_major', by_level(LEVEL, core=(False,), default=(True,)))
+def test_cast_back_short_block_lowers(backend, case, col_major):
+    """A short last block lowers on both backends, row- and (level 1) column-major scales: Ascend a task of the
+    whole row, its UB as the config says; CUDA the kernel of whole blocks, a thread's scale at col // 128 (the
+    short block's for the last 64 columns)."""
     cfg = _config(
         backend, ASCEND_950_VECTOR_CORES if backend == 'ascend' else H200_SMS, case['variant'], case['hidden']
     )
+    cfg = dataclasses.replace(cfg, col_major_sf=col_major)
     assert cfg.short_block
     lower = assert_ascend_kernel_lowers if backend == 'ascend' else assert_cuda_kernel_lowers
     lowered = lower(lambda: make_cast_back_kernel(cfg), key=cfg, kernel_name=KERNEL_NAME)
