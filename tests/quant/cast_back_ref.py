@@ -18,10 +18,11 @@ from tests.quant.cast_ref import UE8M0_PACK, pack_ue8m0_cols, pack_ue8m0_rows, u
 def block_scales(
     sf: torch.Tensor, num_tokens: int, hidden: int, block_tokens: int, block_channels: int
 ) -> torch.Tensor:
-    """The fp32 scale of every element, (T, H), from x_sf in the kernels' layouts: fp32 (G, H / bc) or (G, H);
-    uint8 UE8M0 row-packed (G, 4 * ceil(H / bc / 4)) or, for bc = 1, col-packed (ceil(G / 4), 4 * H)."""
+    """The fp32 scale of every element, (T, H), from x_sf in the kernels' layouts: fp32 (G, ceil(H / bc)) or (G, H);
+    uint8 UE8M0 row-packed (G, 4 * ceil(ceil(H / bc) / 4)) or, for bc = 1, col-packed (ceil(G / 4), 4 * H). A short
+    last block (H = 64 * odd, bc = 128) has a scale of its own: whole blocks expanded, then cut back to H."""
     blocks = -(-num_tokens // block_tokens)
-    per_row = hidden // block_channels
+    per_row = -(-hidden // block_channels)
     if sf.dtype == torch.uint8:
         # Col-packed bytes of every token block, or the row layout's bytes without the padding.
         ue8m0 = unpack_ue8m0_cols(sf, blocks) if block_channels == 1 else sf[:, :per_row]
@@ -35,7 +36,7 @@ def block_scales(
     if tuple(scales.shape) != (blocks, per_row):
         raise ValueError(f'scales of shape {tuple(scales.shape)}, expected {(blocks, per_row)}')
     expanded = scales.repeat_interleave(block_tokens, dim=0)[:num_tokens]
-    return expanded.repeat_interleave(block_channels, dim=1)
+    return expanded.repeat_interleave(block_channels, dim=1)[:, :hidden]
 
 
 def cast_back_ref(
@@ -81,11 +82,11 @@ def random_e4m3(num_tokens: int, hidden: int, *, nan: bool = False) -> torch.Ten
 def random_scales(
     num_tokens: int, hidden: int, block_tokens: int, block_channels: int, *, packed_ue8m0: bool, e4m3_sf: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(x_sf in the kernels' layout, the same scales as fp32 (G, H / bc)) with magnitudes over many binades:
+    """(x_sf in the kernels' layout, the same scales as fp32 (G, ceil(H / bc))) with magnitudes over many binades:
     fp32 scales with random significands (so bf16 outputs need rounding), UE8M0 bytes 100..154 (finite
     products for every e4m3 value), or every finite float8_e4m3fn scale (NaN redrawn as +-0)."""
     blocks = -(-num_tokens // block_tokens)
-    per_row = hidden // block_channels
+    per_row = -(-hidden // block_channels)  # a short last block has its scale
     if e4m3_sf:
         scales = random_e4m3(blocks, per_row)
         return scales, scales.float()

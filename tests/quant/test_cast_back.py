@@ -13,9 +13,10 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from cann_ops_tilelang import config
 from cann_ops_tilelang.quant import cast_back, per_block_cast, per_channel_cast, per_token_cast, per_token_cast_back
+from cann_ops_tilelang.quant._contract import sf_layout
 from cann_ops_tilelang.quant._scale_rules import FORMAT_MAX
 from tests.quant.cast_back_ref import cast_back_ref
-from tests.quant.cast_ref import padded_hidden, scaled_rows, tma_col_major_sf
+from tests.quant.cast_ref import padded_hidden, per_token_cast_format_ref, scaled_rows, tma_col_major_sf
 from tests.testing.bench import config_extras, make_param_id
 from tests.testing.generator import by_level, generate_samples, get_test_level
 from tests.testing.numeric import assert_equal, count_bytes
@@ -149,6 +150,47 @@ def test_cast_back_takes_col_major_scales(monkeypatch):
         assert choice(data[: 32 * layout.shape[0]], layout, (32, 128)) is expected
     ue8m0 = _col_major(torch.randint(0, 2**31, (2, 3), dtype=torch.int32), 4)  # 9 blocks of 128 in 3 words
     assert choice(torch.zeros(200, 1152, dtype=torch.float8_e4m3fn), ue8m0, (128, 128), 'fp32') is True
+
+
+SHORT = torch.zeros(4, 192, dtype=torch.float8_e4m3fn)  # H = 64 * 3: a block of 128 channels and a short one of 64
+
+
+def test_cast_back_short_block_contract(monkeypatch):
+    """H = 64 * odd: whole blocks of 64 channels as before; with 128-channel blocks a short last block, now taken,
+    ceil(H / 128) scales a row (packed UE8M0 ceil(ceil(H / 128) / 4) words, sf_layout's shapes), row- or
+    column-major, per token or per token block, by both calls; floor(H / 128) scales are refused by shape, H not a
+    multiple of 64 by its rule, and FP4 data keeps H a multiple of 128 (the kernels load 64 bytes at a time)."""
+    module = importlib.import_module('cann_ops_tilelang.quant.cast_back')
+    monkeypatch.setattr(config, 'require_accelerator', lambda *tensors: 'ascend')
+    assert module.OP.check((SHORT, torch.ones(4, 3)), 'bf16', (1, 64), None, None) == 'ascend'
+    for sf in (
+        torch.ones(4, 2),
+        torch.ones(4, 1, dtype=torch.int32),  # 2 UE8M0 bytes and 2 of padding
+        torch.ones(4, 2, dtype=torch.float8_e4m3fn),
+        _col_major(torch.ones(4, 2), 8),
+    ):
+        assert tuple(sf.shape) == sf_layout(4, 192, (1, 128), sf.dtype == torch.int32)[0]
+        assert module.OP.check((SHORT, sf), 'bf16', (1, 128), None, None) == 'ascend'
+        assert module.PER_TOKEN.check((SHORT, sf), 'fp32', 128, None, None) == 'ascend'
+        choice = module.kernel_choice((SHORT, sf), 'bf16', (1, 128))
+        assert (choice['hidden'], choice['block_channels']) == (192, 128)
+    blocks = torch.zeros(40, 2880, dtype=torch.float8_e4m3fn)  # gpt-oss's H: 22 blocks of 128 and one of 64
+    assert module.OP.check((blocks, torch.ones(2, 23)), 'fp32', (32, 128), None, None) == 'ascend'
+    assert module.OP.check((blocks, torch.ones(40, 6, dtype=torch.int32)), 'fp32', (1, 128), None, None) == 'ascend'
+    with pytest.raises(ValueError, match=r'x\[1\] must have shape \(4, 2\)'):
+        cast_back((SHORT, torch.ones(4, 1)), 'bf16', (1, 128))  # the short block's scale missing
+    with pytest.raises(ValueError, match=r'x\[1\] must have shape \(4, 2\)'):
+        per_token_cast_back((SHORT, torch.ones(4, 1)), 'bf16', 128)
+    with pytest.raises(ValueError, match=r'positive multiple of 64 for x_block_size \(1, 128\), got 160'):
+        cast_back((torch.zeros(4, 160, dtype=torch.float8_e4m3fn), torch.ones(4, 2)), 'bf16', (1, 128))
+    fp4 = (torch.zeros(4, 96, dtype=torch.int8), torch.ones(4, 2))  # 192 e2m1 elements
+    with pytest.raises(ValueError, match=r'multiple of 128 for x_block_size \(1, 128\) and FP4 data .*got 192'):
+        cast_back(fp4, 'bf16', (1, 128))
+    with pytest.raises(ValueError, match=r'multiple of 128 for x_block_size \(1, 128\) and FP4 data .*got 192'):
+        per_token_cast_back(fp4, 'bf16', 128)
+    with FakeTensorMode():
+        out = per_token_cast_back((torch.empty(4, 192, dtype=SHORT.dtype), torch.empty(4, 2)), 'bf16', 128)
+        assert (tuple(out.shape), out.dtype) == ((4, 192), torch.bfloat16)
 
 
 def test_cast_back_fake_tensors(monkeypatch):
@@ -359,6 +401,67 @@ def test_cast_back_block_col_major_values(variant, num_tokens, device):
         assert_equal(_bits(cast_back((data, _col_major(sf, stride)), fmt, block)), expected)
     if LEVEL >= 1:  # the row-major kernel, called
         assert_equal(_bits(cast_back((data, row_major), fmt, block)), expected)
+
+
+# A short last block (H = 64 * odd, 128-channel blocks: gpt-oss's 2880; 192), e4m3 data, the layout per_token_cast
+# writes for it (ceil(H / 128) scales a row), made by the reference here. Level 0: one kernel configuration, that of
+# test_cast_back_kernel.py's level 0 (H = 192, fp32 scales, bf16 out); level 1 adds UE8M0 and E4M3 scales, fp32 out,
+# H = 2880, column-major scales (their own configurations) and the same rows read as 32-token blocks.
+_SHORT_CORE = [dict(hidden=192, sf='fp32', out='bf16')]
+SHORT_BLOCK_ROUND_TRIPS = by_level(
+    LEVEL,
+    core=_SHORT_CORE,
+    default=[
+        dict(hidden=2880, sf='fp32', out='bf16'),
+        dict(hidden=2880, sf='ue8m0', out='fp32'),
+        dict(hidden=192, sf='e4m3', out='bf16'),
+        dict(hidden=2880, sf='e4m3', out='fp32'),
+    ],
+)
+
+
+def _short_block_quantised(x: torch.Tensor, sf: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """x (T, H = 64 * odd) cast per token in 128-channel blocks by the reference: x padded with zero channels to
+    whole blocks (a zero changes no block's maximum), per_token_cast_format_ref, the data cut back to H; packed
+    UE8M0 as the interface's int32 words."""
+    hidden = x.shape[1]
+    padded = torch.nn.functional.pad(x.cpu().float(), (0, -hidden % 128))
+    packed = sf == 'ue8m0'
+    data, scales = per_token_cast_format_ref(padded, 128, round_sf=packed, packed_ue8m0=packed, e4m3_sf=sf == 'e4m3')
+    data = data[:, :hidden].contiguous()
+    return data.to(x.device), (scales.view(torch.int32) if packed else scales).to(x.device)
+
+
+@pytest.mark.npu
+@pytest.mark.parametrize('variant', SHORT_BLOCK_ROUND_TRIPS, ids=make_param_id)
+@pytest.mark.parametrize('num_tokens', by_level(LEVEL, core=(0, 37), default=(1, 161)))
+def test_cast_back_short_block_values(variant, num_tokens, device):
+    """Scales of a short last block (the last of ceil(H / 128) a row) read back: bit for bit against the reference,
+    through per_token_cast_back and out= too, and within the round trip's error of x (each element's scale from
+    the reference, no second kernel); level 1 also column-major (CUDA's padded row stride + 4, poisoned padding)
+    and, for fp32 scales, every 32nd row as 32-token blocks."""
+    hidden, fmt, block = variant['hidden'], variant['out'], (1, 128)
+    x = scaled_rows(num_tokens, hidden, 'bfloat16', device)
+    quantised = _short_block_quantised(x, variant['sf'])
+    assert tuple(quantised[1].shape) == sf_layout(num_tokens, hidden, block, variant['sf'] == 'ue8m0')[0]
+    expected = _bits(_expected(quantised, fmt, block))
+    result = cast_back(quantised, fmt, block)
+    assert_equal(_bits(result), expected)
+    assert_equal(_bits(per_token_cast_back(quantised, fmt, 128)), expected)
+    buffer = torch.full_like(result, float('nan'))
+    assert cast_back(quantised, fmt, block, out=buffer) is buffer
+    assert_equal(_bits(buffer), expected)
+    scale = _expected((torch.ones_like(quantised[0]), quantised[1]), 'fp32', block)
+    error = (result.float().cpu() - x.float().cpu()).abs()
+    saturated = (x.float().cpu().abs() - scale * FORMAT_MAX['e4m3']).clamp(min=0)  # E4M3 scales rounded below
+    assert bool((error <= x.float().cpu().abs() * (2**-4 + 2**-8) + scale * 2**-10 + saturated).all())
+    if LEVEL >= 1:
+        data, sf = quantised
+        padded = _col_major(sf, _tma_row_stride(num_tokens, sf.dtype) + 4)
+        assert_equal(_bits(cast_back((data, padded), fmt, block)), expected)
+        if variant['sf'] == 'fp32':  # token blocks: the scale rows of tokens 0, 32, ... as 32-token blocks' rows
+            blocks = (data, sf[::32].contiguous())
+            assert_equal(_bits(cast_back(blocks, fmt, (32, 128))), _bits(_expected(blocks, fmt, (32, 128))))
 
 
 # Per-token scales of the peer's shapes (tokens 4001 / 8001, hidden 4096 / 7168): 128-channel fp32 and 32-channel

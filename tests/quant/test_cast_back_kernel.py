@@ -79,6 +79,22 @@ _ALL_FORMAT_VARIANTS = [
     if data == 'e2m1' or bc == 16 or sf == 'e4m3'  # the e4m3 rest: _ALL_VARIANTS
 ]
 FORMAT_VARIANTS = by_level(LEVEL, core=_CORE_FORMAT_VARIANTS, default=_ALL_FORMAT_VARIANTS)
+# A short last block: H = 64 * odd with 128-channel blocks (per_token_cast's rows of gpt-oss's H = 2880), e4m3
+# data. Level 0: one configuration (H = 192, one whole block and the short one, fp32 scales, bf16 out), shared
+# with test_cast_back.py's level 0; level 1: UE8M0 and E4M3 scales, fp32 out, token blocks, H = 2880.
+_SHORT_CORE = [dict(variant=dict(out_dtype='bfloat16', bt=1, bc=128, sf='fp32', data='e4m3'), hidden=192)]
+SHORT_BLOCK_CASES = by_level(
+    LEVEL,
+    core=_SHORT_CORE,
+    default=[
+        dict(variant=dict(out_dtype='float32', bt=1, bc=128, sf='ue8m0', data='e4m3'), hidden=192),
+        dict(variant=dict(out_dtype='bfloat16', bt=1, bc=128, sf='e4m3', data='e4m3'), hidden=2880),
+        dict(variant=dict(out_dtype='float32', bt=1, bc=128, sf='fp32', data='e4m3'), hidden=2880),
+        dict(variant=dict(out_dtype='bfloat16', bt=1, bc=128, sf='ue8m0', data='e4m3'), hidden=2880),
+        dict(variant=dict(out_dtype='bfloat16', bt=32, bc=128, sf='fp32', data='e4m3'), hidden=192),
+        dict(variant=dict(out_dtype='float32', bt=128, bc=128, sf='ue8m0', data='e4m3'), hidden=2880),
+    ],
+)
 VARIANTS = by_level(LEVEL, core=_CORE_VARIANTS, default=_ALL_VARIANTS)
 # Tokens: one, partial token blocks (67 = 2 * 32 + 3; 129 = 128 + 1), several col-packed UE8M0 rows ending in
 # padding (300: 10 blocks of 32), the benchmark size.
@@ -127,7 +143,8 @@ def _lowering_cases() -> list[dict]:
 
 
 def _sized_cases(variants: list[dict], hidden_sizes) -> list[dict]:
-    """variant x hidden, where hidden is a multiple of the variant's block."""
+    """variant x hidden, where the variant takes hidden (hidden_multiple: whole blocks, or for e4m3 data a short last
+    block of 128 channels)."""
     return generate_samples(
         variant=variants,
         hidden=hidden_sizes,
@@ -219,7 +236,8 @@ def test_cast_back_config_tiles(case):
         (dict(block_tokens=True), TypeError, 'block_tokens'),
         (dict(block_channels=32.0), TypeError, 'block_channels'),
         (dict(hidden=96), ValueError, 'multiple of 64'),
-        (dict(hidden=192, block_channels=128), ValueError, 'multiple of 128'),
+        (dict(hidden=192, block_channels=128, fp4=True), ValueError, 'multiple of 128'),
+        (dict(hidden=16448, block_channels=128), ValueError, 'whole row: hidden must be at most 16384'),
         (dict(hidden=0), ValueError, 'positive multiple'),
         (dict(hidden=-64), ValueError, 'positive multiple'),
         (dict(packed_ue8m0=1), TypeError, 'packed_ue8m0'),
@@ -308,6 +326,39 @@ def test_cast_back_config_col_major():
         assert (cfg.block_m, cfg.block_k) == (row.block_m, row.block_k)
     with pytest.raises(TypeError, match='col_major_sf must be a bool'):
         choose_cast_back_config(backend='ascend', hidden=256, col_major_sf=1, **args)
+
+
+def test_cast_back_config_short_block():
+    """H = 64 * odd with 128-channel blocks (gpt-oss's 2880): ceil(H / 128) scales a row, the last the short block's
+    (packed UE8M0 bytes padded to whole words); on Ascend the row is one task (a ValueError past 16384 channels,
+    and for a tiling that cuts the row), on CUDA tiles of whole registers (a thread's 16 columns lie in one block).
+    64-channel blocks of the same H are whole; FP4 data keeps H a multiple of 128."""
+    args = dict(out_dtype='bfloat16', block_tokens=1, block_channels=128, packed_ue8m0=False)
+    asc = choose_cast_back_config(backend='ascend', num_cores=64, hidden=2880, **args)
+    assert asc.short_block
+    assert (asc.num_blocks, asc.task_blocks, asc.sf_cols, asc.sf_shape(5)) == (23, 23, 23, (5, 23))
+    assert (asc.block_k, asc.block_m, asc.num_col_tiles) == (2880, 4, 1)
+    packed = choose_cast_back_config(backend='ascend', num_cores=64, hidden=2880, **args | {'packed_ue8m0': True})
+    assert (packed.sf_cols, packed.sf_shape(5)) == (24, (5, 24))  # 23 bytes and a zero byte: 6 int32 words
+    with pytest.raises(ValueError, match='task of the whole row: block_k 960 must be hidden 2880'):
+        dataclasses.replace(asc, block_k=960, block_m=16)
+    largest = choose_cast_back_config(
+        backend='ascend', num_cores=64, hidden=16320, **args | {'out_dtype': 'float32', 'packed_ue8m0': True}
+    )
+    assert (largest.block_k, largest.block_m) == (16320, 1)
+    assert largest.ascend_ub_bytes <= 248 * 1024
+    for bt in (1, 32, 128):
+        cuda = choose_cast_back_config(backend='cuda', num_cores=132, hidden=2880, **args | {'block_tokens': bt})
+        assert cuda.short_block
+        assert (cuda.block_k, cuda.threads, cuda.num_blocks) == (2880, 180, 23)
+        assert cuda.rows_per_thread == (1 if bt == 1 else 4)
+    wide = choose_cast_back_config(backend='cuda', num_cores=132, hidden=5 * 1088, **args)  # 42.5 blocks
+    assert (wide.block_k, wide.num_col_tiles, wide.num_blocks) == (1088, 5, 43)  # tiles of whole registers
+    assert not choose_cast_back_config(
+        backend='ascend', num_cores=64, hidden=2880, **args | {'block_channels': 64}
+    ).short_block
+    with pytest.raises(ValueError, match='hidden must be a positive multiple of 128'):
+        choose_cast_back_config(backend='cuda', num_cores=132, hidden=2880, fp4=True, **args)
 
 
 _CM_DMA = re.compile(
@@ -475,6 +526,27 @@ def test_cast_back_formats_lower(case):
         assert 'const fp8_e4_t* __restrict__ x_sf' in lowered.source
 
 
+@pytest.mark.parametrize('backend', ['ascend', 'cuda'])
+@pytest.mark.parametrize('case', SHORT_BLOCK_CASES, ids=_case_id)
+@pytest.mark.parametrize('col_major', by_level(LEVEL, core=(False,), default=(True,)))
+def test_cast_back_short_block_lowers(backend, case, col_major):
+    """A short last block lowers on both backends, row- and (level 1) column-major scales: Ascend a task of the
+    whole row, its UB as the config says; CUDA the kernel of whole blocks, a thread's scale at col // 128 (the
+    short block's for the last 64 columns)."""
+    cfg = _config(
+        backend, ASCEND_950_VECTOR_CORES if backend == 'ascend' else H200_SMS, case['variant'], case['hidden']
+    )
+    cfg = dataclasses.replace(cfg, col_major_sf=col_major)
+    assert cfg.short_block
+    lower = assert_ascend_kernel_lowers if backend == 'ascend' else assert_cuda_kernel_lowers
+    lowered = lower(lambda: make_cast_back_kernel(cfg), key=cfg, kernel_name=KERNEL_NAME)
+    if backend == 'ascend':
+        assert cfg.block_k == cfg.hidden
+        assert lowered.ub_bytes == cfg.ascend_ub_bytes
+    else:
+        assert lowered.ub_bytes == 0
+
+
 # ---------------------------------------------------------------- device tier
 
 
@@ -610,6 +682,46 @@ def test_cast_back_formats_special_values(variant, device):
     assert torch.equal(out.isnan(), nan)
     assert torch.equal(_int_view(out)[~nan], _int_view(ref)[~nan])
     assert (_int_view(ref) == _int_view(torch.tensor(-0.0).to(ref.dtype))).any()  # -0.0 kept
+
+
+@pytest.mark.npu
+@pytest.mark.parametrize('case', SHORT_BLOCK_CASES, ids=_case_id)
+@pytest.mark.parametrize('num_tokens', by_level(LEVEL, core=(67,), default=(5, 129)))
+def test_cast_back_kernel_short_block_values(case, num_tokens, device):
+    """H = 64 * odd, 128-channel blocks: the last scale of a row multiplies its last 64 channels (the reference
+    expands whole blocks and cuts them back to H), bit for bit; UE8M0 bytes past the short block's (garbage) are
+    never read."""
+    variant, hidden = case['variant'], case['hidden']
+    x, sf = _inputs(num_tokens, hidden, variant)
+    if variant['sf'] == 'ue8m0':
+        blocks = -(-hidden // variant['bc'])
+        valid = pack_ue8m0_rows(torch.ones(sf.shape[0], blocks, dtype=torch.uint8)).bool()
+        assert not valid.all()  # 2 or 23 blocks: the rows end in padding
+        sf = torch.where(valid, sf, torch.full_like(sf, 0xA5))
+    _check(x, sf, variant, device)
+
+
+def test_reference_short_block():
+    """A short last block (H = 64 * odd, bc = 128) has its own scale: ceil(H / bc) a row, the last one on the row's
+    last 64 channels only; fp32, UE8M0 (padded to a word) and E4M3 scales alike."""
+    data = torch.ones(2, 192, dtype=torch.float8_e4m3fn)
+    sf = torch.tensor([[2.0, -3.0], [0.5, 4.0]])
+    out = cast_back_ref(data, sf, torch.float32, 1, 128)
+    assert out.shape == (2, 192)
+    assert torch.equal(out[:, :128], sf[:, :1].expand(2, 128))
+    assert torch.equal(out[:, 128:], sf[:, 1:].expand(2, 64))
+    assert torch.equal(block_scales(sf, 2, 192, 1, 128), out)
+    ue8m0 = torch.tensor([[127, 130], [120, 140]], dtype=torch.uint8)
+    packed = pack_ue8m0_rows(ue8m0, UE8M0_PACK)
+    assert packed.shape == (2, 4)
+    assert torch.equal(
+        block_scales(packed, 2, 192, 1, 128)[:, ::64], ue8m0_to_fp32(ue8m0).repeat_interleave(2, 1)[:, :3]
+    )
+    sf, scales = random_scales(3, 2880, 1, 128, packed_ue8m0=False)
+    assert sf.shape == (3, 23)
+    assert torch.equal(block_scales(sf, 3, 2880, 1, 128)[:, 2816:], scales[:, 22:].expand(3, 64))
+    with pytest.raises(ValueError, match=r'expected \(2, 2\)'):
+        block_scales(sf[:2, :1], 2, 192, 1, 128)  # floor(H / bc) scales: the short block's missing
 
 
 def test_reference_e2m1_decoding():

@@ -3,9 +3,11 @@
 A persistent loop over (row tile, column tile) tasks on the vector cores, `cfg.num_stages` buffer versions so
 that the DMAs of the next task overlap the vector work of this one. Per task the fp8 tile (block_m x block_k)
 and the slice of the scale rows it needs land in UB; a task holds either one scale row per token (per-token
-scales) or a single token block (block_m <= block_tokens), so its scale rows never straddle a task. Column-major
-scales (cfg.col_major_sf) land transposed, one DMA per task: a burst per scale (UE8M0: per word) of the task's
-tokens, or of its token block's one scale / word, into a row of the UB tile.
+scales) or a single token block (block_m <= block_tokens), so its scale rows never straddle a task. A short last
+block (H = 64 * odd, 128-channel blocks) makes a task the whole row: its scale slice holds ceil(H / 128) scales,
+the last one the short block's, which the row's last 64-column chunk reads. Column-major scales (cfg.col_major_sf)
+land transposed, one DMA per task: a burst per scale (UE8M0: per word) of the task's tokens, or of its token
+block's one scale / word, into a row of the UB tile.
 
 One SIMD VF per task, 64 fp32 lanes per register:
   - UE8M0 scales first become fp32 in UB: the bytes are widened to 32-bit lanes (an UNPK4_B8 load for the
@@ -81,8 +83,9 @@ def ascend_cast_back_kernel(cfg):
     grid = cfg.num_cores
     per_token = bt == 1
     sm = cfg.scale_rows_per_task  # scale rows (token blocks) a task reads: block_m per token, else 1
-    # Scale columns of one task: its blocks (row layout) or its channels (channel blocks), as fp32 in UB.
-    sf_w = bk if channel else bk // bc
+    # Scale columns of one task: its blocks (row layout; a short last block too) or its channels (channel blocks),
+    # as fp32 in UB.
+    sf_w = bk if channel else cfg.task_blocks
     if widened and not channel:
         # Widened 64 bytes per register over the flat (sm, sf_w) tile: room for whole registers.
         flat = -(-sm * sf_w // LANES) * LANES

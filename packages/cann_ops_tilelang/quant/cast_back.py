@@ -202,12 +202,15 @@ def cast_back(
             64 or 128), per_block_cast (bt, bc in 32, 64, 128; bt also 1) or per_channel_cast (bc = 1, bt 32 or
             128); or FP4 (T, H / 2) int8, two e2m1 codes a byte, element 2 i in the low nibble of byte i
             (per_token_cast's 'e2m1': bt = 1 only). sf fp32, packed UE8M0 int32 in those operators' layouts (a
-            UE8M0 byte b is 2 ** (b - 127); 0 gives 0.0, 255 inf), or float8_e4m3fn (T, H / bc) (per_token_cast's
+            UE8M0 byte b is 2 ** (b - 127); 0 gives 0.0, 255 inf), or float8_e4m3fn (T, ceil(H / bc)) (per_token_cast's
             use_e4m3_sf: bt = 1 only). sf row-major (contiguous), or with bc > 1 column-major, as per_token_cast and
             per_block_cast(..., use_tma_aligned_col_major_sf=True) return it: strides (1, S), S >= R, R its rows (T,
             or ceil(T / bt) token blocks) (read from the strides, as TileKernels does; other strides: ValueError).
-            T >= 0 (T = 0: an empty result, no launch), H a positive multiple of max(64, bc) (FP4: of max(128, bc):
-            the kernels read 64 bytes at a time), T * H < 2**31.
+            T >= 0 (T = 0: an empty result, no launch), H a positive multiple of 64 (FP4: of max(128, bc): the
+            kernels read 64 bytes at a time, whole blocks), T * H < 2**31. With bc = 128, H = 64 * odd (e4m3 data,
+            e.g. gpt-oss's 2880) ends in a short block of 64 channels with a scale of its own: sf has ceil(H / bc)
+            columns (packed UE8M0: ceil(ceil(H / bc) / 4) words), per_token_cast's layout; on Ascend then H <= 16384
+            (the row one task; ValueError beyond).
         fmt: the output, 'bf16' (to nearest even) or 'fp32'.
         x_block_size: (bt, bc).
         x_special_fmt: only None is supported (TileKernels reserves it too).
@@ -230,4 +233,5 @@ def per_token_cast_back(
 ) -> torch.Tensor:
     """The inverse of per_token_cast: cast_back(x, fmt, (1, num_per_channels)) (TileKernels 2.1.0's call), for
     num_per_channels 16, 32, 64 or 128, e4m3 or FP4 data, and fp32, packed UE8M0 or float8_e4m3fn scales, row- or
-    column-major (per_token_cast's use_tma_aligned_col_major_sf)."""
+    column-major (per_token_cast's use_tma_aligned_col_major_sf); the same H as cast_back (e4m3 data with 128
+    channels a scale: a short last block of 64 where H = 64 * odd)."""

@@ -14,10 +14,12 @@ code 8 is -0.0.
 
 Scale layouts (the kernel's `x_sf`; G = ceil(T / bt) token blocks, the last one may be partial):
   row blocks, bt in (1, 32, 128), bc in (32, 64, 128); bt = 1 also bc = 16 (per_token_cast's blocks):
-    fp32        (G, H / bc)                  scale(g, k) = x_sf[g, k]
-    E4M3        (T, H / bc) float8_e4m3fn    scale(t, k) = fp32(x_sf[t, k]) (per-token scales only: `e4m3_sf`)
-    UE8M0       (G, 4 * ceil(H / bc / 4))    uint8: byte k of a row is block k, zero padding; the interface
+    fp32        (G, K)                       scale(g, k) = x_sf[g, k], K = ceil(H / bc) blocks a row
+    E4M3        (T, K) float8_e4m3fn         scale(t, k) = fp32(x_sf[t, k]) (per-token scales only: `e4m3_sf`)
+    UE8M0       (G, 4 * ceil(K / 4))         uint8: byte k of a row is block k, zero padding; the interface
                                              views four bytes as one int32 (the peer's CUDA layout)
+    A short last block (`short_block`: e4m3 data, bc = 128, H = 64 * odd, per_token_cast's layout for such H) has
+    the row's last scale, for its 64 channels.
   channel blocks, bc = 1 (the per_channel_cast layout), bt in (32, 128):
     fp32        (G, H)                       scale(g, h) = x_sf[g, h]
     UE8M0       (ceil(G / 4), 4 * H)         uint8 "col-packed": byte [r, 4h + j] is the scale of token block
@@ -32,13 +34,16 @@ largest bf16 rounds to +-inf, a product in the bf16 subnormal range rounds to ne
 compile uses no fast math (`TL_ENABLE_FAST_MATH` off): with it, products below 2**-126 would flush to +-0.
 
 Supported: data contiguous (T, H) (FP4: (T, H / 2) bytes), T >= 1 per launch (the interface skips empty inputs),
-H a positive multiple of max(64, bc) (64 for bc = 1; FP4: of max(128, bc), whole 64-byte loads), scales contiguous
-row-major in the layouts above, or (`col_major_sf`, row blocks: bc > 1) column-major: scale(r, k) of scale row r
+H a positive multiple of 64 (whole registers; with bc = 128 a short last block where H is an odd multiple, every
+scale layout and token block: on CUDA tiles of whole registers, on Ascend a task of the whole row, H <= 16384;
+FP4: a multiple of max(128, bc), whole 64-byte loads and whole blocks), scales contiguous row-major in the layouts
+above, or (`col_major_sf`, row blocks: bc > 1) column-major: scale(r, k) of scale row r
 (token t, or token block t // bt of R = ceil(T / bt)) at element k * S + r of a buffer of row stride S >= R (a
 launch argument), packed UE8M0 word w of row r at w * S + r, as per_token_cast(...,
 use_tma_aligned_col_major_sf=True) and per_block_cast(..., use_tma_aligned_col_major_sf=True) write them. FP4
 data and E4M3 scales take per-token scales only (what per_token_cast writes). Not here (the peer has them): FP4
-data or E4M3 scales with token blocks, strided scale rows.
+data or E4M3 scales with token blocks, strided scale rows. Refused as well (ValueError): a short block of FP4 data,
+and on Ascend one past H = 16384 (the row no longer fits one task).
 
 One generator builds the Ascend 950 kernel (vector cores, SIMD: _cast_back_ascend.py) or the CUDA kernel
 (_cast_back_cuda.py), chosen by `cfg.backend`; both take (x, x_sf, out) and are bit-exact against
@@ -81,8 +86,18 @@ _CUDA_CHANNEL_THREADS_K = 32  # channel blocks: 512 columns, 8 rows of threads s
 
 
 def hidden_multiple(block_channels: int, fp4: bool = False) -> int:
-    """What H (elements, two per FP4 byte) must be a positive multiple of: whole scale blocks and whole vector
-    registers (FP4: 64-byte loads of 128 elements)."""
+    """What H (elements, two per FP4 byte) must be a positive multiple of: whole vector registers; e4m3 data may end
+    in a short 128-channel block (H = 64 * odd: the last scale covers the row's last 64 channels), FP4 data is read
+    in whole 64-byte loads of 128 elements and whole scale blocks."""
+    return max(FP4_LANES, block_channels) if fp4 else LANES
+
+
+def _tile_unit(hidden: int, block_channels: int, fp4: bool) -> int:
+    """What a task's / thread block's columns (block_k) are a multiple of: whole scale blocks and whole registers;
+    with a short last block whole registers (a CUDA thread's 16 columns lie in one block either way; an Ascend
+    task is then the whole row)."""
+    if hidden % block_channels:
+        return LANES
     return max(FP4_LANES if fp4 else LANES, block_channels)
 
 
@@ -183,7 +198,7 @@ class CastBackConfig:
         for name in ('num_cores', 'block_m', 'block_k', 'num_stages'):
             _check_int(name, getattr(self, name))
         _check_int('threads', self.threads, minimum=0)
-        unit = hidden_multiple(self.block_channels, self.fp4)
+        unit = _tile_unit(self.hidden, self.block_channels, self.fp4)
         if self.block_k % unit != 0 or self.hidden % self.block_k != 0:
             raise ValueError(f'block_k {self.block_k} must be a multiple of {unit} dividing hidden {self.hidden}')
         if self.backend == 'ascend':
@@ -196,6 +211,11 @@ class CastBackConfig:
             raise ValueError(f'Ascend kernels take no thread count: threads must be 0, got {self.threads}')
         if not _is_pow2(self.block_m):
             raise ValueError(f'Ascend: block_m must be a power of two, got {self.block_m}')
+        if self.short_block and self.block_k != self.hidden:
+            raise ValueError(
+                f'Ascend: a short last channel block is read by a task of the whole row: block_k {self.block_k} must '
+                f'be hidden {self.hidden}'
+            )
         if self.block_tokens > 1 and self.block_m > self.block_tokens:
             raise ValueError(
                 f'Ascend: a task holds at most one token block: block_m {self.block_m} > block_tokens '
@@ -239,8 +259,14 @@ class CastBackConfig:
 
     @property
     def num_blocks(self) -> int:
-        """Scale factors per scale row (channel blocks: one per channel)."""
-        return self.hidden // self.block_channels
+        """Scale factors per scale row (channel blocks: one per channel); a short last block has one too."""
+        return -(-self.hidden // self.block_channels)
+
+    @property
+    def short_block(self) -> bool:
+        """Whether a row's last scale block is short: H = 64 * odd with 128-channel blocks (per_token_cast's rows of
+        that H); its scale multiplies the row's last 64 channels."""
+        return self.hidden % self.block_channels != 0
 
     @property
     def sf_cols(self) -> int:
@@ -285,8 +311,8 @@ class CastBackConfig:
 
     @property
     def task_blocks(self) -> int:
-        """Scale blocks along a row of one task / thread block (row layouts)."""
-        return self.block_k // self.block_channels
+        """Scale blocks along a row of one task / thread block (row layouts), a short last block included."""
+        return -(-self.block_k // self.block_channels)
 
     @property
     def ascend_col_major_tile(self) -> tuple[int, int]:
@@ -327,7 +353,7 @@ class CastBackConfig:
             raw = aligned(self.block_k * (UE8M0_PACK if self.packed_ue8m0 else 4))
             widened = aligned(self.block_k * 4) if self.packed_ue8m0 else 0
         else:
-            width = self.block_k // self.block_channels
+            width = self.task_blocks
             if self.widens_sf:
                 padded_rows = -(-(-(-rows * width // LANES) * LANES) // width)
                 raw, widened = aligned(padded_rows * width), aligned(padded_rows * width * 4)
@@ -379,7 +405,7 @@ def choose_cast_back_config(
     _check_hidden(hidden, block_channels, fp4)
     _check_int('num_cores', num_cores)
     channel = block_channels == 1
-    unit = hidden_multiple(block_channels, fp4)
+    unit = _tile_unit(hidden, block_channels, fp4)
     make = functools.partial(
         CastBackConfig, backend, hidden, dtype, block_tokens, block_channels, packed_ue8m0, num_cores,
         fp4=fp4, e4m3_sf=e4m3_sf, col_major_sf=col_major_sf,
@@ -388,7 +414,15 @@ def choose_cast_back_config(
         # Whole rows where they fit (one DMA burst per row); channel blocks: tasks of 32 rows, so that the
         # scale row of a task (4 bytes a column) is amortised over 32 rows of data.
         limit = _ASCEND_TASK_ELEMS // _ASCEND_CHANNEL_ROWS if channel else _ASCEND_TASK_ELEMS
-        block_k = divisors(hidden, unit, limit)[0]
+        # A short last block: a task of the whole row, whose static tile holds the short block's 64 columns (no
+        # task starts inside a block or runs past the row).
+        short = hidden % block_channels != 0
+        if short and hidden > limit:
+            raise ValueError(
+                f'Ascend: a short last channel block (hidden {hidden} = 64 * odd, blocks of {block_channels}) is read '
+                f'by a task of the whole row: hidden must be at most {limit}'
+            )
+        block_k = hidden if short else divisors(hidden, unit, limit)[0]
         if col_major_sf and packed_ue8m0 and block_k != hidden and (block_k // block_channels) % UE8M0_PACK:
             words = math.lcm(unit, UE8M0_PACK * block_channels)  # a task of whole int32 words
             if hidden % words:
