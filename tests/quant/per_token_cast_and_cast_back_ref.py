@@ -9,17 +9,33 @@ from __future__ import annotations
 
 import torch
 
-from tests.quant.cast_ref import per_token_cast_ref, scale_and_inverse_ref
+from tests.quant.cast_ref import (
+    E2M1_GRID,
+    e2m1_codes_ref,
+    e4m3_ref,
+    format_scale_and_inverse_ref,
+    from_blocks,
+    row_blocks,
+    scale_and_inverse_ref,
+)
 
 
-def per_token_cast_and_cast_back_ref(x: torch.Tensor, block_size: int = 32, *, round_sf: bool = False) -> torch.Tensor:
-    """x (T, H) bf16 / fp32 -> a new (T, H) tensor of x's dtype: x.dtype(fp32(e4m3(x * inverse)) * sf) per block."""
-    num_tokens, hidden = x.shape
-    fp8, sf = per_token_cast_ref(x, block_size, round_sf=round_sf)
-    if round_sf:  # the stored scale is already the fp32 power of two
-        assert sf.dtype == torch.float32
-    back = fp8.float().reshape(num_tokens, hidden // block_size, block_size) * sf.unsqueeze(-1)
-    return back.reshape(num_tokens, hidden).to(x.dtype)
+def e2m1_values_ref(codes: torch.Tensor) -> torch.Tensor:
+    """e2m1 codes (uint8, 0..15) -> their fp32 values (exact; code 8 is -0.0)."""
+    magnitude = E2M1_GRID.float()[(codes & 7).long()]
+    return torch.where((codes & 8).bool(), -magnitude, magnitude)
 
 
-__all__ = ['per_token_cast_and_cast_back_ref', 'scale_and_inverse_ref']
+def per_token_cast_and_cast_back_ref(
+    x: torch.Tensor, block_size: int = 32, *, round_sf: bool = False, fmt: str = 'e4m3', e4m3_sf: bool = False
+) -> torch.Tensor:
+    """x (T, H) bf16 / fp32 -> a new (T, H) tensor of x's dtype: x.dtype(fp32(narrow(x * inverse)) * fp32(sf)) per
+    block, per_token_cast's scale, inverse and narrowing for `fmt` (e4m3 clamped to +-448, e2m1 nearest even)."""
+    blocks = row_blocks(x, block_size)
+    stored, inverse = format_scale_and_inverse_ref(blocks.abs().amax(dim=-1), fmt, round_sf=round_sf, e4m3_sf=e4m3_sf)
+    scaled = blocks * inverse.unsqueeze(-1)
+    back = e2m1_values_ref(e2m1_codes_ref(scaled)) if fmt == 'e2m1' else e4m3_ref(scaled).float()
+    return from_blocks(back * stored.float().unsqueeze(-1), x.shape[1]).to(x.dtype)
+
+
+__all__ = ['e2m1_values_ref', 'per_token_cast_and_cast_back_ref', 'scale_and_inverse_ref']

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from cann_ops_tilelang.quant import per_token_cast_and_cast_back
+from cann_ops_tilelang.quant import cast_back, per_token_cast, per_token_cast_and_cast_back
 from cann_ops_tilelang.quant.per_token_cast_and_cast_back import access_width
 from tests.quant.cast_ref import scaled_rows
 from tests.quant.per_token_cast_and_cast_back_ref import per_token_cast_and_cast_back_ref
@@ -38,9 +38,10 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
     [
         ((X.half(), 'e4m3', 32), TypeError, 'x must have dtype torch.bfloat16 or torch.float32'),
         ((X.t(), 'e4m3', 32), ValueError, 'x must have a contiguous last dimension'),
-        ((X, 'e2m1', 32), ValueError, "fmt must be 'e4m3'"),
-        ((X, 'e4m3', 16), ValueError, r'num_per_channels must be one of \(32, 64, 128\), got 16'),
-        ((X, 'e4m3', 32, False, True), ValueError, 'use_e4m3_sf=True is not supported yet'),
+        ((X, 'e5m2', 32), ValueError, r"fmt must be one of \('e4m3', 'e2m1'\)"),
+        ((X, 'e4m3', 8), ValueError, r'num_per_channels must be one of \(16, 32, 64, 128\), got 8'),
+        ((X, 'e4m3', 32, True, True), ValueError, 'use_e4m3_sf=True and round_sf=True exclude each other'),
+        ((X, 'e2m1', 16, False, True), RuntimeError, "no kernels for 'cpu' tensors"),  # NVFP4's round trip
         ((X[:, :192], 'e4m3', 128), ValueError, 'multiple of 128 for num_per_channels 128'),
         ((X, 'e4m3', 32), RuntimeError, "no kernels for 'cpu' tensors"),
     ],
@@ -77,3 +78,37 @@ def test_per_token_cast_and_cast_back_values(variant, device):
     assert torch.equal(wide[:, :64], before[:, :64])
     empty = x[:0]
     assert per_token_cast_and_cast_back(empty, 'e4m3', block, round_sf) is empty
+
+
+# The data and scale formats beyond e4m3 with fp32 / power-of-two scales (each a kernel of its own). Level 0: NVFP4's
+# round trip (e2m1 data, 16-channel E4M3 scales, bf16 x); level 1 every format, block and scale format.
+_SCALES = {'fp32': (False, False), 'pow2': (True, False), 'e4m3': (False, True)}  # (round_sf, use_e4m3_sf)
+FORMAT_VARIANTS = by_level(
+    LEVEL,
+    core=[dict(dtype='bfloat16', block=16, fmt='e2m1', sf='e4m3')],
+    default=generate_samples(
+        dtype=['bfloat16', 'float32'], block=[16, 32, 64, 128], fmt=['e4m3', 'e2m1'], sf=list(_SCALES)
+    ),
+)
+
+
+@pytest.mark.npu
+@pytest.mark.parametrize('variant', FORMAT_VARIANTS, ids=make_param_id)
+def test_per_token_cast_and_cast_back_formats(variant, device):
+    """FP4 data and E4M3 scales (TileKernels' fmt / use_e4m3_sf), any block: the reference's values, bit for bit,
+    and those of cast_back(per_token_cast(x, ...)), the definition, on the same device; strided rows alike."""
+    block, fmt = variant['block'], variant['fmt']
+    round_sf, e4m3_sf = _SCALES[variant['sf']]
+    x = scaled_rows(37, 1152, variant['dtype'], device)
+    x[0, :16] = torch.tensor([0.0, -0.0, 1e-30, -1e-30, 3.0, -3.0, 2.5, 1.25] * 2, dtype=x.dtype)  # signed zeros, ties
+    quantised = per_token_cast(x, fmt, block, round_sf=round_sf, use_e4m3_sf=e4m3_sf)
+    composed = cast_back(quantised, 'fp32', (1, block)).to(x.dtype)
+    expected = per_token_cast_and_cast_back_ref(x.cpu(), block, round_sf=round_sf, fmt=fmt, e4m3_sf=e4m3_sf)
+    assert per_token_cast_and_cast_back(x, fmt, block, round_sf, e4m3_sf) is x
+    assert_equal(_bits(x), _bits(expected))
+    assert_equal(_bits(x), _bits(composed))
+    wide = scaled_rows(37, 1152 + 64, variant['dtype'], device)
+    view = wide[:, 64:]
+    expected = per_token_cast_and_cast_back_ref(view.cpu(), block, round_sf=round_sf, fmt=fmt, e4m3_sf=e4m3_sf)
+    per_token_cast_and_cast_back(view, fmt, block, round_sf, e4m3_sf)
+    assert_equal(_bits(view), _bits(expected))

@@ -92,7 +92,9 @@ def test_config_is_pure_and_hashable():
     [
         (dict(backend='cpu'), 'backend'),
         (dict(in_dtype=torch.float16), 'in_dtype'),
-        (dict(block_size=16), 'block_size'),
+        (dict(block_size=8), 'block_size'),
+        (dict(fmt='e5m2'), 'fmt must be one of'),
+        (dict(round_sf=True, e4m3_sf=True), 'e4m3_sf excludes round_sf'),
         (dict(hidden=96), 'multiple of 64'),
         (dict(hidden=192, block_size=128), 'multiple of 128'),
         (dict(hidden=0), 'positive multiple'),
@@ -154,6 +156,30 @@ def test_cuda_lowers(case):
     assert source.count(f'*({vector[cfg.in_dtype, cfg.vec]}*)(x + ') == 2, source
     if case['hidden'] % 256 == 0:
         assert cfg.vec * (2 if cfg.in_dtype == 'bfloat16' else 4) == 16
+
+
+_FORMAT_LOWERING = [  # (in_dtype, block_size, fmt, round_sf, e4m3_sf): NVFP4, MXFP4, e4m3 with E4M3 scales
+    ('bfloat16', 16, 'e2m1', False, True),
+    ('float32', 32, 'e2m1', True, False),
+    ('bfloat16', 64, 'e4m3', False, True),
+]
+
+
+@pytest.mark.parametrize(('in_dtype', 'block_size', 'fmt', 'round_sf', 'e4m3_sf'), _FORMAT_LOWERING)
+def test_cuda_lowers_every_format(in_dtype, block_size, fmt, round_sf, e4m3_sf):
+    """FP4 data and E4M3 scales on CUDA (their values run on a GPU or, for the Ascend kernel, the emulator): x in
+    16-byte vectors, read once and written once (a store of the e2m1 selects does not vectorize: the round trip goes
+    through registers); the fp8 conversion only for e4m3 data; E4M3 scales' IEEE reciprocal."""
+    cfg = choose_per_token_cast_and_cast_back_config(
+        backend='cuda', num_cores=H200_SMS, hidden=4096, in_dtype=in_dtype, block_size=block_size,
+        round_sf=round_sf, fmt=fmt, e4m3_sf=e4m3_sf,
+    )  # fmt: skip
+    source = assert_cuda_kernel_lowers(
+        lambda: make_per_token_cast_and_cast_back_kernel(cfg), key=cfg, kernel_name=KERNEL_NAME
+    ).source
+    assert source.count(f'*({"uint4" if in_dtype == "bfloat16" else "float4"}*)(x + ') == 2
+    assert ('__NV_SATFINITE' in source) == (fmt == 'e4m3')
+    assert ('__frcp_rn' in source) == e4m3_sf
 
 
 # ---------------------------------------------------------------- device tier

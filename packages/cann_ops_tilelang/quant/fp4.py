@@ -45,6 +45,26 @@ E2M1_RANDOM_SCALE = 2.0**-24
 E2M1_LOWER_STEPS = tuple((k, E2M1_VALUES[k], 1.0 / (E2M1_VALUES[k + 1] - E2M1_VALUES[k])) for k in range(6, -1, -1))
 
 
+# Decoding: e2m1 code s|ee|m -> fp32 bits. For ee > 0 the value 2**(ee - 1) * (1 + m / 2) has the fp32 exponent
+# field ee + 126 and its mantissa's top bit m, so the bits are (ee|m << 22) + (126 << 23); codes 0 and 1 (0 and 0.5,
+# e2m1's zero and subnormal) are selected instead; the sign moves from bit 3 to bit 31.
+E2M1_MANTISSA_SHIFT = 22
+E2M1_EXP_OFFSET = 126 << 23
+E2M1_HALF_BITS = 0x3F000000  # fp32 0.5: code 1
+E2M1_SIGN_SHIFT = 28
+
+
+def cuda_e2m1_value(T, code):
+    """The fp32 value (exact) of an e2m1 code (uint32 PrimExpr; bits above the low four must be zero)."""
+    magnitude = code & T.uint32(0x7)
+    bits = T.if_then_else(
+        magnitude < T.uint32(2),
+        magnitude * T.uint32(E2M1_HALF_BITS),
+        (magnitude << T.uint32(E2M1_MANTISSA_SHIFT)) + T.uint32(E2M1_EXP_OFFSET),
+    )
+    return T.reinterpret(bits | ((code & T.uint32(E2M1_SIGN)) << T.uint32(E2M1_SIGN_SHIFT)), T.float32)
+
+
 def cuda_e2m1_code(T, value):
     """The e2m1 code (0..15, uint32 PrimExpr) of an fp32 PrimExpr: nearest even on the e2m1 grid, saturating at
     +-6; +-inf and NaN give +-6 (the magnitude compares false for NaN: each midpoint test is 'not above');

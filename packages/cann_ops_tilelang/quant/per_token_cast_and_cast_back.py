@@ -1,4 +1,5 @@
-"""per_token_cast_and_cast_back: x (T, H) cast per token to FP8 e4m3 and back, in place (fake quantisation)."""
+"""per_token_cast_and_cast_back: x (T, H) cast per token to FP8 e4m3 or FP4 e2m1 and back, in place (fake
+quantisation)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from .per_token_cast_and_cast_back_kernel import (
     get_per_token_cast_and_cast_back_kernel,
     hidden_multiple,
 )
-from .per_token_cast_kernel import BLOCK_SIZES
+from .per_token_cast_kernel import CAST_BLOCK_SIZES, FORMATS
 
 _ACCESS_BYTES = 16  # the widest access of the CUDA kernel
 
@@ -25,20 +26,22 @@ def access_width(x: torch.Tensor) -> int:
     return (bits & -bits) // x.element_size()
 
 
-def _options(name, H, fmt, num_per_channels, use_e4m3_sf):
-    contract.check_format(name, fmt)
-    contract.check_block(name, 'num_per_channels', num_per_channels, BLOCK_SIZES)
-    contract.check_unsupported(name, use_e4m3_sf=use_e4m3_sf)
+def _options(name, H, fmt, num_per_channels, round_sf, use_e4m3_sf):
+    contract.check_cast_format(name, fmt, FORMATS)
+    contract.check_block(name, 'num_per_channels', num_per_channels, CAST_BLOCK_SIZES)
+    contract.check_e4m3_sf(name, use_e4m3_sf, round_sf)
     contract.check_hidden(name, H, hidden_multiple(num_per_channels), f'num_per_channels {num_per_channels}')
 
 
-def _choice(x, num_per_channels, round_sf, backend):
+def _choice(x, fmt, num_per_channels, round_sf, use_e4m3_sf, backend):
     return {
         'hidden': x.shape[1],
         'in_dtype': x.dtype,
         'block_size': num_per_channels,
         'round_sf': round_sf,
         'vec': access_width(x) if backend == 'cuda' else None,
+        'fmt': fmt,
+        'e4m3_sf': use_e4m3_sf,
     }
 
 
@@ -58,11 +61,11 @@ OP = Operator(
 
 
 def _eager(x, fmt, block, round_sf, e4m3_sf) -> torch.Tensor:
-    """Every check, then the launch. Fast path: by (H, dtype, CUDA index, block, round_sf, access width)."""
+    """Every check, then the launch. Fast path: by (H, dtype, CUDA index, fmt, block, scales, access width)."""
     args = (x, fmt, block, round_sf, e4m3_sf)
     key = None
-    if fmt == contract.FP8_FORMAT and not e4m3_sf and (shape := OP.fast_ok(*args)) is not None and shape[0]:
-        key = (shape[1], x.dtype, x.get_device(), block, round_sf, access_width(x))
+    if (shape := OP.fast_ok(*args)) is not None and shape[0]:
+        key = (shape[1], x.dtype, x.get_device(), fmt, block, round_sf, e4m3_sf, access_width(x))
     launcher, fast = OP.prepare(key, args)
     OP.finish(launcher, fast, key, (x,), args, empty=not x.shape[0])
     return x
@@ -76,19 +79,23 @@ def per_token_cast_and_cast_back(
     round_sf: bool = False,
     use_e4m3_sf: bool = False,
 ) -> torch.Tensor:
-    """Cast each row of x to FP8 e4m3 with one scale per block of `num_per_channels` channels and back, in place
-    (TileKernels 2.1.0's call: the quantisation error a model trained for FP8 sees). Per block, with per_token_cast's
-    scale sf and inverse:
+    """Cast each row of x to FP8 e4m3 or FP4 e2m1 with one scale per block of `num_per_channels` channels and back,
+    in place (TileKernels 2.1.0's call: the quantisation error a model trained for FP8 / FP4 sees). Per block, with
+    per_token_cast's scale sf and inverse:
 
-        x = x.dtype(fp32(e4m3(fp32(x) * inverse)) * sf)          (nearest even, saturating at +-448)
+        x = x.dtype(fp32(narrow(fp32(x) * inverse)) * fp32(sf))
+
+    narrow: per_token_cast's (e4m3 nearest even saturating at +-448, e2m1 nearest even on the FP4 grid saturating
+    at +-6); bit for bit cast_back(per_token_cast(x, fmt, num_per_channels, round_sf=round_sf,
+    use_e4m3_sf=use_e4m3_sf), x.dtype, (1, num_per_channels)).
 
     Args:
         x: (T, H) bf16 or fp32, the last dimension contiguous, any row stride (written in place); T >= 0 (T = 0:
             no launch), H a positive multiple of max(64, num_per_channels), T * H < 2**31.
-        fmt: 'e4m3' (TileKernels' 'e2m1', FP4, is not supported yet: ValueError).
-        num_per_channels: 32, 64 or 128 (TileKernels' 16 is not supported yet: ValueError).
+        fmt: 'e4m3' or 'e2m1' (FP4).
+        num_per_channels: 16, 32, 64 or 128.
         round_sf: power-of-two scales.
-        use_e4m3_sf: only False is supported yet (ValueError).
+        use_e4m3_sf: E4M3 scales (NVFP4's with fmt 'e2m1' and 16 channels); not with round_sf.
 
     Returns:
         x (TileKernels returns None).

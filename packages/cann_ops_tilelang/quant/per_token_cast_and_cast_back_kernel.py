@@ -1,22 +1,24 @@
 """Kernels of per_token_cast_and_cast_back: in-place FP8 fake quantisation of x (T, H) bf16 / fp32.
 
-Semantics (those of TileKernels 2.1.0's `per_token_cast_and_cast_back(x, 'e4m3', block_size, round_sf)`): each
-row of x is cut into blocks of `block_size` (32, 64 or 128) consecutive elements; a block with absolute maximum
-a gets the scale sf and its inverse from the shared rule (_scale_rules.py: c = max(a, 1e-4), sf = c / 448 and
-inverse = 448 / c, or with round_sf sf = 2 ** ceil(log2(c * fp32(1/448))) and inverse = 1 / sf), and
+Semantics (those of TileKernels 2.1.0's `per_token_cast_and_cast_back(x, fmt, block_size, round_sf, use_e4m3_sf)`):
+each row of x is cut into blocks of `block_size` (16, 32, 64 or 128) consecutive elements; a block gets
+per_token_cast's scale sf and inverse for the data format (_scale_rules.cuda_cast_scale_and_inverse: fp32 scales
+c / m and m / c, round_sf powers of two, or E4M3 scales e4m3(c / m) and the IEEE reciprocal of their value), and
 
-    x[t, h] = x.dtype( fp32(e4m3(fp32(x[t, h]) * inverse)) * sf )
+    x[t, h] = x.dtype( fp32(narrow(fp32(x[t, h]) * inverse)) * fp32(sf) )
 
-one fp32 product each way: the narrowing to float8_e4m3fn rounds to nearest even and saturates at +-448, the
-widening back is exact, the final cast to bf16 rounds to nearest even (none for fp32). x is overwritten with
-the round-tripped values; no scale is returned.
+one fp32 product each way: narrow is per_token_cast's (e4m3: nearest even, saturating at +-448; e2m1: nearest even
+on the FP4 grid, saturating at +-6), the widening back is exact, the final cast to bf16 rounds to nearest even (none
+for fp32): bit for bit cast_back(per_token_cast(x, fmt, block_size, ...), x.dtype, (1, block_size)). x is
+overwritten with the round-tripped values; no scale is returned.
 Special values: -0.0 stays -0.0; subnormals are ordinary values; a block with an inf gets sf inf and inverse 0,
 so its finite values become +-0 * inf = NaN and the inf NaN (the whole block NaN); NaN in a block is unspecified
 (the max reductions may drop it), as in the peer.
 
 Supported: x (T, H) with its last dimension contiguous and any row stride >= H (a dynamic argument of the
-kernel: T.StridedTensor), T >= 1 per launch, H a positive multiple of max(64, block_size). The peer also has
-e2m1, E4M3-rounded scales and block 16; these kernels do not.
+kernel: T.StridedTensor), T >= 1 per launch, H a positive multiple of max(64, block_size). Every data format, block
+and scale format on both backends (the peer's Ascend kernel: 16-channel blocks with E4M3 scales or 32-channel ones
+without).
 
 One generator builds the Ascend 950 kernel (vector cores, SIMD: _per_token_cast_and_cast_back_ascend.py) or the
 CUDA kernel (_per_token_cast_and_cast_back_cuda.py), chosen by `cfg.backend`; both take (x) and are bit-exact
@@ -39,7 +41,7 @@ from ._per_token_cast_and_cast_back_ascend import ascend_per_token_cast_and_cast
 from ._per_token_cast_and_cast_back_cuda import cuda_per_token_cast_and_cast_back_kernel
 from ._scale_rules import LANES
 from ._tiling import FLOAT_DTYPE_NAMES, divisors
-from .per_token_cast_kernel import BLOCK_SIZES
+from .per_token_cast_kernel import CAST_BLOCK_SIZES, FORMATS
 
 _ASCEND_MAX_BLOCK_K = 4096  # elements per task: fp32 in and out tiles 16 KiB each, two buffer versions
 _CUDA_MAX_BLOCK_K = 2048
@@ -65,14 +67,20 @@ class PerTokenCastAndCastBackConfig:
     threads: int  # CUDA threads per block (unused on Ascend)
     num_stages: int  # Ascend buffer versions of the persistent loop (unused on CUDA)
     vec: int  # CUDA: elements per access; x's address and row stride must be multiples of it (unused on Ascend)
+    fmt: str = 'e4m3'  # the data format of the round trip (FORMATS: e4m3, or e2m1 FP4)
+    e4m3_sf: bool = False  # E4M3 scales (not with round_sf)
 
     def __post_init__(self):
         if self.backend not in ('ascend', 'cuda'):
             raise ValueError(f'backend must be "ascend" or "cuda", got {self.backend!r}')
         if self.in_dtype not in ('bfloat16', 'float32'):
             raise ValueError(f'in_dtype must be "bfloat16" or "float32", got {self.in_dtype!r}')
-        if self.block_size not in BLOCK_SIZES:
-            raise ValueError(f'block_size must be one of {BLOCK_SIZES}, got {self.block_size}')
+        if self.block_size not in CAST_BLOCK_SIZES:
+            raise ValueError(f'block_size must be one of {CAST_BLOCK_SIZES}, got {self.block_size}')
+        if self.fmt not in FORMATS:
+            raise ValueError(f'fmt must be one of {FORMATS}, got {self.fmt!r}')
+        if self.e4m3_sf and self.round_sf:
+            raise ValueError('e4m3_sf excludes round_sf (E4M3 or power-of-two scales)')
         unit = hidden_multiple(self.block_size)
         if self.hidden <= 0 or self.hidden % unit != 0:
             raise ValueError(
@@ -107,6 +115,8 @@ def choose_per_token_cast_and_cast_back_config(
     block_size: int = 32,
     round_sf: bool = False,
     vec: int | None = None,
+    fmt: str = 'e4m3',
+    e4m3_sf: bool = False,
 ) -> PerTokenCastAndCastBackConfig:
     """Pure choice of the compile-time parameters (no device query). `in_dtype`: torch.bfloat16 / torch.float32
     (or their names). The row stride is not a parameter: it is the kernel's dynamic argument; `vec` (CUDA) is the
@@ -116,8 +126,8 @@ def choose_per_token_cast_and_cast_back_config(
     if in_dtype not in FLOAT_DTYPE_NAMES:
         raise ValueError(f'in_dtype must be torch.bfloat16 or torch.float32, got {in_dtype!r}')
     dtype = FLOAT_DTYPE_NAMES[in_dtype]
-    if block_size not in BLOCK_SIZES:
-        raise ValueError(f'block_size must be one of {BLOCK_SIZES}, got {block_size}')
+    if block_size not in CAST_BLOCK_SIZES:
+        raise ValueError(f'block_size must be one of {CAST_BLOCK_SIZES}, got {block_size}')
     unit = hidden_multiple(block_size)
     if hidden <= 0 or hidden % unit != 0:
         raise ValueError(f'hidden must be a positive multiple of {unit} (block_size {block_size}), got {hidden}')
@@ -125,8 +135,9 @@ def choose_per_token_cast_and_cast_back_config(
     if vec is not None and vec not in [widest >> i for i in range(widest.bit_length())]:
         raise ValueError(f'vec must be a power of two up to {widest} ({dtype}), got {vec}')
     make = functools.partial(
-        PerTokenCastAndCastBackConfig, backend, hidden, dtype, block_size, bool(round_sf), num_cores
-    )
+        PerTokenCastAndCastBackConfig, backend, hidden, dtype, block_size, bool(round_sf), num_cores,
+        fmt=fmt, e4m3_sf=bool(e4m3_sf),
+    )  # fmt: skip
     if backend == 'ascend':
         # The largest task that fits the buffers: x streams once, so fewer, longer DMAs per core. The DMA takes
         # any element-aligned row start: vec stays the widest (unused).

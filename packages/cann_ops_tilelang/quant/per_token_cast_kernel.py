@@ -67,7 +67,7 @@ from ._tiling import FLOAT_DTYPE_NAMES, MODES, CastFormats, CastModes, RowScales
 from .cast_back_kernel import CastBackConfig, choose_cast_back_config, get_cast_back_kernel
 from .cast_kernel import RECIPE
 
-BLOCK_SIZES = (32, 64, 128)  # per_token_cast_and_cast_back's; 32 first: the only block the peer's Ascend kernel takes
+BLOCK_SIZES = (32, 64, 128)  # the SwiGLU backward's fused cast's; 32 first: the only block the peer's Ascend takes
 CAST_BLOCK_SIZES = (16, *BLOCK_SIZES)  # per_token_cast's (and the peer's CUDA kernel's)
 FORMATS = ('e4m3', 'e2m1')  # fp8 data, FP4 data (two e2m1 codes a byte)
 _ASCEND_MAX_BLOCK_K = 4096  # elements per task: fp32 input tile 16 KiB, two buffer versions
