@@ -34,33 +34,9 @@ import functools
 
 from ._per_token_cast_ascend import ascend_quarter_masks_macro
 from ._scale_rules import LANES, UE8M0_PACK, col_major_scales, scale_index
+from .fp4 import ascend_e2m1_decode_macro
 
 _UE8M0_SHIFT = 23  # a UE8M0 byte is the biased exponent of an fp32 scale: its bits are byte << 23
-# e2m1 code s|ee|m -> fp32 bits: for ee > 0 the value 2**(ee - 1) * (1 + m / 2) has the fp32 exponent field
-# ee + 126 and its mantissa's top bit m, so the bits are (ee|m << 22) + (126 << 23); codes 0 and 1 (0 and 0.5,
-# e2m1's zero and subnormal) are selected instead.
-_E2M1_MANTISSA_SHIFT = 22
-_E2M1_EXP_OFFSET = 126 << 23
-_HALF_BITS = 0x3F000000  # fp32 0.5: e2m1 code 1
-_E2M1_MAGNITUDE = 0x7
-_E2M1_SIGN_SHIFT = 28  # code bit 3 -> fp32 bit 31
-
-
-def ascend_e2m1_decode_macro(T):
-    """A SIMD macro `decode(codes)` for inside a `T.SimdVF()`: the fp32 values (float32x64, exact) of 64 e2m1
-    codes, one per 32-bit lane (uint32x64; bits above the low four are ignored)."""
-    S = T.simd
-
-    @T.macro
-    def decode(codes):
-        magnitude = S.vand(codes, S.vdup(_E2M1_MAGNITUDE, T.uint32))
-        normal = S.vadds(S.vshls(magnitude, _E2M1_MANTISSA_SHIFT), _E2M1_EXP_OFFSET)
-        small = S.vsel(S.vdup(_HALF_BITS, T.uint32), S.vdup(0, T.uint32), S.vcmps(magnitude, 1, op='eq'))
-        bits = S.vsel(small, normal, S.vcmps(magnitude, 2, op='lt'))
-        sign = S.vshls(S.vand(codes, S.vdup(_E2M1_MAGNITUDE + 1, T.uint32)), _E2M1_SIGN_SHIFT)
-        return T.reinterpret(S.vor(bits, sign), 'float32x64')
-
-    return decode
 
 
 def ascend_cast_back_kernel(cfg):

@@ -32,15 +32,10 @@ columns the short block's.
 import functools
 
 from ._scale_rules import UE8M0_PACK, col_major_scales, scale_index
+from .fp4 import cuda_e2m1_value
 
 VEC_ELEMS = 16  # columns per thread: one 16-byte fp8 load (FP4: 8 bytes)
 _UE8M0_SHIFT = 23
-# e2m1 code s|ee|m -> fp32 bits (as the Ascend kernel): (ee|m << 22) + (126 << 23) for ee > 0; codes 0 and 1 are 0
-# and 0.5; the sign bit moves from bit 3 to bit 31.
-_E2M1_MANTISSA_SHIFT = 22
-_E2M1_EXP_OFFSET = 126 << 23
-_HALF_BITS = 0x3F000000
-_E2M1_SIGN_SHIFT = 28
 
 
 def cuda_cast_back_kernel(cfg):
@@ -86,13 +81,7 @@ def cuda_cast_back_kernel(cfg):
     def e2m1_to_f32(byte, high):
         """The fp32 value (exact) of the low (high = 0) or high nibble of an FP4 byte."""
         code = T.shift_right(T.cast(T.cast(byte, T.uint8), T.uint32), T.uint32(4 * high)) & T.uint32(0xF)
-        magnitude = code & T.uint32(0x7)
-        bits = T.if_then_else(
-            magnitude < T.uint32(2),
-            magnitude * T.uint32(_HALF_BITS),
-            T.shift_left(magnitude, T.uint32(_E2M1_MANTISSA_SHIFT)) + T.uint32(_E2M1_EXP_OFFSET),
-        )
-        return T.reinterpret(bits | T.shift_left(code & T.uint32(0x8), T.uint32(_E2M1_SIGN_SHIFT)), f32)
+        return cuda_e2m1_value(T, code)
 
     if cfg.fp4:
         return _cuda_fp4_kernel(T, cfg, num_tokens, sf_type, sf_at, scale_of, e2m1_to_f32)

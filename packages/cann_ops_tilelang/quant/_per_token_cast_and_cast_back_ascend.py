@@ -9,7 +9,7 @@ in UB and one SIMD VF makes three passes over it, in fp32 (bf16 widens exactly, 
   - per 64 elements: x * inverse narrowed to float8_e4m3fn (nearest even; clamped to +-448 first where E4M3 scales
     let a product pass it; one byte in the low byte of each 32-bit lane, PART_P0) and widened back to fp32 from the
     same part (exact), or rounded to e2m1 codes (fp4.ascend_e2m1_macros, per_token_cast's rounding) and decoded
-    (cast_back's ascend_e2m1_decode_macro), times the block's scale, then the fp32 store, or vcvt fp32 -> bf16
+    (fp4.ascend_e2m1_decode_macro, cast_back's), times the block's scale, then the fp32 store, or vcvt fp32 -> bf16
     (nearest even, non-saturating) and a packing store of the low halves.
 The round-tripped slice goes back to the same place in GM (x in place: tasks own disjoint slices).
 """
@@ -18,10 +18,9 @@ The round-tripped slice goes back to the same place in GM (x in place: tasks own
 # refer to the generator's local shape variables.
 
 # Imported by per_token_cast_and_cast_back_kernel.py, never the other way round (no import circle).
-from ._cast_back_ascend import ascend_e2m1_decode_macro
 from ._per_token_cast_ascend import ascend_quarter_masks_macro, ascend_row_macros
 from ._scale_rules import LANES, ascend_cast_scales_macro, ascend_precomputed_macros
-from .fp4 import ascend_e2m1_macros
+from .fp4 import ascend_e2m1_decode_macro, ascend_e2m1_macros
 
 
 def ascend_per_token_cast_and_cast_back_kernel(cfg):

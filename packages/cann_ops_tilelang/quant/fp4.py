@@ -1,5 +1,6 @@
-"""FP4 (e2m1): decoding the packed bytes that the FP4 casts write (TileKernels' helper), and the e2m1 roundings the
-domain's FP4 kernels share (per_token_cast: to nearest even, and stochastic), for both backends."""
+"""FP4 (e2m1): decoding the packed bytes that the FP4 casts write (TileKernels' helper), and what the domain's FP4
+kernels share on both backends: a code's value (cast_back, per_token_cast_and_cast_back) and the e2m1 roundings
+(per_token_cast: to nearest even, and stochastic)."""
 
 from __future__ import annotations
 
@@ -52,17 +53,35 @@ E2M1_MANTISSA_SHIFT = 22
 E2M1_EXP_OFFSET = 126 << 23
 E2M1_HALF_BITS = 0x3F000000  # fp32 0.5: code 1
 E2M1_SIGN_SHIFT = 28
+E2M1_MAGNITUDE = 0x7  # the magnitude bits of a code
 
 
 def cuda_e2m1_value(T, code):
     """The fp32 value (exact) of an e2m1 code (uint32 PrimExpr; bits above the low four must be zero)."""
-    magnitude = code & T.uint32(0x7)
+    magnitude = code & T.uint32(E2M1_MAGNITUDE)
     bits = T.if_then_else(
         magnitude < T.uint32(2),
         magnitude * T.uint32(E2M1_HALF_BITS),
         (magnitude << T.uint32(E2M1_MANTISSA_SHIFT)) + T.uint32(E2M1_EXP_OFFSET),
     )
     return T.reinterpret(bits | ((code & T.uint32(E2M1_SIGN)) << T.uint32(E2M1_SIGN_SHIFT)), T.float32)
+
+
+def ascend_e2m1_decode_macro(T):
+    """A SIMD macro `decode(codes)` for inside a `T.SimdVF()`: the fp32 values (float32x64, exact) of 64 e2m1
+    codes, one per 32-bit lane (uint32x64; bits above the low four are ignored)."""
+    S = T.simd
+
+    @T.macro
+    def decode(codes):
+        magnitude = S.vand(codes, S.vdup(E2M1_MAGNITUDE, T.uint32))
+        normal = S.vadds(S.vshls(magnitude, E2M1_MANTISSA_SHIFT), E2M1_EXP_OFFSET)
+        small = S.vsel(S.vdup(E2M1_HALF_BITS, T.uint32), S.vdup(0, T.uint32), S.vcmps(magnitude, 1, op='eq'))
+        bits = S.vsel(small, normal, S.vcmps(magnitude, 2, op='lt'))
+        sign = S.vshls(S.vand(codes, S.vdup(E2M1_SIGN, T.uint32)), E2M1_SIGN_SHIFT)
+        return T.reinterpret(S.vor(bits, sign), 'float32x64')
+
+    return decode
 
 
 def cuda_e2m1_code(T, value):
