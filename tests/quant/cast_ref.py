@@ -87,7 +87,8 @@ def row_blocks(x: torch.Tensor, block_size: int) -> torch.Tensor:
 
 def from_blocks(scaled: torch.Tensor, hidden: int) -> torch.Tensor:
     """The (T, H) values of row_blocks' layout: the short block's filling dropped."""
-    return scaled.reshape(scaled.shape[0], -1)[:, :hidden]
+    num_tokens, blocks, block = scaled.shape
+    return scaled.reshape(num_tokens, blocks * block)[:, :hidden]
 
 
 def per_token_cast_ref(

@@ -78,7 +78,7 @@ def _without_nan_signs(data: torch.Tensor, x: torch.Tensor, inverse: torch.Tenso
     byte's sign; FP4: both codes' signs of a byte holding one)."""
     num_tokens, hidden = x.shape
     block = 1 << (-(-hidden // inverse.shape[1]) - 1).bit_length()  # a power of two; the last block may be short
-    nan = torch.isnan(row_blocks(x.cpu(), block) * inverse.unsqueeze(-1)).reshape(num_tokens, -1)[:, :hidden]
+    nan = from_blocks(torch.isnan(row_blocks(x.cpu(), block) * inverse.unsqueeze(-1)), hidden)
     if fmt == 'e2m1':
         return torch.where(nan.reshape(num_tokens, hidden // 2, 2).any(dim=-1), data & 0x77, data)
     return torch.where(nan, data & 0x7F, data)
