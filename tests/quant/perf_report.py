@@ -59,6 +59,8 @@ def _calls(case: Case, tk, x: torch.Tensor):
         return _weight_scales(tk, int(case.label.split(':')[1]), case.hidden, x.device)
     kind, block, sf = case.label.split(':')
     block = tuple(int(b) for b in block.split('x'))
+    if case.op == 'per_token_cast_and_cast_back':  # label 'inplace:1x<n>:<fp32 | pow2 | e4m3 scales>'
+        return _round_trip(tk, x, case.fmt, block[1], sf)
     flags = _flags(sf)
     if case.op == 'per_token_cast':
         if kind != 'plain':  # '<input block>-<input scales>': an e4m3 x of those scales re-cast (x_block_size)
@@ -106,6 +108,20 @@ def _calls(case: Case, tk, x: torch.Tensor):
     else:
         raise ValueError(f'unknown operator {case.op!r}')
     return _pair(ours, peer, args, flags, x)
+
+
+def _round_trip(tk, x: torch.Tensor, fmt: str, block: int, sf: str):
+    """per_token_cast_and_cast_back in place on copies of x: the first call of each side is the one compared (both
+    on a fresh copy), later calls time the same kernel on the round-tripped rows; x read and written once."""
+    args = (fmt, block, sf == 'pow2', sf == 'e4m3')
+    mine, theirs = x.clone(), x.clone()
+    quant.per_token_cast_and_cast_back(mine, *args)
+
+    def peer():
+        tk.per_token_cast_and_cast_back(theirs, *args)
+        return theirs
+
+    return (lambda: quant.per_token_cast_and_cast_back(mine, *args)), peer, mine.clone(), 2 * x.nbytes
 
 
 def _weight_scales(tk, bs: int, hidden: int, device):
@@ -175,6 +191,9 @@ TABLE = [
     Case('per_block_cast_lossless', 'plain:32x32:ue8m0', 4096, 7168),
     Case('batched_transpose_weight_sf', 'weights:128', 1, 7168),
     Case('batched_transpose_weight_sf', 'weights:32', 1, 7168),
+    Case('per_token_cast_and_cast_back', 'inplace:1x128:fp32', 4001, 7168),
+    Case('per_token_cast_and_cast_back', 'inplace:1x16:e4m3', 4001, 7168, fmt='e2m1'),  # NVFP4's fake quantisation
+    Case('per_token_cast_and_cast_back', 'inplace:1x32:pow2', 4001, 7168, fmt='e2m1'),  # MXFP4's
     Case('cast', 'plain:bfloat16', 4096, 7168, torch.float32),
     Case('cast', 'sr:bfloat16', 4096, 7168, torch.float32),
     Case('cast', 'plain:float8_e4m3fn', 4096, 7168),
