@@ -921,6 +921,9 @@ QUANTISED_VARIANTS = by_level(
         dict(producer='token', data='e2m1', block_in=(1, 16), sf_in='e4m3', fmt='e4m3', block=64, sf='pow2', cm=False),
         dict(producer='token', data='e4m3', block_in=(1, 32), sf_in='ue8m0', fmt='e2m1', block=32, sf='ue8m0',
              cm=False, cm_in=True),
+        # a short last block in and out (H 2880 = 22.5 blocks of 128): cast_back's and per_token_cast's
+        dict(producer='token', data='e4m3', block_in=(1, 128), sf_in='ue8m0', fmt='e4m3', block=128, sf='fp32',
+             cm=False, hidden=2880),
     ],
 )  # fmt: skip
 
@@ -941,7 +944,7 @@ def _quantised_input(x, variant):
 def test_per_token_cast_quantised_values(variant, num_tokens, device):
     """per_token_cast of a quantised x is the cast of its dequantised fp32 values, bit for bit (data, and the scale
     bytes in the logical order, column-major ones in the peer's layout), into new buffers or given ones."""
-    x = scaled_rows(num_tokens, 1152, 'bfloat16', device)
+    x = scaled_rows(num_tokens, variant.get('hidden', 1152), 'bfloat16', device)
     quantised = _quantised_input(x, variant)
     fmt, block, sf, cm = variant['fmt'], variant['block'], variant['sf'], variant['cm']
     result = _cast(quantised, block, sf, fmt, x_block_size=variant['block_in'], use_tma_aligned_col_major_sf=cm)
