@@ -10,9 +10,10 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from cann_ops_tilelang import config
+from cann_ops_tilelang.config import backend_of
 from cann_ops_tilelang.quant._quant_tensor import QuantTensor
 from cann_ops_tilelang.quant.per_block_cast_lossless import per_block_cast_lossless
-from tests.quant.cast_ref import ue8m0_to_fp32
+from tests.quant.cast_ref import assert_peer_layout, logical_sf_bytes, tma_col_major_sf, ue8m0_to_fp32
 from tests.quant.per_block_cast_lossless_ref import (
     decode,
     input_exponents,
@@ -87,7 +88,7 @@ def _assert_matches(result: QuantTensor, x, variant) -> None:
         ((Q, 'e4m3', (1, 32), (32, 256)), {}, ValueError, r'out_block_size\[1\] \(channels per scale\) must be one'),
         ((Q, 'e4m3', (64, 32), (32, 32)), {}, ValueError, r'must be a multiple of x_block_size \(64, 32\)'),
         ((Q, 'e4m3', (1, 64), (32, 32)), {}, ValueError, r'must be a multiple of x_block_size \(1, 64\)'),
-        ((Q, 'e4m3', (1, 32), (32, 32)), {'use_tma_aligned_col_major_sf': True}, ValueError, 'is not supported yet'),
+        ((Q, 'e4m3', (1, 32), (32, 32)), {'use_tma_aligned_col_major_sf': True}, RuntimeError, "no kernels for 'cpu'"),
         ((Q, 'e4m3', (1, 32), (32, 32)), {'use_packed_ue8m0': True}, ValueError, 'needs round_sf=True'),
         (((D[:, :32].clone(), torch.ones(4, 2)), 'e4m3', (1, 32), (32, 32)), {}, ValueError,
          'hidden size must be a positive multiple of 128'),
@@ -129,6 +130,8 @@ def test_per_block_cast_lossless_fake_tensors(monkeypatch):
         x = (torch.empty(161, 576, dtype=torch.int8), torch.empty(6, 72))
         result = per_block_cast_lossless(x, 'e4m3', (32, 16), (128, 128))
         assert (tuple(result.sf.shape), result.sf.dtype) == ((2, 9), torch.float32)
+        result = per_block_cast_lossless(x, 'e4m3', (32, 16), (128, 128), True)  # column-major: (1, R) on Ascend
+        assert (tuple(result.sf.shape), result.sf.stride()) == ((2, 9), (1, 2))
 
 
 # ---------------------------------------------------------------- device tier
@@ -147,6 +150,41 @@ def test_per_block_cast_lossless_values(variant, num_tokens, device):
     assert again.data is buffers[0]
     assert again.sf is buffers[1]
     _assert_matches(again, x, variant)
+
+
+# Column-major output scales (use_tma_aligned_col_major_sf), kernels of their own. Level 0: packed UE8M0 of (32, 32)
+# blocks (whole words per Ascend task: 12 of a task's 384 channels); level 1 fp32 scales of two block shapes and
+# UE8M0 of (64, 64) blocks at H 4096.
+COL_MAJOR_VARIANTS = by_level(
+    LEVEL,
+    core=[dict(x_block=(1, 32), out_block=(32, 32), in_sf='ue8m0', out_sf='ue8m0')],
+    default=[
+        dict(x_block=(1, 32), out_block=(32, 32), in_sf='ue8m0', out_sf='ue8m0'),
+        dict(x_block=(1, 16), out_block=(128, 128), in_sf='fp32', out_sf='fp32'),
+        dict(x_block=(32, 32), out_block=(64, 128), in_sf='ue8m0', out_sf='fp32'),
+        dict(x_block=(1, 32), out_block=(64, 64), in_sf='fp32', out_sf='ue8m0', hidden=4096),
+    ],
+)
+
+
+@pytest.mark.npu
+@pytest.mark.parametrize('variant', COL_MAJOR_VARIANTS, ids=make_param_id)
+@pytest.mark.parametrize('num_tokens', by_level(LEVEL, core=(0, 161), default=(1, 300)))
+def test_per_block_cast_lossless_col_major_values(variant, num_tokens, device):
+    """Column-major scales: the row-major call's data and scale values, in TileKernels' column-major layout (its
+    strides and padded buffer), into new buffers or given ones."""
+    x = _inputs(num_tokens, variant.get('hidden', HIDDEN), variant, device)
+    rows = _cast(x, variant)
+    result = _cast(x, variant, use_tma_aligned_col_major_sf=True)
+    assert_equal(result.data.cpu().view(torch.uint8), rows.data.cpu().view(torch.uint8))
+    assert_equal(logical_sf_bytes(result.sf), logical_sf_bytes(rows.sf))
+    sf_rows = -(-num_tokens // variant['out_block'][0])
+    assert_peer_layout(result.sf, sf_rows, variant['out_sf'], backend_of(device))
+    buffers = (torch.empty_like(result.data), tma_col_major_sf(tuple(result.sf.shape), result.sf.dtype,
+                                                                backend_of(device), device))  # fmt: skip
+    again = _cast(x, variant, use_tma_aligned_col_major_sf=True, out=buffers)
+    assert again.sf is buffers[1]
+    assert_equal(logical_sf_bytes(again.sf), logical_sf_bytes(rows.sf))
 
 
 @pytest.mark.npu

@@ -262,6 +262,40 @@ def test_cuda_lowers(case):
     assert 'atomic' not in lowered.source
 
 
+def _col_major(backend: str, bto: int, bco: int, out_packed: bool, hidden: int = 1152):
+    cores = ASCEND_950_VECTOR_CORES if backend == 'ascend' else H200_SMS
+    return choose_per_block_cast_lossless_config(
+        backend=backend, num_cores=cores, hidden=hidden, in_block_tokens=1, in_block_channels=32,
+        out_block_tokens=bto, out_block_channels=bco, in_packed=True, out_packed=out_packed, col_major_sf=True,
+    )  # fmt: skip
+
+
+def test_config_col_major_words():
+    """Ascend tasks of column-major UE8M0 scales hold whole int32 words (one burst each): (32, 32) blocks at H 1152
+    take 384 channels (12 blocks), (64, 64) blocks at H 4096 512 (8); where whole words need more than UB holds
+    ((128, 128) blocks: 4 x 128 channels of 128 tokens; (64, 64) at H 1152: the row) the config refuses by name.
+    CUDA stores bytes: any tiling."""
+    assert _col_major('ascend', 32, 32, True).block_k == 384
+    assert _col_major('ascend', 64, 64, True, hidden=4096).block_k == 512  # 8 blocks a task
+    for bto_bco, hidden in (((128, 128), 4096), ((64, 64), 1152)):  # 18 blocks: only the row is whole words
+        with pytest.raises(ValueError, match='of UB'):
+            _col_major('ascend', *bto_bco, True, hidden=hidden)
+    with pytest.raises(ValueError, match='whole int32 words per task'):
+        dataclasses.replace(_col_major('ascend', 64, 64, True, hidden=4096), block_k=128)  # 2 blocks a task
+    assert _col_major('cuda', 128, 128, True, hidden=4096).block_k == 128  # CUDA stores bytes: one block a tile
+
+
+@pytest.mark.parametrize('backend', ['ascend', 'cuda'])
+@pytest.mark.parametrize(('bto', 'bco', 'out_packed'), [(32, 32, True), (128, 128, False)])
+def test_col_major_lowers(backend, bto, bco, out_packed):
+    """Column-major output scales: the scale stores go through the transposed view, whose row stride is the
+    kernel's dynamic argument."""
+    cfg = _col_major(backend, bto, bco, out_packed)
+    lower = assert_ascend_kernel_lowers if backend == 'ascend' else assert_cuda_kernel_lowers
+    source = lower(lambda: make_per_block_cast_lossless_kernel(cfg), key=cfg, kernel_name=KERNEL_NAME).source
+    assert 'sf_stride' in source
+
+
 # ---------------------------------------------------------------- device tier
 
 

@@ -22,7 +22,7 @@ SIMD VF makes four passes, all in 32-bit integer lanes (64 per register):
 # refer to the generator's local shape variables.
 
 # Imported by per_block_cast_lossless_kernel.py, never the other way round: the config comes as `cfg`.
-from ._scale_rules import LANES
+from ._scale_rules import LANES, UE8M0_PACK, col_major_scales
 
 _CHUNK = 2 * LANES  # elements of one step: 64 FP4 bytes, one per 32-bit lane
 
@@ -170,12 +170,16 @@ def ascend_per_block_cast_lossless_kernel(cfg):
                         pair = S.vor(low, S.vshls(high, 8))
                         S.vsts(out_ub[row, c * _CHUNK], T.reinterpret(pair, 'uint16x128'), dist='PK_B32')
 
+    out_sf_type = T.Tensor((out_sf_rows, cfg.out_sf_cols), out_sf_dtype)
+    if cfg.col_major_sf:  # the transposed column-major scales: rows of stride sf_stride >= ceil(T / bto)
+        out_sf_type = col_major_scales(T, out_sf_rows, cfg.out_sf_cols, out_sf_dtype, packed=out_packed)
+
     @T.prim_func
     def per_block_cast_lossless_kernel(
         x: T.Tensor((num_tokens, hidden // 2), T.uint8),
         x_sf: T.Tensor((in_sf_rows, cfg.in_sf_cols), in_sf_dtype),
         out: T.Tensor((num_tokens, hidden), T.float8_e4m3fn),
-        out_sf: T.Tensor((out_sf_rows, cfg.out_sf_cols), out_sf_dtype),
+        out_sf: out_sf_type,
     ):
         with T.Kernel(grid) as cid:
             x_ub = T.alloc_shared((bto, bk // 2), T.uint8)
@@ -209,7 +213,14 @@ def ascend_per_block_cast_lossless_kernel(cfg):
                 T.copy(x_sf[s0 : s0 + sf_valid, j * gin : j * gin + gin], raw_ub[0:sf_valid, 0:gin])
                 lossless_vf(x_ub, raw_ub, exp_ub, colmax_ub, e_ub, ecol_ub, osf_ub, out_ub, valid, sf_valid)
                 T.copy(out_ub[0:valid, :], out[t0 : t0 + valid, j * bk : j * bk + bk])
-                if padding > 0:
+                if cfg.col_major_sf and out_packed:
+                    # Whole words (the config checks it), one burst each to the next row of the transposed view.
+                    sf_len = gout + (padding if n_tiles == 1 else 0)
+                    word, words = j * (gout // UE8M0_PACK), sf_len // UE8M0_PACK
+                    T.copy(osf_ub[0:sf_len], out_sf[word : word + words, UE8M0_PACK * b : UE8M0_PACK * (b + 1)])
+                elif cfg.col_major_sf:  # one fp32 scale per burst, each to the next row of the transposed view
+                    T.copy(osf_ub[0:gout], out_sf[j * gout : j * gout + gout, b])
+                elif padding > 0:
                     # The last column tile also writes the row's zero padding bytes.
                     sf_len = T.if_then_else(j == n_tiles - 1, gout + padding, gout)
                     T.copy(osf_ub[0:sf_len], out_sf[b, j * gout : j * gout + sf_len])

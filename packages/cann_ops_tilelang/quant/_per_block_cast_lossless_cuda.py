@@ -6,8 +6,9 @@ One thread block per (output token block, column tile): bto rows by block_k chan
 1. the threads read the tile's input scales (a few hundred at most) and keep their biased exponents in shared
    memory (fp32 bits 23..30, or the UE8M0 byte); rows past T are not read;
 2. one thread per output block takes the maximum M over its input exponents, E = max(M, 6) - 6, stores the
-   output scale (fp32 bits E << 23 or the UE8M0 byte) and keeps E in shared memory; the last column tile's
-   threads also store a packed row's zero padding bytes;
+   output scale (fp32 bits E << 23 or the UE8M0 byte; with cfg.col_major_sf at its place in the transposed
+   column-major view, scale_index) and keeps E in shared memory; the last column tile's threads also store a
+   packed row's zero padding bytes;
 3. each thread converts CUDA_VECTOR = 32 consecutive elements of a row per step (one 16-byte FP4 load, two
    16-byte e4m3 stores), consecutive threads on consecutive pieces of a row: the exponent offset
    d = max(e - E, -16) of each 16-element half, each nibble's fp32 built on the bits (0, 2 ** (d - 1), or
@@ -17,6 +18,9 @@ One thread block per (output token block, column tile): bto rows by block_k chan
 
 # No `from __future__ import annotations`: TileLang evaluates the prim_func annotations, which
 # refer to the generator's local shape variables.
+import functools
+
+from ._scale_rules import col_major_scales, scale_index
 
 CUDA_VECTOR = 32  # elements per thread and step: 16 bytes of FP4
 _HALF = 16  # elements sharing one exponent offset (the smallest input block)
@@ -39,6 +43,10 @@ def cuda_per_block_cast_lossless_kernel(cfg):
     num_tokens = T.dynamic('num_tokens')
     in_sf_rows = num_tokens if per_token else T.ceildiv(num_tokens, bti)
     out_sf_rows = T.ceildiv(num_tokens, bto)
+    out_sf_type = T.Tensor((out_sf_rows, cfg.out_sf_cols), cfg.out_sf_dtype)
+    if cfg.col_major_sf:  # the transposed column-major scales: rows of stride sf_stride >= ceil(T / bto)
+        out_sf_type = col_major_scales(T, out_sf_rows, cfg.out_sf_cols, cfg.out_sf_dtype, packed=out_packed)
+    sf_at = functools.partial(scale_index, col_major=cfg.col_major_sf, packed=out_packed)
 
     def element(code, base):
         """e4m3 of e2m1 `code` (uint32 0..15) times 2**d, base = (126 + d) << 23 (uint32): exact on the bits."""
@@ -52,7 +60,7 @@ def cuda_per_block_cast_lossless_kernel(cfg):
         x: T.Tensor((num_tokens, hidden // 2), T.uint8),
         x_sf: T.Tensor((in_sf_rows, cfg.in_sf_cols), cfg.in_sf_dtype),
         out: T.Tensor((num_tokens, hidden), T.float8_e4m3fn),
-        out_sf: T.Tensor((out_sf_rows, cfg.out_sf_cols), cfg.out_sf_dtype),
+        out_sf: out_sf_type,
     ):
         with T.Kernel(out_sf_rows * n_tiles, threads=threads) as bid:
             b = bid // n_tiles
@@ -100,12 +108,12 @@ def cuda_per_block_cast_lossless_kernel(cfg):
                     out_exp = T.max(top, headroom) - headroom
                     out_exps[o] = out_exp
                     if out_packed:
-                        out_sf[b, j * gout + o] = T.cast(out_exp, T.uint8)
+                        out_sf[sf_at(b, j * gout + o)] = T.cast(out_exp, T.uint8)
                     else:
-                        out_sf[b, j * gout + o] = T.reinterpret(T.cast(out_exp, u32) << u32(23), T.float32)
+                        out_sf[sf_at(b, j * gout + o)] = T.reinterpret(T.cast(out_exp, u32) << u32(23), T.float32)
             if padding > 0:  # noqa: SIM102 (a Python-level switch around a device-side condition)
                 if j == n_tiles - 1 and tid < padding:
-                    out_sf[b, num_blocks + tid] = T.uint8(0)
+                    out_sf[sf_at(b, num_blocks + tid)] = T.uint8(0)
             T.sync_threads()
 
             for s in T.unroll(steps):

@@ -36,7 +36,6 @@ def _options(name, x_sf, T, K, fmt, x_block_size, out_block_size, use_tma_aligne
     if out_block_size[0] % x_block_size[0] or out_block_size[1] % x_block_size[1]:
         raise ValueError(f'{name}: out_block_size {tuple(out_block_size)} must be a multiple of x_block_size '
                          f'{tuple(x_block_size)}')  # fmt: skip
-    contract.check_unsupported(name, use_tma_aligned_col_major_sf=use_tma_aligned_col_major_sf)
     contract.check_scale_flags(name, round_sf, use_packed_ue8m0)
     H = 2 * K
     contract.check_hidden(name, H, hidden_multiple(out_block_size[1]), f'out_block_size {tuple(out_block_size)}')
@@ -48,7 +47,7 @@ def _options(name, x_sf, T, K, fmt, x_block_size, out_block_size, use_tma_aligne
         raise ValueError(f'{name}: x[1] must be contiguous (row-major scales), got strides {x_sf.stride()}')
 
 
-def _choice(x, x_block_size, out_block_size, use_packed_ue8m0):
+def _choice(x, x_block_size, out_block_size, use_tma_aligned_col_major_sf, use_packed_ue8m0):
     return {
         'hidden': 2 * x[0].shape[1],
         'in_block_tokens': x_block_size[0],
@@ -57,12 +56,16 @@ def _choice(x, x_block_size, out_block_size, use_packed_ue8m0):
         'out_block_channels': out_block_size[1],
         'in_packed': x[1].dtype == contract.PACKED_SF_DTYPE,
         'out_packed': use_packed_ue8m0,
+        'col_major_sf': use_tma_aligned_col_major_sf,
     }
 
 
-def _results(x, out_block_size, use_packed_ue8m0):
+def _results(x, out_block_size, use_tma_aligned_col_major_sf, use_packed_ue8m0):
+    """(shape, dtype) of data; (shape, dtype[, strides]) of sf, column-major strides where asked
+    (contract.scale_result of its ceil(T / bto) rows)."""
     shape = (x[0].shape[0], 2 * x[0].shape[1])
-    return (shape, torch.float8_e4m3fn), contract.sf_layout(*shape, out_block_size, use_packed_ue8m0)
+    sf = contract.sf_layout(*shape, out_block_size, use_packed_ue8m0)
+    return (shape, torch.float8_e4m3fn), contract.scale_result(sf, use_tma_aligned_col_major_sf, x[0].device)
 
 
 OP = Operator(
@@ -87,14 +90,16 @@ OP = Operator(
 def _eager(x, fmt, x_block_size, out_block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, out):
     args = (x, fmt, x_block_size, out_block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, out)
     key = None
-    if out is None and fmt == contract.FP8_FORMAT and not use_tma_aligned_col_major_sf:
+    if out is None and fmt == contract.FP8_FORMAT:
         shape = OP.fast_ok(*args)
         if shape is not None and shape[0]:
-            key = (shape[1], x[0].get_device(), x_block_size, out_block_size, x[1].dtype, use_packed_ue8m0)
+            key = (shape[1], x[0].get_device(), x_block_size, out_block_size, x[1].dtype, use_packed_ue8m0,
+                   use_tma_aligned_col_major_sf)  # fmt: skip
     launcher, fast = OP.prepare(key, args)
-    data, sf = out if out is not None else tuple(x[0].new_empty(s, dtype=d) for s, d in OP.results(*args))
+    data, sf = out if out is not None else OP.new_outputs(x[0], *args)
     in_sf = x[1].view(torch.uint8) if x[1].dtype == contract.PACKED_SF_DTYPE else x[1]
-    out_sf = sf.view(torch.uint8) if use_packed_ue8m0 else sf
+    out_sf = sf.T if use_tma_aligned_col_major_sf else sf  # column-major: the kernels take the transposed view
+    out_sf = out_sf.view(torch.uint8) if use_packed_ue8m0 else out_sf
     OP.finish(launcher, fast, key, (x[0].view(torch.uint8), in_sf, data, out_sf), args, empty=not x[0].shape[0])
     return QuantTensor(data, sf)
 
@@ -131,11 +136,14 @@ def per_block_cast_lossless(
         fmt: 'e4m3', the output format.
         x_block_size: (bti, bci): bti 1, 32, 64 or 128; bci 16, 32, 64 or 128.
         out_block_size: (bto, bco), each 32, 64 or 128, multiples of bti and bci.
-        use_tma_aligned_col_major_sf: only False is supported yet (ValueError).
+        use_tma_aligned_col_major_sf: the output scales column-major, as TMA-loading FP8 GEMMs (DeepGEMM) read
+            them and per_block_cast writes them: the same shape and values, strides (1, R_pad), a view
+            buf[:, :R].T of a (K, R_pad) buffer, R = ceil(T / bto), R_pad R rounded up to 16 bytes on CUDA (R on
+            Ascend). On Ascend packed UE8M0 scales then need whole int32 words per task (ValueError otherwise).
         round_sf: accepted either way (the output scales are powers of two); needed for use_packed_ue8m0.
         use_packed_ue8m0: the output scales as UE8M0 bytes packed four per int32 (zero padding).
-        out: optional (data, sf) buffers of the result's shapes and dtypes, contiguous, on x's device, apart from
-            x and each other.
+        out: optional (data, sf) buffers of the result's shapes and dtypes, data contiguous, sf contiguous or, with
+            use_tma_aligned_col_major_sf, of the strides above; on x's device, apart from x and each other.
 
     Returns:
         QuantTensor(data (T, H) float8_e4m3fn, sf): sf (ceil(T / bto), H / bco) fp32, or with use_packed_ue8m0

@@ -32,7 +32,10 @@ The sign is the code's (-0 stays -0).
 
 Layouts: data (T, H / 2) int8 in, (T, H) float8_e4m3fn out. Scales: fp32 (rows, H / bc) or UE8M0 bytes
 (rows, H / bc rounded up to 4) with zero padding (the interface views four bytes as one int32), rows = T for
-bti = 1 per token, ceil(T / bt) otherwise; the output's rows are ceil(T / bto).
+bti = 1 per token, ceil(T / bt) otherwise; the output's rows are ceil(T / bto). The output scales may be written
+column-major (`col_major_sf`, TileKernels' use_tma_aligned_col_major_sf): the same values, scale k of output row r
+at element k * S + r of a buffer of row stride S >= rows (packed UE8M0: word k // 4, byte k % 4), the kernels
+taking the transposed view; on Ascend a task's packed scales are then whole int32 words (one burst each).
 
 Supported: bti in (1, 32, 64, 128), bci in (16, 32, 64, 128), bto and bco in (32, 64, 128), bto % bti = 0,
 bco % bci = 0; H a positive multiple of max(128, bco) (the peer's `hidden % 128`); T >= 1 per launch (the
@@ -45,6 +48,7 @@ out_sf) and are bit-exact against tests/quant/per_block_cast_lossless_ref.py.
 # refer to the generator's local shape variables.
 import dataclasses
 import functools
+import math
 
 from cann_ops_tilelang.config import Backend
 from cann_ops_tilelang.kernel_target import compile_kernel
@@ -92,6 +96,9 @@ class PerBlockCastLosslessConfig:
     block_k: int  # channels of one task / thread block; divides hidden
     threads: int  # CUDA threads per block (unused on Ascend)
     num_stages: int  # Ascend buffer versions (1 on CUDA)
+    # The output scales column-major: the kernels take the transposed view (out_sf_cols, rows) of row stride
+    # sf_stride (packed UE8M0: (out_sf_cols / 4, 4 rows) bytes), as per_block_cast's (col_major_scales).
+    col_major_sf: bool = False
 
     def __post_init__(self):
         if self.backend not in ('ascend', 'cuda'):
@@ -104,6 +111,11 @@ class PerBlockCastLosslessConfig:
             raise ValueError(f'block_k {self.block_k} must be a multiple of {unit} dividing hidden {self.hidden}')
         if self.num_cores < 1:
             raise ValueError(f'num_cores must be >= 1, got {self.num_cores}')
+        if self.backend == 'ascend' and not self.whole_word_tasks:
+            raise ValueError(
+                f'Ascend: column-major UE8M0 scales need whole int32 words per task: block_k {self.block_k} must '
+                f'hold a multiple of {UE8M0_PACK} output blocks of {self.out_block_channels}, or be the whole row'
+            )
         if self.backend == 'ascend':
             if self.num_stages < 1:
                 raise ValueError(f'num_stages must be >= 1, got {self.num_stages}')
@@ -208,6 +220,14 @@ class PerBlockCastLosslessConfig:
         return total
 
     @property
+    def whole_word_tasks(self) -> bool:
+        """Whether each task's output scales are whole UE8M0 words where they must be (Ascend, column-major packed
+        scales: one burst per word): a multiple of 4 blocks per task, or the row in one task (its padding ends it)."""
+        if not (self.col_major_sf and self.out_packed):
+            return True
+        return self.out_groups % UE8M0_PACK == 0 or self.num_col_tiles == 1
+
+    @property
     def cuda_steps(self) -> int:
         """CUDA: CUDA_VECTOR-element pieces of the tile each thread converts."""
         return self.out_block_tokens * self.block_k // (self.threads * CUDA_VECTOR)
@@ -237,6 +257,7 @@ def choose_per_block_cast_lossless_config(
     out_block_channels: int = 32,
     in_packed: bool = False,
     out_packed: bool = False,
+    col_major_sf: bool = False,
 ) -> PerBlockCastLosslessConfig:
     """Pure choice of the compile-time parameters (no device query). Invalid combinations raise ValueError."""
     _check_blocks(in_block_tokens, in_block_channels, out_block_tokens, out_block_channels)
@@ -245,11 +266,17 @@ def choose_per_block_cast_lossless_config(
         raise ValueError(f'hidden must be a positive multiple of {unit}, got {hidden}')
     make = functools.partial(
         PerBlockCastLosslessConfig, backend, hidden, in_block_tokens, in_block_channels, out_block_tokens,
-        out_block_channels, in_packed, out_packed, num_cores,
+        out_block_channels, in_packed, out_packed, num_cores, col_major_sf=col_major_sf,
     )  # fmt: skip
     if backend == 'ascend':
         # The widest task of about 32 Ki elements: the op streams x once, so fewer, longer DMAs per core.
-        return make(block_k=divisors(hidden, unit, _ASCEND_TASK_ELEMS // out_block_tokens)[0], threads=0, num_stages=2)
+        limit = _ASCEND_TASK_ELEMS // out_block_tokens
+        block_k = divisors(hidden, unit, limit)[0]
+        if col_major_sf and out_packed and (block_k // out_block_channels) % UE8M0_PACK:
+            # Column-major UE8M0 words go out one burst each: tasks of whole words, else the row (if UB holds it).
+            words = divisors(hidden, math.lcm(unit, UE8M0_PACK * out_block_channels), limit)
+            block_k = words[0] if words else hidden  # the config refuses a task that UB cannot hold
+        return make(block_k=block_k, threads=0, num_stages=2)
     if backend == 'cuda':
         block_k = divisors(hidden, unit, _CUDA_TASK_ELEMS // out_block_tokens)[0]
         threads = min(_CUDA_THREADS, out_block_tokens * block_k // CUDA_VECTOR)
