@@ -72,12 +72,13 @@ def _cast(x, block=128, sf='fp32', fmt='e4m3', **kwargs):
     return per_token_cast(x, fmt, block, round_sf=round_sf, use_packed_ue8m0=packed, use_e4m3_sf=e4m3_sf, **kwargs)
 
 
-def _without_nan_signs(data: torch.Tensor, x: torch.Tensor, inverse: torch.Tensor, fmt: str) -> torch.Tensor:
-    """Data bytes (uint8) with the sign bits of NaN products x * inverse cleared: that NaN's sign is the hardware's
-    (x86, the reference's CPU and the emulator's, gives -NaN; a GPU +NaN), unspecified by the contract (e4m3: the
-    byte's sign; FP4: both codes' signs of a byte holding one)."""
+def _without_nan_signs(
+    data: torch.Tensor, x: torch.Tensor, inverse: torch.Tensor, block: int, fmt: str
+) -> torch.Tensor:
+    """Data bytes (uint8) with the sign bits of NaN products x * inverse cleared (`inverse` one per token and block
+    of `block` channels): that NaN's sign is the hardware's (x86, the reference's CPU and the emulator's, gives -NaN;
+    a GPU +NaN), unspecified by the contract (e4m3: the byte's sign; FP4: both codes' signs of a byte holding one)."""
     num_tokens, hidden = x.shape
-    block = 1 << (-(-hidden // inverse.shape[1]) - 1).bit_length()  # a power of two; the last block may be short
     nan = from_blocks(torch.isnan(row_blocks(x.cpu(), block) * inverse.unsqueeze(-1)), hidden)
     if fmt == 'e2m1':
         return torch.where(nan.reshape(num_tokens, hidden // 2, 2).any(dim=-1), data & 0x77, data)
@@ -93,7 +94,10 @@ def _assert_matches(result: QuantTensor, x: torch.Tensor, block: int, sf: str, f
     amax = row_blocks(x.cpu(), block).abs().amax(dim=-1)
     _, inverse = format_scale_and_inverse_ref(amax, fmt, round_sf=round_sf, packed_ue8m0=packed, e4m3_sf=e4m3_sf)
     got = result.data.cpu().view(torch.uint8)
-    assert_equal(_without_nan_signs(got, x, inverse, fmt), _without_nan_signs(data.view(torch.uint8), x, inverse, fmt))
+    assert_equal(
+        _without_nan_signs(got, x, inverse, block, fmt),
+        _without_nan_signs(data.view(torch.uint8), x, inverse, block, fmt),
+    )
     assert_equal(result.sf.cpu().view(torch.uint8), scales.view(torch.uint8))
 
 
@@ -297,8 +301,8 @@ def test_per_token_cast_halves_values(variant, device):
     expected = per_token_cast_precomputed_ref(x.cpu(), given.cpu(), block, fmt)
     inverse = torch.ones(given.shape) / given.cpu().float()
     assert_equal(
-        _without_nan_signs(data.cpu().view(torch.uint8), x, inverse, fmt),
-        _without_nan_signs(expected.view(torch.uint8), x, inverse, fmt),
+        _without_nan_signs(data.cpu().view(torch.uint8), x, inverse, block, fmt),
+        _without_nan_signs(expected.view(torch.uint8), x, inverse, block, fmt),
     )
 
 
@@ -541,8 +545,8 @@ def test_per_token_cast_short_block_values(variant, num_tokens, device):
         expected = per_token_cast_precomputed_ref(x.cpu(), result.sf.cpu(), 128, fmt)
         inverse = torch.ones(result.sf.shape) / result.sf.cpu().float()
         assert_equal(
-            _without_nan_signs(given.cpu().view(torch.uint8), x, inverse, fmt),
-            _without_nan_signs(expected.view(torch.uint8), x, inverse, fmt),
+            _without_nan_signs(given.cpu().view(torch.uint8), x, inverse, 128, fmt),
+            _without_nan_signs(expected.view(torch.uint8), x, inverse, 128, fmt),
         )
 
 
@@ -586,7 +590,7 @@ def _stochastic_ref(
     _, scales = per_token_cast_format_ref(x, block, fmt, round_sf=round_sf, packed_ue8m0=packed, e4m3_sf=e4m3_sf)
     if fmt == 'e2m1':
         data = pack_e2m1_ref(stochastic_e2m1_ref(scaled, seed)).view(torch.uint8)
-        return _without_nan_signs(data, x, inverse, fmt), logical_sf_bytes(scales)
+        return _without_nan_signs(data, x, inverse, block, fmt), logical_sf_bytes(scales)
     return stochastic_e4m3_ref(scaled, seed), logical_sf_bytes(scales)
 
 
@@ -757,7 +761,7 @@ def _fp4_bits(result: QuantTensor, x: torch.Tensor, block: int, sf: str) -> torc
     round_sf, packed, e4m3_sf = _FORMATS[sf]
     amax = row_blocks(x.cpu(), block).abs().amax(dim=-1)
     _, inverse = format_scale_and_inverse_ref(amax, 'e2m1', round_sf=round_sf, packed_ue8m0=packed, e4m3_sf=e4m3_sf)
-    return _without_nan_signs(result.data.cpu().view(torch.uint8), x, inverse, 'e2m1')
+    return _without_nan_signs(result.data.cpu().view(torch.uint8), x, inverse, block, 'e2m1')
 
 
 @pytest.mark.npu

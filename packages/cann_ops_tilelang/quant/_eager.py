@@ -20,6 +20,12 @@ from .cast_kernel import SEED_LIMIT, draw_seed, key_argument, seed_key
 _UNSUPPORTED = ('x_block_size', 'use_tma_aligned_col_major_sf')  # if declared
 
 
+def kernel_sf(sf: torch.Tensor, packed: bool, transposed: bool) -> torch.Tensor:
+    """Output scales as the cast kernels take them: transposed when column-major, bytes when packed UE8M0."""
+    sf = sf.T if transposed else sf
+    return sf.view(torch.uint8) if packed else sf
+
+
 def cast_eager(op: Operator, mode: str, block_arg: str, *, col_major: bool = False) -> Callable:
     """The eager function of `op`, a cast of mode 'cast', 'sf_only' or 'precomputed' whose arguments are x, fmt,
     the block (`block_arg`), options, the out buffer(s), and after them keyword-only scalars (`seed`). Fast path,
@@ -40,11 +46,6 @@ def cast_eager(op: Operator, mode: str, block_arg: str, *, col_major: bool = Fal
     e4m3_sf_at = index.get('use_e4m3_sf')
     out_at = op.out_index
     stochastic_at, seed_at = index.get('stochastic_cast'), index.get('seed')
-
-    def kernel_sf(sf, packed, transposed):
-        """The scales as the kernel takes them: transposed when column-major, bytes when packed."""
-        sf = sf.T if transposed else sf
-        return sf.view(torch.uint8) if packed else sf
 
     def eager(*args):
         x, fmt, out = args[0], args[1], args[out_at]

@@ -8,6 +8,7 @@ import torch
 from cann_ops_tilelang.operator import Operator, outs, quant, scalar
 
 from . import _contract as contract
+from ._eager import kernel_sf
 from ._quant_tensor import QuantTensor
 from .per_block_cast_lossless_kernel import (
     IN_BLOCK_CHANNELS,
@@ -98,8 +99,7 @@ def _eager(x, fmt, x_block_size, out_block_size, use_tma_aligned_col_major_sf, r
     launcher, fast = OP.prepare(key, args)
     data, sf = out if out is not None else OP.new_outputs(x[0], *args)
     in_sf = x[1].view(torch.uint8) if x[1].dtype == contract.PACKED_SF_DTYPE else x[1]
-    out_sf = sf.T if use_tma_aligned_col_major_sf else sf  # column-major: the kernels take the transposed view
-    out_sf = out_sf.view(torch.uint8) if use_packed_ue8m0 else out_sf
+    out_sf = kernel_sf(sf, use_packed_ue8m0, use_tma_aligned_col_major_sf)
     OP.finish(launcher, fast, key, (x[0].view(torch.uint8), in_sf, data, out_sf), args, empty=not x[0].shape[0])
     return QuantTensor(data, sf)
 
