@@ -60,9 +60,9 @@ def test_mhc_sinkhorn_bwd_config_fits_the_store():
     """Tokens per block shrink as the store per token grows, down to one token at MAX_REPEAT and mhc_mult 8;
     the forward's blocks do not depend on repeat."""
     for backend in ('ascend', 'cuda'):
-        small, peer, largest = (make_config(backend, 'bwd', m, r) for m, r in ((2, 1), (4, 20), (8, MAX_REPEAT)))
+        small, middle, largest = (make_config(backend, 'bwd', m, r) for m, r in ((2, 1), (8, 20), (8, MAX_REPEAT)))
         assert make_config(backend, 'fwd', 2, 1).tokens == make_config(backend, 'fwd', 8, 10**6).tokens
-        assert small.tokens > peer.tokens > largest.tokens == 1
+        assert small.tokens > middle.tokens > largest.tokens == 1
         with pytest.raises(ValueError, match='repeat 257 is out of range for the bwd kernel'):
             make_config(backend, 'bwd', 4, MAX_REPEAT + 1)
         with pytest.raises(ValueError, match='2 tokens of the backward overflow its 131072 B store'):
@@ -70,24 +70,27 @@ def test_mhc_sinkhorn_bwd_config_fits_the_store():
 
 
 def test_mhc_sinkhorn_reciprocal_is_a_cuda_choice():
-    """The CUDA forward takes the Newton reciprocal and 16-token blocks (measured faster on the H200, the same bits
-    there); the backward and Ascend the IEEE division."""
-    assert (make_config('cuda', 'fwd', 4, 3).reciprocal, make_config('cuda', 'fwd', 4, 3).tokens) == ('newton', 16)
-    assert make_config('cuda', 'bwd', 4, 3).reciprocal == make_config('ascend', 'fwd', 4, 3).reciprocal == 'ieee'
-    dataclasses.replace(make_config('cuda', 'bwd', 4, 3), reciprocal='newton')
+    """CUDA takes the Newton reciprocal and 16-token blocks in both directions (measured faster, the same bits as
+    IEEE division there; the backward fewer tokens where its store needs it); Ascend the IEEE division."""
+    for direction in ('fwd', 'bwd'):
+        cfg = make_config('cuda', direction, 4, 3)
+        assert (cfg.reciprocal, cfg.tokens) == ('newton', 16)
+    assert make_config('cuda', 'bwd', 8, 20).tokens == 8
+    assert make_config('ascend', 'fwd', 4, 3).reciprocal == make_config('ascend', 'bwd', 4, 3).reciprocal == 'ieee'
+    dataclasses.replace(make_config('cuda', 'bwd', 4, 3), reciprocal='ieee')
     with pytest.raises(ValueError, match=r"reciprocal must be one of \('ieee',\) on ascend"):
         dataclasses.replace(make_config('ascend', 'fwd', 4, 3), reciprocal='newton')
     with pytest.raises(ValueError, match='reciprocal must be one of'):
         dataclasses.replace(make_config('cuda', 'fwd', 4, 3), reciprocal='fast')
 
 
-# (mhc_mult, repeat, tokens) of the Newton reciprocal's device check, an option off by default: from level 1 (level 0
-# compiles only what calls launch).
-NEWTON_CASES = by_level(get_test_level(), core=[], default=[(4, 20, 130), (8, 3, 33), (1, 2, 65)])
+# (mhc_mult, repeat, tokens) of the CUDA reciprocals' device check: from level 1 (level 0 compiles only what calls
+# launch; the Newton reciprocal is the CUDA default, which the operators' tests check there).
+RECIPROCAL_CASES = by_level(get_test_level(), core=[], default=[(4, 20, 130), (8, 3, 33), (1, 2, 65)])
 
 
-def _newton(direction, mhc_mult, repeat):
-    return dataclasses.replace(make_config('cuda', direction, mhc_mult, repeat), reciprocal='newton')
+def _cuda_config(direction, mhc_mult, repeat, reciprocal):
+    return dataclasses.replace(make_config('cuda', direction, mhc_mult, repeat), reciprocal=reciprocal)
 
 
 @pytest.mark.parametrize('direction', ['fwd', 'bwd'])
@@ -108,19 +111,20 @@ def test_mhc_sinkhorn_newton_reciprocal_lowers_without_division(direction):
 
 
 @pytest.mark.npu
-@pytest.mark.parametrize(('mhc_mult', 'repeat', 'tokens'), NEWTON_CASES)
-def test_mhc_sinkhorn_newton_reciprocal_values(mhc_mult, repeat, tokens, device):
-    """The CUDA kernels with the Newton reciprocal against the float64 references (the operators' tolerance)."""
+@pytest.mark.parametrize('reciprocal', ['ieee', 'newton'])
+@pytest.mark.parametrize(('mhc_mult', 'repeat', 'tokens'), RECIPROCAL_CASES)
+def test_mhc_sinkhorn_cuda_reciprocal_values(mhc_mult, repeat, tokens, reciprocal, device):
+    """The CUDA kernels with either reciprocal against the float64 references (the operators' tolerance)."""
     if device.type != 'cuda':
-        pytest.skip('the Newton reciprocal is a CUDA configuration')
+        pytest.skip('the reciprocal is a CUDA configuration')
     mm = mhc_mult * mhc_mult
     x = random_logits((tokens, mhc_mult, mhc_mult), device)
     grad_output = torch.randn_like(x)
     out, grad_input = torch.full_like(x, float('nan')), torch.full_like(x, float('nan'))
-    Launcher(get_mhc_sinkhorn_kernel, _newton('fwd', mhc_mult, repeat), device).launch(
+    Launcher(get_mhc_sinkhorn_kernel, _cuda_config('fwd', mhc_mult, repeat, reciprocal), device).launch(
         x.view(tokens, mm), out.view(tokens, mm), EPS
     )
-    Launcher(get_mhc_sinkhorn_kernel, _newton('bwd', mhc_mult, repeat), device).launch(
+    Launcher(get_mhc_sinkhorn_kernel, _cuda_config('bwd', mhc_mult, repeat, reciprocal), device).launch(
         grad_output.view(tokens, mm), x.view(tokens, mm), grad_input.view(tokens, mm), EPS
     )
     assert_close(out.cpu().double(), mhc_sinkhorn_fwd_ref(x.cpu().double(), repeat, EPS), atol=ATOL, rtol=RTOL)

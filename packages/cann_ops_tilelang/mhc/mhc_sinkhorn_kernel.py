@@ -39,7 +39,7 @@ def steps(repeat: int) -> int:
     return 2 * repeat - 1
 
 
-_CUDA_FWD_TOKENS = 16  # tokens per CUDA block of the forward (H200 measurement, docs/mhc.md)
+_CUDA_TOKENS = 16  # tokens per CUDA block, both directions (H200 / H100 measurements, docs/mhc.md)
 
 
 def store_bytes_per_token(mhc_mult: int, repeat: int) -> int:
@@ -96,12 +96,13 @@ def choose_mhc_sinkhorn_config(
 ) -> MhcSinkhornConfig:
     """Pure choice of the compile-time parameters (no device query)."""
     limit = _ASCEND_THREADS if backend == 'ascend' else _CUDA_THREADS
-    tokens = limit if direction == 'fwd' else _fitting_tokens(limit, mhc_mult, repeat)
     reciprocal = 'ieee'
-    if backend == 'cuda' and direction == 'fwd':
-        # Measured on the H200 (2026-12-05, docs/mhc.md): the Newton reciprocal, the same bits as IEEE division
-        # there, and 16 tokens a block took the forward from 1.1-2.4x TileKernels' time to 0.86-0.95x.
-        tokens, reciprocal = _CUDA_FWD_TOKENS, 'newton'
+    if backend == 'cuda':
+        # Measured (docs/mhc.md): the Newton reciprocal, the same bits as IEEE division there, and 16 tokens a
+        # block took the forward from 1.1-2.4x TileKernels' time to 0.86-0.95x (H200), the backward from 1.22x to
+        # 0.51x (H100, 4001 tokens, repeat 10).
+        limit, reciprocal = _CUDA_TOKENS, 'newton'
+    tokens = limit if direction == 'fwd' else _fitting_tokens(limit, mhc_mult, repeat)
     return MhcSinkhornConfig(backend, direction, mhc_mult, repeat, num_cores, tokens, 2 if backend == 'ascend' else 1,
                              reciprocal)  # fmt: skip
 
