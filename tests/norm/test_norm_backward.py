@@ -125,13 +125,16 @@ def test_norm_backward_two_rows_in_flight_lowers(v):
 
 
 def test_norm_backward_rows_in_flight_config():
-    """1 by default; 2 only for the CUDA row kernel with blocks of up to 256 threads, with half the blocks per SM,
-    which the reduce of the same choice sums."""
+    """2 by default for the CUDA row kernel with blocks of up to 256 threads (measured faster), with half the
+    blocks per SM, which the reduce of the same choice sums; 1 for wider blocks and on Ascend."""
     v = dict(dtype=torch.bfloat16, weight=True, rog=False, hidden=4096)
-    one, two = _config('cuda', v), _config('cuda', v, rows_in_flight=2)
+    one, two = _config('cuda', v, rows_in_flight=1), _config('cuda', v, rows_in_flight=2)
     assert (one.rows_in_flight, two.rows_in_flight) == (1, 2)
+    assert _config('cuda', v) == two
     assert two.num_partials * 2 == one.num_partials
-    assert _config('cuda', v, 'reduce', rows_in_flight=2).num_partials == two.num_partials
+    assert _config('cuda', v, 'reduce').num_partials == two.num_partials
+    assert _config('cuda', v, 'reduce', rows_in_flight=1).num_partials == one.num_partials
+    assert _config('cuda', dict(v, dtype=torch.float32, hidden=7168)).rows_in_flight == 1  # 448 threads
     assert _config('ascend', v).rows_in_flight == 1
     for bad in (0, 3):
         with pytest.raises(ValueError, match='rows_in_flight must be 1 or 2'):
