@@ -24,7 +24,7 @@ from cann_ops_tilelang.quant import (
 )
 from cann_ops_tilelang.quant.cast_kernel import key_argument, seed_key
 from cann_ops_tilelang.quant.per_token_cast import QUANTISED
-from cann_ops_tilelang.quant.per_token_cast_kernel import choose_per_token_cast_config
+from cann_ops_tilelang.quant.per_token_cast_kernel import FEW_TOKENS, choose_per_token_cast_config
 from tests.quant.cast_back_ref import cast_back_ref
 from tests.quant.cast_ref import (
     assert_col_major_buffer_written,
@@ -650,6 +650,25 @@ def test_per_token_cast_stochastic_fast_path(monkeypatch):
         assert cfg == dataclasses.replace(fp4_plain_cfg, stochastic=True)
         assert (len(args), args[1].dtype, tuple(args[1].shape)) == (4, torch.int8, (4, 128))
         assert args[3] == key_argument(seed_key(7))
+
+
+def test_per_token_cast_few_tokens_fast_path(monkeypatch):
+    """CPU tensors taken as CUDA ones: up to FEW_TOKENS rows a call takes the few-tokens tiling, more the default,
+    each with its own fast-path key (a fast call never reuses the other count class's launcher); the halves alike."""
+    op = per_token_cast.operator
+    launches = fast_path.stub_cuda_launches(monkeypatch, op, per_token_cast_with_sf_only.operator)
+    plans = fast_path.count_plans(monkeypatch, op)
+    common = dict(backend='cuda', num_cores=132, hidden=7168, in_dtype='bfloat16', block_size=128)
+    few = choose_per_token_cast_config(**common, few_tokens=True)
+    default = choose_per_token_cast_config(**common)
+    assert (few.block_k, default.block_k) == (1024, 1792)
+    for _ in range(2):
+        for tokens in (1, FEW_TOKENS, FEW_TOKENS + 1, 37):
+            per_token_cast(torch.randn(tokens, 7168, dtype=torch.bfloat16), 'e4m3', 128)
+    assert len(plans) == 2  # one per count class, then the fast path
+    assert [cfg for cfg, _ in launches] == [few, few, default, default] * 2
+    per_token_cast_with_sf_only(torch.randn(3, 7168, dtype=torch.bfloat16), 'e4m3', 128)
+    assert launches[-1][0] == dataclasses.replace(few, mode='sf_only')
 
 
 # Level 0: one kernel of its own, the stochastic twin of the first level-0 variant (bf16, 32-channel fp32 scales, H

@@ -14,8 +14,10 @@ from cann_ops_tilelang.config import backend_of, get_num_cores
 from cann_ops_tilelang.kernel_target import launch_kernel
 from cann_ops_tilelang.quant._scale_rules import cuda_cast_scale_and_inverse
 from cann_ops_tilelang.quant.per_token_cast_kernel import (
+    FEW_TOKENS,
     UE8M0_PACK,
     choose_per_token_cast_config,
+    few_tokens,
     get_per_token_cast_kernel,
     make_per_token_cast_kernel,
 )
@@ -549,6 +551,22 @@ def test_per_token_cast_config_stochastic():
         for mode in ('sf_only', 'precomputed'):
             with pytest.raises(ValueError, match='stochastic: mode "cast" only'):
                 choose_per_token_cast_config(**common, stochastic=True, mode=mode, fmt=fmt)
+
+
+def test_per_token_cast_config_few_tokens():
+    """Up to FEW_TOKENS rows CUDA takes 1024-column tiles of 64 threads where H allows (the narrower divisor and 32
+    threads where not); a short last block and Ascend keep their tiling; off by default."""
+    common = dict(num_cores=132, in_dtype='bfloat16', block_size=128)
+    for hidden, tile in ((7168, (1024, 64)), (4096, (1024, 64)), (1536, (768, 32)), (256, (256, 32))):
+        cfg = choose_per_token_cast_config(backend='cuda', hidden=hidden, **common, few_tokens=True)
+        assert (cfg.block_k, cfg.threads) == tile
+        assert cfg == dataclasses.replace(choose_per_token_cast_config(backend='cuda', hidden=hidden, **common),
+                                          block_k=tile[0], threads=tile[1])  # fmt: skip
+    for backend, hidden in (('cuda', 2880), ('ascend', 7168), ('ascend', 2880)):
+        assert choose_per_token_cast_config(backend=backend, hidden=hidden, **common, few_tokens=True) == (
+            choose_per_token_cast_config(backend=backend, hidden=hidden, **common)
+        )
+    assert [few_tokens(t) for t in (0, 1, FEW_TOKENS, FEW_TOKENS + 1)] == [False, True, True, False]
 
 
 # (variant, hidden, column-major scales): one column tile and several (7168: the element index's j * block_k).

@@ -26,7 +26,14 @@ def kernel_sf(sf: torch.Tensor, packed: bool, transposed: bool) -> torch.Tensor:
     return sf.view(torch.uint8) if packed else sf
 
 
-def cast_eager(op: Operator, mode: str, block_arg: str, *, col_major: bool = False) -> Callable:
+def cast_eager(
+    op: Operator,
+    mode: str,
+    block_arg: str,
+    *,
+    col_major: bool = False,
+    token_class: Callable[[int], object] | None = None,
+) -> Callable:
     """The eager function of `op`, a cast of mode 'cast', 'sf_only' or 'precomputed' whose arguments are x, fmt,
     the block (`block_arg`), options, the out buffer(s), and after them keyword-only scalars (`seed`). Fast path,
     without out= and TileKernels' options these kernels do not have: by (H, dtype, CUDA index, fmt, block, round_sf,
@@ -37,7 +44,8 @@ def cast_eager(op: Operator, mode: str, block_arg: str, *, col_major: bool = Fal
     seed's key, the seed drawn per call where None (cast_kernel.draw_seed). A key is cached only after a fully
     checked call with it succeeded, so an unsupported fmt never takes the fast path. `col_major`: the operator
     writes use_tma_aligned_col_major_sf's column-major scales (its outputs' layout from the declaration's
-    `results`); otherwise that option is one it refuses."""
+    `results`); otherwise that option is one it refuses. `token_class`: where the operator's choice depends on the
+    number of tokens, the class of a count it chooses by (part of the fast path's key)."""
     index = {a.name: i for i, a in enumerate(op.args)}
     block_at, round_at, packed_at = index[block_arg], index['round_sf'], index['use_packed_ue8m0']
     col_major_at = index['use_tma_aligned_col_major_sf'] if col_major else None
@@ -62,8 +70,9 @@ def cast_eager(op: Operator, mode: str, block_arg: str, *, col_major: bool = Fal
             if shape is not None and shape[0] and (shape[0] == 1 or x.stride(0) == shape[1]):
                 round_sf = args[round_at] and mode != 'precomputed'
                 e4m3_sf = e4m3_sf_at is not None and args[e4m3_sf_at]
+                tokens = None if token_class is None else token_class(shape[0])
                 key = (shape[1], x.dtype, x.get_device(), fmt, args[block_at], round_sf, packed, e4m3_sf, transposed,
-                       stochastic)  # fmt: skip
+                       stochastic, tokens)  # fmt: skip
         launcher, fast = op.prepare(key, args)
         outputs = op.new_outputs(x, *args) if out is None else out
         if mode == 'cast':

@@ -19,6 +19,7 @@ from .per_token_cast_kernel import (
     FORMATS,
     choose_per_token_cast_config,
     choose_per_token_recast_config,
+    few_tokens,
     get_per_token_cast_kernel,
     get_per_token_recast_kernels,
 )
@@ -82,7 +83,7 @@ def _output_options(name, H, fmt, num_per_channels, round_sf, use_packed_ue8m0, 
 
 def _choice(mode):
     def choice(x, fmt, num_per_channels, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, use_e4m3_sf):
-        return {
+        chosen = {
             'hidden': x.shape[1],
             'in_dtype': x.dtype,
             'block_size': num_per_channels,
@@ -94,6 +95,9 @@ def _choice(mode):
             'col_major_sf': use_tma_aligned_col_major_sf,
             'strided_rows': is_strided(x),
         }
+        if few_tokens(x.shape[0]):  # absent otherwise: the other launcher keys and configurations stay as they were
+            chosen['few_tokens'] = True
+        return chosen
 
     return choice
 
@@ -262,7 +266,9 @@ def per_token_cast_quantised(
 
 
 @OP.public(
-    cast_eager(OP, 'cast', 'num_per_channels', col_major=True), result=QuantTensor, quantised=per_token_cast_quantised
+    cast_eager(OP, 'cast', 'num_per_channels', col_major=True, token_class=few_tokens),
+    result=QuantTensor,
+    quantised=per_token_cast_quantised,
 )
 def per_token_cast(
     x: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
@@ -344,7 +350,9 @@ def per_token_cast(
     """
 
 
-@SF_ONLY.public(cast_eager(SF_ONLY, 'sf_only', 'num_per_channels', col_major=True), returns='Tensor')
+@SF_ONLY.public(
+    cast_eager(SF_ONLY, 'sf_only', 'num_per_channels', col_major=True, token_class=few_tokens), returns='Tensor'
+)
 def per_token_cast_with_sf_only(
     x: torch.Tensor,
     fmt: str,
@@ -360,7 +368,9 @@ def per_token_cast_with_sf_only(
     dtype and layout."""
 
 
-@PRECOMPUTED.public(cast_eager(PRECOMPUTED, 'precomputed', 'num_per_channels'), returns='Tensor')
+@PRECOMPUTED.public(
+    cast_eager(PRECOMPUTED, 'precomputed', 'num_per_channels', token_class=few_tokens), returns='Tensor'
+)
 def per_token_cast_with_precomputed_sf(
     x: torch.Tensor,
     fmt: str,

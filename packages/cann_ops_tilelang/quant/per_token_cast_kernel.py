@@ -73,7 +73,16 @@ FORMATS = ('e4m3', 'e2m1')  # fp8 data, FP4 data (two e2m1 codes a byte)
 _ASCEND_MAX_BLOCK_K = 4096  # elements per task: fp32 input tile 16 KiB, two buffer versions
 _ASCEND_MAX_ROW = 8192  # a whole row in one task: the packed-scale rows whose zero padding ends a task's bytes
 _CUDA_MAX_BLOCK_K = 2048
+# Up to this many tokens the CUDA kernel tiles a row finer: a few rows of 1792-2048-column tiles leave most SMs idle
+# and each thread's serial work is the time (docs/quant.md, measured at 1 and 16 tokens).
+FEW_TOKENS = 16
+_CUDA_FEW_TOKENS_BLOCK_K = 1024  # columns per thread block for few tokens (64 threads, 16 columns each)
 _CUDA_THREADS = 64
+
+
+def few_tokens(num_tokens: int) -> bool:
+    """Whether a call of `num_tokens` rows takes the few-tokens tiling (part of the choice and the fast path's key)."""
+    return 0 < num_tokens <= FEW_TOKENS
 
 
 def hidden_multiple(block_size: int) -> int:
@@ -174,11 +183,13 @@ def choose_per_token_cast_config(
     col_major_sf: bool = False,
     strided_rows: bool = False,
     stochastic: bool = False,
+    few_tokens: bool = False,
 ) -> PerTokenCastConfig:
     """Pure choice of the compile-time parameters (no device query). `in_dtype`: torch.bfloat16 / torch.float32
     (or their names). In mode 'precomputed' round_sf is dropped (the inverse is 1 / sf either way). Invalid
     combinations raise ValueError. `col_major_sf` changes only where the scales are stored (and, on Ascend with
-    packed UE8M0 scales, keeps a task's scale bytes to whole int32 words)."""
+    packed UE8M0 scales, keeps a task's scale bytes to whole int32 words). `few_tokens` (at most FEW_TOKENS rows):
+    CUDA's finer tiles; the Ascend kernel does not depend on it."""
     if in_dtype not in FLOAT_DTYPE_NAMES:
         raise ValueError(f'in_dtype must be torch.bfloat16 or torch.float32, got {in_dtype!r}')
     dtype = FLOAT_DTYPE_NAMES[in_dtype]
@@ -224,6 +235,9 @@ def choose_per_token_cast_config(
     if backend == 'cuda':
         # One small thread block per (token, column tile), many per SM: each thread has block_k / 64 elements of
         # 16-byte loads in flight (see docs/quant.md, "per_token_cast on CUDA").
+        if blocked == hidden and few_tokens:
+            block_k = divisors(hidden, unit, _CUDA_FEW_TOKENS_BLOCK_K)[0]
+            return make(block_k=block_k, threads=32 * max(1, block_k // 512), num_stages=1)
         if blocked == hidden:
             block_k = divisors(hidden, unit, _CUDA_MAX_BLOCK_K)[0]
         else:  # a short last block: even tiles of whole blocks, the last reaching past H (guarded)
