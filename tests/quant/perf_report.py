@@ -168,7 +168,7 @@ TABLE = [
     Case('per_token_cast', 'plain:1x128:fp32', 8001, 4096),
     Case('per_token_cast', 'plain:1x128:fp32', 4001, 7168, torch.float32),
     Case('per_token_cast', 'plain:1x128:fp32', 1, 7168),
-    Case('per_token_cast', '128x128-fp32:1x128:fp32', 4096, 7168),  # re-cast: ours two launches, the peer's one
+    Case('per_token_cast', '128x128-fp32:1x128:fp32', 4096, 7168),  # re-cast: ours one fused launch on CUDA
     Case('per_token_cast', '128x128-ue8m0:1x32:ue8m0', 4096, 7168),
     Case('per_token_cast', '1x32-ue8m0:1x128:fp32', 4001, 7168),
     Case('per_block_cast', 'plain:128x128:fp32', 4096, 7168),

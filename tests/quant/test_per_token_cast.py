@@ -16,6 +16,7 @@ from cann_ops_tilelang import config, operator
 from cann_ops_tilelang.config import backend_of
 from cann_ops_tilelang.quant import (
     QuantTensor,
+    cast_back,
     per_block_cast,
     per_token_cast,
     per_token_cast_with_precomputed_sf,
@@ -912,6 +913,10 @@ def test_per_token_cast_quantised_fake_tensors(monkeypatch):
         assert recast.cast == choose_per_token_cast_config(backend='cuda', num_cores=7, hidden=1152,
                                                            in_dtype=torch.float32, block_size=32, round_sf=True,
                                                            col_major_sf=True)  # fmt: skip
+        assert not recast.fused  # FP4 data: the two stages; e4m3 data: one kernel, which reads x as cast_back would
+        fused = QUANTISED.config(blocks, 'e2m1', 16, (128, 128), use_e4m3_sf=True)
+        assert (fused.fused, fused.dequantise, fused.cast.mode, fused.cast.fmt) == (True, None, 'recast', 'e2m1')
+        assert (fused.cast.quantised_x.block_tokens, fused.cast.quantised_x.packed_ue8m0) == (128, True)
     schemas = [str(op._schema) for op in QUANTISED.forms.values()]
     options = (
         'str fmt, int num_per_channels, int[]? x_block_size, bool use_tma_aligned_col_major_sf, bool round_sf, '
@@ -924,9 +929,58 @@ def test_per_token_cast_quantised_fake_tensors(monkeypatch):
     ]
 
 
+def test_per_token_cast_quantised_launches(monkeypatch):
+    """CPU tensors taken as CUDA ones: e4m3 data is one launch of the fused kernel, (x data, x scales as cast_back's
+    kernel takes them, data, scales as the cast kernels take them), planned once and then on the fast path by its
+    options and x's formats and layout; FP4 data is the composition, cast_back's launch then per_token_cast's."""
+    cast_back_op = cast_back.operator
+    launches = fast_path.stub_cuda_launches(monkeypatch, QUANTISED, per_token_cast.operator, cast_back_op)
+    plans = fast_path.count_plans(monkeypatch, QUANTISED)
+    data = torch.zeros(4, 256, dtype=FP8)
+    blocks = (data, torch.ones(1, 2))  # 128 x 128 fp32 scales
+    for _ in range(2):
+        result = per_token_cast(blocks, 'e4m3', 128, (128, 128))
+    assert len(plans) == 1
+    assert len(launches) == 2
+    for cfg, args in launches:
+        assert (cfg.fused, len(args)) == (True, 4)
+        assert args[0] is data
+        assert args[1] is blocks[1]
+        assert (args[2].dtype, tuple(args[2].shape), args[3].dtype, tuple(args[3].shape)) == (
+            FP8, (4, 256), torch.float32, (4, 2),
+        )  # fmt: skip
+    assert (result.data.shape, result.sf.shape) == ((4, 256), (4, 2))
+    # packed UE8M0 scales in, column-major: cast_back's view (the bytes of sf.T); column-major UE8M0 out: the cast's
+    packed = (data, torch.zeros(2, 4, dtype=torch.int32).T)  # 4 tokens' 2 words of 32-channel scales, strides (1, 4)
+    result = per_token_cast(packed, 'e4m3', 32, (1, 32), use_tma_aligned_col_major_sf=True, round_sf=True,
+                            use_packed_ue8m0=True)  # fmt: skip
+    cfg, args = launches[-1]
+    assert (cfg.fused, cfg.cast.quantised_x.col_major_sf, cfg.cast.col_major_sf) == (True, True, True)
+    assert (args[1].dtype, tuple(args[1].shape), args[1].stride()) == (torch.uint8, (2, 16), (16, 1))
+    assert (args[3].dtype, tuple(args[3].shape)) == (torch.uint8, (2, 16))
+    assert args[3].data_ptr() == result.sf.data_ptr()
+    # FP4 data: the composition, through the public operators (a plan of QUANTISED per call, its check)
+    fp4 = (torch.zeros(4, 128, dtype=FP4), torch.ones(4, 2))
+    planned, launched = len(plans), len(launches)
+    per_token_cast(fp4, 'e4m3', 128, (1, 128))
+    assert len(plans) == planned + 1
+    stages = [cfg for cfg, _ in launches[launched:]]
+    assert [type(cfg).__name__ for cfg in stages] == ['CastBackConfig', 'PerTokenCastConfig']
+    assert (stages[0].fp4, stages[1].in_dtype, stages[1].mode) == (True, 'float32', 'cast')
+    # More than FEW_TOKENS rows: a plan and a fast-path key of their own (the count class of the tiling; at H 256
+    # both classes' tiles are the row)
+    planned, launched = len(plans), len(launches)
+    many = (torch.zeros(FEW_TOKENS + 1, 256, dtype=FP8), torch.ones(1, 2))
+    for _ in range(2):
+        per_token_cast(many, 'e4m3', 128, (128, 128))
+    assert len(plans) == planned + 1
+    assert [cfg for cfg, _ in launches[launched:]] == [launches[0][0]] * 2
+
+
 # (input: producer, data format, block, scale format, column-major; output: fmt, block, scale format, column-major)
-# at H 1152. Level 0 compiles nothing of its own: the dequantising stages are test_cast_back.py's level-0 kernels,
-# the cast stage its column-major FP4 one (fp32 rows, 16-channel E4M3 scales), and the producers its inputs'.
+# at H 1152. Level 0 on Ascend compiles nothing of its own: the dequantising stages are test_cast_back.py's level-0
+# kernels, the cast stage its column-major FP4 one (fp32 rows, 16-channel E4M3 scales), and the producers its
+# inputs'; on CUDA the e4m3 inputs are the fused kernel, two of its own (the FP4 input stays the composition).
 _QUANTISED_CORE = [
     dict(producer='block', data='e4m3', block_in=(32, 64), sf_in='ue8m0', fmt='e2m1', block=16, sf='e4m3', cm=True),
     dict(producer='token', data='e2m1', block_in=(1, 64), sf_in='ue8m0', fmt='e2m1', block=16, sf='e4m3', cm=True),
@@ -944,6 +998,9 @@ QUANTISED_VARIANTS = by_level(
         dict(producer='token', data='e2m1', block_in=(1, 16), sf_in='e4m3', fmt='e4m3', block=64, sf='pow2', cm=False),
         dict(producer='token', data='e4m3', block_in=(1, 32), sf_in='ue8m0', fmt='e2m1', block=32, sf='ue8m0',
              cm=False, cm_in=True),
+        # E4M3 scales in (CUDA: widened where the fused kernel loads them)
+        dict(producer='token', data='e4m3', block_in=(1, 16), sf_in='e4m3', fmt='e4m3', block=128, sf='fp32',
+             cm=False),
         # a short last block in and out (H 2880 = 22.5 blocks of 128): cast_back's and per_token_cast's
         dict(producer='token', data='e4m3', block_in=(1, 128), sf_in='ue8m0', fmt='e4m3', block=128, sf='fp32',
              cm=False, hidden=2880),
@@ -971,11 +1028,14 @@ def test_per_token_cast_quantised_values(variant, num_tokens, device):
     quantised = _quantised_input(x, variant)
     fmt, block, sf, cm = variant['fmt'], variant['block'], variant['sf'], variant['cm']
     result = _cast(quantised, block, sf, fmt, x_block_size=variant['block_in'], use_tma_aligned_col_major_sf=cm)
+    # CUDA runs the fused kernel for e4m3 data, everything else the composition: both against the same reference.
+    round_sf, packed, e4m3_sf = _FORMATS[sf]
+    cfg = QUANTISED.config(quantised, fmt, block, variant['block_in'], cm, round_sf, packed, e4m3_sf)
+    assert cfg.fused == (backend_of(device) == 'cuda' and variant['data'] == 'e4m3')
     data, scales = quantised[0].cpu(), torch.empty(quantised[1].shape, dtype=quantised[1].dtype)
     scales.copy_(quantised[1].cpu())  # row-major: the values of column-major scales
     values = cast_back_ref(data, scales.view(torch.uint8) if scales.dtype == torch.int32 else scales, torch.float32,
                            *variant['block_in'])  # fmt: skip
-    round_sf, packed, e4m3_sf = _FORMATS[sf]
     want = per_token_cast_format_ref(values, block, fmt, round_sf=round_sf, packed_ue8m0=packed, e4m3_sf=e4m3_sf)
     assert_equal(result.data.cpu().view(torch.uint8), want[0].view(torch.uint8))
     assert_equal(logical_sf_bytes(result.sf), logical_sf_bytes(want[1]))

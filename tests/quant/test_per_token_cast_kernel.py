@@ -13,10 +13,14 @@ import torch
 from cann_ops_tilelang.config import backend_of, get_num_cores
 from cann_ops_tilelang.kernel_target import launch_kernel
 from cann_ops_tilelang.quant._scale_rules import cuda_cast_scale_and_inverse
+from cann_ops_tilelang.quant.cast_back_kernel import choose_cast_back_config
 from cann_ops_tilelang.quant.per_token_cast_kernel import (
     FEW_TOKENS,
+    RECAST,
     UE8M0_PACK,
+    PerTokenRecastConfig,
     choose_per_token_cast_config,
+    choose_per_token_recast_config,
     few_tokens,
     get_per_token_cast_kernel,
     make_per_token_cast_kernel,
@@ -711,3 +715,131 @@ def test_per_token_cast_kernel_col_major_row_stride(variant, device):
     assert_equal(buffer[:, : width * num_tokens].cpu().contiguous(), image)
     assert buffer[:, width * num_tokens :].eq(0xA5).all()
     assert_data_equal(out, ref_out, _nan_products(x, variant), variant['fmt'])
+
+
+# ---------------------------------------------------------------- a quantised x: the fused CUDA kernel ('recast')
+
+# x's layouts (cast_back's keyword arguments besides hidden and out_dtype): e4m3 data with per-token and block
+# scales, fp32, UE8M0 (packed) or E4M3, row- or column-major.
+_E4M3 = dict(fp4=False, e4m3_sf=False, col_major_sf=False)
+_FUSED_SOURCES = [
+    dict(block_tokens=128, block_channels=128, packed_ue8m0=False, **_E4M3),  # DeepSeek's weights / activations
+    dict(block_tokens=1, block_channels=128, packed_ue8m0=False, **_E4M3),
+    dict(block_tokens=1, block_channels=32, packed_ue8m0=True, **_E4M3),  # MXFP8
+    dict(block_tokens=1, block_channels=16, packed_ue8m0=False, **_E4M3 | {'e4m3_sf': True}),
+    dict(block_tokens=32, block_channels=64, packed_ue8m0=True, **_E4M3 | {'col_major_sf': True}),
+    dict(block_tokens=1, block_channels=128, packed_ue8m0=False, **_E4M3 | {'col_major_sf': True}),
+]
+# Left to the composition: FP4 data, per-channel scales.
+_COMPOSED_SOURCES = [
+    dict(block_tokens=1, block_channels=32, packed_ue8m0=True, **_E4M3 | {'fp4': True}),
+    dict(block_tokens=32, block_channels=1, packed_ue8m0=False, **_E4M3),
+]
+
+
+def _recast(backend: str, source: dict, hidden: int = 7168, **cast) -> PerTokenRecastConfig:
+    cast = {'hidden': hidden, 'block_size': 128, **cast}
+    return choose_per_token_recast_config(
+        backend=backend, num_cores=H200_SMS, dequantise=tuple({'hidden': hidden, **source}.items()),
+        cast=tuple(cast.items()),
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize('source', _FUSED_SOURCES, ids=make_param_id)
+def test_per_token_recast_config_fuses_on_cuda(source):
+    """On CUDA an e4m3 x of row-block scales is one kernel: the fp32 cast's configuration in mode 'recast', reading
+    x as cast_back's configuration of it reads it, its tile one whose threads hold 16 codes a load (7168: 1024
+    columns, 32 a thread, where the fp32 cast's 1792 give 56); on Ascend the same x is the two stages."""
+    cfg = _recast('cuda', source, round_sf=True, packed_ue8m0=True, col_major_sf=True)
+    common = dict(backend='cuda', num_cores=H200_SMS, hidden=7168)
+    dequantise = choose_cast_back_config(**common, out_dtype='float32', **source)
+    cast = choose_per_token_cast_config(**common, in_dtype='float32', block_size=128, round_sf=True, packed_ue8m0=True,
+                                        col_major_sf=True)  # fmt: skip
+    assert cfg.fused
+    assert cfg.dequantise is None
+    assert (cfg.cast.mode, cfg.cast.quantised_x) == (RECAST, dequantise)
+    assert (cast.block_k, cast.threads, cfg.cast.block_k, cfg.cast.threads) == (1792, 32, 1024, 32)
+    assert cfg.cast == dataclasses.replace(cast, mode=RECAST, quantised_x=dequantise, block_k=1024)
+    ascend = _recast('ascend', source, round_sf=True, packed_ue8m0=True, col_major_sf=True)
+    assert not ascend.fused
+    assert (ascend.dequantise.backend, ascend.cast.mode, ascend.cast.quantised_x) == ('ascend', 'cast', None)
+
+
+@pytest.mark.parametrize('backend', ['cuda', 'ascend'])
+@pytest.mark.parametrize(
+    ('source', 'cast'),
+    [*((s, {}) for s in _COMPOSED_SOURCES), (_FUSED_SOURCES[0], {'stochastic': True})],
+    ids=lambda v: make_param_id(v) if v else 'plain',
+)
+def test_per_token_recast_config_composes_the_rest(backend, source, cast):
+    """FP4 data, per-channel scales and stochastic rounding stay the composition on both backends: the stages
+    their own operators choose."""
+    cfg = _recast(backend, source, **cast)
+    assert not cfg.fused
+    common = dict(backend=backend, num_cores=H200_SMS, hidden=7168)
+    assert cfg.dequantise == choose_cast_back_config(**common, out_dtype='float32', **source)
+    assert cfg.cast == choose_per_token_cast_config(**common, in_dtype='float32', block_size=128, **cast)
+
+
+def test_per_token_recast_config_rejects():
+    """Mode 'recast' comes with x's layout and only on CUDA; a fused configuration has no dequantising stage and a
+    composition no 'recast' stage."""
+    fused = _recast('cuda', _FUSED_SOURCES[0])
+    plain = choose_per_token_cast_config(backend='cuda', num_cores=H200_SMS, hidden=7168, in_dtype='float32',
+                                         block_size=128)  # fmt: skip
+    with pytest.raises(ValueError, match="goes with mode 'recast' only"):
+        dataclasses.replace(fused.cast, quantised_x=None)
+    with pytest.raises(ValueError, match="goes with mode 'recast' only"):
+        dataclasses.replace(plain, quantised_x=fused.cast.quantised_x)
+    with pytest.raises(ValueError, match='CUDA only'):
+        dataclasses.replace(fused.cast, backend='ascend', threads=0, num_stages=2)
+    per_channel = choose_cast_back_config(backend='cuda', num_cores=1, hidden=7168, out_dtype='float32',
+                                          **_COMPOSED_SOURCES[1])  # fmt: skip
+    with pytest.raises(ValueError, match='e4m3 data with scales in row blocks only'):
+        dataclasses.replace(fused.cast, quantised_x=per_channel)
+    with pytest.raises(ValueError, match='the plain rounding'):
+        dataclasses.replace(fused.cast, in_dtype='bfloat16')
+    with pytest.raises(ValueError, match="in mode 'recast' exactly where there is no dequantising stage"):
+        PerTokenRecastConfig('cuda', None, plain)
+    with pytest.raises(ValueError, match="in mode 'recast' exactly where there is no dequantising stage"):
+        PerTokenRecastConfig('cuda', _recast('ascend', _FUSED_SOURCES[0]).dequantise, fused.cast)
+
+
+# (x's layout, hidden, output block, output format, the 16-byte loads' x type): the DeepSeek case, MXFP8 in,
+# NVFP4 out (E4M3 scales in and out), token blocks of column-major UE8M0, a short last block (H 2880).
+_RECAST_LOWERING = [
+    (_FUSED_SOURCES[0], 7168, 128, 'e4m3', 'fp8_e4_16_t'),
+    (_FUSED_SOURCES[2], 7168, 32, 'e4m3', 'fp8_e4_16_t'),
+    (_FUSED_SOURCES[3], 1152, 16, 'e2m1', 'fp8_e4_4_t'),
+    (_FUSED_SOURCES[4], 4096, 32, 'e4m3', 'fp8_e4_16_t'),
+    (_FUSED_SOURCES[5], 2880, 128, 'e4m3', 'fp8_e4_16_t'),
+]
+
+
+@pytest.mark.parametrize(('source', 'hidden', 'block', 'fmt', 'load'), _RECAST_LOWERING, ids=str)
+def test_per_token_recast_cuda_lowers(source, hidden, block, fmt, load):
+    """The fused kernel lowers for CUDA: arguments (x, x_sf, out, out_sf) with x the e4m3 data and x_sf of its
+    scale format (column-major: a row stride of its own, apart from that of column-major output scales), x read by
+    vector loads (16 bytes where a thread's run of a block has 16 codes), each code widened exactly and multiplied
+    by its scale in fp32, as cast_back does."""
+    e4m3_sf = fmt == 'e2m1'  # NVFP4: E4M3 scales out
+    col_major = source['col_major_sf']  # column-major in and out: two row strides
+    cfg = _recast('cuda', source, hidden, block_size=block, fmt=fmt, e4m3_sf=e4m3_sf, col_major_sf=col_major).cast
+    source_text = assert_cuda_kernel_lowers(lambda: make_per_token_cast_kernel(cfg), key=cfg,
+                                            kernel_name=KERNEL_NAME).source  # fmt: skip
+    scales = cfg.quantised_x.sf_dtype
+    x_sf = {'float32': 'float', 'uint8': 'uchar', 'float8_e4m3fn': 'fp8_e4_t'}[scales]
+    out = 'signed char' if cfg.fp4 else 'fp8_e4_t'
+    assert re.search(
+        rf'{out}\* __restrict__ out, {"float" if not e4m3_sf else "fp8_e4_t"}\* __restrict__ out_sf, const '
+        rf'fp8_e4_t\* __restrict__ x, const {x_sf}\* __restrict__ x_sf, int num_tokens',
+        source_text,
+    )
+    assert ('int x_sf_stride' in source_text) == ('int sf_stride' in source_text) == col_major
+    assert re.search(rf'\*\({load}\*\)\(x \+', source_text), f'no {load} load of x'
+    # Pairs where the scale is a vector operand, else code by code (a UE8M0 scale's bits, a guarded short block).
+    assert '__tl_cvt_fp8x2_to_float2' in source_text or '((float)x_local_cast[vec])' in source_text
+    if source['packed_ue8m0']:
+        assert '<< (uint)23' in source_text  # the UE8M0 byte as its fp32
+    # A short last block: the tile's columns past H read no scale past x_sf's last (their products are discarded).
+    assert (f'(int64_t){cfg.quantised_x.num_blocks - 1})' in source_text) == cfg.short_block

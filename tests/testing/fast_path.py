@@ -11,9 +11,11 @@ from tests.testing.lowering import H200_SMS
 
 
 def fast_ok_on_cpu(op: operator.Operator):
-    """`op`'s generated fast_ok with its device test (the first tensor's `is_cuda`) taken out."""
+    """`op`'s generated fast_ok with its device test (the first tensor's `is_cuda`: a quantised tensor's data) taken
+    out."""
     namespace = dict(op.fast_ok.__globals__)
-    exec(op.source.replace(f'{op.args[0].name}.is_cuda', 'True'), namespace)
+    first = operator._items(op.args[0])[0].name
+    exec(op.source.replace(f'{first}.is_cuda', 'True'), namespace)
     return namespace['fast_ok']
 
 

@@ -38,6 +38,34 @@ VEC_ELEMS = 16  # columns per thread: one 16-byte fp8 load (FP4: 8 bytes)
 _UE8M0_SHIFT = 23
 
 
+def cuda_scales_type(T, cfg, num_tokens, stride_name='sf_stride'):
+    """The prim_func parameter type of the scales x_sf of cast_back's `cfg` for the dynamic `num_tokens` (its
+    layouts: cast_back_kernel.py); column-major ones of a row stride named `stride_name`."""
+    num_token_blocks = num_tokens if cfg.block_tokens == 1 else T.ceildiv(num_tokens, cfg.block_tokens)
+    sf_shape = (
+        (T.ceildiv(num_token_blocks, UE8M0_PACK), cfg.sf_cols)
+        if cfg.packed_ue8m0 and cfg.channel_blocks
+        else (num_token_blocks, cfg.sf_cols)
+    )
+    if cfg.col_major_sf:  # the transposed column-major scales: rows of stride sf_stride >= R (scale rows)
+        return col_major_scales(
+            T, num_token_blocks, cfg.sf_cols, cfg.sf_dtype, packed=cfg.packed_ue8m0, stride_name=stride_name
+        )
+    return T.Tensor(sf_shape, cfg.sf_dtype)
+
+
+def cuda_ue8m0_to_f32(T, byte):
+    """A UE8M0 byte as its fp32 scale: the fp32 whose bits are byte << 23."""
+    return T.reinterpret(T.shift_left(T.cast(byte, T.uint32), T.uint32(_UE8M0_SHIFT)), T.float32)
+
+
+def cuda_scale_of(T, cfg, value):
+    """An x_sf element of cast_back's `cfg` (row blocks) as its fp32 scale (exact: UE8M0 and E4M3 widen exactly)."""
+    if cfg.packed_ue8m0:
+        return cuda_ue8m0_to_f32(T, value)
+    return T.cast(value, T.float32) if cfg.e4m3_sf else value
+
+
 def cuda_cast_back_kernel(cfg):
     """`cfg` is a CastBackConfig (backend "cuda")."""
     import tilelang.language as T
@@ -45,7 +73,7 @@ def cuda_cast_back_kernel(cfg):
     f32 = T.float32
     hidden, bm, bk = cfg.hidden, cfg.block_m, cfg.block_k
     bt, bc = cfg.block_tokens, cfg.block_channels
-    out_dtype, sf_dtype = cfg.out_dtype, cfg.sf_dtype
+    out_dtype = cfg.out_dtype
     packed, channel = cfg.packed_ue8m0, cfg.channel_blocks
     tk, rpt, threads = cfg.threads_k, cfg.rows_per_thread, cfg.threads
     n_tiles = cfg.num_col_tiles
@@ -53,15 +81,7 @@ def cuda_cast_back_kernel(cfg):
     store_vec = 16 // (2 if out_dtype == 'bfloat16' else 4)  # output elements per 16-byte store
 
     num_tokens = T.dynamic('num_tokens')
-    num_token_blocks = num_tokens if per_token else T.ceildiv(num_tokens, bt)
-    sf_shape = (
-        (T.ceildiv(num_token_blocks, UE8M0_PACK), cfg.sf_cols)
-        if packed and channel
-        else (num_token_blocks, cfg.sf_cols)
-    )
-    sf_type = T.Tensor(sf_shape, sf_dtype)
-    if cfg.col_major_sf:  # the transposed column-major scales: rows of stride sf_stride >= R (scale rows)
-        sf_type = col_major_scales(T, num_token_blocks, cfg.sf_cols, sf_dtype, packed=packed)
+    sf_type = cuda_scales_type(T, cfg, num_tokens)
 
     sf_at = functools.partial(scale_index, col_major=cfg.col_major_sf, packed=cfg.packed_ue8m0)
 
@@ -69,14 +89,7 @@ def cuda_cast_back_kernel(cfg):
         # Per token each row has its scale; in a token block one serves all the thread's rows.
         return i if per_token else 0
 
-    def ue8m0_to_f32(byte):
-        return T.reinterpret(T.shift_left(T.cast(byte, T.uint32), T.uint32(_UE8M0_SHIFT)), f32)
-
-    def scale_of(value):
-        """An x_sf element as its fp32 scale."""
-        if packed:
-            return ue8m0_to_f32(value)
-        return T.cast(value, f32) if cfg.e4m3_sf else value
+    scale_of = functools.partial(cuda_scale_of, T, cfg)
 
     def e2m1_to_f32(byte, high):
         """The fp32 value (exact) of the low (high = 0) or high nibble of an FP4 byte."""
@@ -123,7 +136,7 @@ def cuda_cast_back_kernel(cfg):
                                     part == 1, words[w + 1], T.if_then_else(part == 2, words[w + 2], words[w + 3])
                                 ),
                             )
-                            sc[v] = ue8m0_to_f32(byte)
+                            sc[v] = cuda_ue8m0_to_f32(T, byte)
                     else:
                         for v in T.vectorized(VEC_ELEMS):
                             sc[v] = x_sf[block, col + v]

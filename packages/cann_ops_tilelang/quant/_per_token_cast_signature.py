@@ -9,11 +9,13 @@ Imported by _per_token_cast_ascend.py and _per_token_cast_cuda.py (it imports ne
 from ._scale_rules import col_major_scales
 
 
-def per_token_cast_prim_func(T, cfg, num_tokens, x_type, body):
+def per_token_cast_prim_func(T, cfg, num_tokens, x_type, body, x_sf_type=None):
     """`per_token_cast_kernel` of `cfg.mode` around a backend's `body(x, out, out_sf, sf, key)` macro: 'cast'
     (x, out, out_sf), with cfg.stochastic also the int32 key of the seed (passed on as uint32); 'sf_only' (x,
-    out_sf); 'precomputed' (x, sf, out). `x_type`: x's tensor type (contiguous, or rows of a stride symbol); the
-    scales row-major (T, sf_cols) or, with cfg.col_major_sf, the transposed column-major view (col_major_scales)."""
+    out_sf); 'precomputed' (x, sf, out); 'recast' (x, x_sf, out, out_sf): x a quantised tensor's e4m3 data, x_sf
+    its scales of type `x_sf_type` (passed on as `sf`). `x_type`: x's tensor type (contiguous, or rows of a stride
+    symbol); the scales row-major (T, sf_cols) or, with cfg.col_major_sf, the transposed column-major view
+    (col_major_scales)."""
     sf_shape = (num_tokens, cfg.sf_cols)
     data_shape = (num_tokens, cfg.data_cols)
     out_sf_type = T.Tensor(sf_shape, cfg.sf_dtype)
@@ -39,6 +41,17 @@ def per_token_cast_prim_func(T, cfg, num_tokens, x_type, body):
             out_sf: out_sf_type,
         ):
             body(x, out, out_sf, None, None)
+
+    elif cfg.mode == 'recast':
+
+        @T.prim_func
+        def per_token_cast_kernel(
+            x: x_type,
+            x_sf: x_sf_type,
+            out: T.Tensor(data_shape, cfg.data_storage),
+            out_sf: out_sf_type,
+        ):
+            body(x, out, out_sf, x_sf, None)
 
     elif cfg.mode == 'sf_only':
 

@@ -21,12 +21,13 @@ UE8M0_PACK = 4  # UE8M0 bytes per int32 of the interface's view, on both backend
 LANES = 64  # fp32 lanes of one 256-byte Ascend vector register
 
 
-def col_major_scales(T, rows, sf_cols: int, dtype, *, packed: bool):
+def col_major_scales(T, rows, sf_cols: int, dtype, *, packed: bool, stride_name: str = 'sf_stride'):
     """The prim_func parameter type of column-major scales as the kernels take them, the transposed view `sf.T`
     (packed UE8M0 as bytes, `sf.T.view(torch.uint8)`): (sf_cols, rows), or (sf_cols / 4, 4 rows) bytes, rows
-    `sf_stride` apart (a dynamic symbol the launch binds: >= rows, CUDA's TMA padding included)."""
+    `stride_name` apart (a dynamic symbol the launch binds: >= rows, CUDA's TMA padding included; a kernel with
+    two such arguments names them apart)."""
     shape = (sf_cols // UE8M0_PACK, UE8M0_PACK * rows) if packed else (sf_cols, rows)
-    return T.StridedTensor(shape, (T.dynamic('sf_stride'), 1), dtype)
+    return T.StridedTensor(shape, (T.dynamic(stride_name), 1), dtype)
 
 
 def check_col_major_words(cfg) -> None:

@@ -51,7 +51,7 @@ def sf_col_major(sf: torch.Tensor) -> bool | None:
     return None
 
 
-def _kernel_sf(sf: torch.Tensor, col_major: bool) -> torch.Tensor:
+def kernel_x_sf(sf: torch.Tensor, col_major: bool) -> torch.Tensor:
     """The scales as the kernel takes them: column-major ones transposed, (K, rows) of row stride S (one row:
     its stride 1, the only element of a row the kernel reads); packed UE8M0 as bytes."""
     if col_major:
@@ -170,7 +170,7 @@ def _run(op: Operator, args: tuple, x, fmt, block, out) -> torch.Tensor:
     if out is None:
         out = data.new_empty((data.shape[0], logical_hidden(data)), dtype=OUT_FORMATS[fmt])
     if data.shape[0]:
-        sf = _kernel_sf(sf, sf_col_major(sf) if col_major is None else col_major)
+        sf = kernel_x_sf(sf, sf_col_major(sf) if col_major is None else col_major)
     op.finish(launcher, fast, key, (data, sf, out), args, empty=not data.shape[0])
     return out
 

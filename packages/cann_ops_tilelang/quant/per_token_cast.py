@@ -8,10 +8,10 @@ from cann_ops_tilelang.operator import Operator, out, outs, scalar, tensor
 from cann_ops_tilelang.validation import check_row_starts, is_strided
 
 from . import _contract as contract
-from ._eager import cast_eager
+from ._eager import cast_eager, kernel_sf
 from ._quant_tensor import QuantTensor
 from .cast_back import X as QUANTISED_X
-from .cast_back import cast_back, check_quantised, kernel_choice, logical_hidden
+from .cast_back import cast_back, check_quantised, kernel_choice, kernel_x_sf, logical_hidden, sf_col_major
 from .cast_kernel import SEED_LIMIT
 from .per_token_cast_kernel import (
     CAST_BLOCK_SIZES,
@@ -21,7 +21,7 @@ from .per_token_cast_kernel import (
     choose_per_token_recast_config,
     few_tokens,
     get_per_token_cast_kernel,
-    get_per_token_recast_kernels,
+    get_per_token_recast_kernel,
 )
 
 
@@ -218,7 +218,8 @@ def _quantised_choice(x, x_block_size, fmt, num_per_channels, use_tma_aligned_co
 
 
 # per_token_cast of a quantised x (data, sf): the form per_token_cast routes a tuple x to (its errors say
-# per_token_cast), a composition of cast_back to fp32 and per_token_cast of the fp32 rows.
+# per_token_cast): one fused kernel on CUDA where the chooser fuses (PerTokenRecastConfig.fused), else a composition
+# of cast_back to fp32 and per_token_cast of the fp32 rows.
 QUANTISED = Operator(
     'per_token_cast_quantised',
     QUANTISED_X,
@@ -228,17 +229,37 @@ QUANTISED = Operator(
     results=_results,
     **_LIMITS,
     choose_config=choose_per_token_recast_config,
-    get_kernel=get_per_token_recast_kernels,
+    get_kernel=get_per_token_recast_kernel,
     label='per_token_cast',
 )
 
 
 def _quantised_eager(x, fmt, num_per_channels, x_block_size, use_tma_aligned_col_major_sf, round_sf,
                      use_packed_ue8m0, use_e4m3_sf, stochastic_cast, out, seed) -> QuantTensor:  # fmt: skip
-    """The contract once, then the two stages through their public operators: x dequantised to fp32 rows (T, H),
-    which per_token_cast casts."""
-    QUANTISED.check(x, fmt, num_per_channels, x_block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0,
-                    use_e4m3_sf, stochastic_cast, out, seed)  # fmt: skip
+    """The contract once, then what the configuration launches: the fused kernel (x_data, x_sf, data, sf), or the
+    two stages through their public operators, x dequantised to fp32 rows (T, H), which per_token_cast casts. Fast
+    path (fused kernels only; without out=, stochastic_cast or seed): by (data columns, CUDA index, the options,
+    x's data and scale dtypes and scale layout, the token count's class); scales of neither layout take the full
+    check (its error)."""
+    args = (x, fmt, num_per_channels, x_block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0,
+            use_e4m3_sf, stochastic_cast, out, seed)  # fmt: skip
+    key = None
+    x_sf_col_major = None
+    if out is None and stochastic_cast is False and seed is None and (shape := QUANTISED.fast_ok(*args)) is not None:
+        x_sf_col_major = sf_col_major(x[1]) if x[1].dim() == 2 else None
+        if shape[0] and x_sf_col_major is not None:
+            key = (shape[1], x[0].get_device(), fmt, num_per_channels, x_block_size, use_tma_aligned_col_major_sf,
+                   round_sf, use_packed_ue8m0, use_e4m3_sf, x[0].dtype, x[1].dtype, x_sf_col_major,
+                   few_tokens(shape[0]))  # fmt: skip
+    launcher, fast = QUANTISED.prepare(key, args)
+    if launcher.cfg.fused:
+        data, sf = QUANTISED.new_outputs(x[0], *args) if out is None else out
+        x_data, x_sf = x
+        if x_data.shape[0]:
+            x_sf = kernel_x_sf(x_sf, sf_col_major(x_sf) if x_sf_col_major is None else x_sf_col_major)
+        launch_args = (x_data, x_sf, data, kernel_sf(sf, use_packed_ue8m0, use_tma_aligned_col_major_sf))
+        QUANTISED.finish(launcher, fast, key, launch_args, args, empty=not x_data.shape[0])
+        return QuantTensor(data, sf)
     values = cast_back(x, 'fp32', tuple(x_block_size))
     return per_token_cast(values, fmt, num_per_channels, None, use_tma_aligned_col_major_sf, round_sf,
                           use_packed_ue8m0, use_e4m3_sf, stochastic_cast, out, seed=seed)  # fmt: skip
@@ -261,8 +282,8 @@ def per_token_cast_quantised(
 ) -> QuantTensor:
     """per_token_cast of a quantised x = (data, sf), what per_token_cast(x, ...) calls for a tuple x: the cast of
     the dequantised values, per_token_cast(cast_back(x, 'fp32', x_block_size), fmt, num_per_channels, ...), bit for
-    bit (two launches; see per_token_cast), stochastic_cast and seed included: the stochastic rounding of the
-    dequantised values times the inverse, element index t * H + h as for a tensor x."""
+    bit (on CUDA one launch for e4m3 data, else two; see per_token_cast), stochastic_cast and seed included: the
+    stochastic rounding of the dequantised values times the inverse, element index t * H + h as for a tensor x."""
 
 
 @OP.public(
@@ -305,7 +326,9 @@ def per_token_cast(
             row- or column-major): the result is the cast of its dequantised values, bit for bit
             per_token_cast(cast_back(x, 'fp32', x_block_size), ...), on both backends. (TileKernels' Ascend kernel
             computes that; its CUDA kernel multiplies the data by x_sf * inverse instead, which can round
-            differently where neither scale is a power of two.) Two launches: the fp32 rows go through memory.
+            differently where neither scale is a power of two.) On CUDA e4m3 data with row-block scales is one
+            launch, the products formed in registers (stochastic_cast: two); otherwise two launches, the fp32 rows
+            through memory.
         fmt: 'e4m3' (FP8) or 'e2m1' (FP4: two codes a byte, element 2 i in the low nibble of byte i).
         num_per_channels: channels per scale factor, 16, 32, 64 or 128.
         round_sf: power-of-two scale factors.

@@ -40,7 +40,9 @@ one task then, H <= 8128; CUDA: tiles of whole blocks, the last one guarded). Th
 row-major, or (`col_major_sf`, TileKernels' use_tma_aligned_col_major_sf) straight into a column-major buffer: the
 same values, token t's scale k at element k * S + t for a row stride S >= T of the launch (packed UE8M0: word k).
 Pre-quantised inputs
-are a composition (PerTokenRecastConfig below): cast_back's kernel to fp32 rows, then this kernel. The peer's
+(PerTokenRecastConfig below) are, on CUDA for e4m3 data with row-block scales, this kernel in mode 'recast' (x_data,
+x_sf, out, out_sf), its tile loads forming cast_back's fp32 products; otherwise a composition: cast_back's kernel to
+fp32 rows, then this kernel. The peer's
 Ascend kernel takes only 32-channel blocks and no E4M3 scales; these take every block and scale format on both
 backends.
 
@@ -64,7 +66,7 @@ from ._per_token_cast_ascend import ascend_per_token_cast_kernel
 from ._per_token_cast_cuda import cuda_per_token_cast_kernel
 from ._scale_rules import LANES, UE8M0_PACK, check_col_major_words
 from ._tiling import FLOAT_DTYPE_NAMES, MODES, CastFormats, CastModes, RowScales, divisors
-from .cast_back_kernel import CastBackConfig, choose_cast_back_config, get_cast_back_kernel
+from .cast_back_kernel import CastBackConfig, choose_cast_back_config
 from .cast_kernel import RECIPE
 
 BLOCK_SIZES = (32, 64, 128)  # the SwiGLU backward's fused cast's; 32 first: the only block the peer's Ascend takes
@@ -78,6 +80,7 @@ _CUDA_MAX_BLOCK_K = 2048
 FEW_TOKENS = 16
 _CUDA_FEW_TOKENS_BLOCK_K = 1024  # columns per thread block for few tokens (64 threads, 16 columns each)
 _CUDA_THREADS = 64
+_CODES_PER_LOAD = 16  # e4m3 codes of one 16-byte load
 
 
 def few_tokens(num_tokens: int) -> bool:
@@ -94,6 +97,8 @@ def hidden_multiple(block_size: int) -> int:
 # What per_token_cast's H must be a positive multiple of: whole 64-lane registers; with 128-channel blocks an odd
 # multiple leaves the last block short (64 channels), as the peer's CUDA kernel allows (e.g. H = 2880).
 CAST_HIDDEN_UNIT = LANES
+RECAST = 'recast'  # the fused kernel of a quantised x (PerTokenRecastConfig), CUDA only
+CAST_MODES = (*MODES, RECAST)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,6 +126,9 @@ class PerTokenCastConfig(CastModes, CastFormats, RowScales):
     # The narrowing of x * inverse by stochastic rounding (TileKernels' stochastic_cast; mode 'cast'): e4m3 by
     # quant.cast's rule (cast_kernel.py), e2m1 by fp4.py's, for element t * hidden + h of x, the key a launch argument.
     stochastic: bool = False
+    # Mode 'recast' (CUDA): x is a quantised tensor's e4m3 data, its scales laid out as this cast_back configuration
+    # reads them (scale format, blocks, layout); the tile holds cast_back's fp32 products (in_dtype float32).
+    quantised_x: CastBackConfig | None = None
 
     def __post_init__(self):
         if self.backend not in ('ascend', 'cuda'):
@@ -146,8 +154,12 @@ class PerTokenCastConfig(CastModes, CastFormats, RowScales):
             raise ValueError(f'block_k {self.block_k} must be a multiple of {unit} dividing hidden {self.hidden}')
         if self.sf_padding and self.num_col_tiles > 1 and self.backend == 'ascend':
             raise ValueError('Ascend: a padded UE8M0 row must be handled by one task (block_k == hidden)')
-        if self.mode not in MODES:
-            raise ValueError(f'mode must be one of {MODES}, got {self.mode!r}')
+        if self.mode not in CAST_MODES:
+            raise ValueError(f'mode must be one of {CAST_MODES}, got {self.mode!r}')
+        if (self.mode == RECAST) != (self.quantised_x is not None):
+            raise ValueError(f'quantised_x (the layout of a quantised x) goes with mode {RECAST!r} only')
+        if self.quantised_x is not None and (why := recast_refusal(self.quantised_x, self)):
+            raise ValueError(f'mode {RECAST!r}: {why}')
         if self.mode == 'precomputed' and self.round_sf:
             raise ValueError('mode "precomputed" reads fp32 scales: round_sf and packed_ue8m0 do not apply there')
         if self.col_major_sf and not self.computes_sf:
@@ -184,12 +196,14 @@ def choose_per_token_cast_config(
     strided_rows: bool = False,
     stochastic: bool = False,
     few_tokens: bool = False,
+    quantised_x: CastBackConfig | None = None,
 ) -> PerTokenCastConfig:
     """Pure choice of the compile-time parameters (no device query). `in_dtype`: torch.bfloat16 / torch.float32
     (or their names). In mode 'precomputed' round_sf is dropped (the inverse is 1 / sf either way). Invalid
     combinations raise ValueError. `col_major_sf` changes only where the scales are stored (and, on Ascend with
     packed UE8M0 scales, keeps a task's scale bytes to whole int32 words). `few_tokens` (at most FEW_TOKENS rows):
-    CUDA's finer tiles; the Ascend kernel does not depend on it."""
+    CUDA's finer tiles; the Ascend kernel does not depend on it. Mode 'recast' (CUDA, with `quantised_x`, in_dtype
+    float32): the fused kernel of a quantised x (choose_per_token_recast_config)."""
     if in_dtype not in FLOAT_DTYPE_NAMES:
         raise ValueError(f'in_dtype must be torch.bfloat16 or torch.float32, got {in_dtype!r}')
     dtype = FLOAT_DTYPE_NAMES[in_dtype]
@@ -199,15 +213,15 @@ def choose_per_token_cast_config(
         raise ValueError(f'hidden must be a positive multiple of {CAST_HIDDEN_UNIT}, got {hidden}')
     unit = hidden_multiple(block_size)
     blocked = -(-hidden // block_size) * block_size  # H rounded up to whole blocks
-    if mode not in MODES:
-        raise ValueError(f'mode must be one of {MODES}, got {mode!r}')
+    if mode not in CAST_MODES:
+        raise ValueError(f'mode must be one of {CAST_MODES}, got {mode!r}')
     if mode == 'precomputed':
         if packed_ue8m0:
             raise ValueError('mode "precomputed" reads fp32 scales: packed_ue8m0 is not supported there')
         round_sf = False
     make = functools.partial(PerTokenCastConfig, backend, hidden, dtype, block_size, round_sf, packed_ue8m0, num_cores,
                              mode=mode, fmt=fmt, e4m3_sf=e4m3_sf, col_major_sf=col_major_sf,
-                             strided_rows=strided_rows, stochastic=stochastic)  # fmt: skip
+                             strided_rows=strided_rows, stochastic=stochastic, quantised_x=quantised_x)  # fmt: skip
     if backend == 'ascend' and blocked != hidden:
         # A short last block: the task is the row, whose copies then have static lengths (H in, H out).
         if blocked > _ASCEND_MAX_ROW:
@@ -239,13 +253,22 @@ def choose_per_token_cast_config(
             block_k = divisors(hidden, unit, _CUDA_FEW_TOKENS_BLOCK_K)[0]
             return make(block_k=block_k, threads=32 * max(1, block_k // 512), num_stages=1)
         if blocked == hidden:
-            block_k = divisors(hidden, unit, _CUDA_MAX_BLOCK_K)[0]
+            widths = divisors(hidden, unit, _CUDA_MAX_BLOCK_K)
+            if mode == RECAST:
+                # e4m3 codes: a tile whose threads hold a multiple of 16 codes each, where one divides H, so that
+                # TileLang's layout gives each thread runs of 16 (one 16-byte load; 56 a thread gave runs of 8).
+                widths = [b for b in widths if b // _cuda_threads(b) % _CODES_PER_LOAD == 0] or widths
+            block_k = widths[0]
         else:  # a short last block: even tiles of whole blocks, the last reaching past H (guarded)
             tiles = -(-blocked // _CUDA_MAX_BLOCK_K)
             block_k = -(-blocked // tiles // unit) * unit
-        threads = 32 * max(1, min(_CUDA_THREADS // 32, block_k // 1024))
-        return make(block_k=block_k, threads=threads, num_stages=1)
+        return make(block_k=block_k, threads=_cuda_threads(block_k), num_stages=1)
     raise ValueError(f'backend must be "ascend" or "cuda", got {backend!r}')
+
+
+def _cuda_threads(block_k: int) -> int:
+    """CUDA threads of a thread block of block_k columns: one warp, two from 2048 columns."""
+    return 32 * max(1, min(_CUDA_THREADS // 32, block_k // 1024))
 
 
 def make_per_token_cast_kernel(cfg: PerTokenCastConfig):
@@ -271,36 +294,70 @@ def get_per_token_cast_kernel(cfg: PerTokenCastConfig):
 
 @dataclasses.dataclass(frozen=True)
 class PerTokenRecastConfig:
-    """per_token_cast of a quantised x (data, sf): no kernel of its own, two stages launched in order, each chosen
-    by its own operator's chooser: cast_back to fp32 (the stage 'dequantise'), then per_token_cast of the fp32 rows
-    (the stage 'cast'). What a call launches is exactly what the chain of the two public operators launches."""
+    """per_token_cast of a quantised x (data, sf): per_token_cast of cast_back(x, 'fp32', x_block_size), bit for bit.
+    Fused (`dequantise` None, CUDA where recast_refusal finds nothing): one kernel, the cast stage in mode 'recast'
+    whose tile loads compute cast_back's fp32 products in registers. Otherwise two stages launched in order, each
+    chosen by its own operator's chooser: cast_back to fp32 (the stage 'dequantise'), then per_token_cast of the
+    fp32 rows (the stage 'cast'); what a call launches then is exactly what the chain of the two public operators
+    launches."""
 
     backend: Backend
-    dequantise: CastBackConfig  # out_dtype float32
-    cast: PerTokenCastConfig  # in_dtype float32
+    dequantise: CastBackConfig | None  # out_dtype float32; None where fused
+    cast: PerTokenCastConfig  # in_dtype float32; mode 'recast' where fused
 
     def __post_init__(self):
-        for stage in (self.dequantise, self.cast):
+        if self.fused != (self.cast.mode == RECAST):
+            raise ValueError(f'the cast stage is in mode {RECAST!r} exactly where there is no dequantising stage')
+        stages = (self.cast,) if self.fused else (self.dequantise, self.cast)
+        for stage in stages:
             if stage.backend != self.backend:
                 raise ValueError(f'a stage is configured for {stage.backend}, not {self.backend}')
-        if self.dequantise.out_dtype != 'float32' or self.cast.in_dtype != 'float32':
+        source = self.cast.quantised_x if self.fused else self.dequantise
+        if source.out_dtype != 'float32' or self.cast.in_dtype != 'float32':
             raise ValueError('the stages meet in fp32: cast_back to float32, per_token_cast from float32')
-        if self.dequantise.hidden != self.cast.hidden:
-            raise ValueError(f'one hidden size for both stages, got {self.dequantise.hidden} and {self.cast.hidden}')
+        if source.hidden != self.cast.hidden:
+            raise ValueError(f'one hidden size for both stages, got {source.hidden} and {self.cast.hidden}')
+
+    @property
+    def fused(self) -> bool:
+        """One launch, the fused kernel (`cast`), instead of the two stages."""
+        return self.dequantise is None
+
+
+def recast_refusal(quantised_x: CastBackConfig, cast: PerTokenCastConfig) -> str | None:
+    """Why per_token_cast of the quantised x that `quantised_x` reads cannot be the fused kernel of `cast`'s
+    output (None where it can): CUDA only (the Ascend kernel of the fp32 rows stays the second stage), e4m3 data with
+    scales in row blocks (FP4 data and per-channel scales keep the composition), the plain rounding (stochastic
+    rounding keeps it too). The chooser fuses exactly where this finds nothing; the config refuses the rest."""
+    if cast.backend != 'cuda':
+        return f'CUDA only, got backend {cast.backend!r}'
+    if quantised_x.fp4 or quantised_x.channel_blocks:
+        return 'e4m3 data with scales in row blocks only (not FP4 data, not per-channel scales)'
+    if cast.stochastic or cast.strided_rows or cast.in_dtype != 'float32':
+        return 'the plain rounding of fp32 products, contiguous rows'
+    if (quantised_x.backend, quantised_x.hidden) != (cast.backend, cast.hidden):
+        return f'one backend and hidden size, got {quantised_x.backend} {quantised_x.hidden} for x, {cast.hidden} out'
+    return None
 
 
 def choose_per_token_recast_config(*, backend: Backend, num_cores: int, dequantise: tuple, cast: tuple):
     """Pure choice (no device query): `dequantise` and `cast` are the (name, value) items of choose_cast_back_config's
-    and choose_per_token_cast_config's keyword arguments (tuples, so that a launcher key can hold them)."""
-    common = {'backend': backend, 'num_cores': num_cores}
-    return PerTokenRecastConfig(
-        backend,
-        choose_cast_back_config(**common, **dict(dequantise), out_dtype=torch.float32),
-        choose_per_token_cast_config(**common, **dict(cast), in_dtype=torch.float32),
-    )
+    and choose_per_token_cast_config's keyword arguments (tuples, so that a launcher key can hold them). Fused where
+    recast_refusal allows (the fp32 cast's configuration in mode 'recast', its tiles of 16-code loads where H allows);
+    otherwise the two stages."""
+    common = {'backend': backend, 'num_cores': num_cores, **dict(cast), 'in_dtype': torch.float32}
+    source = choose_cast_back_config(backend=backend, num_cores=num_cores, **dict(dequantise), out_dtype=torch.float32)
+    stage = choose_per_token_cast_config(**common)
+    if recast_refusal(source, stage) is None:
+        return PerTokenRecastConfig(
+            backend, None, choose_per_token_cast_config(**common | {'mode': RECAST, 'quantised_x': source})
+        )
+    return PerTokenRecastConfig(backend, source, stage)
 
 
-def get_per_token_recast_kernels(cfg: PerTokenRecastConfig) -> tuple:
-    """The stages' compiled kernels, in launch order (each cached by its own module; the public operators the
-    composition calls find these same kernels)."""
-    return get_cast_back_kernel(cfg.dequantise), get_per_token_cast_kernel(cfg.cast)
+def get_per_token_recast_kernel(cfg: PerTokenRecastConfig):
+    """The compiled kernel of a fused configuration (cached by get_per_token_cast_kernel). A composition has none of
+    its own: its stages launch through their public operators, which find their kernels (ValueError)."""
+    if not cfg.fused:
+        raise ValueError('a composition of two stages launches through cast_back and per_token_cast, not one kernel')
+    return get_per_token_cast_kernel(cfg.cast)
