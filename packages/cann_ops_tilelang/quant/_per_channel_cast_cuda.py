@@ -11,9 +11,8 @@ once, into registers; only the column maxima and the inverses go through shared 
 - Registers: the raw input stays packed (64 registers for 16 rows of 8 bf16); the maxima are taken on the
   sign-cleared bits (non-negative IEEE values order as their bit patterns) or, for a pre-quantised x, as
   fp32(|x|) * |scale|, so the compiler keeps no fp32 copy of x for the cast. ptxas (CUDA 13.0, sm_90a), no
-  spills: with 128-token blocks bf16 x 146 to 156 registers (one block, 64 KiB of loads, per SM: the rows stay
-  live across the scale step, whose IEEE divisions need registers of their own; 115 at H 7168 with UE8M0
-  scales), fp32 x 88, a pre-quantised x 96; with 32-token blocks 37 to 79.
+  spills: with 128-token blocks and bf16 x 146 to 156 registers (one block, 64 KiB of loads, per SM), but 115
+  at H 7168 with UE8M0 scales (two blocks); fp32 x 88, a pre-quantised x 96; with 32-token blocks 37 to 79.
 - Column maxima: per thread over its rows, then over the row groups through shared memory ((row_groups + 1) x
   block_k fp32, the last row the inverses; 16-byte stores); one thread per channel applies the shared scale
   rule, stores the scale (coalesced fp32, or the UE8M0 byte of its token block in the column-packed word) and
@@ -128,7 +127,7 @@ def cuda_per_channel_cast_kernel(cfg):
             c0 = j * bk + lc  # ... in the row
             t0 = b * bt
 
-            # Read x: rows t0 + g, t0 + g + groups, ..., one 16-byte load per row; rows past T read as 0. Staged
+            # Read x: rows t0 + g, t0 + g + groups, ..., one vector_bytes load per row; rows past T read as 0. Staged
             # or reread, each row is reduced into the thread's maxima as it arrives.
             if not held:
                 for v in T.vectorized(vec):
