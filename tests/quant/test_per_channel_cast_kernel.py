@@ -13,6 +13,7 @@ from cann_ops_tilelang.config import backend_of, get_num_cores
 from cann_ops_tilelang.kernel_target import launch_kernel
 from cann_ops_tilelang.quant.per_channel_cast_kernel import (
     BLOCK_TOKENS,
+    CUDA_X_STAGINGS,
     IN_BLOCK_CHANNELS,
     PerChannelCastConfig,
     choose_per_channel_cast_config,
@@ -69,6 +70,15 @@ VALUE_HIDDEN_SIZES = by_level(LEVEL, core=(VALUE_HIDDEN,), default=(64, 7168), f
 # Tokens: one (a single partial block), 300 (3 blocks of 128 / 10 of 32, the last partial: packed scale rows
 # end in zero bytes); level 1 adds an exact multiple and 1000 (8 / 32 blocks, the last partial).
 NUM_TOKENS = by_level(LEVEL, core=(1, 300), default=(128, 1000), full=(4001,))
+# CUDA schedules a config can ask for beyond the chooser's (the tiling experiments of 128-token blocks): where x waits
+# for its scales, 8-byte loads (block_k halved: the same threads per row), __launch_bounds__' minimum blocks. Each
+# writes the same bytes; the device tier checks them from level 1, the lowering at every level.
+SCHEDULES = [
+    dict(x_staging='shared'),
+    dict(x_staging='reread', min_blocks=4),
+    dict(x_staging='shared', vector_bytes=8, min_blocks=4),
+    dict(x_staging='registers', vector_bytes=8, min_blocks=2),
+]
 
 
 def _prequantised(variant: dict) -> bool:
@@ -89,6 +99,14 @@ def _config(backend: str, num_cores: int, variant: dict, hidden: int) -> PerChan
         in_packed_ue8m0=IN_FORMATS[variant['in_sf']][0] if _prequantised(variant) else False,
         in_e4m3_sf=IN_FORMATS[variant['in_sf']][1] if _prequantised(variant) else False,
     )
+
+
+def _scheduled(cfg: PerChannelCastConfig, schedule: dict) -> PerChannelCastConfig:
+    """cfg with a CUDA schedule's changes; another load width keeps the threads per row (block_k scaled)."""
+    changes = dict(schedule)
+    if changes.get('vector_bytes', cfg.vector_bytes) != cfg.vector_bytes:
+        changes['block_k'] = cfg.block_k * changes['vector_bytes'] // cfg.vector_bytes
+    return dataclasses.replace(cfg, **changes)
 
 
 def _lowering_cases() -> list[dict]:
@@ -203,6 +221,10 @@ def test_per_channel_cast_config_rejects(kwargs, match):
         (dict(backend='cuda', block_k=128, threads=100), 'whole warps'),
         (dict(backend='cuda', block_k=128, threads=256, vector_bytes=4), 'vector_bytes'),
         (dict(backend='cuda', block_k=384, threads=256, vector_bytes=8), 'one 8-byte load'),
+        (dict(backend='cuda', block_k=128, threads=2048), 'whole warps, at most 1024'),
+        (dict(backend='cuda', block_k=128, threads=256, x_staging='smem'), 'x_staging'),
+        (dict(backend='cuda', block_k=128, threads=256, min_blocks=-1), 'min_blocks'),
+        (dict(backend='cuda', block_k=128, threads=256, min_blocks=9), 'min_blocks'),  # 9 x 256 > 2048 threads an SM
     ],
 )
 def test_per_channel_cast_config_validates_fields(changes, match):
@@ -211,6 +233,20 @@ def test_per_channel_cast_config_validates_fields(changes, match):
     )
     with pytest.raises(ValueError, match=match):
         dataclasses.replace(cfg, **changes)
+
+
+def test_per_channel_cast_config_takes_cuda_schedules():
+    """The schedules beyond the chooser's: every x_staging, up to 1024 threads, min_blocks up to 2048 threads an
+    SM; the chooser's own config holds x in registers without a minimum."""
+    cfg = choose_per_channel_cast_config(
+        backend='cuda', num_cores=132, hidden=1152, in_dtype='bfloat16', block_tokens=128
+    )
+    assert (cfg.x_staging, cfg.min_blocks, cfg.threads) == ('registers', 0, 256)
+    for staging in CUDA_X_STAGINGS:
+        assert dataclasses.replace(cfg, x_staging=staging).x_staging == staging
+    wide = dataclasses.replace(cfg, threads=1024, min_blocks=2)
+    assert (wide.row_groups, wide.rows_per_thread) == (64, 2)
+    assert _scheduled(cfg, dict(vector_bytes=8)).block_k == cfg.block_k // 2
 
 
 def test_per_channel_cast_config_ascend_budget_is_checked():
@@ -332,6 +368,24 @@ def test_per_channel_cast_cuda_lowers(case):
     assert f'*({vector_load}*)(x + ' in lowered.source  # one 16-byte load per thread and row
 
 
+@pytest.mark.parametrize('schedule', SCHEDULES, ids=make_param_id)
+@pytest.mark.parametrize('variant', _CORE_VARIANTS, ids=make_param_id)
+def test_per_channel_cast_cuda_schedules_lower(variant, schedule):
+    """Each CUDA schedule lowers as it says: x read once (registers, shared) or twice (reread), staged through a
+    shared tile only when 'shared', with its load width and __launch_bounds__' minimum."""
+    cfg = _scheduled(_config('cuda', H200_SMS, variant, VALUE_HIDDEN), schedule)
+    source = assert_cuda_kernel_lowers(
+        lambda: make_per_channel_cast_kernel(cfg), key=cfg, kernel_name=KERNEL_NAME
+    ).source
+    assert f'__launch_bounds__({cfg.threads}, {cfg.min_blocks or 1})' in source
+    loads = {
+        16: {'bfloat16': 'uint4', 'float32': 'float4', 'float8_e4m3fn': 'fp8_e4_16_t'},
+        8: {'bfloat16': 'uint2', 'float32': 'float2', 'float8_e4m3fn': 'fp8_e4_8_t'},
+    }[cfg.vector_bytes][cfg.in_dtype]
+    assert source.count(f'*({loads}*)(x + ') == (2 if cfg.x_staging == 'reread' else 1)
+    assert ('x_tile' in source) == (cfg.x_staging == 'shared')
+
+
 # ---------------------------------------------------------------- device tier
 
 
@@ -348,9 +402,13 @@ def _inputs(num_tokens: int, hidden: int, variant: dict, device) -> tuple[torch.
     return x.to(device), x_sf.to(device)
 
 
-def _run(inputs: tuple[torch.Tensor, ...], variant: dict, device) -> tuple[torch.Tensor, torch.Tensor]:
+def _run(
+    inputs: tuple[torch.Tensor, ...], variant: dict, device, schedule: dict | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     x = inputs[0]
     cfg = _config(backend_of(device), get_num_cores(device), variant, x.shape[1])
+    if schedule:
+        cfg = _scheduled(cfg, schedule)
     out = torch.full(x.shape, float('nan'), device=device).to(torch.float8_e4m3fn)  # poisoned: skipped stays NaN
     shape = cfg.sf_shape(x.shape[0])
     if cfg.sf_dtype == 'uint8':
@@ -375,8 +433,8 @@ def _reference(inputs: tuple[torch.Tensor, ...], variant: dict) -> tuple[torch.T
     )
 
 
-def _check(inputs: tuple[torch.Tensor, ...], variant: dict, device) -> None:
-    out, sf = _run(inputs, variant, device)
+def _check(inputs: tuple[torch.Tensor, ...], variant: dict, device, schedule: dict | None = None) -> None:
+    out, sf = _run(inputs, variant, device, schedule)
     ref_out, ref_sf = _reference(inputs, variant)
     assert_equal(sf.cpu(), ref_sf)
     assert_equal(out.cpu().view(torch.uint8), ref_out.view(torch.uint8))
@@ -397,6 +455,18 @@ def test_per_channel_cast_kernel_partial_blocks(variant, device):
     bt = variant['block_tokens']
     num_tokens = bt * (4 if bt == 32 else 2) + 1
     _check(_inputs(num_tokens, VALUE_HIDDEN, variant, device), variant, device)
+
+
+@pytest.mark.npu
+@pytest.mark.parametrize('schedule', by_level(LEVEL, core=(), default=SCHEDULES), ids=make_param_id)
+@pytest.mark.parametrize('variant', _CORE_VARIANTS, ids=make_param_id)
+def test_per_channel_cast_kernel_cuda_schedules(variant, schedule, device):
+    """The CUDA schedules a config can ask for write the reference's bytes: full token blocks and a last one of a
+    single token (its rows past T neither read nor written)."""
+    if device.type != 'cuda':
+        pytest.skip('x_staging, vector_bytes and min_blocks are CUDA schedules')
+    bt = variant['block_tokens']
+    _check(_inputs(2 * bt + 1, VALUE_HIDDEN, variant, device), variant, device, schedule)
 
 
 @pytest.mark.npu

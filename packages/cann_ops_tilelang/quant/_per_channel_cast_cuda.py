@@ -10,9 +10,9 @@ once, into registers; only the column maxima and the inverses go through shared 
   dimension with the column tiles of a token block adjacent, so the blocks resident at once read whole rows.
 - Registers: the raw input stays packed (64 registers for 16 rows of 8 bf16); the maxima are taken on the
   sign-cleared bits (non-negative IEEE values order as their bit patterns) or, for a pre-quantised x, as
-  fp32(|x|) * |scale|, so the compiler keeps no fp32 copy of x for the cast. ptxas (sm_90a): 95 to 115
-  registers with 128-token blocks (two blocks, 128 KiB of loads, per SM), 37 to 64 with 32-token blocks (four
-  or more blocks), no spills.
+  fp32(|x|) * |scale|, so the compiler keeps no fp32 copy of x for the cast. ptxas (CUDA 13.0, sm_90a), no
+  spills: with 128-token blocks and bf16 x 146 to 156 registers (one block, 64 KiB of loads, per SM), but 115
+  at H 7168 with UE8M0 scales (two blocks); fp32 x 88, a pre-quantised x 96; with 32-token blocks 37 to 79.
 - Column maxima: per thread over its rows, then over the row groups through shared memory ((row_groups + 1) x
   block_k fp32, the last row the inverses; 16-byte stores); one thread per channel applies the shared scale
   rule, stores the scale (coalesced fp32, or the UE8M0 byte of its token block in the column-packed word) and
@@ -22,6 +22,13 @@ once, into registers; only the column maxima and the inverses go through shared 
 
 Rows past T (the last, partial token block) are neither read (they count as 0 in the maxima, which are >= 0)
 nor written.
+
+Schedules a config can ask for instead (the tiling experiments of 128-token blocks; the chooser takes none of them,
+and each writes the same bytes: the same maxima, scale rule and per-element product): `x_staging` 'shared' (each
+row, once read and reduced, goes to a (block_tokens, block_k) tile in shared memory, from which the cast reads it)
+or 'reread' (the cast reads x again from global memory, largely from L2), so that no thread holds its rows across
+the scale step; `vector_bytes` 8 (half the channels per thread and row); more `threads` (fewer rows per
+thread); `min_blocks` (__launch_bounds__' minimum blocks per SM, which caps the registers ptxas may take).
 """
 
 # No `from __future__ import annotations`: TileLang evaluates the prim_func annotations, which
@@ -44,6 +51,7 @@ def cuda_per_channel_cast_kernel(cfg):
     n_tiles, pack, packed = cfg.num_col_tiles, cfg.sf_pack, cfg.packed_ue8m0
     prequantised = cfg.in_block_channels is not None
     scale_iters = -(-bk // threads)  # channels per thread in the scale step
+    held, staged = cfg.x_staging == 'registers', cfg.x_staging == 'shared'
     scale_and_inverse = functools.partial(cuda_scale_and_inverse, T, round_sf=cfg.round_sf, packed_ue8m0=packed)
 
     num_tokens = T.dynamic('num_tokens')
@@ -70,10 +78,10 @@ def cuda_per_channel_cast_kernel(cfg):
     sign_cleared = {'bfloat16': 0x7FFF, 'float32': 0x7FFFFFFF, 'float8_e4m3fn': 0x7F}[in_dtype]
     amax_dtype = f32 if prequantised else T.uint32
 
-    def magnitude(xr, in_scale, r, v):
-        bits = T.reinterpret(xr[r, v], magnitude_dtype) & T.cast(sign_cleared, magnitude_dtype)
+    def magnitude(value, in_scale):
+        bits = T.reinterpret(value, magnitude_dtype) & T.cast(sign_cleared, magnitude_dtype)
         if prequantised:
-            return T.cast(T.reinterpret(bits, in_dtype), f32) * T.abs(in_scale[r])
+            return T.cast(T.reinterpret(bits, in_dtype), f32) * T.abs(in_scale)
         return T.cast(bits, T.uint32)
 
     def amax_f32(amax, v):
@@ -84,20 +92,26 @@ def cuda_per_channel_cast_kernel(cfg):
             return T.reinterpret(amax[v], f32)
         return amax[v]
 
-    def decoded(xr, in_scale, r, v):
-        """x[row, channel] of the thread's registers as fp32 (a pre-quantised x times its scale)."""
+    def in_hand(r):
+        """The registers of the thread's row r: its own held, one reused staged or reread."""
+        return r if held else 0
+
+    def decoded(value, in_scale):
+        """An element of x as fp32 (a pre-quantised x times its scale)."""
         if prequantised:
-            return T.cast(xr[r, v], f32) * in_scale[r]
-        return T.cast(xr[r, v], f32)
+            return T.cast(value, f32) * in_scale
+        return T.cast(value, f32)
 
     @T.macro
     def body(x, x_sf, out, out_sf):
         # One grid dimension (up to 2**31 - 1 blocks), the column tiles of a token block adjacent: the blocks
         # resident at once read whole rows of x, contiguous in memory.
         with T.Kernel(num_blocks * n_tiles, threads=threads) as bid:
+            if cfg.min_blocks:
+                T.annotate_min_blocks_per_sm(cfg.min_blocks)
             b = bid // n_tiles  # token block
             j = bid % n_tiles  # column tile
-            xr = T.alloc_local((rpt, vec), in_dtype)
+            xr = T.alloc_local((rpt if held else 1, vec), in_dtype)  # the thread's rows, or the row in hand
             in_scale = T.alloc_local((rpt,), f32)
             amax = T.alloc_local((vec,), amax_dtype)
             partial = T.alloc_local((vec,), f32)
@@ -105,31 +119,44 @@ def cuda_per_channel_cast_kernel(cfg):
             # Rows 0..groups-1: the row groups' maxima; row `groups`: the inverses (one buffer, so that no
             # allocation planner can place the inverses over maxima that other threads still read).
             shared = T.alloc_shared((groups + 1, bk), f32)
+            if staged:
+                x_tile = T.alloc_shared((bt, bk), in_dtype)
             tid = T.get_thread_binding(0)
             g = tid // lanes  # row group
             lc = tid % lanes * vec  # first channel of the thread, in the tile
             c0 = j * bk + lc  # ... in the row
             t0 = b * bt
 
-            # Read x once: rows t0 + g, t0 + g + groups, ..., one 16-byte load per row; rows past T read as 0.
+            # Read x: rows t0 + g, t0 + g + groups, ..., one vector_bytes load per row; rows past T read as 0. Staged
+            # or reread, each row is reduced into the thread's maxima as it arrives.
+            if not held:
+                for v in T.vectorized(vec):
+                    amax[v] = T.cast(0, amax_dtype)
             for r in T.unroll(rpt):
                 row = t0 + r * groups + g
                 if row < num_tokens:
                     for v in T.vectorized(vec):
-                        xr[r, v] = x[row, c0 + v]
+                        xr[in_hand(r), v] = x[row, c0 + v]
                     if prequantised:
                         in_scale[r] = decode_scale(x_sf, row, c0)
                 else:
                     for v in T.vectorized(vec):
-                        xr[r, v] = T.cast(0, in_dtype)
+                        xr[in_hand(r), v] = T.cast(0, in_dtype)
                     if prequantised:
                         in_scale[r] = T.float32(0)
-            # Column maxima: the thread's rows in registers, then the row groups through shared memory.
-            for v in T.vectorized(vec):
-                amax[v] = T.cast(0, amax_dtype)
-            for r in T.unroll(rpt):
-                for v in T.unroll(vec):
-                    amax[v] = T.max(amax[v], magnitude(xr, in_scale, r, v))
+                if not held:
+                    if staged:
+                        for v in T.vectorized(vec):
+                            x_tile[r * groups + g, lc + v] = xr[0, v]
+                    for v in T.unroll(vec):
+                        amax[v] = T.max(amax[v], magnitude(xr[0, v], in_scale[r]))
+            # Column maxima: the thread's rows, then the row groups through shared memory.
+            if held:
+                for v in T.vectorized(vec):
+                    amax[v] = T.cast(0, amax_dtype)
+                for r in T.unroll(rpt):
+                    for v in T.unroll(vec):
+                        amax[v] = T.max(amax[v], magnitude(xr[r, v], in_scale[r]))
             for v in T.unroll(vec):
                 partial[v] = amax_f32(amax, v)
             for v in T.vectorized(vec):  # 16-byte stores
@@ -158,12 +185,16 @@ def cuda_per_channel_cast_kernel(cfg):
             T.sync_threads()
             for v in T.vectorized(vec):
                 inverse[v] = shared[groups, lc + v]
-            # Scale and narrow the registers (__nv_fp8_e4m3's conversion: nearest even, saturating to +-448).
+            # Scale and narrow each row (__nv_fp8_e4m3's conversion: nearest even, saturating to +-448): from the
+            # registers, or read again from shared memory or from global memory (largely L2).
             for r in T.unroll(rpt):
                 row = t0 + r * groups + g
                 if row < num_tokens:
+                    if not held:
+                        for v in T.vectorized(vec):
+                            xr[0, v] = x_tile[r * groups + g, lc + v] if staged else x[row, c0 + v]
                     for v in T.vectorized(vec):
-                        out[row, c0 + v] = T.cast(decoded(xr, in_scale, r, v) * inverse[v], T.float8_e4m3fn)
+                        out[row, c0 + v] = T.cast(decoded(xr[in_hand(r), v], in_scale[r]) * inverse[v], T.float8_e4m3fn)
 
     if prequantised:
 

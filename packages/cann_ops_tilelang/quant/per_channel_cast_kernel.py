@@ -52,7 +52,7 @@ import functools
 import torch
 
 from cann_ops_tilelang.config import Backend
-from cann_ops_tilelang.kernel_target import compile_kernel
+from cann_ops_tilelang.kernel_target import CUDA_MAX_THREADS_PER_SM, compile_kernel
 
 # The backend kernels (they do not import this module: no import circle).
 from ._per_channel_cast_ascend import ascend_per_channel_cast_kernel
@@ -77,7 +77,13 @@ _ASCEND_MAX_TILE_BYTES = 96 * 1024  # x and out tiles of one token block per buf
 _ASCEND_MAX_BLOCK_K = 1024  # channels per task: the scale buffers stay small
 _CUDA_VECTOR_BYTES = 16  # one 128-bit global load per thread and row
 _CUDA_VECTOR_CHOICES = (8, 16)
-_CUDA_MAX_THREADS = 256
+_CUDA_MAX_THREADS = 256  # the chooser's blocks
+_CUDA_MAX_BLOCK_THREADS = 1024  # what a config may ask for (the hardware's limit): the tiling experiments
+# Where the CUDA kernel keeps its tile of x between the column maxima and the cast (the schedule only; the
+# arithmetic and the bytes written are the same): 'registers' (read once, the chooser's), 'shared' (read once,
+# staged through shared memory, so that no thread holds its rows in registers across the scale step) or 'reread'
+# (read twice from global memory, the second read largely from L2: neither holds the tile).
+CUDA_X_STAGINGS = ('registers', 'shared', 'reread')
 _CUDA_MAX_VALUES = 128  # channels x rows one thread holds: 64 registers of raw bf16 / fp8, no spills
 
 
@@ -107,6 +113,10 @@ class PerChannelCastConfig:
     in_packed_ue8m0: bool = False  # pre-quantised x: its scales are UE8M0 bytes (row layout) instead of fp32
     in_e4m3_sf: bool = False  # pre-quantised x: its scales are E4M3 bytes instead of fp32
     vector_bytes: int = _CUDA_VECTOR_BYTES  # CUDA: bytes of x one thread loads per row (16, or 8: half the registers)
+    x_staging: str = 'registers'  # CUDA: where the tile of x waits for its scales (CUDA_X_STAGINGS; unused on Ascend)
+    # CUDA: thread blocks each SM must be able to hold (__launch_bounds__' minimum, which caps the registers a
+    # thread and so how many loads ptxas hoists); 0: no cap.
+    min_blocks: int = 0
 
     def __post_init__(self):
         if self.backend not in ('ascend', 'cuda'):
@@ -155,8 +165,17 @@ class PerChannelCastConfig:
                     f'CUDA: block_k {self.block_k} must be a power of two times {self.vector} channels, at most 32 '
                     f'of them (one {self.vector_bytes}-byte load per thread and row)'
                 )
-            if self.threads % 32 or self.threads % lanes or not 0 < self.threads <= _CUDA_MAX_THREADS:
-                raise ValueError(f'CUDA: threads must be whole warps, at most {_CUDA_MAX_THREADS}, got {self.threads}')
+            if self.threads % 32 or self.threads % lanes or not 0 < self.threads <= _CUDA_MAX_BLOCK_THREADS:
+                raise ValueError(
+                    f'CUDA: threads must be whole warps, at most {_CUDA_MAX_BLOCK_THREADS}, got {self.threads}'
+                )
+            if self.x_staging not in CUDA_X_STAGINGS:
+                raise ValueError(f'CUDA: x_staging must be one of {CUDA_X_STAGINGS}, got {self.x_staging!r}')
+            if self.min_blocks < 0 or self.min_blocks * self.threads > CUDA_MAX_THREADS_PER_SM:
+                raise ValueError(
+                    f'CUDA: min_blocks * threads must be in 0..{CUDA_MAX_THREADS_PER_SM}, got {self.min_blocks} * '
+                    f'{self.threads}'
+                )
             groups = self.threads // lanes
             if groups > self.block_tokens or self.block_tokens % groups:
                 raise ValueError(
