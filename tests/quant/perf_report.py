@@ -227,6 +227,7 @@ def main() -> None:
     parser.add_argument('--rounds', type=int, default=5)
     parser.add_argument('--sweep', action='store_true')
     parser.add_argument('--ops', default='', help='comma-separated operator names (default: all)')
+    parser.add_argument('--labels', default='', help='comma-separated case labels (default: all)')
     parser.add_argument('--jobs', type=int, default=12, help='compile worker processes')
     args = parser.parse_args()
     import tile_kernels.quant as tk  # the peer, where it is installed
@@ -237,6 +238,8 @@ def main() -> None:
     )
     if args.ops:
         cases = [c for c in cases if c.op in args.ops.split(',')]
+    if args.labels:
+        cases = [c for c in cases if c.label in args.labels.split(',')]
     compile_in_workers(_warm, cases, args.jobs)
     columns = 'operator | case | fmt | T | H | dtype | equal | ours us | TK us | copy us | ours / TK | % of copy | GB/s'
     print(f'| {columns} |')
