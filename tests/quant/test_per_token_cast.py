@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib
 import inspect
 
 import pytest
@@ -48,6 +49,8 @@ from tests.testing.generator import by_level, generate_samples, get_test_level
 from tests.testing.numeric import assert_equal, count_bytes
 
 LEVEL = get_test_level()
+# The interface module (its name is also the function the package exports): FUSE_ON_CUDA lives there.
+_INTERFACE = importlib.import_module('cann_ops_tilelang.quant.per_token_cast')
 # scale formats (round_sf, use_packed_ue8m0, use_e4m3_sf): each a kernel of its own per dtype, block, output format
 # and hidden size.
 _FORMATS = {'fp32': (False, False, False), 'pow2': (True, False, False), 'ue8m0': (True, True, False),
@@ -914,6 +917,8 @@ def test_per_token_cast_quantised_fake_tensors(monkeypatch):
                                                            in_dtype=torch.float32, block_size=32, round_sf=True,
                                                            col_major_sf=True)  # fmt: skip
         assert not recast.fused  # FP4 data: the two stages; e4m3 data: one kernel, which reads x as cast_back would
+        assert not QUANTISED.config(blocks, 'e2m1', 16, (128, 128), use_e4m3_sf=True).fused  # FUSE_ON_CUDA off
+        monkeypatch.setattr(_INTERFACE, 'FUSE_ON_CUDA', True)
         fused = QUANTISED.config(blocks, 'e2m1', 16, (128, 128), use_e4m3_sf=True)
         assert (fused.fused, fused.dequantise, fused.cast.mode, fused.cast.fmt) == (True, None, 'recast', 'e2m1')
         assert (fused.cast.quantised_x.block_tokens, fused.cast.quantised_x.packed_ue8m0) == (128, True)
@@ -932,7 +937,9 @@ def test_per_token_cast_quantised_fake_tensors(monkeypatch):
 def test_per_token_cast_quantised_launches(monkeypatch):
     """CPU tensors taken as CUDA ones: e4m3 data is one launch of the fused kernel, (x data, x scales as cast_back's
     kernel takes them, data, scales as the cast kernels take them), planned once and then on the fast path by its
-    options and x's formats and layout; FP4 data is the composition, cast_back's launch then per_token_cast's."""
+    options and x's formats and layout; FP4 data is the composition, cast_back's launch then per_token_cast's; with
+    the fused kernel off (FUSE_ON_CUDA, the default until it has run on a GPU) e4m3 data is the composition too."""
+    monkeypatch.setattr(_INTERFACE, 'FUSE_ON_CUDA', True)
     cast_back_op = cast_back.operator
     launches = fast_path.stub_cuda_launches(monkeypatch, QUANTISED, per_token_cast.operator, cast_back_op)
     plans = fast_path.count_plans(monkeypatch, QUANTISED)
@@ -975,6 +982,13 @@ def test_per_token_cast_quantised_launches(monkeypatch):
         per_token_cast(many, 'e4m3', 128, (128, 128))
     assert len(plans) == planned + 1
     assert [cfg for cfg, _ in launches[launched:]] == [launches[0][0]] * 2
+    # The fused kernel off: a key of its own, the two stages (a plan per call: the composition has no fast path)
+    monkeypatch.setattr(_INTERFACE, 'FUSE_ON_CUDA', False)
+    planned, launched = len(plans), len(launches)
+    for _ in range(2):
+        per_token_cast(blocks, 'e4m3', 128, (128, 128))
+    assert len(plans) == planned + 2
+    assert [type(cfg).__name__ for cfg, _ in launches[launched:]] == ['CastBackConfig', 'PerTokenCastConfig'] * 2
 
 
 # (input: producer, data format, block, scale format, column-major; output: fmt, block, scale format, column-major)
@@ -1024,14 +1038,29 @@ def _quantised_input(x, variant):
 def test_per_token_cast_quantised_values(variant, num_tokens, device):
     """per_token_cast of a quantised x is the cast of its dequantised fp32 values, bit for bit (data, and the scale
     bytes in the logical order, column-major ones in the peer's layout), into new buffers or given ones."""
+    _check_quantised_values(variant, num_tokens, device, fused=False)
+
+
+@pytest.mark.npu
+@pytest.mark.parametrize('variant', [v for v in QUANTISED_VARIANTS if v['data'] == 'e4m3'], ids=make_param_id)
+@pytest.mark.parametrize('num_tokens', by_level(LEVEL, core=(37,), default=(1, 300)))
+def test_per_token_cast_quantised_fused_values(variant, num_tokens, device, monkeypatch):
+    """The fused CUDA kernel of e4m3 data (FUSE_ON_CUDA set): the same bits as the definition."""
+    if backend_of(device) != 'cuda':
+        pytest.skip('the fused kernel of a quantised x is a CUDA kernel')
+    monkeypatch.setattr(_INTERFACE, 'FUSE_ON_CUDA', True)
+    _check_quantised_values(variant, num_tokens, device, fused=True)
+
+
+def _check_quantised_values(variant, num_tokens, device, *, fused):
     x = scaled_rows(num_tokens, variant.get('hidden', 1152), 'bfloat16', device)
     quantised = _quantised_input(x, variant)
     fmt, block, sf, cm = variant['fmt'], variant['block'], variant['sf'], variant['cm']
     result = _cast(quantised, block, sf, fmt, x_block_size=variant['block_in'], use_tma_aligned_col_major_sf=cm)
-    # CUDA runs the fused kernel for e4m3 data, everything else the composition: both against the same reference.
+    # The fused kernel or the composition, both against the same reference.
     round_sf, packed, e4m3_sf = _FORMATS[sf]
     cfg = QUANTISED.config(quantised, fmt, block, variant['block_in'], cm, round_sf, packed, e4m3_sf)
-    assert cfg.fused == (backend_of(device) == 'cuda' and variant['data'] == 'e4m3')
+    assert cfg.fused == fused
     data, scales = quantised[0].cpu(), torch.empty(quantised[1].shape, dtype=quantised[1].dtype)
     scales.copy_(quantised[1].cpu())  # row-major: the values of column-major scales
     values = cast_back_ref(data, scales.view(torch.uint8) if scales.dtype == torch.int32 else scales, torch.float32,

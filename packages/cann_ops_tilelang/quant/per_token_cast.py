@@ -205,6 +205,12 @@ def _quantised_options(name, x_data, x_sf, T, H, fmt, num_per_channels, x_block_
     _stochastic_options(name, fmt, stochastic_cast, seed)
 
 
+# The fused CUDA kernel of a quantised x is lowered and compiled (nvcc, sm_90a) but has not run on a GPU yet: until
+# its device test (which sets this) passes, CUDA launches the two checked stages. Read per call: part of the choice
+# and of the fast path's key.
+FUSE_ON_CUDA = False
+
+
 def _quantised_choice(x, x_block_size, fmt, num_per_channels, use_tma_aligned_col_major_sf, round_sf,
                       use_packed_ue8m0, use_e4m3_sf, stochastic_cast):  # fmt: skip
     cast = _cast_choice(x[0], fmt, num_per_channels, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0,
@@ -214,7 +220,7 @@ def _quantised_choice(x, x_block_size, fmt, num_per_channels, use_tma_aligned_co
     del cast['in_dtype']  # float32: what the dequantising stage writes
     dequantise = kernel_choice(x, 'fp32', x_block_size)
     del dequantise['out_dtype']
-    return {'dequantise': tuple(dequantise.items()), 'cast': tuple(cast.items())}
+    return {'dequantise': tuple(dequantise.items()), 'cast': tuple(cast.items()), 'fuse': FUSE_ON_CUDA}
 
 
 # per_token_cast of a quantised x (data, sf): the form per_token_cast routes a tuple x to (its errors say
@@ -239,8 +245,8 @@ def _quantised_eager(x, fmt, num_per_channels, x_block_size, use_tma_aligned_col
     """The contract once, then what the configuration launches: the fused kernel (x_data, x_sf, data, sf), or the
     two stages through their public operators, x dequantised to fp32 rows (T, H), which per_token_cast casts. Fast
     path (fused kernels only; without out=, stochastic_cast or seed): by (data columns, CUDA index, the options,
-    x's data and scale dtypes and scale layout, the token count's class); scales of neither layout take the full
-    check (its error)."""
+    x's data and scale dtypes and scale layout, the token count's class, FUSE_ON_CUDA); scales of neither layout take
+    the full check (its error)."""
     args = (x, fmt, num_per_channels, x_block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0,
             use_e4m3_sf, stochastic_cast, out, seed)  # fmt: skip
     key = None
@@ -250,7 +256,7 @@ def _quantised_eager(x, fmt, num_per_channels, x_block_size, use_tma_aligned_col
         if shape[0] and x_sf_col_major is not None:
             key = (shape[1], x[0].get_device(), fmt, num_per_channels, x_block_size, use_tma_aligned_col_major_sf,
                    round_sf, use_packed_ue8m0, use_e4m3_sf, x[0].dtype, x[1].dtype, x_sf_col_major,
-                   few_tokens(shape[0]))  # fmt: skip
+                   few_tokens(shape[0]), FUSE_ON_CUDA)  # fmt: skip
     launcher, fast = QUANTISED.prepare(key, args)
     if launcher.cfg.fused:
         data, sf = QUANTISED.new_outputs(x[0], *args) if out is None else out

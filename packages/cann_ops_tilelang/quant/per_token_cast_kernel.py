@@ -340,15 +340,17 @@ def recast_refusal(quantised_x: CastBackConfig, cast: PerTokenCastConfig) -> str
     return None
 
 
-def choose_per_token_recast_config(*, backend: Backend, num_cores: int, dequantise: tuple, cast: tuple):
+def choose_per_token_recast_config(
+    *, backend: Backend, num_cores: int, dequantise: tuple, cast: tuple, fuse: bool = True
+):
     """Pure choice (no device query): `dequantise` and `cast` are the (name, value) items of choose_cast_back_config's
     and choose_per_token_cast_config's keyword arguments (tuples, so that a launcher key can hold them). Fused where
-    recast_refusal allows (the fp32 cast's configuration in mode 'recast', its tiles of 16-code loads where H allows);
-    otherwise the two stages."""
+    recast_refusal allows (the fp32 cast's configuration in mode 'recast', its tiles of 16-code loads where H allows)
+    and `fuse` asks for it; otherwise the two stages."""
     common = {'backend': backend, 'num_cores': num_cores, **dict(cast), 'in_dtype': torch.float32}
     source = choose_cast_back_config(backend=backend, num_cores=num_cores, **dict(dequantise), out_dtype=torch.float32)
     stage = choose_per_token_cast_config(**common)
-    if recast_refusal(source, stage) is None:
+    if fuse and recast_refusal(source, stage) is None:
         return PerTokenRecastConfig(
             backend, None, choose_per_token_cast_config(**common | {'mode': RECAST, 'quantised_x': source})
         )
