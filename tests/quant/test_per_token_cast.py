@@ -1043,7 +1043,7 @@ def test_per_token_cast_quantised_values(variant, num_tokens, device):
 
 @pytest.mark.npu
 @pytest.mark.parametrize('variant', [v for v in QUANTISED_VARIANTS if v['data'] == 'e4m3'], ids=make_param_id)
-@pytest.mark.parametrize('num_tokens', by_level(LEVEL, core=(37,), default=(1, 300)))
+@pytest.mark.parametrize('num_tokens', by_level(LEVEL, core=(), default=(1, 37, 300)))  # an option: from level 1
 def test_per_token_cast_quantised_fused_values(variant, num_tokens, device, monkeypatch):
     """The fused CUDA kernel of e4m3 data (FUSE_ON_CUDA set): the same bits as the definition."""
     if backend_of(device) != 'cuda':
