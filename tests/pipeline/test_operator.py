@@ -47,7 +47,7 @@ def test_a_rejected_fast_launch_gets_the_contracts_typed_error():
 
     launcher = _Rejecting(entry_error)
     with pytest.raises(TypeError, match='x must have dtype torch.bfloat16, got torch.float32') as info:
-        _declared(explain).launch(launcher, (1, 2), 'x', 'torch.float32')
+        _declared(explain).launch(launcher, (1, 2), ('x', 'torch.float32'))
     assert info.value.__context__ is None, 'the typed error does not chain the entry error'
     assert launcher.calls == 1
 
@@ -55,7 +55,7 @@ def test_a_rejected_fast_launch_gets_the_contracts_typed_error():
 def test_a_rejection_the_contract_does_not_explain_keeps_the_entrys_error():
     entry_error = RuntimeError('CUDA error: out of memory')
     with pytest.raises(RuntimeError, match='out of memory') as info:
-        _declared(lambda: None).launch(_Rejecting(entry_error), ())
+        _declared(lambda: None).launch(_Rejecting(entry_error), (), ())
     assert info.value is entry_error
 
 
@@ -66,7 +66,7 @@ def test_an_accepted_launch_runs_no_explanation():
         def launch(self, *args):
             launched.append(args)
 
-    _declared(lambda: pytest.fail('explained an accepted launch')).launch(Accepting(), (1, 2))
+    _declared(lambda: pytest.fail('explained an accepted launch')).launch(Accepting(), (1, 2), ())
     assert launched == [(1, 2)]
 
 
@@ -407,6 +407,9 @@ def test_an_optional_written_tensor_declared_fast_when_given_takes_the_fast_path
     assert fast_ok(x, None, x) is None  # aliases the input x
     assert fast_ok(x, buffer[4:12], buffer[:8]) is None  # overlaps the optional m
     assert fast_ok(x, None, torch.zeros(4, 2).t()) is None  # not contiguous
+    # A call that gives none of them reads no address: the spans are read in the block of the tensor given.
+    head = declared.source[declared.source.index('def fast_ok') :].split('    if y is not None:')[0]
+    assert 'data_ptr' not in head
     with pytest.raises(ValueError, match='fast_when_given is for optional tensors written in place'):
         operator.tensor('z', torch.float32, optional=True, fast_when_given=True)
 
@@ -636,6 +639,16 @@ def _column_major(name: str) -> operator.Operator:
         choose_config=lambda **choice: choice,
         get_kernel=None,
     )
+
+
+def test_new_output_allocates_the_shape_and_dtype_of_a_results_item():
+    """new_output passes the sizes as separate arguments (cheaper to parse); a 0-d shape has none to pass."""
+    like = torch.zeros(2, dtype=torch.float64)
+    for shape in ((), (0,), (3,), (2, 3), torch.Size([4, 1, 2])):
+        buffer = operator.new_output(like, (shape, torch.int64))
+        assert (tuple(buffer.shape), buffer.dtype, buffer.is_contiguous()) == (tuple(shape), torch.int64, True)
+    with FakeTensorMode():  # fake and symbolic sizes too (the fake kernels allocate with it)
+        assert operator.new_output(torch.zeros(5), ((5, 2), torch.float32)).shape == (5, 2)
 
 
 def test_results_strides_lay_out_the_new_outputs_and_check_given_ones():

@@ -26,7 +26,7 @@ def _eager(wh, we, out):
     shape = OP.fast_ok(wh, we, out)
     if shape is not None and (launcher := OP.fast.get((shape, wh.get_device()))) is not None:
         result = wh.new_empty(shape, dtype=torch.float32)
-        OP.launch(launcher, (wh, we, result), wh, we, None)
+        OP.launch(launcher, (wh, we, result), (wh, we, None))
         return result
     launcher = OP.plan(wh, we, out)  # valid hc and H: never empty; new_empty: about 1 us less than torch.empty(device=)
     result = wh.new_empty(wh.shape, dtype=torch.float32) if out is None else out

@@ -94,7 +94,7 @@ def _eager(grad_out, x, kv, w, dot, gate_score, rstd_x, rstd_k, clamp, mask) -> 
             args = (grad_out, x, kv, w, dot, gate_score, rstd_x, rstd_k, grad_x, grad_kv, partial, clamp, counter)
         else:
             args = (grad_out, x, kv, w, dot, gate_score, rstd_x, rstd_k, mask, grad_x, grad_kv, partial, clamp, counter)
-        OP.launch(launcher, args, grad_out, x, kv, w, dot, gate_score, rstd_x, rstd_k, clamp, mask)
+        OP.launch(launcher, args, (grad_out, x, kv, w, dot, gate_score, rstd_x, rstd_k, clamp, mask))
         # EngramGateBwdResult(...) without the NamedTuple's Python-level __new__
         return tuple.__new__(EngramGateBwdResult, (grad_x, grad_kv, partial))
     launcher = OP.plan(grad_out, x, kv, w, dot, gate_score, rstd_x, rstd_k, clamp, mask)

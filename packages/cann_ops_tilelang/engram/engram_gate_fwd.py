@@ -102,7 +102,7 @@ def _eager(x, kv, w, eps, clamp, save, mask, inplace, out) -> EngramGateFwdResul
     else:
         launch_args = (x, kv, w, mask, *outputs, float(eps), float(clamp))
     if fast:
-        OP.launch(launcher, launch_args, x, kv, w, eps, clamp, save, mask, inplace, out)
+        OP.launch(launcher, launch_args, (x, kv, w, eps, clamp, save, mask, inplace, out))
     elif num_tokens:  # T = 0: nothing to launch
         launcher.launch(*launch_args)
         if key is not None:

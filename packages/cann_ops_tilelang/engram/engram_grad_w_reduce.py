@@ -41,7 +41,7 @@ def _eager(grad_w_partial, weight_hidden, weight_embed, grad_weight_hidden, grad
         num_partials, hc, hidden = shape
         launcher = OP.fast.get((hc, hidden, grad_w_partial.get_device())) if num_partials else None
         if launcher is not None:
-            OP.launch(launcher, args, *args)
+            OP.launch(launcher, args, args)
             return result
     launcher = OP.plan(*args)
     if grad_w_partial.shape[0]:  # P = 0, the empty sum: nothing to add

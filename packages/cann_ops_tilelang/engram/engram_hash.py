@@ -66,7 +66,7 @@ def _eager(ids, mults, sizes, offsets, mask, out) -> torch.Tensor:
     result = ids.new_empty((num_layers, num_tokens, ngram_orders * num_tables)) if out is None else out
     args = (ids, mults, sizes, offsets, result) if mask is None else (ids, mults, sizes, offsets, mask, result)
     if fast:
-        OP.launch(launcher, args, ids, mults, sizes, offsets, mask, None)
+        OP.launch(launcher, args, (ids, mults, sizes, offsets, mask, None))
     elif num_tokens:  # T = 0: nothing to launch
         launcher.launch(*args)
         if key is not None:

@@ -34,7 +34,7 @@ def _eager(matrix, row_scale, col_scale, eps, alpha, out) -> torch.Tensor:
         if launcher is not None:
             result = torch.empty_like(matrix, memory_format=torch.contiguous_format)  # no size list to parse
             args = (matrix, row_scale, col_scale, result, eps, alpha)
-            OP.launch(launcher, args, matrix, row_scale, col_scale, eps, alpha, None)
+            OP.launch(launcher, args, (matrix, row_scale, col_scale, eps, alpha, None))
             return result
     launcher = OP.plan(matrix, row_scale, col_scale, eps, alpha, out)
     result = matrix.new_empty(matrix.shape) if out is None else out  # fp32, its device

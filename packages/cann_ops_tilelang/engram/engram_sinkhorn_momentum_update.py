@@ -61,7 +61,7 @@ def _eager(grad, momentum_buffer, beta1, nesterov) -> torch.Tensor:
         if launcher is not None and 0 < numel <= MAX_NUMEL:
             result = momentum_buffer.new_empty((numel,), dtype=torch.float32)
             args = (grad, momentum_buffer, result, beta1, 1.0 - beta1)
-            OP.launch(launcher, args, grad, momentum_buffer, beta1, nesterov)
+            OP.launch(launcher, args, (grad, momentum_buffer, beta1, nesterov))
             return result
     launcher = OP.plan(grad, momentum_buffer, beta1, nesterov)
     beta1 = float(beta1)  # checked: a finite int or float

@@ -41,7 +41,7 @@ def _eager(matrix, row_scale, col_scale, eps) -> EngramSinkhornStepResult:
             row_norm = torch.empty_like(row_scale, memory_format=torch.contiguous_format)  # no size list to parse
             partial = matrix.new_empty((launcher.cfg.num_partials, head_dim))
             args = (matrix, row_scale, col_scale, row_norm, partial, eps)
-            OP.launch(launcher, args, matrix, row_scale, col_scale, eps)
+            OP.launch(launcher, args, (matrix, row_scale, col_scale, eps))
             return EngramSinkhornStepResult(row_norm, partial)
     launcher = OP.plan(matrix, row_scale, col_scale, eps)
     rows, head_dim = matrix.shape

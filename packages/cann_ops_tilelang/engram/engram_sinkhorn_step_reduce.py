@@ -36,7 +36,7 @@ def _eager(parts, sums) -> torch.Tensor:
     if shape is not None and 0 < shape[0] <= MAX_PARTIALS:
         launcher = OP.fast.get((shape[1:], parts.get_device()))
         if launcher is not None:
-            OP.launch(launcher, (parts, sums), parts, sums)
+            OP.launch(launcher, (parts, sums), (parts, sums))
             return sums
     launcher = OP.plan(parts, sums)
     if parts.shape[0] == 0:  # the empty sum

@@ -46,7 +46,7 @@ def _eager(fn, normw, out_fn_grad, fn_grad, normw_grad) -> MhcFnNormwMergeBwdRes
     if shape is not None:
         launcher = OP.fast.get((shape, fn.get_device()))
         if launcher is not None:
-            OP.launch(launcher, args, *args)
+            OP.launch(launcher, args, args)
             return MhcFnNormwMergeBwdResult(fn_grad, normw_grad)
     launcher = OP.plan(*args)
     launcher.launch(*args)

@@ -35,7 +35,7 @@ def _eager(fn, normw, out_fn) -> torch.Tensor:
     if shape is not None:
         launcher = OP.fast.get((shape, fn.get_device()))
         if launcher is not None:
-            OP.launch(launcher, (fn, normw, out_fn), fn, normw, out_fn)
+            OP.launch(launcher, (fn, normw, out_fn), (fn, normw, out_fn))
             return out_fn
     launcher = OP.plan(fn, normw, out_fn)
     launcher.launch(fn, normw, out_fn)

@@ -73,7 +73,7 @@ def _eager(pre_layer_mix_grad, post_layer_mix_grad, comb_res_mix_grad, input_mix
     base_partial = input_mixes.new_empty((num_partials, input_mixes.shape[1]))
     launch_args = (*args[:8], scale_partial, base_partial, float(mhc_post_mult_value))
     if entry is not None:
-        OP.launch(rows, launch_args, *args)
+        OP.launch(rows, launch_args, args)
     else:
         rows.launch(*launch_args)
         if key is not None:

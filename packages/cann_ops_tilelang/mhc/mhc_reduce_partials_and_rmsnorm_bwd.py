@@ -63,7 +63,7 @@ def _eager(
     if shape is not None and shape[0] and rms_group_size >= 1 and rms_eps >= 0:
         launcher = OP.fast.get((out_mul.shape[1:], out_grad.get_device()))
     if launcher is not None:
-        OP.launch(launcher, (*args[:5], *_scalars(rms_group_size, rms_eps)), *args)
+        OP.launch(launcher, (*args[:5], *_scalars(rms_group_size, rms_eps)), args)
         return result
     launcher = OP.plan(*args)
     T, G, M3 = out_mul.shape

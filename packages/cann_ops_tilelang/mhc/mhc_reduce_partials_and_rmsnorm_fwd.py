@@ -66,7 +66,7 @@ def _eager(
     if shape is not None and shape[1] and n_splits == shape[0] and rms_group_size >= 1 and rms_eps >= 0:
         launcher = OP.fast.get((shape[0], shape[2:], out_mul_splitted.get_device()))
     if launcher is not None:
-        OP.launch(launcher, (*args[:5], 1.0 / rms_group_size, float(rms_eps)), *args)
+        OP.launch(launcher, (*args[:5], 1.0 / rms_group_size, float(rms_eps)), args)
         return result
     launcher = OP.plan(*args)
     S, T, G, M3 = out_mul_splitted.shape

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from cann_ops_tilelang.kernel_target import placeholder
-from cann_ops_tilelang.operator import Operator, outs, scalar, tensor
+from cann_ops_tilelang.operator import Operator, new_output, outs, scalar, tensor
 from cann_ops_tilelang.validation import ALIGN_BYTES
 
 from ._scoring import SCORING_FUNCS
@@ -71,8 +71,8 @@ def _contract(name, T, E, num_topk, use_shared_as_routed, num_shared_experts, ep
 
 
 def _results(logits, num_topk, use_shared_as_routed, num_shared_experts):
-    P = num_topk + _shared(use_shared_as_routed, num_shared_experts)
-    return ((logits.shape[0], P), torch.int64), ((logits.shape[0], P), torch.float32)
+    T, P = logits.shape[0], num_topk + _shared(use_shared_as_routed, num_shared_experts)
+    return ((T, P), torch.int64), ((T, P), torch.float32)
 
 
 def _choice(logits, num_topk, use_shared_as_routed, num_shared_experts, scoring_func, mask, bias, image_bias,
@@ -166,21 +166,19 @@ def _eager(logits, num_topk, use_shared_as_routed, num_shared_experts, routed_sc
         and (to_physical_map is None or to_physical_map.dim() == 2)
         and (logical_count is None or logical_count.dim() == 1)
     ):
-        present = (mask is not None, bias is not None, image_bias is not None, image_token_mask is not None,
-                   fix_routing_mask is not None, logical_count is not None, unmapped_topk_idx is not None,
-                   force_random is not None, scores is not None)  # fmt: skip
-        aligned = logits.data_ptr() % ALIGN_BYTES == 0
+        # one flat tuple (the presence of each optional tensor among its items): one build and one hash per call
         key = (shape[1], num_topk, use_shared_as_routed, num_shared_experts, scoring_func, num_groups, topk_groups,
-               present, _replicas(to_physical_map), aligned, logits.get_device())  # fmt: skip
+               mask is not None, bias is not None, image_bias is not None, image_token_mask is not None,
+               fix_routing_mask is not None, logical_count is not None, unmapped_topk_idx is not None,
+               force_random is not None, scores is not None, _replicas(to_physical_map),
+               logits.data_ptr() % ALIGN_BYTES == 0, logits.get_device())  # fmt: skip
     launcher, fast = OP.prepare(key, args)
     if out is None:
-        (idx_shape, idx_dtype), (weights_shape, weights_dtype) = _results(
-            logits, num_topk, use_shared_as_routed, num_shared_experts
-        )
-        out = (logits.new_empty(idx_shape, dtype=idx_dtype), logits.new_empty(weights_shape, dtype=weights_dtype))
-    if not logits.shape[0]:  # no tokens: nothing to launch
+        idx_layout, weights_layout = _results(logits, num_topk, use_shared_as_routed, num_shared_experts)
+        out = (new_output(logits, idx_layout), new_output(logits, weights_layout))
+    if key is None and not logits.shape[0]:  # no tokens: nothing to launch (a fast-path key has tokens)
         return out
-    fill = _placeholders(logits.device)
+    fill = _placeholders(launcher.device)  # logits' device, without the torch.device that logits.device makes
     if not logits.is_cuda:  # Ascend takes the expert tables as rows (gate_shapes); CUDA as they are
         bias, image_bias, to_physical_map, logical_count = (
             t if t is None else t.view(1, -1) for t in (bias, image_bias, to_physical_map, logical_count)

@@ -98,7 +98,7 @@ def _eager(out_grad, x, weight, rstd, residual_out_grad, out_scale, weight_grad)
         float(out_scale),
     )
     if entry is not None:
-        OP.launch(rows, launch_args, *args)
+        OP.launch(rows, launch_args, args)
     else:
         rows.launch(*launch_args)
         if key is not None:
