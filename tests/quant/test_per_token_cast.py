@@ -249,6 +249,24 @@ def test_per_token_cast_values(variant, num_tokens, device):
     _assert_matches(again, x, block, sf, fmt)
 
 
+# (H, block, scale format) of the few-tokens tiling's device check (CUDA: rows of several tiles; elsewhere the
+# default tiling, the same check): level 0 one configuration, level 1 a second.
+_FEW_TOKENS_CASES = by_level(LEVEL, core=[(7168, 128, 'fp32')], default=[(7168, 128, 'fp32'), (4096, 32, 'ue8m0')])
+
+
+@pytest.mark.npu
+@pytest.mark.parametrize(('hidden', 'block', 'sf'), _FEW_TOKENS_CASES, ids=str)
+@pytest.mark.parametrize('num_tokens', by_level(LEVEL, core=(1,), default=(1, 5, FEW_TOKENS)))
+def test_per_token_cast_few_tokens_values(hidden, block, sf, num_tokens, device):
+    """Up to FEW_TOKENS rows (CUDA: 1024-column tiles of 64 threads) the cast is the reference's, bit for bit."""
+    x = scaled_rows(num_tokens, hidden, 'bfloat16', device)
+    round_sf, packed, _ = _FORMATS[sf]
+    cfg = per_token_cast.operator.config(x, 'e4m3', block, round_sf=round_sf, use_packed_ue8m0=packed)
+    if backend_of(device) == 'cuda':
+        assert (cfg.block_k, cfg.threads) == (1024, 64)
+    _assert_matches(_cast(x, block, sf), x, block, sf)
+
+
 @pytest.mark.npu
 def test_per_token_cast_special_values(device):
     """-0.0, subnormals, values past the format's range (saturated), e2m1 ties, and a block holding an inf."""

@@ -558,15 +558,16 @@ def test_per_token_cast_config_stochastic():
 
 
 def test_per_token_cast_config_few_tokens():
-    """Up to FEW_TOKENS rows CUDA takes 1024-column tiles of 64 threads where H allows (the narrower divisor and 32
-    threads where not); a short last block and Ascend keep their tiling; off by default."""
+    """Up to FEW_TOKENS rows CUDA takes 1024-column tiles of 64 threads for rows wider than one default tile (the
+    narrower divisor and 32 threads where 1024 does not divide); rows of one tile, a short last block and Ascend
+    keep their tiling; off by default."""
     common = dict(num_cores=132, in_dtype='bfloat16', block_size=128)
-    for hidden, tile in ((7168, (1024, 64)), (4096, (1024, 64)), (1536, (768, 32)), (256, (256, 32))):
+    for hidden, tile in ((7168, (1024, 64)), (4096, (1024, 64)), (2304, (768, 32))):
         cfg = choose_per_token_cast_config(backend='cuda', hidden=hidden, **common, few_tokens=True)
         assert (cfg.block_k, cfg.threads) == tile
         assert cfg == dataclasses.replace(choose_per_token_cast_config(backend='cuda', hidden=hidden, **common),
                                           block_k=tile[0], threads=tile[1])  # fmt: skip
-    for backend, hidden in (('cuda', 2880), ('ascend', 7168), ('ascend', 2880)):
+    for backend, hidden in (('cuda', 2048), ('cuda', 1536), ('cuda', 2880), ('ascend', 7168), ('ascend', 2880)):
         assert choose_per_token_cast_config(backend=backend, hidden=hidden, **common, few_tokens=True) == (
             choose_per_token_cast_config(backend=backend, hidden=hidden, **common)
         )

@@ -75,8 +75,8 @@ FORMATS = ('e4m3', 'e2m1')  # fp8 data, FP4 data (two e2m1 codes a byte)
 _ASCEND_MAX_BLOCK_K = 4096  # elements per task: fp32 input tile 16 KiB, two buffer versions
 _ASCEND_MAX_ROW = 8192  # a whole row in one task: the packed-scale rows whose zero padding ends a task's bytes
 _CUDA_MAX_BLOCK_K = 2048
-# Up to this many tokens the CUDA kernel tiles a row finer: a few rows of 1792-2048-column tiles leave most SMs idle
-# and each thread's serial work is the time (docs/quant.md, measured at 1 and 16 tokens).
+# Up to this many tokens the CUDA kernel tiles a row wider than one tile finer: a few rows of 1792-2048-column tiles
+# leave most SMs idle and each thread's serial work is the time (docs/quant.md, measured at 1 and 16 tokens).
 FEW_TOKENS = 16
 _CUDA_FEW_TOKENS_BLOCK_K = 1024  # columns per thread block for few tokens (64 threads, 16 columns each)
 _CUDA_THREADS = 64
@@ -202,8 +202,8 @@ def choose_per_token_cast_config(
     (or their names). In mode 'precomputed' round_sf is dropped (the inverse is 1 / sf either way). Invalid
     combinations raise ValueError. `col_major_sf` changes only where the scales are stored (and, on Ascend with
     packed UE8M0 scales, keeps a task's scale bytes to whole int32 words). `few_tokens` (at most FEW_TOKENS rows):
-    CUDA's finer tiles; the Ascend kernel does not depend on it. Mode 'recast' (CUDA, with `quantised_x`, in_dtype
-    float32): the fused kernel of a quantised x (choose_per_token_recast_config)."""
+    CUDA's finer tiles for rows wider than _CUDA_MAX_BLOCK_K; the Ascend kernel does not depend on it. Mode 'recast'
+    (CUDA, with `quantised_x`, in_dtype float32): the fused kernel of a quantised x (choose_per_token_recast_config)."""
     if in_dtype not in FLOAT_DTYPE_NAMES:
         raise ValueError(f'in_dtype must be torch.bfloat16 or torch.float32, got {in_dtype!r}')
     dtype = FLOAT_DTYPE_NAMES[in_dtype]
@@ -249,7 +249,7 @@ def choose_per_token_cast_config(
     if backend == 'cuda':
         # One small thread block per (token, column tile), many per SM: each thread has block_k / 64 elements of
         # 16-byte loads in flight (see docs/quant.md, "per_token_cast on CUDA").
-        if blocked == hidden and few_tokens:
+        if blocked == hidden and few_tokens and hidden > _CUDA_MAX_BLOCK_K:  # rows of several tiles (measured: 7168)
             block_k = divisors(hidden, unit, _CUDA_FEW_TOKENS_BLOCK_K)[0]
             return make(block_k=block_k, threads=32 * max(1, block_k // 512), num_stages=1)
         if blocked == hidden:
