@@ -94,7 +94,7 @@ def new_output(like: torch.Tensor, layout: tuple) -> torch.Tensor:
     extent = 0
     for size, stride in zip(shape, strides, strict=True):
         extent = torch.sym_max(extent, size * stride)
-    return like.new_empty((extent,), dtype=dtype).as_strided(shape, strides)
+    return like.new_empty(extent, dtype=dtype).as_strided(shape, strides)
 
 
 def _strides_of(layout: tuple):

@@ -54,5 +54,5 @@ def unused_counter(x: torch.Tensor) -> torch.Tensor:
     """token_counter for the kernels that claim nothing: any int32 (COUNTER_WORDS,) of x's device, kept."""
     counter = UNUSED_COUNTERS.get(x.device)
     if counter is None:
-        counter = UNUSED_COUNTERS[x.device] = x.new_empty((COUNTER_WORDS,), dtype=torch.int32)
+        counter = UNUSED_COUNTERS[x.device] = x.new_empty(COUNTER_WORDS, dtype=torch.int32)
     return counter

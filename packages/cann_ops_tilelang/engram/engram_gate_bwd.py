@@ -86,7 +86,7 @@ def _eager(grad_out, x, kv, w, dot, gate_score, rstd_x, rstd_k, clamp, mask) -> 
         launcher, partial_shape, counter = entry
         # empty_like: no size list to parse (x's layout is the entry's to check: contiguous once it launches)
         grad_x = torch.empty_like(x)
-        grad_kv = x.new_empty((num_tokens, hc + 1, hidden))
+        grad_kv = x.new_empty(num_tokens, hc + 1, hidden)
         partial = x.new_empty(partial_shape, dtype=torch.float32)
         if counter is None:  # the blocks claim tokens
             counter = token_counter(x, index)
@@ -100,8 +100,8 @@ def _eager(grad_out, x, kv, w, dot, gate_score, rstd_x, rstd_k, clamp, mask) -> 
     launcher = OP.plan(grad_out, x, kv, w, dot, gate_score, rstd_x, rstd_k, clamp, mask)
     cfg = launcher.cfg
     num_tokens, hc, hidden = x.shape
-    grad_x = x.new_empty((num_tokens, hc, hidden))  # new_empty: cheaper than torch.empty(..., device=)
-    grad_kv = x.new_empty((num_tokens, hc + 1, hidden))
+    grad_x = x.new_empty(num_tokens, hc, hidden)  # new_empty: cheaper than torch.empty(..., device=)
+    grad_kv = x.new_empty(num_tokens, hc + 1, hidden)
     if num_tokens == 0:
         return EngramGateBwdResult(grad_x, grad_kv, x.new_zeros((cfg.num_blocks, hc, hidden), dtype=torch.float32))
     alloc = x.new_zeros if cfg.accumulates_into_partials else x.new_empty

@@ -89,7 +89,7 @@ def _eager(x, kv, w, eps, clamp, save, mask, inplace, out) -> EngramGateFwdResul
     num_tokens, hc, hidden = shape if fast else x.shape
     output = x if inplace else out
     if output is None:
-        output = x.new_empty((num_tokens, hc, hidden))  # cheaper than torch.empty(..., device=)
+        output = x.new_empty(num_tokens, hc, hidden)  # cheaper than torch.empty(..., device=)
     if save:  # four calls spelled out: a generator and tuple() around them cost more than a call
         new, shape, f32 = x.new_empty, (num_tokens, hc), torch.float32
         saved = (new(shape, dtype=f32), new(shape, dtype=f32), new(shape, dtype=f32), new(shape, dtype=f32))

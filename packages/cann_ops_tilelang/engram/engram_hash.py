@@ -63,7 +63,7 @@ def _eager(ids, mults, sizes, offsets, mask, out) -> torch.Tensor:
     if not fast:
         launcher = OP.plan(ids, mults, sizes, offsets, mask, out)
     (num_layers, ngram_orders, num_tables), num_tokens = sizes.shape, ids.shape[0]
-    result = ids.new_empty((num_layers, num_tokens, ngram_orders * num_tables)) if out is None else out
+    result = ids.new_empty(num_layers, num_tokens, ngram_orders * num_tables) if out is None else out
     args = (ids, mults, sizes, offsets, result) if mask is None else (ids, mults, sizes, offsets, mask, result)
     if fast:
         OP.launch(launcher, args, (ids, mults, sizes, offsets, mask, None))
@@ -75,7 +75,7 @@ def _eager(ids, mults, sizes, offsets, mask, out) -> torch.Tensor:
 
 
 def _fake(ids, mults, sizes, offsets, mask, out) -> torch.Tensor:
-    return ids.new_empty((sizes.shape[0], ids.shape[0], sizes.shape[1] * sizes.shape[2]))  # int32, as ids
+    return ids.new_empty(sizes.shape[0], ids.shape[0], sizes.shape[1] * sizes.shape[2])  # int32, as ids
 
 
 @OP.public(_eager, returns='Tensor', fake=_fake)

@@ -59,7 +59,7 @@ def _eager(grad, momentum_buffer, beta1, nesterov) -> torch.Tensor:
         fast_key = (grad.dtype, momentum_buffer.dtype, nesterov, index, numel <= _WIDE_MAX_NUMEL.get(index, -1))
         launcher = OP.fast.get(fast_key)
         if launcher is not None and 0 < numel <= MAX_NUMEL:
-            result = momentum_buffer.new_empty((numel,), dtype=torch.float32)
+            result = momentum_buffer.new_empty(numel, dtype=torch.float32)
             args = (grad, momentum_buffer, result, beta1, 1.0 - beta1)
             OP.launch(launcher, args, (grad, momentum_buffer, beta1, nesterov))
             return result

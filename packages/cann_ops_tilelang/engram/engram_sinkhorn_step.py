@@ -39,13 +39,13 @@ def _eager(matrix, row_scale, col_scale, eps) -> EngramSinkhornStepResult:
         launcher = OP.fast.get((head_dim, matrix.get_device()))
         if launcher is not None:
             row_norm = torch.empty_like(row_scale, memory_format=torch.contiguous_format)  # no size list to parse
-            partial = matrix.new_empty((launcher.cfg.num_partials, head_dim))
+            partial = matrix.new_empty(launcher.cfg.num_partials, head_dim)
             args = (matrix, row_scale, col_scale, row_norm, partial, eps)
             OP.launch(launcher, args, (matrix, row_scale, col_scale, eps))
             return EngramSinkhornStepResult(row_norm, partial)
     launcher = OP.plan(matrix, row_scale, col_scale, eps)
     rows, head_dim = matrix.shape
-    row_norm = matrix.new_empty((rows,))  # fp32, its device
+    row_norm = matrix.new_empty(rows)  # fp32, its device
     # rows = 0: no launch, every worker's partial is the empty sum
     partial = (matrix.new_empty if rows else matrix.new_zeros)((launcher.cfg.num_partials, head_dim))
     if rows:
@@ -58,7 +58,7 @@ def _fake(matrix, row_scale, col_scale, eps) -> tuple[torch.Tensor, torch.Tensor
     """(rows,) and (P, head_dim) fp32, P the device's (a device query on the first trace for a device)."""
     # (after the mechanism's memory-free check, so the device has a backend)
     num_partials = OP.launcher(backend_of(matrix.device), matrix.device, head_dim=int(matrix.shape[1])).cfg.num_partials
-    return matrix.new_empty(matrix.shape[:1]), matrix.new_empty((num_partials, matrix.shape[1]))
+    return matrix.new_empty(matrix.shape[:1]), matrix.new_empty(num_partials, matrix.shape[1])
 
 
 @OP.public(_eager, returns='(Tensor, Tensor)', result=EngramSinkhornStepResult, fake=_fake)

@@ -69,8 +69,8 @@ def _eager(pre_layer_mix_grad, post_layer_mix_grad, comb_res_mix_grad, input_mix
         mhc_base_grad.zero_()
         return MhcPreSplitMixesBwdResult(input_mixes_grad, mhc_scale_grad, mhc_base_grad)
     num_partials = rows.cfg.num_partials
-    scale_partial = input_mixes.new_empty((num_partials, 3))
-    base_partial = input_mixes.new_empty((num_partials, input_mixes.shape[1]))
+    scale_partial = input_mixes.new_empty(num_partials, 3)
+    base_partial = input_mixes.new_empty(num_partials, input_mixes.shape[1])
     launch_args = (*args[:8], scale_partial, base_partial, float(mhc_post_mult_value))
     if entry is not None:
         OP.launch(rows, launch_args, args)

@@ -85,13 +85,13 @@ def run_backward(op, prepared, key, args, x, x_sf, act_x_grad, psum, topk_weight
     act_out, (fp8, sf))."""
     launcher, fast = prepared
     num_tokens, hidden = act_x_grad.shape
-    x_grad = x.new_empty((num_tokens, 2 * hidden), dtype=out_dtype)
-    weight_grad = x.new_empty((num_tokens,), dtype=torch.float32) if topk_weights is not None else None
-    act_out = x.new_empty((num_tokens, hidden), dtype=out_dtype) if do_recompute else None
+    x_grad = x.new_empty(num_tokens, 2 * hidden, dtype=out_dtype)
+    weight_grad = x.new_empty(num_tokens, dtype=torch.float32) if topk_weights is not None else None
+    act_out = x.new_empty(num_tokens, hidden, dtype=out_dtype) if do_recompute else None
     fp8 = sf = sf_bytes = None
     if cast_sf is not None:
         sf_layout, packed = cast_sf
-        fp8 = x.new_empty((num_tokens, 2 * hidden), dtype=torch.float8_e4m3fn)
+        fp8 = x.new_empty(num_tokens, 2 * hidden, dtype=torch.float8_e4m3fn)
         sf = new_output(x, sf_layout)
         sf_bytes = sf.T if len(sf_layout) > 2 else sf
         sf_bytes = sf_bytes.view(torch.uint8) if packed else sf_bytes
@@ -143,9 +143,9 @@ def _fake(x, act_x_grad, fmt, psum_num_tokens_per_expert, topk_weights, routed_s
     num_tokens, hidden = act_x_grad.shape
     out_dtype = OUT_FORMATS[fmt]
     return result_tuple(
-        x.new_empty((num_tokens, 2 * hidden), dtype=out_dtype),
-        None if topk_weights is None else x.new_empty((num_tokens,), dtype=torch.float32),
-        x.new_empty((num_tokens, hidden), dtype=out_dtype) if do_recompute else None,
+        x.new_empty(num_tokens, 2 * hidden, dtype=out_dtype),
+        None if topk_weights is None else x.new_empty(num_tokens, dtype=torch.float32),
+        x.new_empty(num_tokens, hidden, dtype=out_dtype) if do_recompute else None,
     )
 
 

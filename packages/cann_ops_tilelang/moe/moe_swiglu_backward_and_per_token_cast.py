@@ -117,10 +117,10 @@ def _fake(x, act_x_grad, fmt, num_per_channels, psum_num_tokens_per_expert, topk
     layout = sf_layout(num_tokens, hidden, num_per_channels, use_packed_ue8m0, use_tma_aligned_col_major_sf,
                        data.device)  # fmt: skip
     return result_tuple(
-        data.new_empty((num_tokens, 2 * hidden), dtype=torch.bfloat16),
-        None if topk_weights is None else data.new_empty((num_tokens,), dtype=torch.float32),
-        data.new_empty((num_tokens, hidden), dtype=torch.bfloat16) if do_recompute else None,
-        QuantTensor(data.new_empty((num_tokens, 2 * hidden), dtype=torch.float8_e4m3fn),
+        data.new_empty(num_tokens, 2 * hidden, dtype=torch.bfloat16),
+        None if topk_weights is None else data.new_empty(num_tokens, dtype=torch.float32),
+        data.new_empty(num_tokens, hidden, dtype=torch.bfloat16) if do_recompute else None,
+        QuantTensor(data.new_empty(num_tokens, 2 * hidden, dtype=torch.float8_e4m3fn),
                     new_output(data, layout)),
     )  # fmt: skip
 

@@ -50,14 +50,14 @@ def _eager(scores, num_topk, out):
         if shape is not None and shape[0]:
             key = (shape[1], num_topk, scores.data_ptr() % ALIGN_BYTES == 0, scores.get_device())
     launcher, fast = OP.prepare(key, args)
-    result = scores.new_empty((scores.shape[0], num_topk), dtype=torch.int64) if out is None else out
+    result = scores.new_empty(scores.shape[0], num_topk, dtype=torch.int64) if out is None else out
     OP.finish(launcher, fast, key, (scores, result), args, empty=not scores.shape[0])
     return result
 
 
 def _fake(scores, num_topk, out):
     """While torch traces (after the checks that need no memory): what `_eager` returns."""
-    return scores.new_empty((scores.shape[0], num_topk), dtype=torch.int64)
+    return scores.new_empty(scores.shape[0], num_topk, dtype=torch.int64)
 
 
 @OP.public(_eager, returns='Tensor', fake=_fake)

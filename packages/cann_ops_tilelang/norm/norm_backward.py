@@ -81,12 +81,12 @@ def _eager(out_grad, x, weight, rstd, residual_out_grad, out_scale, weight_grad)
     x_grad = x.new_empty(x.shape)
     accumulate = weight_grad is not None
     if weight is not None and weight_grad is None:
-        weight_grad = weight.new_empty((hidden,))
+        weight_grad = weight.new_empty(hidden)
     if not num_tokens:
         if weight is not None and not accumulate:
             weight_grad.zero_()
         return NormBackwardResult(x_grad, weight_grad)
-    partials = x.new_empty((rows.cfg.num_partials, hidden), dtype=torch.float32) if weight is not None else None
+    partials = x.new_empty(rows.cfg.num_partials, hidden, dtype=torch.float32) if weight is not None else None
     launch_args = (
         x,
         placeholder(x.device, x.dtype) if weight is None else weight,

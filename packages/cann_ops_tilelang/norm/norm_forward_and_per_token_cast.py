@@ -302,7 +302,7 @@ def _batched_col_major(function, x, weight, eps, fmt, num_per_channels, residual
     return NormForwardAndPerTokenCastResult(
         QuantTensor(data, sf),
         out_bf16 if with_out_bf16 else None,
-        (torch.stack(rstd) if B else x.new_empty((0, T), dtype=torch.float32)) if with_rstd else None,
+        (torch.stack(rstd) if B else x.new_empty(0, T, dtype=torch.float32)) if with_rstd else None,
         x if residual is None else residual_out,
     )
 

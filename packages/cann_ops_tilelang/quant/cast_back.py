@@ -168,7 +168,7 @@ def _run(op: Operator, args: tuple, x, fmt, block, out) -> torch.Tensor:
     launcher, fast = op.prepare(key, args)
     data, sf = x
     if out is None:
-        out = data.new_empty((data.shape[0], logical_hidden(data)), dtype=OUT_FORMATS[fmt])
+        out = data.new_empty(data.shape[0], logical_hidden(data), dtype=OUT_FORMATS[fmt])
     if data.shape[0]:
         sf = kernel_x_sf(sf, sf_col_major(sf) if col_major is None else col_major)
     op.finish(launcher, fast, key, (data, sf, out), args, empty=not data.shape[0])
