@@ -18,6 +18,7 @@ from cann_ops_tilelang.norm import norm_forward, norm_forward_and_per_token_cast
 from cann_ops_tilelang.norm._norm_common import ASCEND_UB_BUDGET, forward_launch_args
 from cann_ops_tilelang.norm._norm_forward_ascend import staging_tile
 from cann_ops_tilelang.norm.norm_forward_kernel import (
+    NormForwardConfig,
     ascend_ub_bytes,
     choose_norm_forward_config,
     get_norm_forward_kernel,
@@ -121,7 +122,7 @@ def _x(num_tokens=4, hidden=128, dtype=torch.bfloat16, device='cpu'):
         (dict(fmt='e5m2'), ValueError, 'fmt must be one of'),
         (dict(fmt=3), TypeError, 'fmt'),
         (dict(num_per_channels=48), ValueError, 'num_per_channels must be one of'),
-        (dict(x=_x(4, 192), num_per_channels=128), ValueError, 'multiple of 128'),
+        (dict(x=_x(4, 192), num_per_channels=128), RuntimeError, "no kernels for 'cpu' tensors"),  # a short block
         (dict(use_packed_ue8m0=True), ValueError, 'needs round_sf=True'),
         (
             dict(
@@ -176,7 +177,7 @@ def _x(num_tokens=4, hidden=128, dtype=torch.bfloat16, device='cpu'):
         'fmt',
         'fmt-type',
         'block',
-        'block-hidden',
+        'block-hidden-short',
         'packed',
         'col-major-batched-out',
         'col-major-batched-residual',
@@ -443,8 +444,8 @@ def test_norm_forward_and_per_token_cast_weight_streamed_values(v, device):
     _assert_values(v, 3, device)
 
 
-def _assert_values(v, num_tokens, device):
-    x, weight, residual = _inputs(v, num_tokens, device)
+def _assert_values(v, num_tokens, device, inputs=None):
+    x, weight, residual = inputs or _inputs(v, num_tokens, device)
     round_sf, packed = SCALES[v['sf']]
     result = _call(x, weight, v, residual, with_out_bf16=v['bf16'], with_rstd=True)
     # The fused call is the two operators' composition, bit for bit.
@@ -525,7 +526,11 @@ def test_norm_forward_and_per_token_cast_col_major_values(v, num_tokens, device)
     """use_tma_aligned_col_major_sf=True: the row-major call's data and scale values, bit for bit, in
     per_token_cast's column-major layout of this backend, also into a given buffer (poisoned: every scale
     overwritten, CUDA's padding columns untouched) and through the fast path's second call."""
-    x, weight, residual = _inputs(v, num_tokens, device)
+    _assert_col_major_values(v, num_tokens, device)
+
+
+def _assert_col_major_values(v, num_tokens, device, inputs=None):
+    x, weight, residual = inputs or _inputs(v, num_tokens, device)
     rows = _call(x, weight, v, residual, with_out_bf16=v['bf16'], with_rstd=True)
     for _ in range(2):  # the second call: the fast path's key
         result = _call(x, weight, v, residual, with_out_bf16=v['bf16'], with_rstd=True,
@@ -633,6 +638,128 @@ def test_norm_forward_and_per_token_cast_batched_col_major_values(lead, device):
     assert_equal(batched.out_bf16, rows.out_bf16.view(*lead, -1))
     assert_equal(batched.rstd, rows.rstd.view(lead))
     assert_equal(batched.norm_input, rows.norm_input.view(*lead, -1))
+
+
+# ---------------------------------------------------------------- a short last block (H = 64 * odd, 128 channels)
+
+# per_token_cast's short last block (tests/quant/test_per_token_cast.py): ceil(H / 128) scales, the last of its 64
+# channels. Level 0: one kernel of its own (bf16 at H 192: a block of 128 channels and one of 64). Level 1: H 2880
+# (gpt-oss's hidden: 22 whole blocks and a short one) in both dtypes, fp32 and packed UE8M0 scales, row- and
+# column-major.
+_SHORT = dict(block=128, weight=True, residual=True, bf16=True)
+SHORT_VARIANTS = by_level(
+    LEVEL,
+    core=[_SHORT | dict(dtype=torch.bfloat16, sf='fp32', hidden=192)],
+    default=[_SHORT | s for s in generate_samples(dtype=[torch.bfloat16, torch.float32], sf=['fp32', 'ue8m0'],
+                                                  hidden=[2880])],
+)  # fmt: skip
+
+
+def test_norm_forward_and_per_token_cast_short_block_contract(monkeypatch):
+    """H = 64 * odd takes 128-channel blocks with per_token_cast's scale layouts (ceil(H / 128) scales, packed UE8M0
+    words of them, column-major alike); H off whole 64-lane registers is still refused."""
+    monkeypatch.setattr(config, 'require_accelerator', lambda *tensors: 'ascend')
+    monkeypatch.setattr(operator, 'get_num_cores', lambda device: 7)
+    with FakeTensorMode():
+        x = _x(5, 2880)
+        for sf_name, shape, dtype in (('fp32', (5, 23), torch.float32), ('ue8m0', (5, 6), torch.int32)):
+            for col_major in (False, True):
+                sf = _call(x, None, dict(block=128, sf=sf_name), use_tma_aligned_col_major_sf=col_major).out.sf
+                round_sf, packed = SCALES[sf_name]
+                want = per_token_cast(
+                    x, 'e4m3', 128, use_tma_aligned_col_major_sf=col_major, round_sf=round_sf, use_packed_ue8m0=packed
+                ).sf
+                assert (tuple(sf.shape), sf.dtype, sf.stride()) == (shape, dtype, want.stride())
+    cfg = norm_forward_and_per_token_cast.operator.config(_x(5, 2880), None, EPS, 'e4m3', 128)
+    assert (cfg.short_block, cfg.num_blocks, cfg.sf_cols) == (True, 23, 23)
+    with pytest.raises(ValueError, match='multiple of 64'):
+        norm_forward_and_per_token_cast(_x(5, 2912), None, EPS, 'e4m3', 128)
+
+
+@pytest.mark.parametrize('backend', ['ascend', 'cuda'])
+def test_norm_forward_and_per_token_cast_short_block_config(backend):
+    """The scale row is per_token_cast's (RowScales): a short block only with 128 channels and H = 64 * odd; no
+    scales without the cast."""
+    v = _SHORT | dict(dtype=torch.bfloat16, sf='fp32', hidden=2880)
+    rows = {
+        (128, 'fp32'): (True, 23, 23, 0),
+        (128, 'ue8m0'): (True, 23, 24, 1),
+        (64, 'ue8m0'): (False, 45, 48, 3),
+        (32, 'fp32'): (False, 90, 90, 0),
+    }
+    for (block, sf), want in rows.items():
+        cfg = _config(backend, v | dict(block=block, sf=sf))
+        assert (cfg.short_block, cfg.num_blocks, cfg.sf_cols, cfg.sf_padding) == want, (block, sf)
+        assert cfg.sf_dtype == ('uint8' if sf == 'ue8m0' else 'float32')
+    assert not _config(backend, v | dict(block=128, hidden=2816)).short_block
+    plain = dataclasses.replace(_config(backend, v), block_size=0, round_sf=False, packed_ue8m0=False,
+                                with_out_bf16=False)  # fmt: skip
+    assert (plain.short_block, plain.num_blocks, plain.sf_cols) == (False, 0, 0)
+    with pytest.raises(ValueError, match='block_size 48 must be one of'):
+        NormForwardConfig(backend, 2880, 'bfloat16', 1, True, True, True, block_size=48,
+                          **({'threads': 96, 'chunks': 4} if backend == 'cuda' else {}))  # fmt: skip
+
+
+@pytest.mark.parametrize('v', [SHORT_VARIANTS[0], _SHORT | dict(dtype=torch.float32, sf='ue8m0', hidden=2880)],
+                         ids=make_param_id)  # fmt: skip
+@pytest.mark.parametrize('backend', ['ascend', 'cuda'])
+def test_norm_forward_and_per_token_cast_short_block_lowers(backend, v):
+    """Ascend: the block maxima of H // 128 register pairs, then the short block's one register, its scale at
+    index H // 128 (two vcmax where whole 128-channel blocks have one), the data over every register. CUDA: no code
+    of its own: the row's chunk guard is on (the block's missing half are lanes past the row, zeros), a block's
+    first lane of 16 / 32 stores the scale, the packed row's padding after H // 128 + 1 bytes."""
+    cfg = _config(backend, v)
+    assert cfg.short_block
+    lowers = assert_ascend_kernel_lowers if backend == 'ascend' else assert_cuda_kernel_lowers
+    source = lowers(lambda: make_norm_forward_kernel(cfg), key=cfg, kernel_name='norm_forward_kernel').source
+    pairs = v['hidden'] // 128
+    if backend == 'ascend':
+        assert pairs == 1 or re.search(rf'for \(int32_t p = 0; p < {pairs}; \+\+p\)', source)  # one: unrolled
+        assert source.count('simd_inst::vcmax(') == 2
+        assert re.search(rf'for \(int32_t c_\d+ = 0; c_\d+ < {v["hidden"] // 64}; \+\+c_\d+\)', source)
+        if cfg.packed_ue8m0:
+            assert f'update_mask_b32({pairs + 1})' in source
+    else:
+        chunk = 16 // (2 if v['dtype'] == torch.bfloat16 else 4)
+        lanes = 128 // chunk  # of a block
+        assert (v['hidden'] // chunk) % cfg.threads != 0  # the row's guard
+        assert f'% {lanes}) == 0)' in source
+        assert f'amax[0], {lanes // 2}, 32)' in source  # the butterfly over the whole block's lanes
+        if cfg.packed_ue8m0:
+            padding = f'(int64_t){cfg.sf_cols}) + ((int64_t)((int)threadIdx.x))) + (int64_t){pairs + 1})] = (uchar)0'
+            assert padding in source
+
+
+def _short_inputs(v, num_tokens, device):
+    """_inputs with the short block's x and residual 16 times smaller: y's short block then has a scale of its own,
+    not its neighbour's."""
+    x, weight, residual = _inputs(v, num_tokens, 'cpu')
+    x[:, -64:] /= 16
+    residual[:, -64:] /= 16
+    return x.to(device), weight.to(device), residual.to(device)
+
+
+@pytest.mark.npu
+@pytest.mark.parametrize('num_tokens', by_level(LEVEL, core=(0, 1, 37), default=(37,)))
+@pytest.mark.parametrize('v', SHORT_VARIANTS, ids=make_param_id)
+def test_norm_forward_and_per_token_cast_short_block_values(v, num_tokens, device):
+    """per_token_cast(norm_forward(x)) bit for bit with a short last block (the quant reference pads it with
+    zeros), into poisoned buffers too (nothing past H, the packed words' padding zero); from level 1 also
+    column-major, equal to the row-major values and to per_token_cast's column-major scales."""
+    inputs = _short_inputs(v, num_tokens, device)
+    _assert_values(v, num_tokens, device, inputs)
+    if LEVEL == 0:
+        return  # the column-major kernel is one more of its own
+    _assert_col_major_values(v, num_tokens, device, inputs)
+    x, weight, residual = inputs
+    plain = norm_forward(x, weight, EPS, residual, 0.75)
+    round_sf, packed = SCALES[v['sf']]
+    cast = per_token_cast(
+        plain.out, 'e4m3', 128, use_tma_aligned_col_major_sf=True, round_sf=round_sf, use_packed_ue8m0=packed
+    )
+    fused = _call(x, weight, v, residual, use_tma_aligned_col_major_sf=True).out.sf
+    assert fused.stride() == cast.sf.stride()
+    assert_equal(_row_major(fused), _row_major(cast.sf))
 
 
 @pytest.mark.npu

@@ -8,7 +8,8 @@ and one SIMD VF computes, in 64-lane fp32 registers (bf16 widens exactly):
 1. with residual: r = x + residual rounded to x's dtype, in place over x (residual_out goes back from there);
 2. sum(r * r) in one register, folded (vcadd), rstd = 1 / sqrt(sum / H + eps) broadcast to every lane;
 3. y = (r * rstd) * (w * out_scale), rounded to x's dtype, over the residual row (or in place over x);
-4. the cast: per_token_cast's three passes over y (block maxima, scales, e4m3 data), with its macros.
+4. the cast: per_token_cast's three passes over y (block maxima, scales, e4m3 data), with its macros (a short
+   last block, H = 64 * odd with 128-channel blocks: the row's last register is a block of its own, as there).
 
 Where the row's buffers do not fit UB beside the resident fp32 weight (cfg.weight_streamed: fp32 x with weight,
 residual and the cast's bf16 output, H past 15296..16000) nothing is staged before the loop: the VF stops after
@@ -84,7 +85,12 @@ def ascend_norm_forward_kernel(cfg, prim_func):
     streamed = cfg.weight_streamed  # y per weight tile (no resident weight): see y_tile_vf
 
     load_f32, store_row, stage_weight = ascend_weight_macros(T, hidden=hidden, dtype=dtype)
-    _, block_maxima, block_scalar = ascend_row_macros(T, in_dtype=dtype, block_size=bs, chunks=chunks)
+    # The task is the row, so every register holds y: with a short last block (odd `chunks`, 128-channel blocks)
+    # all of them are valid, and the last one is that block.
+    valid_chunks = chunks if cfg.short_block else None
+    _, block_maxima, block_scalar = ascend_row_macros(
+        T, in_dtype=dtype, block_size=bs, chunks=chunks, valid_chunks=valid_chunks
+    )
     quarter_masks = ascend_quarter_masks_macro(T)
     scales = ascend_cast_scales_macro(
         T, fmt='e4m3', round_sf=cfg.round_sf, packed_ue8m0=cfg.packed_ue8m0, e4m3_sf=False

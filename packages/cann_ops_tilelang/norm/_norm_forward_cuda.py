@@ -7,6 +7,11 @@ squares is reduced by warp shuffles and one shared-memory step, then each thread
 cast's block of `block_size` channels is block_size / chunk consecutive chunks, so consecutive lanes of one warp:
 its |y| maximum is a butterfly of xor shuffles over those lanes, and the scale rule is the quant domain's
 (_scale_rules.cuda_cast_scale_and_inverse), the data conversion per_token_cast's.
+
+A short last block (H = 64 * odd, 128-channel blocks) takes no code of its own: the row's H / chunk chunks are an
+odd multiple of half a block's lanes, and the threads a multiple of a block's lanes (whole warps), so the block's
+missing half is chunks past the row that some threads own, zeros under the row's `guard` (then always on), which
+join the block's butterfly; its first lane, inside the row, stores its scale (index H // 128).
 """
 
 # No `from __future__ import annotations`: TileLang evaluates the prim_func annotations, which

@@ -12,7 +12,7 @@ from cann_ops_tilelang.operator import Operator, new_output, scalar, tensor
 from cann_ops_tilelang.quant import _contract as contract
 from cann_ops_tilelang.quant._quant_tensor import QuantTensor
 from cann_ops_tilelang.quant.per_token_cast import sf_layout
-from cann_ops_tilelang.quant.per_token_cast_kernel import CAST_BLOCK_SIZES, hidden_multiple
+from cann_ops_tilelang.quant.per_token_cast_kernel import CAST_BLOCK_SIZES, CAST_HIDDEN_UNIT
 from cann_ops_tilelang.validation import batch_rows, check_out, check_row_starts
 
 from ._norm_common import any_strided, check_hidden, check_same_dtype, forward_launch_args
@@ -49,7 +49,7 @@ def _options(name, x, weight, fmt, num_per_channels, residual, use_tma_aligned_c
     contract.check_block(name, 'num_per_channels', num_per_channels, CAST_BLOCK_SIZES)
     contract.check_unsupported(name, mega_moe_sf=mega_moe_sf is not None, mega_moe_block_m=mega_moe_block_m)
     contract.check_scale_flags(name, round_sf, use_packed_ue8m0)
-    contract.check_hidden(name, x.shape[1], hidden_multiple(num_per_channels), f'num_per_channels {num_per_channels}')
+    contract.check_hidden(name, x.shape[1], CAST_HIDDEN_UNIT, 'whole 64-lane registers')  # per_token_cast's H
     if out_bf16 is not None and not with_out_bf16:
         raise ValueError(f'{name}: out_bf16 needs with_out_bf16=True')
     if out is not None:
@@ -333,8 +333,10 @@ def norm_forward_and_per_token_cast(
     round_sf=round_sf, use_packed_ue8m0=use_packed_ue8m0) bit for bit, on either backend.
 
     Args:
-        x, weight, eps, residual, out_scale, residual_out, with_rstd: as norm_forward (H also a multiple of
-            num_per_channels; x, residual and residual_out rows of any 16-byte-aligned row stride, as there).
+        x, weight, eps, residual, out_scale, residual_out, with_rstd: as norm_forward (x, residual and
+            residual_out rows of any 16-byte-aligned row stride, as there). H a multiple of 64 as per_token_cast
+            takes it: with num_per_channels 128 an odd multiple (e.g. gpt-oss's 2880) ends each row in a short
+            block of 64 channels, whose scale is its 64 channels'.
         fmt: 'e4m3'.
         num_per_channels: channels per scale factor, 16, 32, 64 or 128.
         round_sf: power-of-two scale factors; use_packed_ue8m0 (with round_sf): UE8M0 bytes packed four per int32.
@@ -353,7 +355,7 @@ def norm_forward_and_per_token_cast(
 
     Returns:
         NormForwardAndPerTokenCastResult(out, out_bf16, rstd, norm_input), a tuple: out QuantTensor(data (T, H)
-        float8_e4m3fn, sf (T, H / num_per_channels) fp32, or with use_packed_ue8m0 (T, ceil(H /
-        num_per_channels / 4)) int32); out_bf16 (T, H) bf16 or None; rstd (T,) fp32 or None; norm_input as
+        float8_e4m3fn, sf (T, ceil(H / num_per_channels)) fp32, or with use_packed_ue8m0 (T, ceil(ceil(H /
+        num_per_channels) / 4)) int32); out_bf16 (T, H) bf16 or None; rstd (T,) fp32 or None; norm_input as
         norm_forward's. A (B, T, H) x (norm_forward's batched call): each of them (B, T, ...).
     """

@@ -9,7 +9,9 @@ Per token t (vectors over the hidden size H, fp32 math, TileKernels 2.1.0's grou
 
 norm_forward writes y (`out`); norm_forward_and_per_token_cast casts the rounded y exactly as per_token_cast does
 (the quant domain's scale rules and row macros: _scale_rules.py, _per_token_cast_ascend.py), so its bytes are
-per_token_cast(norm_forward(x)) bit for bit, and may also write y as bf16 (`out_bf16`). With `with_rstd` the
+per_token_cast(norm_forward(x)) bit for bit, and may also write y as bf16 (`out_bf16`). H is any multiple of 64
+for every block size: with 128-channel blocks an odd multiple (e.g. 2880) ends the row in per_token_cast's short
+last block (64 channels, a scale of its own, ceil(H / 128) scales, nothing written past H). With `with_rstd` the
 kernels write rstd (fp32, one per token), which norm_backward takes.
 
 One prim_func signature for every variant (`forward_prim_func`): an absent optional tensor is a (1,) placeholder
@@ -35,9 +37,9 @@ import torch
 
 from cann_ops_tilelang.config import Backend
 from cann_ops_tilelang.kernel_target import compile_kernel
-from cann_ops_tilelang.quant._scale_rules import UE8M0_PACK, col_major_scales
-from cann_ops_tilelang.quant._tiling import FLOAT_DTYPE_NAMES
-from cann_ops_tilelang.quant.per_token_cast_kernel import CAST_BLOCK_SIZES, hidden_multiple
+from cann_ops_tilelang.quant._scale_rules import col_major_scales
+from cann_ops_tilelang.quant._tiling import FLOAT_DTYPE_NAMES, RowScales
+from cann_ops_tilelang.quant.per_token_cast_kernel import CAST_BLOCK_SIZES
 
 # The backend bodies (they do not import this module: no import circle).
 from ._norm_common import (
@@ -58,7 +60,7 @@ _CUDA_MAX_CHUNKS = 4  # 16-byte chunks per thread: 64 bytes of each input in fli
 
 
 @dataclasses.dataclass(frozen=True)
-class NormForwardConfig:
+class NormForwardConfig(RowScales):
     backend: Backend
     hidden: int
     dtype: str  # x, weight, residual, residual_out and out: 'bfloat16' or 'float32'
@@ -96,8 +98,10 @@ class NormForwardConfig:
         if self.num_cores < 1:
             raise ValueError(f'num_cores must be >= 1, got {self.num_cores}')
         if self.cast:
-            if self.block_size not in CAST_BLOCK_SIZES or self.hidden % hidden_multiple(self.block_size):
-                raise ValueError(f'block_size {self.block_size} must be one of {CAST_BLOCK_SIZES} and fit hidden')
+            # H is whole 64-lane registers (above), so every block size fits it; with 128-channel blocks an odd
+            # multiple of 64 leaves per_token_cast's short last block.
+            if self.block_size not in CAST_BLOCK_SIZES:
+                raise ValueError(f'block_size {self.block_size} must be one of {CAST_BLOCK_SIZES}')
             if self.packed_ue8m0 and not self.round_sf:
                 raise ValueError('packed_ue8m0 needs round_sf (UE8M0 holds powers of two only)')
         elif self.round_sf or self.packed_ue8m0 or self.with_out_bf16 or self.col_major_sf:
@@ -117,20 +121,25 @@ class NormForwardConfig:
     def cast(self) -> bool:
         return self.block_size > 0
 
+    # The scale row (sf_cols, sf_padding, sf_dtype) is per_token_cast's, RowScales', from these.
+    @property
+    def block_channels(self) -> int:
+        return self.block_size
+
+    @property
+    def block_k(self) -> int:
+        """Columns of one task (Ascend) / thread block (CUDA): the row."""
+        return self.hidden
+
     @property
     def num_blocks(self) -> int:
-        """Scale factors per row."""
-        return self.hidden // self.block_size if self.cast else 0
+        """Scale factors per row, ceil(H / block_size) (RowScales'; a short last block has one); 0 without the cast."""
+        return super().num_blocks if self.cast else 0
 
     @property
-    def sf_cols(self) -> int:
-        """Elements of one scale row: fp32 scales, or UE8M0 bytes padded to whole int32 words."""
-        pack = UE8M0_PACK if self.packed_ue8m0 else 1
-        return -(-self.num_blocks // pack) * pack
-
-    @property
-    def sf_dtype(self) -> str:
-        return 'uint8' if self.packed_ue8m0 else 'float32'
+    def short_block(self) -> bool:
+        """Whether the cast's last block is short (H = 64 * odd with 128-channel blocks): its 64 channels' scale."""
+        return self.cast and super().short_block
 
     @property
     def writes_y(self) -> bool:
@@ -158,7 +167,8 @@ def ascend_ub_bytes(*, hidden: int, dtype: str, with_weight: bool, with_residual
     per_stage = row * (2 if with_residual else 1) + 32  # x (then r), residual (then y), rstd
     resident = (hidden * 4 * (not weight_streamed) + WEIGHT_TILE * DTYPE_BYTES[dtype]) if with_weight else 0
     if block_size:
-        groups = -(-(hidden // block_size) // LANES) * LANES
+        blocks = -(-hidden // block_size)  # a short last block has its scale
+        groups = -(-blocks // LANES) * LANES
         per_stage += hidden + groups * (1 if packed_ue8m0 else 4)  # e4m3 data, scales
         per_stage += hidden * 2 if with_out_bf16 and dtype == 'float32' else 0
         resident += 2 * groups * 4  # block maxima, inverses

@@ -36,8 +36,8 @@ class CastModes:
 
 class RowScales:
     """Properties of a configuration whose scales are rows of channel blocks, fp32 or UE8M0 bytes padded to whole
-    int32 words (per_token_cast, per_block_cast): from its fields hidden, block_k, packed_ue8m0 and its
-    `block_channels` (channels per scale)."""
+    int32 words (per_token_cast, per_block_cast, norm_forward_and_per_token_cast): from its fields hidden, block_k,
+    packed_ue8m0 and its `block_channels` (channels per scale)."""
 
     hidden: int
     block_k: int

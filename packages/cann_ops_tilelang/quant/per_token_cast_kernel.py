@@ -89,8 +89,8 @@ def few_tokens(num_tokens: int) -> bool:
 
 
 def hidden_multiple(block_size: int) -> int:
-    """What H must be a positive multiple of for whole scale blocks and whole vector registers (the fused casts of
-    norm and SwiGLU; per_token_cast itself takes CAST_HIDDEN_UNIT, a short last block included)."""
+    """What H must be a positive multiple of for whole scale blocks and whole vector registers (SwiGLU's fused
+    casts; per_token_cast and norm_forward_and_per_token_cast take CAST_HIDDEN_UNIT, a short last block included)."""
     return max(LANES, block_size)
 
 
