@@ -29,6 +29,7 @@ from tests.quant.cast_ref import (
     assert_col_major_buffer_written,
     assert_peer_layout,
     logical_sf_bytes,
+    per_token_cast_ref,
     tma_col_major_sf,
     ue8m0_to_fp32,
 )
@@ -118,7 +119,7 @@ def scales_fp32(sf: torch.Tensor, variant: dict) -> torch.Tensor:
     """The scale of each block as fp32 (UE8M0 bytes decoded)."""
     if not _SF[variant['sf']][1]:
         return sf.cpu()
-    blocks = variant['hidden'] // variant['block']
+    blocks = -(-variant['hidden'] // variant['block'])  # a short last block has its scale
     return ue8m0_to_fp32(sf.cpu().view(torch.uint8)[:, :blocks])  # byte k of a row: block k, then zero padding
 
 
@@ -159,7 +160,7 @@ def test_moe_swiglu_forward_and_per_token_cast_cuda_kernel_lowers(variant):
          RuntimeError, "no kernels for 'cpu' tensors"),
         ((X, 'e4m3', 128), {'use_packed_ue8m0': True}, ValueError, 'use_packed_ue8m0=True needs round_sf=True'),
         ((X[:, :192].clone(), 'e4m3', 32), {}, ValueError, 'I a positive multiple of 64'),
-        ((X[:, :128].clone(), 'e4m3', 128), {}, ValueError, 'I a positive multiple of 128'),
+        ((X[:, :128].clone(), 'e4m3', 128), {}, RuntimeError, "no kernels for 'cpu' tensors"),  # a short block
         ((X, 'e4m3', 128), {'routed_scaling_factor': 2.0}, ValueError, 'routed_scaling_factor needs topk_weights'),
         ((X, 'e4m3', 128), {'clamped_count': torch.zeros(4, dtype=torch.int64)}, ValueError,
          'clamped_count needs clamp_value'),
@@ -268,9 +269,12 @@ def test_moe_swiglu_forward_and_per_token_cast_col_major_lowers(backend, variant
 @pytest.mark.npu
 @pytest.mark.parametrize('params', PARAMS, ids=make_param_id)
 def test_moe_swiglu_forward_and_per_token_cast_values(params, device):
-    variant, num_tokens = params, params['num_tokens']
+    _assert_values(params, params['num_tokens'], device)
+
+
+def _assert_values(variant, num_tokens, device, inputs=None):
     round_sf, packed = _SF[variant['sf']]
-    inputs = make_inputs(variant, num_tokens, device)
+    inputs = inputs or make_inputs(variant, num_tokens, device)
     counting = has(variant, 'count')
     clamped = torch.zeros(4, dtype=torch.int64, device=device) if counting else None
     result = fused(inputs, variant, clamped_count=clamped)
@@ -291,6 +295,7 @@ def test_moe_swiglu_forward_and_per_token_cast_values(params, device):
     if counting:
         assert_equal(clamped.cpu(), counts)
     scale = scales_fp32(result.sf, variant).double().repeat_interleave(variant['block'], dim=1)
+    scale = scale[:, : variant['hidden']]  # a short last block's scale covers its 64 channels
     decoded = result.data.cpu().double() * scale
     bound = 2.0**-4 * reference.abs() + 2.0**-10 * scale + 1e-6 * scale * 448
     assert bool(((decoded - reference).abs() <= bound).all())
@@ -319,7 +324,11 @@ def test_moe_swiglu_forward_and_per_token_cast_col_major_values(variant, num_tok
     for bit, in per_token_cast's column-major layout of this backend, through the fast path's second call too,
     and into a given buffer (poisoned: every scale overwritten, CUDA's padding columns untouched); the same clamp
     counts."""
-    inputs = make_inputs(variant, num_tokens, device)
+    _assert_col_major_values(variant, num_tokens, device)
+
+
+def _assert_col_major_values(variant, num_tokens, device, inputs=None):
+    inputs = inputs or make_inputs(variant, num_tokens, device)
     counting = has(variant, 'count')
     counts = [torch.zeros(4, dtype=torch.int64, device=device) if counting else None for _ in range(3)]
     rows = fused(inputs, variant, clamped_count=counts[0])
@@ -396,6 +405,131 @@ def test_moe_swiglu_forward_and_per_token_cast_empty(device):
     assert result.data.shape == (0, variant['hidden'])
     assert result.sf.shape == (0, 9)
     assert_equal(clamped.cpu(), torch.zeros(4, dtype=torch.int64))
+
+
+# ---------------------------------------------------------------- a short last block (I = 64 * odd, 128 channels)
+
+# per_token_cast's short last block (tests/quant/test_per_token_cast.py): ceil(I / 128) scales, the last of its 64
+# channels. Level 0: one kernel of its own (bf16, I 192: a block of 128 channels and one of 64, fp32 scales). Level 1:
+# I 2880 (gpt-oss's: 22 whole blocks and a short one; on CUDA two tiles of 1536, the second reaching past I) in both
+# dtypes, fp32 and packed UE8M0 scales, with every option (expert layout, weights and scaling, clamp and counts),
+# row- and column-major.
+SHORT_VARIANTS = by_level(
+    LEVEL,
+    core=[dict(dtype='bfloat16', hidden=192, block=128, sf='fp32', options='')],
+    default=[dict(dtype=dtype, hidden=2880, block=128, sf=sf, options=EVERY)
+             for dtype in ('bfloat16', 'float32') for sf in ('fp32', 'ue8m0')],
+)  # fmt: skip
+SHORT_PARAMS = [dict(variant, num_tokens=num_tokens) for variant in SHORT_VARIANTS for num_tokens in NUM_TOKENS]
+_SHORT_LOWERED = [
+    SHORT_VARIANTS[0],
+    dict(dtype='float32', hidden=2880, block=128, sf='ue8m0', options=EVERY),
+    dict(dtype='bfloat16', hidden=2880, block=128, sf='ue8m0', options='', col_major=True),
+]
+
+
+@pytest.mark.parametrize('backend', ['ascend', 'cuda'])
+def test_moe_swiglu_forward_and_per_token_cast_short_block_contract(backend, monkeypatch):
+    """I = 64 * odd takes 128-channel blocks with per_token_cast's scale layouts of the (T, I) result (ceil(I / 128)
+    scales, packed UE8M0 words of them, column-major alike); I off whole 64-lane registers is still refused."""
+    monkeypatch.setattr(config, 'require_accelerator', lambda *tensors: backend)
+    device = 'cuda' if backend == 'cuda' else 'cpu'
+    with FakeTensorMode():
+        x = torch.empty(5, 2 * 2880, dtype=torch.bfloat16, device=device)
+        y = torch.empty(5, 2880, dtype=torch.float32, device=device)
+        for sf, shape, dtype in (('fp32', (5, 23), torch.float32), ('ue8m0', (5, 6), torch.int32)):
+            round_sf, packed = _SF[sf]
+            for col_major in (False, True):
+                result = fused({'x': x}, dict(block=128, sf=sf), use_tma_aligned_col_major_sf=col_major)
+                want = per_token_cast(y, 'e4m3', 128, use_tma_aligned_col_major_sf=col_major, round_sf=round_sf,
+                                      use_packed_ue8m0=packed).sf  # fmt: skip
+                assert (tuple(result.data.shape), result.data.dtype) == ((5, 2880), torch.float8_e4m3fn)
+                assert (tuple(result.sf.shape), result.sf.dtype, result.sf.stride()) == (shape, dtype, want.stride())
+    with pytest.raises(ValueError, match='I a positive multiple of 64'):
+        moe_swiglu_forward_and_per_token_cast(torch.zeros(4, 2 * 2912), 'e4m3', 128)
+
+
+@pytest.mark.parametrize('backend', ['ascend', 'cuda'])
+def test_moe_swiglu_forward_and_per_token_cast_short_block_config(backend):
+    """The scale row is per_token_cast's (RowScales): a short block only with 128 channels and I = 64 * odd; its
+    tiles too (short_block_k: Ascend the blocked row in one task, I <= 8128; CUDA even tiles of whole blocks, the
+    last reaching past I, whose block wholly past I has a clamp-count slot of zeros)."""
+    v = dict(dtype='bfloat16', hidden=2880, block=128, sf='fp32', options='clamp+count')
+    rows = {
+        (128, 'fp32'): (True, 23, 23, 0),
+        (128, 'ue8m0'): (True, 23, 24, 1),
+        (64, 'ue8m0'): (False, 45, 48, 3),
+        (32, 'fp32'): (False, 90, 90, 0),
+    }
+    for (block, sf), want in rows.items():
+        cfg = make_config(backend, v | dict(block=block, sf=sf))
+        assert (cfg.short_block, cfg.num_blocks, cfg.sf_cols, cfg.sf_padding) == want, (block, sf)
+    assert not make_config(backend, v | dict(hidden=2816)).short_block
+    cfg = make_config(backend, v)
+    if backend == 'ascend':
+        assert (cfg.block_k, cfg.num_col_tiles, cfg.groups_per_tile) == (2944, 1, 23)
+        with pytest.raises(ValueError, match='needs the row in one task: hidden <= 8128'):
+            make_config(backend, v | dict(hidden=8256))
+    else:
+        assert (cfg.block_k, cfg.num_col_tiles, cfg.groups_per_tile, cfg.threads) == (1536, 2, 12, 64)
+        assert cfg.count_slots(10) == 10 * 24
+        assert make_config(backend, v | dict(hidden=8256)).short_block
+    with pytest.raises(ValueError, match='short last block of hidden 2880'):
+        dataclasses.replace(cfg, block_k=2880)
+
+
+@pytest.mark.parametrize('variant', _SHORT_LOWERED, ids=make_param_id)
+@pytest.mark.parametrize('backend', ['ascend', 'cuda'])
+def test_moe_swiglu_forward_and_per_token_cast_short_block_lowers(backend, variant):
+    """Ascend: the row is one task whose copies move I elements (gate, up in; data out), the block maxima of I // 128
+    register pairs and then the short block's one register (two vcmax where whole blocks have one); CUDA: the tiles'
+    loads guarded (zeros past I), the packed row's padding after I // 128 + 1 bytes."""
+    cfg = make_config(backend, variant, col_major_sf=variant.get('col_major', False))
+    assert cfg.short_block
+    lower = assert_ascend_kernel_lowers if backend == 'ascend' else assert_cuda_kernel_lowers
+    source = lower(lambda: make_moe_swiglu_forward_kernel(cfg), key=cfg, kernel_name=KERNEL_NAME).source
+    hidden, blocks = variant['hidden'], cfg.num_blocks
+    if backend == 'ascend':
+        x_bytes = hidden * (2 if variant['dtype'] == 'bfloat16' else 4)
+        assert re.findall(r'asc_copy_gm2ub_align\([^;]*?&\(x\[[^;]*?, 1, (\d+), 0, 0, 0', source) == [str(x_bytes)] * 2
+        assert re.findall(r'asc_copy_ub2gm_align\(\(__gm__ uint8_t\*\)\(\(&\(out\[[^;]*?, 1, (\d+), ', source) == [
+            str(hidden)
+        ]
+        assert source.count('simd_inst::vcmax(') == 2
+    else:
+        assert 'condval' in source
+        if cfg.packed_ue8m0 and not cfg.col_major_sf:
+            assert f'(int64_t){cfg.sf_cols}) + (int64_t){blocks})] = (uchar)0' in source
+
+
+def _short_inputs(variant, num_tokens, device):
+    """make_inputs with the short block's gate and up 8 times smaller: its y then has a scale of its own, not its
+    neighbour's."""
+    inputs = make_inputs(variant, num_tokens, 'cpu')
+    hidden, x = variant['hidden'], inputs['x']
+    x[:, hidden - 64 : hidden] /= 8
+    x[:, 2 * hidden - 64 :] /= 8
+    return {name: value.to(device) if isinstance(value, torch.Tensor) else value for name, value in inputs.items()}
+
+
+@pytest.mark.npu
+@pytest.mark.parametrize('params', SHORT_PARAMS, ids=make_param_id)
+def test_moe_swiglu_forward_and_per_token_cast_short_block_values(params, device):
+    """per_token_cast(moe_swiglu_forward(x, 'fp32')) bit for bit with a short last block, the clamp counts
+    moe_swiglu_forward's, into poisoned buffers too (nothing past I, the packed words' padding zero), and the quant
+    reference's bytes (it pads the short block with zeros: a check apart from the kernels' shared macros); from
+    level 1 also column-major, the row-major call's values in per_token_cast's layout."""
+    variant, num_tokens = params, params['num_tokens']
+    inputs = _short_inputs(variant, num_tokens, device)
+    _assert_values(variant, num_tokens, device, inputs)
+    round_sf, packed = _SF[variant['sf']]
+    y = moe_swiglu_forward(**inputs, fmt='fp32').cpu()
+    data, sf = per_token_cast_ref(y, variant['block'], round_sf=round_sf, packed_ue8m0=packed)
+    result = fused(inputs, variant)
+    assert_equal(result.data.cpu().view(torch.uint8), data.view(torch.uint8))
+    assert_equal(result.sf.cpu().view(torch.uint8) if packed else result.sf.cpu(), sf)
+    if LEVEL > 0:  # the column-major kernel is one more of its own
+        _assert_col_major_values(variant, num_tokens, device, inputs)
 
 
 @pytest.mark.npu

@@ -34,6 +34,11 @@ def ascend_moe_swiglu_forward_kernel(cfg):
     counting, layout, weighted = cfg.count_clamp, cfg.with_layout, cfg.with_weight
     y_dtype = f32 if fp8 else out_dtype  # the fused cast reads the fp32 y
     count_len = CLAMP_COUNTERS * LANES
+    # A short last block (I = 64 * odd, 128-channel blocks; the task is the row, bk its whole blocks): I / 64
+    # registers hold gate, up and y, the last block has one of its two, and the copies and passes stop at I (UB past
+    # it is never read), as in per_token_cast's kernel.
+    short = cfg.short_block
+    row_chunks = (hidden if short else bk) // LANES  # registers of gate, up and y one task holds
 
     num_tokens = T.dynamic('num_tokens')
     num_experts = T.dynamic('num_experts')
@@ -48,7 +53,9 @@ def ascend_moe_swiglu_forward_kernel(cfg):
         sf_type = col_major_scales(T, num_tokens, cfg.sf_cols, sf_dtype, packed=packed_sf)
 
     load_in, _, _ = ascend_row_macros(T, in_dtype=in_dtype, block_size=bs, chunks=chunks)
-    load_y, block_maxima, block_scalar = ascend_row_macros(T, in_dtype='float32', block_size=bs, chunks=chunks)
+    load_y, block_maxima, block_scalar = ascend_row_macros(
+        T, in_dtype='float32', block_size=bs, chunks=chunks, valid_chunks=row_chunks if short else None
+    )
     swiglu = ascend_swiglu_macro(T, clamp=cfg.clamp)
     scales = ascend_cast_scales_macro(T, fmt='e4m3', round_sf=cfg.round_sf, packed_ue8m0=cfg.packed_ue8m0,
                                       e4m3_sf=False)  # fmt: skip
@@ -70,7 +77,7 @@ def ascend_moe_swiglu_forward_kernel(cfg):
                 acc = S.alloc_local((CLAMP_COUNTERS,), i32)
                 for k in range(CLAMP_COUNTERS):
                     acc[k] = S.vld(acc_ub[k * LANES])
-            for c in T.serial(chunks):
+            for c in T.serial(row_chunks):
                 gate = load_in(g_ub, c)
                 up = load_in(u_ub, c)
                 if counting:  # before the clamp: the lanes it changes
@@ -90,7 +97,7 @@ def ascend_moe_swiglu_forward_kernel(cfg):
     def zero_vf(y_ub):
         with T.SimdVF():
             zero = S.vdup(0.0, f32)
-            for c in T.serial(chunks):
+            for c in T.serial(row_chunks):
                 store_y(y_ub, c, zero)
 
     @T.macro
@@ -105,7 +112,7 @@ def ascend_moe_swiglu_forward_kernel(cfg):
             S.mem_bar('VST_VLD')
             scales(amax_ub, sf_ub, inv_ub, groups)
             S.mem_bar('VST_VLD')
-            for c in T.serial(chunks):
+            for c in T.serial(row_chunks):
                 scaled = S.vmul(load_y(y_ub, c), block_scalar(inv_ub, c, low, quarters))
                 S.vsts(out_ub[c * LANES], S.vcvt(scaled, T.float8_e4m3fn), dist='PK4_B32')
 
@@ -160,8 +167,12 @@ def ascend_moe_swiglu_forward_kernel(cfg):
                     elif expert > 0:
                         valid = t >= align_rows(psum[expert - 1], cfg.alignment)
                 if valid:
-                    T.copy(x[t, j * bk : j * bk + bk], g_ub)
-                    T.copy(x[t, hidden + j * bk : hidden + j * bk + bk], u_ub)
+                    if short:  # the row (j = 0), I of the task's bk elements
+                        T.copy(x[t, 0:hidden], g_ub[0:hidden])
+                        T.copy(x[t, hidden : 2 * hidden], u_ub[0:hidden])
+                    else:
+                        T.copy(x[t, j * bk : j * bk + bk], g_ub)
+                        T.copy(x[t, hidden + j * bk : hidden + j * bk + bk], u_ub)
                     weight = T.alloc_var(f32, init=1.0)
                     if weighted:
                         weight = topk_weights[t] * routed_scaling_factor
@@ -170,7 +181,10 @@ def ascend_moe_swiglu_forward_kernel(cfg):
                     zero_vf(y_ub)
                 if fp8:
                     cast_vf(y_ub, amax_ub, inv_ub, sf_ub, out_ub)
-                    T.copy(out_ub, out[t, j * bk : j * bk + bk])
+                    if short:
+                        T.copy(out_ub[0:hidden], out[t, 0:hidden])
+                    else:
+                        T.copy(out_ub, out[t, j * bk : j * bk + bk])
                     if not col_major:
                         T.copy(sf_ub[0:sf_len], out_sf[t, j * groups : j * groups + sf_len])
                     elif packed_sf:  # whole words (groups % 4 == 0, or the row's padding ends the task), a burst each

@@ -29,6 +29,14 @@ def cuda_moe_swiglu_forward_kernel(cfg):
     groups, n_tiles, padding, num_blocks = cfg.groups_per_tile, cfg.num_col_tiles, cfg.sf_padding, cfg.num_blocks
     in_dtype, out_dtype, fp8 = cfg.in_dtype, cfg.out_dtype, cfg.fp8
     counting, layout, weighted = cfg.count_clamp, cfg.with_layout, cfg.with_weight
+    # A short last block (I = 64 * odd, 128-channel blocks): the last tile reaches past I, as per_token_cast's does;
+    # there gate and up read as zeros (y = 0: no effect on the block's maximum, nothing counted) and nothing is
+    # stored, a block wholly past I has no scale. Only these configurations carry the guards.
+    short = cfg.short_block
+
+    def inside(column):
+        """Whether a column of the tile is one of the row's: True (a Python bool, no guard) unless a block is short."""
+        return column < hidden if short else True
 
     num_tokens = T.dynamic('num_tokens')
     num_experts = T.dynamic('num_experts')
@@ -80,8 +88,13 @@ def cuda_moe_swiglu_forward_kernel(cfg):
             weight = T.alloc_var(f32, init=1.0)
             if valid:
                 for g, k in T.Parallel(groups, bs):
-                    gate[g, k] = x[t, j * bk + g * bs + k]
-                    up[g, k] = x[t, hidden + j * bk + g * bs + k]
+                    if short:
+                        column = j * bk + g * bs + k
+                        gate[g, k] = T.if_then_else(column < hidden, x[t, column], T.cast(0, in_dtype))
+                        up[g, k] = T.if_then_else(column < hidden, x[t, hidden + column], T.cast(0, in_dtype))
+                    else:
+                        gate[g, k] = x[t, j * bk + g * bs + k]
+                        up[g, k] = x[t, hidden + j * bk + g * bs + k]
                 if weighted:
                     weight = topk_weights[t] * routed_scaling_factor
             for g, k in T.Parallel(groups, bs):
@@ -102,7 +115,7 @@ def cuda_moe_swiglu_forward_kernel(cfg):
                         T.cast(g32 > clamp_value, i32)
                         + (T.cast(u32 > clamp_value, i32) << 8)
                         + (T.cast(u32 < -clamp_value, i32) << 16)
-                        + (1 << 24),
+                        + (T.cast(j * bk + g * bs + k < hidden, i32) << 24 if short else 1 << 24),
                         0,
                     )
                 T.reduce_sum(packed, per_block, dim=1)
@@ -113,12 +126,15 @@ def cuda_moe_swiglu_forward_kernel(cfg):
                 inverse = T.alloc_fragment((groups,), f32)
                 T.reduce_absmax(y, amax, dim=1)
                 for g in T.Parallel(groups):
-                    out_sf[sf_at(t, j * groups + g)], inverse[g] = cuda_cast_scale_and_inverse(
-                        T, amax[g], fmt='e4m3', round_sf=cfg.round_sf, packed_ue8m0=cfg.packed_ue8m0, e4m3_sf=False
-                    )
+                    if inside((j * groups + g) * bs):  # a block wholly past I has no scale to store
+                        out_sf[sf_at(t, j * groups + g)], inverse[g] = cuda_cast_scale_and_inverse(
+                            T, amax[g], fmt='e4m3', round_sf=cfg.round_sf, packed_ue8m0=cfg.packed_ue8m0,
+                            e4m3_sf=False,
+                        )  # fmt: skip
                 for g, k in T.Parallel(groups, bs):
                     # __nv_fp8_e4m3's conversion: nearest even, saturating to +-448, NaN kept.
-                    out[t, j * bk + g * bs + k] = T.cast(y[g, k] * inverse[g], T.float8_e4m3fn)
+                    if inside(j * bk + g * bs + k):
+                        out[t, j * bk + g * bs + k] = T.cast(y[g, k] * inverse[g], T.float8_e4m3fn)
                 if padding > 0 and j == n_tiles - 1:
                     for p in T.serial(padding):
                         out_sf[sf_at(t, num_blocks + p)] = T.uint8(0)

@@ -10,7 +10,7 @@ from cann_ops_tilelang.operator import Operator, outs, scalar, tensor
 from cann_ops_tilelang.quant import _contract as quant_contract
 from cann_ops_tilelang.quant._quant_tensor import QuantTensor
 from cann_ops_tilelang.quant.per_token_cast import sf_layout
-from cann_ops_tilelang.quant.per_token_cast_kernel import CAST_BLOCK_SIZES, hidden_multiple
+from cann_ops_tilelang.quant.per_token_cast_kernel import CAST_BLOCK_SIZES, CAST_HIDDEN_UNIT
 
 from ._swiglu import CLAMP_COUNTERS
 from ._swiglu_contract import swiglu_fast_key
@@ -29,7 +29,8 @@ def _contract(name, W, fmt, num_per_channels, psum_num_tokens_per_expert, topk_w
     quant_contract.check_format(name, fmt)
     quant_contract.check_block(name, 'num_per_channels', num_per_channels, CAST_BLOCK_SIZES)
     quant_contract.check_scale_flags(name, round_sf, use_packed_ue8m0)
-    check_swiglu_arguments(name, W, hidden_multiple(num_per_channels), psum_num_tokens_per_expert, topk_weights,
+    # per_token_cast's I: whole 64-lane registers for every block, a short last block included.
+    check_swiglu_arguments(name, W, CAST_HIDDEN_UNIT, psum_num_tokens_per_expert, topk_weights,
                            routed_scaling_factor, clamp_value, clamped_count)  # fmt: skip
 
 
@@ -127,7 +128,9 @@ def moe_swiglu_forward_and_per_token_cast(
 
     Args:
         x, psum_num_tokens_per_expert, topk_weights, routed_scaling_factor, clamp_value, clamped_count: as
-            moe_swiglu_forward; I a positive multiple of max(64, num_per_channels).
+            moe_swiglu_forward; I a positive multiple of 64 as per_token_cast takes it: with num_per_channels 128
+            an odd multiple (e.g. gpt-oss's 2880) ends each row in a short block of 64 channels, whose scale is
+            its 64 channels' (Ascend: I <= 8128 then, the row one task).
         fmt: 'e4m3' (TileKernels' 'bf16' / 'fp32' output: moe_swiglu_forward).
         num_per_channels: channels per scale factor, 16, 32, 64 or 128 (TileKernels: 32 and 128).
         round_sf, use_packed_ue8m0: per_token_cast's power-of-two and UE8M0 scales (packed needs round_sf).
@@ -138,6 +141,6 @@ def moe_swiglu_forward_and_per_token_cast(
             sf contiguous or, with use_tma_aligned_col_major_sf, of exactly the strides above.
 
     Returns:
-        QuantTensor(data (T, I) float8_e4m3fn, sf (T, I / num_per_channels) fp32, or with use_packed_ue8m0
-        (T, ceil(I / num_per_channels / 4)) int32), `out` when given.
+        QuantTensor(data (T, I) float8_e4m3fn, sf (T, ceil(I / num_per_channels)) fp32, or with use_packed_ue8m0
+        (T, ceil(ceil(I / num_per_channels) / 4)) int32), `out` when given.
     """

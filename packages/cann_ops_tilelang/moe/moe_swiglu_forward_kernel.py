@@ -10,12 +10,15 @@ narrowing), so that the fused result equals per_token_cast(moe_swiglu_forward(x,
 Clamp counts (deterministic, no atomics): the kernel writes integer partial counts that the interface sums into
 clamped_count (int64) with one torch reduction: on Ascend, per vector core and lane, four int32 rows of 64 lanes
 (gate > c, up > c, up < -c, 64 elements of a non-padding row per register); on CUDA, one int32 per (row, block of
-`block_size` channels) whose four bytes are those four counts of the block (each <= 128).
+`block_size` channels) whose four bytes are those four counts of the block (each <= 128; with a short last block
+per block of the tiles, the one wholly past I a zero).
 
-Supported: T >= 1 per launch (the interface skips empty inputs; T is dynamic), I a positive multiple of
-hidden_multiple(block_size) (64 for bf16 / fp32 output), T * 2 I < 2**31 (int32 element offsets), E >= 1 experts
-(dynamic). One generator builds the Ascend 950 kernel (_moe_swiglu_forward_ascend.py) or the CUDA kernel
-(_moe_swiglu_forward_cuda.py), chosen by `cfg.backend`.
+Supported: T >= 1 per launch (the interface skips empty inputs; T is dynamic), I a positive multiple of 64 for
+every block (per_token_cast's rows: with 128-channel blocks an odd multiple, e.g. 2880, ends in its short last block
+of 64 channels, a scale of its own, ceil(I / 128) scales, nothing written past I; its tiles, short_block_k: Ascend
+the row in one task, I <= 8128; CUDA whole blocks, the last tile reaching past I), T * 2 I < 2**31 (int32 element
+offsets), E >= 1 experts (dynamic). One generator builds the Ascend 950 kernel (_moe_swiglu_forward_ascend.py) or
+the CUDA kernel (_moe_swiglu_forward_cuda.py), chosen by `cfg.backend`.
 """
 
 # No `from __future__ import annotations`: TileLang evaluates the prim_func annotations, which
@@ -29,7 +32,13 @@ from cann_ops_tilelang.config import Backend
 from cann_ops_tilelang.kernel_target import compile_kernel
 from cann_ops_tilelang.quant._scale_rules import LANES, UE8M0_PACK, check_col_major_words
 from cann_ops_tilelang.quant._tiling import FLOAT_DTYPE_NAMES, RowScales, divisors
-from cann_ops_tilelang.quant.per_token_cast_kernel import CAST_BLOCK_SIZES, hidden_multiple
+from cann_ops_tilelang.quant.per_token_cast_kernel import (
+    CAST_BLOCK_SIZES,
+    CAST_HIDDEN_UNIT,
+    check_row_tiles,
+    hidden_multiple,
+    short_block_k,
+)
 
 # The backend kernels (they do not import this module: no import circle).
 from ._moe_swiglu_forward_ascend import ascend_moe_swiglu_forward_kernel
@@ -88,12 +97,11 @@ class MoeSwigluForwardConfig(RowScales):
             raise ValueError(f'num_cores must be >= 1, got {self.num_cores}')
         if self.alignment < 1:
             raise ValueError(f'alignment must be >= 1, got {self.alignment}')
-        unit = hidden_multiple(self.block_size)
-        if self.hidden <= 0 or self.hidden % unit:
-            raise ValueError(f'hidden must be a positive multiple of {unit} (block_size {self.block_size}), '
-                             f'got {self.hidden}')  # fmt: skip
-        if self.block_k % unit or self.hidden % self.block_k:
-            raise ValueError(f'block_k {self.block_k} must be a multiple of {unit} dividing hidden {self.hidden}')
+        # per_token_cast's rows: whole 64-lane registers for every block; with 128-channel blocks an odd multiple
+        # of 64 ends in its short last block, and the tiles are its (check_row_tiles).
+        if self.hidden <= 0 or self.hidden % CAST_HIDDEN_UNIT:
+            raise ValueError(f'hidden must be a positive multiple of {CAST_HIDDEN_UNIT}, got {self.hidden}')
+        check_row_tiles(self)
         if self.backend == 'ascend' and self.sf_padding and self.num_col_tiles > 1:
             raise ValueError('Ascend: a padded UE8M0 row must be handled by one task (block_k == hidden)')
         if not isinstance(self.col_major_sf, bool):
@@ -121,7 +129,7 @@ class MoeSwigluForwardConfig(RowScales):
         """int32 partial counts the kernel writes for `num_tokens` rows (fold_counts sums them)."""
         if self.backend == 'ascend':
             return self.num_cores * CLAMP_COUNTERS * LANES
-        return num_tokens * self.num_blocks
+        return num_tokens * self.num_col_tiles * self.groups_per_tile  # a block past I (short: the tiles' overhang) 0
 
 
 def fold_counts(cfg: MoeSwigluForwardConfig, partial: torch.Tensor) -> torch.Tensor:
@@ -157,12 +165,18 @@ def choose_moe_swiglu_forward_config(
         raise ValueError(f'fmt must be one of {tuple(OUT_FORMATS)}, got {fmt!r}')
     block = PLAIN_BLOCK if block_size is None else block_size
     unit = hidden_multiple(block)
-    if hidden <= 0 or hidden % unit:
-        raise ValueError(f'hidden must be a positive multiple of {unit} (block_size {block}), got {hidden}')
+    if hidden <= 0 or hidden % CAST_HIDDEN_UNIT:
+        raise ValueError(f'hidden must be a positive multiple of {CAST_HIDDEN_UNIT}, got {hidden}')
     make = functools.partial(
         MoeSwigluForwardConfig, backend, hidden, FLOAT_DTYPE_NAMES[in_dtype], fmt, block, round_sf, packed_ue8m0,
         with_layout, with_weight, clamp, count_clamp, num_cores, col_major_sf=col_major_sf,
     )  # fmt: skip
+    if backend in ('ascend', 'cuda') and hidden % unit:
+        # A short last block (I = 64 * odd, 128-channel blocks): per_token_cast's tiles (Ascend: the row).
+        block_k = short_block_k(backend, hidden, block)
+        if backend == 'ascend':
+            return make(block_k=block_k, threads=0, num_stages=2)
+        return make(block_k=block_k, threads=_cuda_threads(block_k), num_stages=1)
     if backend == 'ascend':
         # The largest task that fits the buffers: the op streams x once, so fewer, longer DMAs per core.
         block_k = divisors(hidden, unit, _ASCEND_MAX_BLOCK_K)[0]
@@ -191,6 +205,12 @@ def choose_moe_swiglu_forward_config(
                 return make(block_k=tiles[0], threads=threads, num_stages=1)
         return make(block_k=divisors(hidden, unit, _CUDA_MAX_BLOCK_K)[0], threads=_CUDA_THREADS[-1], num_stages=1)
     raise ValueError(f'backend must be "ascend" or "cuda", got {backend!r}')
+
+
+def _cuda_threads(block_k: int) -> int:
+    """The widest thread block whose threads split a tile of block_k columns into runs of _CUDA_RUN, else the
+    narrowest (shorter vectors)."""
+    return next((threads for threads in _CUDA_THREADS if block_k % (threads * _CUDA_RUN) == 0), _CUDA_THREADS[-1])
 
 
 def make_moe_swiglu_forward_kernel(cfg: MoeSwigluForwardConfig):

@@ -89,14 +89,48 @@ def few_tokens(num_tokens: int) -> bool:
 
 
 def hidden_multiple(block_size: int) -> int:
-    """What H must be a positive multiple of for whole scale blocks and whole vector registers (SwiGLU's fused
-    casts; per_token_cast and norm_forward_and_per_token_cast take CAST_HIDDEN_UNIT, a short last block included)."""
+    """What H must be a positive multiple of for whole scale blocks and whole vector registers (the SwiGLU backward's
+    cast; per_token_cast, norm_forward_and_per_token_cast and moe_swiglu_forward_and_per_token_cast take
+    CAST_HIDDEN_UNIT, a short last block included)."""
     return max(LANES, block_size)
 
 
 # What per_token_cast's H must be a positive multiple of: whole 64-lane registers; with 128-channel blocks an odd
 # multiple leaves the last block short (64 channels), as the peer's CUDA kernel allows (e.g. H = 2880).
 CAST_HIDDEN_UNIT = LANES
+
+
+def short_block_k(backend: Backend, hidden: int, block_size: int) -> int:
+    """The columns of a task (Ascend) / thread block (CUDA) for rows whose last block is short (H = 64 * odd with
+    128-channel blocks), per_token_cast's and the SwiGLU fused cast's: on Ascend the row rounded up to whole blocks,
+    one task (its copies then have static lengths: H in, H out; H <= _ASCEND_MAX_ROW - 64), on CUDA even tiles of
+    whole blocks up to _CUDA_MAX_BLOCK_K, the last reaching past H (guarded)."""
+    blocked = -(-hidden // block_size) * block_size
+    if backend == 'ascend':
+        if blocked > _ASCEND_MAX_ROW:
+            raise ValueError(
+                f'Ascend: a short last block (hidden {hidden}, not a multiple of {block_size}) needs the row in one '
+                f'task: hidden <= {_ASCEND_MAX_ROW - CAST_HIDDEN_UNIT}'
+            )
+        return blocked
+    tiles = -(-blocked // _CUDA_MAX_BLOCK_K)
+    unit = hidden_multiple(block_size)
+    return -(-blocked // tiles // unit) * unit
+
+
+def check_row_tiles(cfg: RowScales) -> None:
+    """The tile width of a RowScales configuration with a `backend` (ValueError): a multiple of whole blocks and
+    registers dividing H, or with a short last block per_token_cast's tiles (short_block_k's rule: Ascend the
+    blocked row, CUDA whole blocks, the last tile reaching past H)."""
+    unit = hidden_multiple(cfg.block_channels)
+    if cfg.short_block:
+        if cfg.block_k % unit != 0 or (cfg.backend == 'ascend' and cfg.block_k != cfg.blocked_hidden):
+            raise ValueError(f'block_k {cfg.block_k}: a multiple of {unit} (Ascend: the blocked row) for a '
+                             f'short last block of hidden {cfg.hidden}')  # fmt: skip
+    elif cfg.block_k % unit != 0 or cfg.hidden % cfg.block_k != 0:
+        raise ValueError(f'block_k {cfg.block_k} must be a multiple of {unit} dividing hidden {cfg.hidden}')
+
+
 RECAST = 'recast'  # the fused kernel of a quantised x (PerTokenRecastConfig), CUDA only
 CAST_MODES = (*MODES, RECAST)
 
@@ -145,13 +179,7 @@ class PerTokenCastConfig(CastModes, CastFormats, RowScales):
             raise ValueError('e4m3_sf excludes round_sf (E4M3 or power-of-two scales)')
         if self.hidden <= 0 or self.hidden % CAST_HIDDEN_UNIT != 0:
             raise ValueError(f'hidden must be a positive multiple of {CAST_HIDDEN_UNIT}, got {self.hidden}')
-        unit = hidden_multiple(self.block_size)
-        if self.short_block:  # tiles of whole blocks, the last reaching past H (Ascend: the row is one task)
-            if self.block_k % unit != 0 or (self.backend == 'ascend' and self.block_k != self.blocked_hidden):
-                raise ValueError(f'block_k {self.block_k}: a multiple of {unit} (Ascend: the blocked row) for a '
-                                 f'short last block of hidden {self.hidden}')  # fmt: skip
-        elif self.block_k % unit != 0 or self.hidden % self.block_k != 0:
-            raise ValueError(f'block_k {self.block_k} must be a multiple of {unit} dividing hidden {self.hidden}')
+        check_row_tiles(self)
         if self.sf_padding and self.num_col_tiles > 1 and self.backend == 'ascend':
             raise ValueError('Ascend: a padded UE8M0 row must be handled by one task (block_k == hidden)')
         if self.mode not in CAST_MODES:
@@ -223,13 +251,7 @@ def choose_per_token_cast_config(
                              mode=mode, fmt=fmt, e4m3_sf=e4m3_sf, col_major_sf=col_major_sf,
                              strided_rows=strided_rows, stochastic=stochastic, quantised_x=quantised_x)  # fmt: skip
     if backend == 'ascend' and blocked != hidden:
-        # A short last block: the task is the row, whose copies then have static lengths (H in, H out).
-        if blocked > _ASCEND_MAX_ROW:
-            raise ValueError(
-                f'Ascend: a short last block (hidden {hidden}, not a multiple of {block_size}) needs the row in one '
-                f'task: hidden <= {_ASCEND_MAX_ROW - CAST_HIDDEN_UNIT}'
-            )
-        return make(block_k=blocked, threads=0, num_stages=2)
+        return make(block_k=short_block_k(backend, hidden, block_size), threads=0, num_stages=2)
     if backend == 'ascend':
         # The largest task that fits the buffers: the op streams x once, so fewer, longer DMAs per core.
         block_k = divisors(hidden, unit, _ASCEND_MAX_BLOCK_K)[0]
@@ -259,9 +281,8 @@ def choose_per_token_cast_config(
                 # TileLang's layout gives each thread runs of 16 (one 16-byte load; 56 a thread gave runs of 8).
                 widths = [b for b in widths if b // _cuda_threads(b) % _CODES_PER_LOAD == 0] or widths
             block_k = widths[0]
-        else:  # a short last block: even tiles of whole blocks, the last reaching past H (guarded)
-            tiles = -(-blocked // _CUDA_MAX_BLOCK_K)
-            block_k = -(-blocked // tiles // unit) * unit
+        else:
+            block_k = short_block_k(backend, hidden, block_size)
         return make(block_k=block_k, threads=_cuda_threads(block_k), num_stages=1)
     raise ValueError(f'backend must be "ascend" or "cuda", got {backend!r}')
 
