@@ -26,6 +26,7 @@ from cann_ops_tilelang.moe.moe_swiglu_forward_kernel import (
 )
 from cann_ops_tilelang.quant import QuantTensor, per_token_cast
 from tests.quant.cast_ref import (
+    SCALE_ROWS_2880,
     assert_col_major_buffer_written,
     assert_peer_layout,
     logical_sf_bytes,
@@ -455,13 +456,7 @@ def test_moe_swiglu_forward_and_per_token_cast_short_block_config(backend):
     tiles too (short_block_k: Ascend the blocked row in one task, I <= 8128; CUDA even tiles of whole blocks, the
     last reaching past I, whose block wholly past I has a clamp-count slot of zeros)."""
     v = dict(dtype='bfloat16', hidden=2880, block=128, sf='fp32', options='clamp+count')
-    rows = {
-        (128, 'fp32'): (True, 23, 23, 0),
-        (128, 'ue8m0'): (True, 23, 24, 1),
-        (64, 'ue8m0'): (False, 45, 48, 3),
-        (32, 'fp32'): (False, 90, 90, 0),
-    }
-    for (block, sf), want in rows.items():
+    for (block, sf), want in SCALE_ROWS_2880.items():
         cfg = make_config(backend, v | dict(block=block, sf=sf))
         assert (cfg.short_block, cfg.num_blocks, cfg.sf_cols, cfg.sf_padding) == want, (block, sf)
     assert not make_config(backend, v | dict(hidden=2816)).short_block

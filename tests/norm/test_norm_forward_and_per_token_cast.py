@@ -25,7 +25,7 @@ from cann_ops_tilelang.norm.norm_forward_kernel import (
     make_norm_forward_kernel,
 )
 from cann_ops_tilelang.quant import per_token_cast
-from tests.quant.cast_ref import per_token_cast_format_ref, tma_col_major_sf
+from tests.quant.cast_ref import SCALE_ROWS_2880, per_token_cast_format_ref, tma_col_major_sf
 from tests.testing.bench import config_extras, make_param_id
 from tests.testing.generator import by_level, generate_samples, get_test_level
 from tests.testing.lowering import (
@@ -681,13 +681,7 @@ def test_norm_forward_and_per_token_cast_short_block_config(backend):
     """The scale row is per_token_cast's (RowScales): a short block only with 128 channels and H = 64 * odd; no
     scales without the cast."""
     v = _SHORT | dict(dtype=torch.bfloat16, sf='fp32', hidden=2880)
-    rows = {
-        (128, 'fp32'): (True, 23, 23, 0),
-        (128, 'ue8m0'): (True, 23, 24, 1),
-        (64, 'ue8m0'): (False, 45, 48, 3),
-        (32, 'fp32'): (False, 90, 90, 0),
-    }
-    for (block, sf), want in rows.items():
+    for (block, sf), want in SCALE_ROWS_2880.items():
         cfg = _config(backend, v | dict(block=block, sf=sf))
         assert (cfg.short_block, cfg.num_blocks, cfg.sf_cols, cfg.sf_padding) == want, (block, sf)
         assert cfg.sf_dtype == ('uint8' if sf == 'ue8m0' else 'float32')

@@ -91,6 +91,16 @@ def from_blocks(scaled: torch.Tensor, hidden: int) -> torch.Tensor:
     return scaled.reshape(num_tokens, blocks * block)[:, :hidden]
 
 
+# The scale row of a 2880-channel row (gpt-oss's width, 64 x odd) per (block, scale format): (short_block,
+# num_blocks, sf_cols, sf_padding), what every fused cast's RowScales gives, as per_token_cast's.
+SCALE_ROWS_2880 = {
+    (128, 'fp32'): (True, 23, 23, 0),
+    (128, 'ue8m0'): (True, 23, 24, 1),
+    (64, 'ue8m0'): (False, 45, 48, 3),
+    (32, 'fp32'): (False, 90, 90, 0),
+}
+
+
 def per_token_cast_ref(
     x: torch.Tensor,
     block_size: int = 32,
