@@ -58,8 +58,8 @@ def _expected(quantised, fmt: str, block) -> torch.Tensor:
          r'float8_e4m3fn scales take per-token scales only'),
         (((DATA, torch.ones(4, 256, dtype=torch.float8_e4m3fn)), 'bf16', (32, 1)), {}, ValueError,
          r'float8_e4m3fn scales take per-token scales only'),
-        (((torch.zeros(4, 96, dtype=torch.int8), torch.ones(4, 12)), 'bf16', (1, 16)), {}, ValueError,
-         r'multiple of 128 for x_block_size \(1, 16\) and FP4 data \(H is twice its bytes\), got 192'),
+        (((torch.zeros(4, 80, dtype=torch.int8), torch.ones(4, 10)), 'bf16', (1, 16)), {}, ValueError,
+         r'multiple of 64 for x_block_size \(1, 16\) and FP4 data \(H is twice its bytes\), got 160'),
         ((FP4, 'bf16', (1, 16)), {}, ValueError, r'x\[1\] must have shape \(4, 32\)'),
         (((FP4[0].view(torch.uint8), FP4[1]), 'bf16', (1, 128)), {}, TypeError, r'x\[0\] must have dtype'),
         ((FP4, 'bf16', (1, 128)), {'out': torch.empty(4, 256, dtype=torch.bfloat16)}, ValueError, 'out'),
@@ -159,7 +159,7 @@ def test_cast_back_short_block_contract(monkeypatch):
     """H = 64 * odd: whole blocks of 64 channels as before; with 128-channel blocks a short last block, now taken,
     ceil(H / 128) scales a row (packed UE8M0 ceil(ceil(H / 128) / 4) words, sf_layout's shapes), row- or
     column-major, per token or per token block, by both calls; floor(H / 128) scales are refused by shape, H not a
-    multiple of 64 by its rule, and FP4 data keeps H a multiple of 128 (the kernels load 64 bytes at a time)."""
+    multiple of 64 by its rule, and FP4 data in 128-channel blocks keeps H a multiple of 128 (no short FP4 block)."""
     module = importlib.import_module('cann_ops_tilelang.quant.cast_back')
     monkeypatch.setattr(config, 'require_accelerator', lambda *tensors: 'ascend')
     assert module.OP.check((SHORT, torch.ones(4, 3)), 'bf16', (1, 64), None, None) == 'ascend'
@@ -191,6 +191,22 @@ def test_cast_back_short_block_contract(monkeypatch):
     with FakeTensorMode():
         out = per_token_cast_back((torch.empty(4, 192, dtype=SHORT.dtype), torch.empty(4, 2)), 'bf16', 128)
         assert (tuple(out.shape), out.dtype) == ((4, 192), torch.bfloat16)
+
+
+def test_cast_back_fp4_half_load_contract(monkeypatch):
+    """FP4 data at H = 64 * odd in whole blocks (gpt-oss's 2880 as per_token_cast writes it: MXFP4, 32-channel UE8M0
+    blocks; 16-channel E4M3 ones) is taken by both calls; H not a multiple of 64 is still refused."""
+    module = importlib.import_module('cann_ops_tilelang.quant.cast_back')
+    monkeypatch.setattr(config, 'require_accelerator', lambda *tensors: 'ascend')
+    data = torch.zeros(4, 1440, dtype=torch.int8)  # 2880 e2m1 elements a row
+    for block, sf in ((32, torch.ones(4, 23, dtype=torch.int32)), (16, torch.ones(4, 180, dtype=torch.float8_e4m3fn))):
+        assert tuple(sf.shape) == sf_layout(4, 2880, (1, block), sf.dtype == torch.int32)[0]
+        assert module.OP.check((data, sf), 'bf16', (1, block), None, None) == 'ascend'
+        assert module.PER_TOKEN.check((data, sf), 'fp32', block, None, None) == 'ascend'
+        choice = module.kernel_choice((data, sf), 'bf16', (1, block))
+        assert (choice['hidden'], choice['fp4'], choice['block_channels']) == (2880, True, block)
+    with pytest.raises(ValueError, match=r'positive multiple of 64 for x_block_size \(1, 32\) and FP4 data .*got 2912'):
+        per_token_cast_back((torch.zeros(4, 1456, dtype=torch.int8), torch.ones(4, 23, dtype=torch.int32)), 'bf16', 32)
 
 
 def test_cast_back_fake_tensors(monkeypatch):
@@ -285,11 +301,17 @@ _ROUND_TRIP_ERROR = {'e4m3': (2**-4, 2**-10), 'e2m1': (2**-2, 2**-2)}
 @pytest.mark.parametrize(('data', 'block', 'sf', 'fmt'), FORMAT_ROUND_TRIPS, ids=lambda v: make_param_id({'v': v}))
 @pytest.mark.parametrize('num_tokens', by_level(LEVEL, core=(0, 37), default=(1, 161)))
 def test_cast_back_formats_values(data, block, sf, fmt, num_tokens, device):
-    x = scaled_rows(num_tokens, 1152, 'bfloat16', device)
+    _check_format_round_trip(data, block, sf, fmt, num_tokens, 1152, device)
+
+
+def _check_format_round_trip(data, block, sf, fmt, num_tokens, hidden, device) -> None:
+    """per_token_cast(x, data, block, ...) read back by cast_back: bit for bit against the reference, through
+    per_token_cast_back and out= too, and within the round trip's error of x."""
+    x = scaled_rows(num_tokens, hidden, 'bfloat16', device)
     packed, e4m3_sf = sf == 'ue8m0', sf == 'e4m3'
     quantised = per_token_cast(x, data, block, round_sf=packed, use_packed_ue8m0=packed, use_e4m3_sf=e4m3_sf)
     result = cast_back(quantised, fmt, (1, block))
-    assert tuple(result.shape) == (num_tokens, 1152)
+    assert tuple(result.shape) == (num_tokens, hidden)
     assert_equal(_bits(result), _bits(_expected(quantised, fmt, (1, block))))
     assert_equal(_bits(per_token_cast_back(quantised, fmt, block)), _bits(result))
     buffer = torch.full_like(result, float('nan'))
@@ -305,6 +327,29 @@ def test_cast_back_formats_values(data, block, sf, fmt, num_tokens, device):
     saturated = (x.float().abs() - scale * FORMAT_MAX[data]).clamp(min=0)
     bound = x.float().abs() * (relative + 2**-8) + scale * absolute + saturated
     assert bool((error <= bound).all())
+
+
+# FP4 data at H = 64 * odd (rows ending in half a 64-byte load), per_token_cast's 'e2m1' read back. Level 0: the
+# configuration of test_cast_back_kernel.py's level 0 (H = 192, MXFP4: 32-channel UE8M0, bf16); level 1: H = 2880
+# (gpt-oss's) with 16-channel E4M3 and 32-channel UE8M0 scales, bf16 and fp32 out.
+_FP4_HALF_CORE = [(192, 32, 'ue8m0', 'bf16')]
+FP4_HALF_LOAD_ROUND_TRIPS = by_level(
+    LEVEL,
+    core=_FP4_HALF_CORE,
+    default=[
+        *_FP4_HALF_CORE,
+        *((2880, block, sf, fmt) for block, sf in ((16, 'e4m3'), (32, 'ue8m0')) for fmt in ('bf16', 'fp32')),
+    ],
+)
+
+
+@pytest.mark.npu
+@pytest.mark.parametrize(
+    ('hidden', 'block', 'sf', 'fmt'), FP4_HALF_LOAD_ROUND_TRIPS, ids=lambda v: make_param_id({'v': v})
+)
+@pytest.mark.parametrize('num_tokens', by_level(LEVEL, core=(37,), default=(1, 37)))
+def test_cast_back_fp4_half_load_values(hidden, block, sf, fmt, num_tokens, device):
+    _check_format_round_trip('e2m1', block, sf, fmt, num_tokens, hidden, device)
 
 
 # Column-major scales (per_token_cast's use_tma_aligned_col_major_sf) read back: the kernel configurations of their

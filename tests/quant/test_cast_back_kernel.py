@@ -95,6 +95,22 @@ SHORT_BLOCK_CASES = by_level(
         dict(variant=dict(out_dtype='float32', bt=128, bc=128, sf='ue8m0', data='e4m3'), hidden=2880),
     ],
 )
+# FP4 data at H = 64 * odd (gpt-oss's 2880 = 22.5 x 128, per_token_cast's rows of whole 16-, 32- or 64-channel
+# blocks): a row ends in half a 64-byte load. Level 0: one configuration (H = 192, MXFP4: 32-channel UE8M0, bf16
+# out); level 1: H = 2880 with 16-channel E4M3 and 32-channel UE8M0 scales, bf16 and fp32 out.
+_FP4_HALF_CORE = [dict(variant=dict(out_dtype='bfloat16', bt=1, bc=32, sf='ue8m0', data='e2m1'), hidden=192)]
+FP4_HALF_LOAD_CASES = by_level(
+    LEVEL,
+    core=_FP4_HALF_CORE,
+    default=[
+        *_FP4_HALF_CORE,
+        *(
+            dict(variant=dict(out_dtype=dtype, bt=1, bc=bc, sf=sf, data='e2m1'), hidden=2880)
+            for bc, sf in ((16, 'e4m3'), (32, 'ue8m0'))
+            for dtype in OUT_DTYPES
+        ),
+    ],
+)
 VARIANTS = by_level(LEVEL, core=_CORE_VARIANTS, default=_ALL_VARIANTS)
 # Tokens: one, partial token blocks (67 = 2 * 32 + 3; 129 = 128 + 1), several col-packed UE8M0 rows ending in
 # padding (300: 10 blocks of 32), the benchmark size.
@@ -231,7 +247,8 @@ def test_cast_back_config_tiles(case):
         (dict(e4m3_sf=True, block_tokens=1, block_channels=1), ValueError, 'block_tokens must be one of'),
         (dict(e4m3_sf=True, packed_ue8m0=True), ValueError, 'exclude each other'),
         (dict(fp4=1), TypeError, 'fp4 must be a bool'),
-        (dict(fp4=True, hidden=192), ValueError, 'multiple of 128'),
+        (dict(fp4=True, hidden=160), ValueError, 'multiple of 64'),
+        (dict(fp4=True, hidden=192, block_channels=128, backend='cuda'), ValueError, 'multiple of 128'),
         (dict(block_tokens=1, block_channels=1), ValueError, 'block_tokens must be one of'),
         (dict(block_tokens=True), TypeError, 'block_tokens'),
         (dict(block_channels=32.0), TypeError, 'block_channels'),
@@ -359,6 +376,29 @@ def test_cast_back_config_short_block():
     ).short_block
     with pytest.raises(ValueError, match='hidden must be a positive multiple of 128'):
         choose_cast_back_config(backend='cuda', num_cores=132, hidden=2880, fp4=True, **args)
+
+
+def test_cast_back_config_fp4_half_load():
+    """FP4 data at H = 64 * odd, whole 16-, 32- or 64-channel blocks (gpt-oss's 2880): on Ascend a task of the row
+    (a multiple of 64 elements, its last load half: the UB data tile padded to whole 64-byte loads), on CUDA a
+    thread block of the row, 16 columns a thread; rows of whole 64-byte loads keep their tiles and tile width."""
+    args = dict(out_dtype='bfloat16', block_tokens=1, packed_ue8m0=False, fp4=True)
+    for bc in (16, 32, 64):
+        asc = choose_cast_back_config(backend='ascend', num_cores=64, hidden=2880, block_channels=bc, **args)
+        assert not asc.short_block
+        assert (asc.block_k, asc.block_m, asc.data_cols, asc.ascend_data_cols) == (2880, 4, 1440, 1472)
+        assert asc.ascend_ub_bytes <= 248 * 1024
+        cuda = choose_cast_back_config(backend='cuda', num_cores=132, hidden=2880, block_channels=bc, **args)
+        assert (cuda.block_k, cuda.block_m, cuda.threads) == (2880, 1, 180)
+    whole = choose_cast_back_config(backend='ascend', num_cores=64, hidden=1152, block_channels=32, **args)
+    assert whole.ascend_data_cols == whole.data_cols == 576  # whole loads: no padding
+    wide = choose_cast_back_config(backend='ascend', num_cores=64, hidden=64 * 257, block_channels=32, **args)
+    assert (wide.block_k, wide.ascend_data_cols) == (64, 64)  # 257 tasks a row, each one half load
+    for hidden in (96, 2880 + 32):
+        with pytest.raises(ValueError, match='hidden must be a positive multiple of 64'):
+            choose_cast_back_config(backend='cuda', num_cores=132, hidden=hidden, block_channels=32, **args)
+    with pytest.raises(ValueError, match='block_k 576 must be a multiple of 128'):
+        dataclasses.replace(whole, block_k=576)  # H of whole loads: tasks of whole loads
 
 
 _CM_DMA = re.compile(
@@ -545,6 +585,26 @@ def test_cast_back_short_block_lowers(backend, case, col_major):
         assert lowered.ub_bytes == cfg.ascend_ub_bytes
     else:
         assert lowered.ub_bytes == 0
+
+
+@pytest.mark.parametrize('backend', ['ascend', 'cuda'])
+@pytest.mark.parametrize('case', FP4_HALF_LOAD_CASES, ids=_case_id)
+def test_cast_back_fp4_half_load_lowers(backend, case):
+    """FP4 data at H = 64 * odd lowers on both backends: Ascend a task ending in half a 64-byte load, its UB (data
+    and codes padded to whole loads) as the config says; CUDA the FP4 kernel, one 8-byte load a thread."""
+    cfg = _config(
+        backend, ASCEND_950_VECTOR_CORES if backend == 'ascend' else H200_SMS, case['variant'], case['hidden']
+    )
+    assert cfg.hidden % 128 == 64
+    assert not cfg.short_block
+    lower = assert_ascend_kernel_lowers if backend == 'ascend' else assert_cuda_kernel_lowers
+    lowered = lower(lambda: make_cast_back_kernel(cfg), key=cfg, kernel_name=KERNEL_NAME)
+    if backend == 'ascend':
+        assert cfg.ascend_data_cols == cfg.data_cols + 32
+        assert lowered.ub_bytes == cfg.ascend_ub_bytes
+    else:
+        assert lowered.ub_bytes == 0
+        assert '*(int2*)(xr' in lowered.source
 
 
 # ---------------------------------------------------------------- device tier
@@ -738,3 +798,12 @@ def test_reference_e2m1_decoding():
     sf = torch.tensor([[2.0, -0.25]]).repeat(9, 1)
     ref = cast_back_ref(x, sf, torch.float32, 1, 128)
     assert torch.equal(ref, decode_e2m1(x) * sf.repeat_interleave(128, dim=1))
+
+
+@pytest.mark.npu
+@pytest.mark.parametrize('case', FP4_HALF_LOAD_CASES, ids=_case_id)
+@pytest.mark.parametrize('num_tokens', by_level(LEVEL, core=(67,), default=(5, 33)))
+def test_cast_back_kernel_fp4_half_load_values(case, num_tokens, device):
+    """FP4 data at H = 64 * odd: each row's last 64 elements, half a 64-byte load, bit for bit against the
+    reference (UB past them poisoned on the emulator)."""
+    _check(*_inputs(num_tokens, case['hidden'], case['variant']), case['variant'], device)

@@ -22,7 +22,8 @@ a first pass turns each byte (UNPK4_B8, one per 32-bit lane) into the 16-bit cod
 in the low half), so that a 16-bit view of the pass's UB output is in element order; the second pass loads those
 codes back one per 32-bit lane (UNPK_B16), decodes them on the bits (ascend_e2m1_decode_macro: no lane
 permutation, no table), multiplies by the scale and stores as above. 16-channel blocks: four broadcast scales
-selected by the quarter masks of per_token_cast.
+selected by the quarter masks of per_token_cast. FP4 rows of H = 64 * odd end in half a 64-byte load (32 bytes): the
+task's UB rows are padded to whole loads, so the last load stays in its row and the padding's codes are never read.
 The output tile goes back to GM; rows past the end of the tensor are neither loaded, computed nor stored.
 """
 
@@ -51,11 +52,15 @@ def ascend_cast_back_kernel(cfg):
     packed, channel = cfg.packed_ue8m0, cfg.channel_blocks
     widened, e4m3_sf, fp4 = cfg.widens_sf, cfg.e4m3_sf, cfg.fp4
     x_dtype, x_cols = ('int8', bk // 2) if fp4 else (T.float8_e4m3fn, bk)
+    # FP4 at block_k = 64 * odd: the last load of a row is half (32 bytes); the UB rows are padded to whole loads
+    # (x_ub 64 bytes, codes_ub 128 codes), the padding decoded into codes that are never read.
+    x_ub_cols = cfg.ascend_data_cols
     raw_dtype = T.float8_e4m3fn if e4m3_sf else T.uint8
     decode = ascend_e2m1_decode_macro(T) if fp4 else None
     quarter_masks = ascend_quarter_masks_macro(T) if bc == 16 else None
     n_tiles = cfg.num_col_tiles
     chunks = bk // LANES
+    loads = -(-chunks // 2)  # FP4: 64-byte loads of a row, a last half one included
     grid = cfg.num_cores
     per_token = bt == 1
     sm = cfg.scale_rows_per_task  # scale rows (token blocks) a task reads: block_m per token, else 1
@@ -161,7 +166,7 @@ def ascend_cast_back_kernel(cfg):
                 # half) in codes_ub; those load back widened, one element per 32-bit lane, in order.
                 nibble = S.vdup(0xF, T.uint32)
                 for row in T.serial(valid):
-                    for p in T.serial(chunks // 2):
+                    for p in T.serial(loads):
                         bytes_ = T.reinterpret(S.vld(x_ub[row, p * LANES], dist='UNPK4_B8'), 'uint32x64')
                         pair = S.vor(S.vand(bytes_, nibble), S.vshls(S.vand(S.vshrs(bytes_, 4), nibble), 16))
                         S.vsts(codes_ub[row, p * 2 * LANES], T.reinterpret(pair, 'uint16x128'))
@@ -187,9 +192,9 @@ def ascend_cast_back_kernel(cfg):
         out: T.Tensor((num_tokens, hidden), out_dtype),
     ):
         with T.Kernel(grid) as cid:
-            x_ub = T.alloc_shared((bm, x_cols), x_dtype)
+            x_ub = T.alloc_shared((bm, x_ub_cols), x_dtype)
             out_ub = T.alloc_shared((bm, bk), out_dtype)
-            codes_ub = T.alloc_shared((bm, bk), T.uint16) if fp4 else None  # FP4: one e2m1 code per 16 bits
+            codes_ub = T.alloc_shared((bm, 2 * x_ub_cols), T.uint16) if fp4 else None  # FP4: a code per 16 bits
             if widened:
                 raw_ub = T.alloc_shared((sf_rows_ub, raw_w), raw_dtype)
                 sf_ub = T.alloc_shared((sf_rows_ub, sf_w), f32)
@@ -203,7 +208,11 @@ def ascend_cast_back_kernel(cfg):
                 j = task % n_tiles
                 valid = T.min(bm, num_tokens - t0)
                 s0 = t0 // bt  # the task's first scale row (token block)
-                T.copy(x[t0 : t0 + bm, j * x_cols : j * x_cols + x_cols], x_ub)  # tail rows clamped by the DMA
+                # Tail rows clamped by the DMA; FP4 with a half load: the data in the padded rows.
+                T.copy(
+                    x[t0 : t0 + bm, j * x_cols : j * x_cols + x_cols],
+                    x_ub if x_ub_cols == x_cols else x_ub[0:bm, 0:x_cols],
+                )
                 if col_major and packed:  # the task's words of its tokens: one burst of 4 * valid bytes per word
                     w0 = j * (sf_w_task // UE8M0_PACK)
                     if per_token:

@@ -206,9 +206,9 @@ def cast_back(
             use_e4m3_sf: bt = 1 only). sf row-major (contiguous), or with bc > 1 column-major, as per_token_cast and
             per_block_cast(..., use_tma_aligned_col_major_sf=True) return it: strides (1, S), S >= R, R its rows (T,
             or ceil(T / bt) token blocks) (read from the strides, as TileKernels does; other strides: ValueError).
-            T >= 0 (T = 0: an empty result, no launch), H a positive multiple of 64 (FP4: of max(128, bc): the
-            kernels read 64 bytes at a time, whole blocks), T * H < 2**31. With bc = 128, H = 64 * odd (e4m3 data,
-            e.g. gpt-oss's 2880) ends in a short block of 64 channels with a scale of its own: sf has ceil(H / bc)
+            T >= 0 (T = 0: an empty result, no launch), H a positive multiple of 64 (FP4: of max(64, bc), whole
+            blocks), T * H < 2**31. With bc = 128, H = 64 * odd (e4m3 data, e.g. gpt-oss's 2880) ends in a short
+            block of 64 channels with a scale of its own: sf has ceil(H / bc)
             columns (packed UE8M0: ceil(ceil(H / bc) / 4) words), per_token_cast's layout; on Ascend then H <= 16384
             (the row one task; ValueError beyond).
         fmt: the output, 'bf16' (to nearest even) or 'fp32'.

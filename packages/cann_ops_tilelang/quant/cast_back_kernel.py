@@ -36,14 +36,14 @@ compile uses no fast math (`TL_ENABLE_FAST_MATH` off): with it, products below 2
 Supported: data contiguous (T, H) (FP4: (T, H / 2) bytes), T >= 1 per launch (the interface skips empty inputs),
 H a positive multiple of 64 (whole registers; with bc = 128 a short last block where H is an odd multiple, every
 scale layout and token block: on CUDA tiles of whole registers, on Ascend a task of the whole row, H <= 16384;
-FP4: a multiple of max(128, bc), whole 64-byte loads and whole blocks), scales contiguous row-major in the layouts
-above, or (`col_major_sf`, row blocks: bc > 1) column-major: scale(r, k) of scale row r
-(token t, or token block t // bt of R = ceil(T / bt)) at element k * S + r of a buffer of row stride S >= R (a
-launch argument), packed UE8M0 word w of row r at w * S + r, as per_token_cast(...,
+FP4: a multiple of max(64, bc), whole blocks; at H = 64 * odd an Ascend task ends in half a 64-byte load), scales
+contiguous row-major in the layouts above, or (`col_major_sf`, row blocks: bc > 1) column-major: scale(r, k) of
+scale row r (token t, or token block t // bt of R = ceil(T / bt)) at element k * S + r of a buffer of row stride
+S >= R (a launch argument), packed UE8M0 word w of row r at w * S + r, as per_token_cast(...,
 use_tma_aligned_col_major_sf=True) and per_block_cast(..., use_tma_aligned_col_major_sf=True) write them. FP4
 data and E4M3 scales take per-token scales only (what per_token_cast writes). Not here (the peer has them): FP4
-data or E4M3 scales with token blocks, strided scale rows. Refused as well (ValueError): a short block of FP4 data,
-and on Ascend one past H = 16384 (the row no longer fits one task).
+data or E4M3 scales with token blocks, strided scale rows. Refused as well (ValueError): a short block of FP4 data
+(bc = 128 at H = 64 * odd), and on Ascend one past H = 16384 (the row no longer fits one task).
 
 One generator builds the Ascend 950 kernel (vector cores, SIMD: _cast_back_ascend.py) or the CUDA kernel
 (_cast_back_cuda.py), chosen by `cfg.backend`; both take (x, x_sf, out) and are bit-exact against
@@ -87,18 +87,19 @@ _CUDA_CHANNEL_THREADS_K = 32  # channel blocks: 512 columns, 8 rows of threads s
 
 def hidden_multiple(block_channels: int, fp4: bool = False) -> int:
     """What H (elements, two per FP4 byte) must be a positive multiple of: whole vector registers; e4m3 data may end
-    in a short 128-channel block (H = 64 * odd: the last scale covers the row's last 64 channels), FP4 data is read
-    in whole 64-byte loads of 128 elements and whole scale blocks."""
-    return max(FP4_LANES, block_channels) if fp4 else LANES
+    in a short 128-channel block (H = 64 * odd: the last scale covers the row's last 64 channels), FP4 data has
+    whole scale blocks (no short block: 128-channel blocks need H a multiple of 128)."""
+    return max(LANES, block_channels) if fp4 else LANES
 
 
 def _tile_unit(hidden: int, block_channels: int, fp4: bool) -> int:
     """What a task's / thread block's columns (block_k) are a multiple of: whole scale blocks and whole registers;
     with a short last block whole registers (a CUDA thread's 16 columns lie in one block either way; an Ascend
-    task is then the whole row)."""
+    task is then the whole row). FP4: whole 64-byte loads of 128 elements where H has them; at H = 64 * odd whole
+    registers, each Ascend task then ending in a half load (32 bytes, its UB tile padded to the whole load)."""
     if hidden % block_channels:
         return LANES
-    return max(FP4_LANES if fp4 else LANES, block_channels)
+    return max(FP4_LANES if fp4 and hidden % FP4_LANES == 0 else LANES, block_channels)
 
 
 def _check_int(name: str, value, minimum: int = 1) -> None:
@@ -306,6 +307,14 @@ class CastBackConfig:
         return blocks, self.sf_cols
 
     @property
+    def ascend_data_cols(self) -> int:
+        """Ascend: columns of a task's data tile in UB, block_k (FP4: bytes rounded up to whole 64-byte loads; a task
+        of block_k = 64 * odd ends in half a load, whose other 32 bytes of UB are never decoded into the output)."""
+        if not self.fp4:
+            return self.block_k
+        return -(-self.block_k // FP4_LANES) * LANES
+
+    @property
     def num_col_tiles(self) -> int:
         return self.hidden // self.block_k
 
@@ -341,7 +350,7 @@ class CastBackConfig:
             return -(-n // 32) * 32
 
         tile = self.block_m * self.block_k
-        data = aligned(tile // 2 if self.fp4 else tile) + aligned(tile * _OUT_BYTES[self.out_dtype])
+        data = aligned(self.block_m * self.ascend_data_cols) + aligned(tile * _OUT_BYTES[self.out_dtype])
         rows = self.scale_rows_per_task
         if self.col_major_sf:
             tile_rows, width = self.ascend_col_major_tile
@@ -359,7 +368,8 @@ class CastBackConfig:
                 raw, widened = aligned(padded_rows * width), aligned(padded_rows * width * 4)
             else:
                 raw, widened = aligned(rows * width * 4), 0
-        codes = aligned(tile * 2) if self.fp4 else 0  # FP4: the 16-bit codes in element order, one version
+        # FP4: the 16-bit codes in element order (two per data byte), one version
+        codes = aligned(self.block_m * self.ascend_data_cols * 4) if self.fp4 else 0
         return self.num_stages * (data + raw) + widened + codes
 
     @property
