@@ -288,8 +288,9 @@ def per_token_cast_quantised(
 ) -> QuantTensor:
     """per_token_cast of a quantised x = (data, sf), what per_token_cast(x, ...) calls for a tuple x: the cast of
     the dequantised values, per_token_cast(cast_back(x, 'fp32', x_block_size), fmt, num_per_channels, ...), bit for
-    bit (on CUDA one launch for e4m3 data, else two; see per_token_cast), stochastic_cast and seed included: the
-    stochastic rounding of the dequantised values times the inverse, element index t * H + h as for a tensor x."""
+    bit (two launches, or on CUDA one for e4m3 data where FUSE_ON_CUDA is set; see per_token_cast), stochastic_cast
+    and seed included: the stochastic rounding of the dequantised values times the inverse, element index t * H + h
+    as for a tensor x."""
 
 
 @OP.public(
@@ -332,9 +333,9 @@ def per_token_cast(
             row- or column-major): the result is the cast of its dequantised values, bit for bit
             per_token_cast(cast_back(x, 'fp32', x_block_size), ...), on both backends. (TileKernels' Ascend kernel
             computes that; its CUDA kernel multiplies the data by x_sf * inverse instead, which can round
-            differently where neither scale is a power of two.) On CUDA e4m3 data with row-block scales is one
-            launch, the products formed in registers (stochastic_cast: two); otherwise two launches, the fp32 rows
-            through memory.
+            differently where neither scale is a power of two.) Two launches, the fp32 rows through memory; on
+            CUDA e4m3 data with row-block scales can be one launch, the products formed in registers (FUSE_ON_CUDA,
+            off until that kernel has run on a GPU; stochastic_cast: two).
         fmt: 'e4m3' (FP8) or 'e2m1' (FP4: two codes a byte, element 2 i in the low nibble of byte i).
         num_per_channels: channels per scale factor, 16, 32, 64 or 128.
         round_sf: power-of-two scale factors.
