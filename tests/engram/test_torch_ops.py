@@ -9,7 +9,6 @@ import inspect
 
 import pytest
 import torch
-from torch._dynamo.backends.common import aot_autograd  # imported: torch._dynamo does not import it
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import cann_ops_tilelang
@@ -399,8 +398,11 @@ def emulated_cpu(monkeypatch):
 def test_compile_functionalizes_the_mutations(emulated_cpu):
     """AOTAutograd (the 'aot_eager' backend: Inductor's front half; Inductor's own code cannot run on fake
     tensors) functionalizes the in-place ops (auto_functionalized) and traces every op in one graph."""
-    record = GraphRecorder()
+    # Imported here, not at the top: it pulls in torch._dynamo (about 1 s), which every xdist worker would pay at
+    # collection; torch._dynamo itself does not import it.
+    from torch._dynamo.backends.common import aot_autograd
 
+    record = GraphRecorder()
     backend = aot_autograd(fw_compiler=record)
     with FakeTensorMode():
         inputs = _step_inputs(emulated_cpu)
