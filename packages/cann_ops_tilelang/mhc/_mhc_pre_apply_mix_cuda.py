@@ -14,6 +14,30 @@
 # refer to the generator's local shape variables.
 
 
+def fwd_tile(T, cfg, num_tokens):
+    """The forward's tile as a macro (one home: this kernel and the fused pre path's kernel, which must round alike):
+    accumulate_and_store(x, mix, mix_tile, o, tile, col) mixes the tile of tokens `tile * bt ..` by columns
+    `col * bh ..` of x into o, token i of the tile by the mix row mix[mix_tile * bt + i] (this kernel: the token's
+    row of the global mix, mix_tile = tile; the fused kernel: a row of its shared tile, mix_tile = 0). `cfg` is
+    an MhcPreApplyMixConfig (backend "cuda", direction "fwd")."""
+    mhc, bh, bt = cfg.mhc, cfg.hidden_block, cfg.token_block
+    f32, bf16 = T.float32, T.bfloat16
+
+    @T.macro
+    def accumulate_and_store(x, mix, mix_tile, o, tile, col):
+        acc = T.alloc_fragment((bt, bh), f32)
+        T.clear(acc)
+        for m in T.unroll(mhc):
+            for i, j in T.Parallel(bt, bh):
+                if tile * bt + i < num_tokens:
+                    acc[i, j] += mix[mix_tile * bt + i, m] * T.cast(x[tile * bt + i, m, col * bh + j], f32)
+        for i, j in T.Parallel(bt, bh):
+            if tile * bt + i < num_tokens:
+                o[tile * bt + i, col * bh + j] = T.cast(acc[i, j], bf16)
+
+    return accumulate_and_store
+
+
 def cuda_mhc_pre_apply_mix_kernel(cfg):
     """`cfg` is an MhcPreApplyMixConfig (backend "cuda")."""
     import tilelang.language as T
@@ -35,19 +59,7 @@ def cuda_mhc_pre_apply_mix_kernel(cfg):
 
     if cfg.direction == 'fwd':
         hidden_blocks = hidden // bh
-
-        @T.macro
-        def _accumulate_and_store(x, mix, o, tile, col):
-            """The tile of tokens `tile * bt ..` by columns `col * bh ..`."""
-            acc = T.alloc_fragment((bt, bh), f32)
-            T.clear(acc)
-            for m in T.unroll(mhc):
-                for i, j in T.Parallel(bt, bh):
-                    if tile * bt + i < num_tokens:
-                        acc[i, j] += mix[tile * bt + i, m] * T.cast(x[tile * bt + i, m, col * bh + j], f32)
-            for i, j in T.Parallel(bt, bh):
-                if tile * bt + i < num_tokens:
-                    o[tile * bt + i, col * bh + j] = T.cast(acc[i, j], bf16)
+        _accumulate_and_store = fwd_tile(T, cfg, num_tokens)
 
         if cfg.hidden_inner:
 
@@ -60,7 +72,7 @@ def cuda_mhc_pre_apply_mix_kernel(cfg):
                 # One grid dimension: the token tiles can exceed gridDim.y's 65535; tiles * hidden blocks is at
                 # most tokens * hidden / 64 < 2**31.
                 with T.Kernel(T.ceildiv(num_tokens, bt) * hidden_blocks, threads=cfg.threads) as pid:
-                    _accumulate_and_store(x, mix, o, pid // hidden_blocks, pid % hidden_blocks)
+                    _accumulate_and_store(x, mix, pid // hidden_blocks, o, pid // hidden_blocks, pid % hidden_blocks)
 
         else:
 
@@ -71,7 +83,7 @@ def cuda_mhc_pre_apply_mix_kernel(cfg):
                 o: T.Tensor((num_tokens, hidden), bf16),
             ):
                 with T.Kernel(T.ceildiv(num_tokens, bt), hidden_blocks, threads=cfg.threads) as (bx, by):
-                    _accumulate_and_store(x, mix, o, bx, by)
+                    _accumulate_and_store(x, mix, bx, o, bx, by)
 
         return mhc_pre_apply_mix_fwd_kernel
 

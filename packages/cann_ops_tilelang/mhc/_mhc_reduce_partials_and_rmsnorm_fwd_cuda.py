@@ -4,6 +4,28 @@ mhc_reduce_partials_and_rmsnorm_fwd_kernel.py)."""
 # No `from __future__ import annotations`: TileLang evaluates the prim_func annotations, which
 # refer to the generator's local shape variables.
 
+import types
+
+
+def rms_routines(T, splits: int):
+    """The per-(token, group, mix) pieces of the reduction, by name (one home: this kernel and the fused pre path's
+    kernel, which must round alike): split_sums(q, m, out_mul_splitted, sqrsum_splitted, t, g, j), the macro that
+    sums the partials in split order from +0.0 into q[0] (squares) and m[0] (the mix), unrolled so that the loads
+    are in flight together; normalised(m, q, inv_group_size, eps), the expression m / sqrt(q / size + eps)."""
+
+    @T.macro
+    def split_sums(q, m, out_mul_splitted, sqrsum_splitted, t, g, j):
+        q[0] = 0.0
+        m[0] = 0.0
+        for s in T.unroll(splits):  # split order
+            q[0] += sqrsum_splitted[s, t, g]
+            m[0] += out_mul_splitted[s, t, g, j]
+
+    def normalised(m, q, inv_group_size, eps):
+        return m * T.rsqrt(q * inv_group_size + eps)
+
+    return types.SimpleNamespace(split_sums=split_sums, normalised=normalised)
+
 
 def cuda_mhc_reduce_partials_and_rmsnorm_fwd_kernel(cfg):
     """One thread block per `tokens` tokens, one thread per (token, mix): adjacent threads read adjacent mixes
@@ -16,6 +38,7 @@ def cuda_mhc_reduce_partials_and_rmsnorm_fwd_kernel(cfg):
     per_block = tb * m3
     f32 = T.float32
     num_tokens = T.dynamic('num_tokens')
+    rms = rms_routines(T, splits)
 
     @T.prim_func
     def mhc_reduce_partials_and_rmsnorm_fwd_kernel(
@@ -39,15 +62,11 @@ def cuda_mhc_reduce_partials_and_rmsnorm_fwd_kernel(cfg):
                 if e < per_block and t < num_tokens:
                     o[0] = 0.0
                     for g in T.serial(groups):  # group order
-                        q[0] = 0.0
-                        m[0] = 0.0
-                        for s in T.unroll(splits):  # split order
-                            q[0] += sqrsum_splitted[s, t, g]
-                            m[0] += out_mul_splitted[s, t, g, j]
+                        rms.split_sums(q, m, out_mul_splitted, sqrsum_splitted, t, g, j)
                         out_mul[t, g, j] = m[0]
                         if j == 0:
                             sqrsum[t, g] = q[0]
-                        o[0] += m[0] * T.rsqrt(q[0] * inv_group_size + eps)
+                        o[0] += rms.normalised(m[0], q[0], inv_group_size, eps)
                     out[t, j] = o[0]
 
     return mhc_reduce_partials_and_rmsnorm_fwd_kernel

@@ -21,12 +21,18 @@ def newton_reciprocal(T):
     return reciprocal
 
 
+def sinkhorn_routines(T, cfg):
+    """The Sinkhorn routines of a CUDA configuration `cfg` (MhcSinkhornConfig): its mhc_mult and reciprocal (one
+    home: the Sinkhorn kernels and the fused pre path's kernel)."""
+    return make_sinkhorn_routines(T, cfg.mhc_mult, newton_reciprocal(T) if cfg.reciprocal == 'newton' else None)
+
+
 def cuda_mhc_sinkhorn_fwd_kernel(cfg):
     """`cfg` is a MhcSinkhornConfig (backend "cuda", direction "fwd")."""
     import tilelang.language as T
 
     mm, tokens, repeat = cfg.mhc_mult * cfg.mhc_mult, cfg.tokens, cfg.repeat
-    routine = make_sinkhorn_routines(T, cfg.mhc_mult, newton_reciprocal(T) if cfg.reciprocal == 'newton' else None)
+    routine = sinkhorn_routines(T, cfg)
     num_tokens = T.dynamic('num_tokens')
 
     @T.prim_func
@@ -51,7 +57,7 @@ def cuda_mhc_sinkhorn_bwd_kernel(cfg):
     import tilelang.language as T
 
     mm, tokens, repeat = cfg.mhc_mult * cfg.mhc_mult, cfg.tokens, cfg.repeat
-    routine = make_sinkhorn_routines(T, cfg.mhc_mult, newton_reciprocal(T) if cfg.reciprocal == 'newton' else None)
+    routine = sinkhorn_routines(T, cfg)
     num_tokens = T.dynamic('num_tokens')
 
     @T.prim_func

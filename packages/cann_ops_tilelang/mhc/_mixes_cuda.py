@@ -11,7 +11,33 @@ in column order: the same bits on every run.
 # No `from __future__ import annotations`: TileLang evaluates the prim_func annotations, which
 # refer to the generator's local variables.
 
+import types
+
 from ._mixes_entries import mixes_entry
+
+
+def mix_math(T, mhc_mult: int, num_scales: int):
+    """The per-logit expressions of the mix forward, by name (one home: the mix kernels and the fused pre path's
+    kernel, which must round alike): segment(j) (the scale index of column j), logit(x, mhc_scale, mhc_base, j)
+    (z = x * scale + base), sigmoid(z), pre(z, eps) (sigmoid + eps, also the head mix) and post(z, post_mult)."""
+
+    def sigmoid(z):
+        return T.float32(1.0) / (T.float32(1.0) + T.exp(-z))
+
+    def segment(j):
+        """0 pre, 1 post, 2 comb (the head mix has one segment)."""
+        return T.min(j // mhc_mult, num_scales - 1)
+
+    def logit(x, mhc_scale, mhc_base, j):
+        return x * mhc_scale[segment(j)] + mhc_base[j]
+
+    def pre(z, eps):
+        return sigmoid(z) + eps
+
+    def post(z, post_mult):
+        return sigmoid(z) * post_mult
+
+    return types.SimpleNamespace(sigmoid=sigmoid, segment=segment, logit=logit, pre=pre, post=post)
 
 
 def cuda_mhc_mixes_kernel(cfg):
@@ -24,13 +50,8 @@ def cuda_mhc_mixes_kernel(cfg):
     tile = tb * W  # logits of a tile
     steps = -(-tile // nt)  # logits per thread and tile
     num_tokens = T.dynamic('num_tokens')
-
-    def sigmoid(z):
-        return T.float32(1.0) / (T.float32(1.0) + T.exp(-z))
-
-    def segment(j):
-        """The scale index of column j: 0 pre, 1 post, 2 comb (the head mix has one segment)."""
-        return T.min(j // M, S - 1)
+    math = mix_math(T, M, S)
+    sigmoid, segment = math.sigmoid, math.segment
 
     @T.macro
     def forward(x, mhc_scale, mhc_base, pre, post, comb, post_mult, eps):
@@ -41,12 +62,12 @@ def cuda_mhc_mixes_kernel(cfg):
                 t = bx * tb + k // W
                 j = k % W
                 if k < tile and t < num_tokens:
-                    z = x[t, j] * mhc_scale[segment(j)] + mhc_base[j]
+                    z = math.logit(x[t, j], mhc_scale, mhc_base, j)
                     if j < M:
-                        pre[t, j] = sigmoid(z) + eps
+                        pre[t, j] = math.pre(z, eps)
                     elif cfg.split:
                         if j < 2 * M:
-                            post[t, j - M] = sigmoid(z) * post_mult
+                            post[t, j - M] = math.post(z, post_mult)
                         else:
                             comb[t, j - 2 * M] = z
 
