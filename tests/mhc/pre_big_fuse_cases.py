@@ -30,6 +30,26 @@ CASES = by_level(
 PARAMS = generate_samples(case=CASES)
 # Token counts of a values test (runtime sizes: no compile of their own); 0 has tests of its own.
 NUM_TOKENS = (1, 37)
+# The forward's fused CUDA kernel (an option, FUSE_ON_CUDA; from level 1): mhc_mult 1 / 4 / 8, hidden from one
+# 64-column block to the peer's widths, 1 or 16 splits, Sinkhorn repeat 1 or 20, each a kernel of its own; the
+# token counts add a Sinkhorn block's and a stream tile's tails and the benchmark's 4001.
+FUSED_CASES = by_level(
+    get_test_level(),
+    core=[],
+    default=[
+        (1, 64, 1, 1),
+        (1, 192, 16, 20),
+        (4, 2560, 1, 20),
+        (4, 4096, 16, 20),
+        (4, 320, 16, 1),
+        (8, 256, 16, 1),
+        (8, 7168, 1, 20),
+    ],
+)
+FUSED_PARAMS = generate_samples(case=FUSED_CASES)
+FUSED_NUM_TOKENS = (1, 37, 4001)
+# The fused kernel's lowering (CPU tier): a Sinkhorn block's tail and a stream tile's, the widest mhc_mult.
+LOWERING_CASES = [(1, 64, 1, 1), (4, 4096, 16, 20), (8, 7168, 16, 20), (5, 320, 2, 7)]
 # The peer's benchmark shapes: tokens 4001 / 8001, hidden 2560 .. 7168, mhc_mult 4, its default 16 splits.
 BENCHMARK_PARAMS = generate_samples(num_tokens=[4001, 8001], hidden=[2560, 4096, 7168])
 BENCHMARK_MULT, BENCHMARK_SPLITS, BENCHMARK_REPEAT = 4, 16, 20

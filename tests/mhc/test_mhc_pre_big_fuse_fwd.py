@@ -1,12 +1,16 @@
-"""Tests of mhc_pre_big_fuse_fwd (TileKernels 2.1.0's fused pre path), a composition of the domain's operators.
+"""Tests of mhc_pre_big_fuse_fwd (TileKernels 2.1.0's fused pre path), a composition of the domain's operators, or
+on CUDA with FUSE_ON_CUDA one fused kernel.
 
-CPU tier: the configuration (each stage's, from its own chooser); the argument contract on CPU tensors (typed
-errors before the device guard); the torch.library form (schema, fake kernel, typed errors, torch.compile on fake
-tensors). The stage kernels' lowering is their own tests'. Device tier (`npu`; on a CPU-only host the Ascend
-kernels on the emulator with `--ascend-emulator`): values against the float64 reference of the whole path, bit
-equality with the chain of the public operators, 0 tokens, the configuration query, opcheck; the benchmark.
+CPU tier: the configuration (each stage's, from its own chooser; the fused kernel where asked on CUDA); the fused
+kernel's lowering (the stage kernels' is their own tests'); the argument contract on CPU tensors (typed errors
+before the device guard); the torch.library form (schema, fake kernel, typed errors, torch.compile on fake
+tensors). Device tier (`npu`; on a CPU-only host the Ascend kernels on the emulator with `--ascend-emulator`):
+values against the float64 reference of the whole path, bit equality with the chain of the public operators (the
+fused kernel's too, on CUDA from level 1), 0 tokens, the configuration query, opcheck; the benchmark.
 """
 
+import dataclasses
+import importlib
 import inspect
 
 import pytest
@@ -22,11 +26,14 @@ from cann_ops_tilelang.mhc import (
     mhc_sinkhorn_fwd,
 )
 from cann_ops_tilelang.mhc.mhc_pre_big_fuse_fwd import MhcPreBigFuseFwdResult
-from cann_ops_tilelang.mhc.mhc_pre_big_fuse_kernel import choose_mhc_pre_big_fuse_config
+from cann_ops_tilelang.mhc.mhc_pre_big_fuse_kernel import (
+    choose_mhc_pre_big_fuse_config,
+    make_mhc_pre_big_fuse_fwd_kernel,
+)
 from cann_ops_tilelang.operator import NAMESPACE, OPERATORS
 from tests.testing.bench import make_param_id
 from tests.testing.graphs import GraphRecorder
-from tests.testing.lowering import ASCEND_950_VECTOR_CORES, H200_SMS
+from tests.testing.lowering import ASCEND_950_VECTOR_CORES, H200_SMS, assert_cuda_kernel_lowers
 from tests.testing.numeric import assert_equal, count_bytes
 from tests.testing.timing import record_name
 
@@ -36,6 +43,9 @@ from .pre_big_fuse_cases import (
     BENCHMARK_PARAMS,
     BENCHMARK_REPEAT,
     BENCHMARK_SPLITS,
+    FUSED_NUM_TOKENS,
+    FUSED_PARAMS,
+    LOWERING_CASES,
     NUM_TOKENS,
     PARAMS,
     make_inputs,
@@ -44,6 +54,8 @@ from .pre_big_fuse_cases import (
 )
 
 FORMS = mhc_pre_big_fuse_fwd.operator.forms
+# The interface module (its name is also the function the package exports): FUSE_ON_CUDA lives there.
+_INTERFACE = importlib.import_module('cann_ops_tilelang.mhc.mhc_pre_big_fuse_fwd')
 
 
 def _buffers(num_tokens: int, mhc_mult: int, hidden: int, device) -> list[torch.Tensor]:
@@ -104,6 +116,48 @@ def test_mhc_pre_big_fuse_fwd_config_lists_the_stages(backend):
     assert (apply.direction, apply.mhc, apply.hidden) == ('fwd', 4, 256)
     with pytest.raises(ValueError, match='direction must be one of'):
         type(cfg)(backend, 'sideways', cfg.stages)
+
+
+def _fused_config(mhc_mult, hidden, n_splits, repeat, fuse=True, backend='cuda'):
+    cores = ASCEND_950_VECTOR_CORES if backend == 'ascend' else H200_SMS
+    return choose_mhc_pre_big_fuse_config(
+        backend=backend, num_cores=cores, direction='fwd', mhc_mult=mhc_mult, hidden=hidden, n_splits=n_splits,
+        repeat=repeat, fuse=fuse,
+    )  # fmt: skip
+
+
+def test_mhc_pre_big_fuse_fwd_fuses_the_cuda_forward_where_asked():
+    """The fused kernel: the CUDA forward where `fuse` asks (FUSE_ON_CUDA, off by default: the composition until
+    the kernel has run on a GPU), its stages the composition's; Ascend and the backward keep the stages."""
+    assert _INTERFACE.FUSE_ON_CUDA is False
+    fused = _fused_config(4, 4096, 16, 20)
+    assert fused.fused
+    assert fused.stages == _fused_config(4, 4096, 16, 20, fuse=False).stages
+    assert not _fused_config(4, 4096, 16, 20, backend='ascend').fused
+    bwd = choose_mhc_pre_big_fuse_config(
+        backend='cuda', num_cores=H200_SMS, direction='bwd', mhc_mult=4, hidden=256, n_splits=16, repeat=3, fuse=True
+    )
+    assert not bwd.fused
+    with pytest.raises(ValueError, match='the fused kernel is the CUDA forward'):
+        dataclasses.replace(bwd, fused=True)
+    with pytest.raises(ValueError, match='the fused kernel is the CUDA forward'):
+        dataclasses.replace(_fused_config(4, 256, 2, 3, backend='ascend'), fused=True)
+    with pytest.raises(ValueError, match='a composition has no kernel of its own'):
+        make_mhc_pre_big_fuse_fwd_kernel(_fused_config(4, 256, 2, 3, fuse=False))
+
+
+@pytest.mark.parametrize('case', LOWERING_CASES, ids=lambda c: 'mhc{}-h{}-s{}-r{}'.format(*c))
+def test_mhc_pre_big_fuse_fwd_fused_kernel_lowers(case):
+    """One kernel for sm_90a: the residual read and layer_input written in 16-byte vectors (pre_apply_mix_fwd's
+    tile), the Sinkhorn's Newton reciprocal (no IEEE division), no atomics."""
+    cfg = _fused_config(*case)
+    lowered = assert_cuda_kernel_lowers(
+        lambda: make_mhc_pre_big_fuse_fwd_kernel(cfg), key=cfg, kernel_name='mhc_pre_big_fuse_fwd_kernel'
+    )
+    assert 'uint4' in lowered.source
+    assert '__fdividef' in lowered.source
+    assert 'atomic' not in lowered.source.lower()
+    assert lowered.source.count('__syncthreads()') == 2  # one per block kind, after its mixes
 
 
 # CPU tier: the argument contract (validation runs before the device guard).
@@ -213,15 +267,14 @@ def test_mhc_pre_big_fuse_fwd_compiles_into_one_graph():
 # Device tier.
 
 
-@pytest.mark.npu
-@pytest.mark.parametrize('params', PARAMS, ids=make_param_id)
-def test_mhc_pre_big_fuse_fwd_values(params, device):
+def _check_values(params, num_tokens_list, device, *, fused):
     """Against the float64 reference (fp32 stages; one bf16 rounding of layer_input); bit for bit the chain of the
-    public operators; the same bits on a second run."""
+    public operators; the same bits on a second run. `fused`: what the configuration must be."""
     mhc_mult, hidden, n_splits, repeat = params['case']
-    for num_tokens in NUM_TOKENS:
+    for num_tokens in num_tokens_list:
         inputs = make_inputs(num_tokens, mhc_mult, hidden, n_splits, device)
         buffers = _buffers(num_tokens, mhc_mult, hidden, device)
+        assert mhc_pre_big_fuse_fwd.operator.config(*inputs, *buffers, *scalars(repeat), n_splits).fused == fused
         result = mhc_pre_big_fuse_fwd(*inputs, *buffers, *scalars(repeat), n_splits)
         assert all(r is b for r, b in zip(result, buffers, strict=True))
         post_ref, comb_ref, layer_input_ref = mhc_pre_big_fuse_fwd_ref(*(t.cpu() for t in inputs), *scalars(repeat))
@@ -239,6 +292,23 @@ def test_mhc_pre_big_fuse_fwd_values(params, device):
                                      n_splits)  # fmt: skip
         for first, second in zip(result, again, strict=True):
             assert_equal(second, first)
+
+
+@pytest.mark.npu
+@pytest.mark.parametrize('params', PARAMS, ids=make_param_id)
+def test_mhc_pre_big_fuse_fwd_values(params, device):
+    """The default path (the composition: FUSE_ON_CUDA is off)."""
+    _check_values(params, NUM_TOKENS, device, fused=False)
+
+
+@pytest.mark.npu
+@pytest.mark.parametrize('params', FUSED_PARAMS, ids=make_param_id)
+def test_mhc_pre_big_fuse_fwd_fused_values(params, device, monkeypatch):
+    """The fused CUDA kernel (FUSE_ON_CUDA set): the composition's bits, close to the reference (from level 1)."""
+    if config.backend_of(device) != 'cuda':
+        pytest.skip('the fused kernel of the pre path is a CUDA kernel')
+    monkeypatch.setattr(_INTERFACE, 'FUSE_ON_CUDA', True)
+    _check_values(params, FUSED_NUM_TOKENS, device, fused=True)
 
 
 @pytest.mark.npu

@@ -2,7 +2,8 @@
 layer input, the post mix and the Sinkhorn-normalised residual mix (TileKernels 2.1.0's call; docs/mhc.md).
 
 A composition of the domain's operators, one launch per stage: mhc_reduce_partials_and_rmsnorm_fwd ->
-mhc_pre_split_mixes_fwd -> mhc_sinkhorn_fwd -> mhc_pre_apply_mix_fwd."""
+mhc_pre_split_mixes_fwd -> mhc_sinkhorn_fwd -> mhc_pre_apply_mix_fwd; on CUDA, where FUSE_ON_CUDA is set, one launch
+of the fused kernel (the same bits)."""
 
 from __future__ import annotations
 
@@ -51,6 +52,11 @@ def check_pre_path_scalars(name, S, M, H, rms_eps, sinkhorn_repeat, n_splits, re
     check_repeat(name, sinkhorn_repeat, repeat_limit)
 
 
+# The fused CUDA kernel is lowered and compiled (nvcc, sm_90a) but has not run on a GPU yet: until its device test
+# (which sets this) passes, CUDA launches the four checked stages. Read per call: part of the choice.
+FUSE_ON_CUDA = False
+
+
 def _extra(name, S, M, H, rms_eps, sinkhorn_repeat, n_splits):
     check_pre_path_scalars(name, S, M, H, rms_eps, sinkhorn_repeat, n_splits, 2**31 - 1)
 
@@ -92,6 +98,7 @@ OP = Operator(
         'hidden': residual.shape[2],
         'n_splits': gemm_out_mul.shape[0],
         'repeat': sinkhorn_repeat,
+        'fuse': FUSE_ON_CUDA,
     },
     choose_config=choose_mhc_pre_big_fuse_config,
     get_kernel=get_mhc_pre_big_fuse_kernel,
@@ -101,13 +108,22 @@ OP = Operator(
 def _eager(gemm_out_mul, gemm_out_sqrsum, mhc_scale, mhc_base, residual, post_mix, comb_mix, layer_input, rms_eps,
            mhc_pre_eps, mhc_sinkhorn_eps, mhc_post_mult_value, sinkhorn_repeat,
            n_splits) -> MhcPreBigFuseFwdResult:  # fmt: skip
-    """The contract once, the intermediates in one allocation, then the four stages (nothing for T = 0)."""
-    OP.check(gemm_out_mul, gemm_out_sqrsum, mhc_scale, mhc_base, residual, post_mix, comb_mix, layer_input, rms_eps,
-             mhc_pre_eps, mhc_sinkhorn_eps, mhc_post_mult_value, sinkhorn_repeat, n_splits)  # fmt: skip
+    """The contract once, then (nothing for T = 0) the fused kernel, or the intermediates in one allocation and the
+    four stages."""
+    launcher = OP.plan(gemm_out_mul, gemm_out_sqrsum, mhc_scale, mhc_base, residual, post_mix, comb_mix, layer_input,
+                       rms_eps, mhc_pre_eps, mhc_sinkhorn_eps, mhc_post_mult_value, sinkhorn_repeat,
+                       n_splits)  # fmt: skip
     result = MhcPreBigFuseFwdResult(post_mix, comb_mix, layer_input)
     S, T, M3 = gemm_out_mul.shape
     M, H = residual.shape[1:]
     if not T:
+        return result
+    if launcher.cfg.fused:  # the stages' scalars: 1 / rms_group_size, as the reduction takes it
+        launcher.launch(
+            gemm_out_mul.view(S, T, 1, M3), gemm_out_sqrsum.view(S, T, 1), mhc_scale, mhc_base, residual, post_mix,
+            comb_mix, layer_input, 1.0 / (M * H), float(rms_eps), float(mhc_pre_eps), float(mhc_sinkhorn_eps),
+            float(mhc_post_mult_value),
+        )  # fmt: skip
         return result
     out_mul, sqrsum, mixes, pre_mix, comb_logits = scratch(gemm_out_mul, T * M3, T, T * M3, T * M, T * M * M)
     mhc_reduce_partials_and_rmsnorm_fwd(
@@ -153,7 +169,9 @@ def mhc_pre_big_fuse_fwd(
     A composition, one launch per stage, its intermediates (the reduced partials, the mixes, pre and the comb
     logits) in one allocation: the results equal, bit for bit, the chain of the public operators
     mhc_reduce_partials_and_rmsnorm_fwd (one RMS group, rms_group_size M * H) -> mhc_pre_split_mixes_fwd ->
-    mhc_sinkhorn_fwd -> mhc_pre_apply_mix_fwd, whose docstrings give the rounding and the summation orders.
+    mhc_sinkhorn_fwd -> mhc_pre_apply_mix_fwd, whose docstrings give the rounding and the summation orders. On CUDA
+    with FUSE_ON_CUDA set (off until the kernel has run on a GPU), one launch of a fused kernel that does the
+    stages' arithmetic in their order: the same bits, no intermediates in memory.
     Beyond the peer: every mhc_mult of 1 .. 8 and any token count on both backends, n_splits on Ascend.
 
     Args:
