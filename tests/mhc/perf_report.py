@@ -7,8 +7,9 @@ moves the same bytes.
 Rows: the peer's shapes, mhc_mult 4 by default: the streaming operators (expand, pre_apply_mix, post and their
 backwards) at (T, H) = (4001, 4096), (8001, 7168), (4001, 2560); Sinkhorn at T = 4001 / 8001 with 10 and 20
 repeats; the mixes at T = 4001 / 8001; fn_normw_merge at K = mhc_mult * 4096; the partials' reduction at T = 4001 /
-8001 with 16 splits; mhc_multilayer_recompute over 4 layers at the streaming shapes. Both sides write the same
-preallocated buffers (the peer's calling convention).
+8001 with 16 splits; mhc_multilayer_recompute over 4 layers at the streaming shapes; mhc_pre_big_fuse_fwd (the whole
+pre path, what mhc_pre_big_fuse_fwd.FUSE_ON_CUDA chooses) at the streaming shapes with 16 splits and 20 Sinkhorn
+rounds. Both sides write the same preallocated buffers (the peer's calling convention).
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import torch
 
 from cann_ops_tilelang import mhc
 from tests.testing.device_timing import agreement, print_comparison
+
+from .mhc_reduce_partials_and_rmsnorm_fwd_ref import prenorm_gemm_partials
 
 STREAM_SHAPES = ((4001, 4096), (8001, 7168), (4001, 2560))
 SINKHORN_CASES = ((4001, 10), (4001, 20), (8001, 10), (8001, 20))
@@ -42,6 +45,8 @@ OTHER_OPS = (
     'mhc_reduce_partials_and_rmsnorm_fwd',
 )
 RECOMPUTE_OP = 'mhc_multilayer_recompute'
+BIG_FUSE_OP = 'mhc_pre_big_fuse_fwd'
+BIG_FUSE_REPEAT = 20  # the peer's benchmark's Sinkhorn rounds
 RECOMPUTE_LAYERS = 4
 # Host time per call (--host): (T, H, layers) of mhc_multilayer_recompute, where its launches are short; 8 layers
 # are two of our launches, one of the peer's.
@@ -121,6 +126,43 @@ def _recompute_calls(tk, T: int, M: int, H: int, device, L: int = RECOMPUTE_LAYE
     return ours, peer, moved, agreement(*compared, rtol=1e-2, atol=1e-2)
 
 
+def big_fuse_inputs(T: int, M: int, H: int, device) -> tuple[torch.Tensor, ...]:
+    """(gemm_out_mul, gemm_out_sqrsum, mhc_scale, mhc_base, residual) of mhc_pre_big_fuse_fwd: the SPLITS partials
+    of a prenorm GEMM of the residual whose mixes come out O(1), as in a model."""
+    torch.manual_seed(0)
+    M3 = M * (M + 2)
+    residual = _bf16(T, M, H, device=device)
+    fn = torch.randn(M3, M * H, device=device) / (M * H) ** 0.5
+    out_mul, sqrsum = prenorm_gemm_partials(residual.flatten(1), fn, SPLITS)
+    scale, base = torch.rand(3, device=device) + 0.5, torch.randn(M3, device=device) * 0.5
+    return out_mul.squeeze(2).contiguous(), sqrsum.squeeze(2).contiguous(), scale, base, residual
+
+
+def big_fuse_buffers(T: int, M: int, H: int, device) -> list[torch.Tensor]:
+    """[post_mix, comb_mix, layer_input]."""
+    bf16 = torch.empty(T, H, dtype=torch.bfloat16, device=device)
+    return [torch.empty(T, M, device=device), torch.empty(T, M * M, device=device), bf16]
+
+
+BIG_FUSE_SCALARS = (EPS, 1e-2, EPS, 2.0, BIG_FUSE_REPEAT, SPLITS)  # rms, pre and Sinkhorn eps, post mult, repeat
+
+
+def _big_fuse_calls(tk, T: int, M: int, H: int, device):
+    """mhc_pre_big_fuse_fwd from the partials to post_mix, comb_mix and layer_input."""
+    inputs = big_fuse_inputs(T, M, H, device)
+    mine, theirs = big_fuse_buffers(T, M, H, device), big_fuse_buffers(T, M, H, device)
+
+    def ours():
+        return mhc.mhc_pre_big_fuse_fwd(*inputs, *mine, *BIG_FUSE_SCALARS)
+
+    def peer():
+        return tk.mhc_pre_big_fuse_fwd(*inputs, *theirs, *BIG_FUSE_SCALARS)
+
+    ours(), peer()
+    moved = sum(t.nbytes for t in (*inputs, *mine))
+    return ours, peer, moved, agreement(tuple(mine), tuple(theirs), rtol=1e-2, atol=1e-2)
+
+
 def _other_calls(tk, op: str, T: int, M: int, detail: int, device):
     """detail: Sinkhorn's repeat; the others ignore it."""
     torch.manual_seed(0)
@@ -172,7 +214,7 @@ def main() -> None:
     parser.add_argument('--rounds', type=int, default=5)
     parser.add_argument(
         '--ops',
-        default=','.join((*STREAM_OPS, *OTHER_OPS, RECOMPUTE_OP)),
+        default=','.join((*STREAM_OPS, *OTHER_OPS, RECOMPUTE_OP, BIG_FUSE_OP)),
         help='comma-separated operator names',
     )
     parser.add_argument('--mult', type=int, default=4, help='mhc_mult (the peer: 4)')
@@ -188,11 +230,14 @@ def main() -> None:
     cases += [(op, T, r) for op in OTHER_OPS[:2] if op in ops for T, r in SINKHORN_CASES]
     cases += [(op, T, 0) for op in OTHER_OPS[2:] if op in ops for T in MIX_TOKENS]
     cases += [(RECOMPUTE_OP, T, H) for T, H in STREAM_SHAPES if RECOMPUTE_OP in ops]
+    cases += [(BIG_FUSE_OP, T, H) for T, H in STREAM_SHAPES if BIG_FUSE_OP in ops]
 
     def calls(case):
         op, T, detail = case
         if op == RECOMPUTE_OP:
             return _recompute_calls(tk, T, M, detail, device)
+        if op == BIG_FUSE_OP:
+            return _big_fuse_calls(tk, T, M, detail, device)
         if op in STREAM_OPS:
             return _stream_calls(tk, op, T, M, detail, device)
         return _other_calls(tk, op, T, M, detail, device)
