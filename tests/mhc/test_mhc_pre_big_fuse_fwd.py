@@ -25,7 +25,7 @@ from cann_ops_tilelang.mhc import (
     mhc_reduce_partials_and_rmsnorm_fwd,
     mhc_sinkhorn_fwd,
 )
-from cann_ops_tilelang.mhc.mhc_pre_big_fuse_fwd import MhcPreBigFuseFwdResult
+from cann_ops_tilelang.mhc.mhc_pre_big_fuse_fwd import MhcPreBigFuseFwdResult, fused_launch_args
 from cann_ops_tilelang.mhc.mhc_pre_big_fuse_kernel import (
     choose_mhc_pre_big_fuse_config,
     make_mhc_pre_big_fuse_fwd_kernel,
@@ -154,10 +154,32 @@ def test_mhc_pre_big_fuse_fwd_fused_kernel_lowers(case):
     lowered = assert_cuda_kernel_lowers(
         lambda: make_mhc_pre_big_fuse_fwd_kernel(cfg), key=cfg, kernel_name='mhc_pre_big_fuse_fwd_kernel'
     )
-    assert 'uint4' in lowered.source
+    assert '*(uint4*)(residual + ' in lowered.source
+    assert '*(uint4*)(layer_input + ' in lowered.source
     assert '__fdividef' in lowered.source
     assert 'atomic' not in lowered.source.lower()
     assert lowered.source.count('__syncthreads()') == 2  # one per block kind, after its mixes
+
+
+def test_mhc_pre_big_fuse_fwd_fused_launch_matches_the_kernel_parameters():
+    """What the operator passes the fused kernel: its parameters in order (dtypes and shapes, the partials as one RMS
+    group), then the stages' scalars, 1 / (M * H) first."""
+    T, M, H, S = 4, 4, 256, 2
+    tensors = _zeros(T, M, H, S)
+    args = fused_launch_args(*tensors, *scalars(3)[:4])
+    prim_func = make_mhc_pre_big_fuse_fwd_kernel(_fused_config(M, H, S, 3))
+    assert len(args) == len(prim_func.params)
+    for arg, param in zip(args, prim_func.params, strict=True):
+        if param in prim_func.buffer_map:
+            buffer = prim_func.buffer_map[param]
+            shape = tuple(T if str(d) == 'num_tokens' else int(d) for d in buffer.shape)
+            assert (tuple(arg.shape), str(arg.dtype).removeprefix('torch.')) == (shape, str(buffer.dtype)), buffer.name
+        else:
+            assert isinstance(arg, float), param.name
+    rms_eps, pre_eps, sinkhorn_eps, post_mult, _ = scalars(3)
+    assert args[-5:] == (1.0 / (M * H), rms_eps, pre_eps, sinkhorn_eps, post_mult)
+    # sinkhorn_eps goes by the name the Sinkhorn routine's macro binds it to (TileLang keeps a value's last name)
+    assert [p.name for p in prim_func.params[-5:]] == ['inv_group_size', 'rms_eps', 'pre_eps', 'eps', 'post_mult']
 
 
 # CPU tier: the argument contract (validation runs before the device guard).

@@ -105,6 +105,17 @@ OP = Operator(
 )
 
 
+def fused_launch_args(gemm_out_mul, gemm_out_sqrsum, mhc_scale, mhc_base, residual, post_mix, comb_mix, layer_input,
+                      rms_eps, mhc_pre_eps, mhc_sinkhorn_eps, mhc_post_mult_value) -> tuple:  # fmt: skip
+    """The fused kernel's arguments in its parameters' order: the partials as one RMS group, the stages' scalars
+    (1 / rms_group_size, rms_group_size = M * H, as the reduction takes it)."""
+    S, T, M3 = gemm_out_mul.shape
+    M, H = residual.shape[1:]
+    return (gemm_out_mul.view(S, T, 1, M3), gemm_out_sqrsum.view(S, T, 1), mhc_scale, mhc_base, residual, post_mix,
+            comb_mix, layer_input, 1.0 / (M * H), float(rms_eps), float(mhc_pre_eps), float(mhc_sinkhorn_eps),
+            float(mhc_post_mult_value))  # fmt: skip
+
+
 def _eager(gemm_out_mul, gemm_out_sqrsum, mhc_scale, mhc_base, residual, post_mix, comb_mix, layer_input, rms_eps,
            mhc_pre_eps, mhc_sinkhorn_eps, mhc_post_mult_value, sinkhorn_repeat,
            n_splits) -> MhcPreBigFuseFwdResult:  # fmt: skip
@@ -118,12 +129,10 @@ def _eager(gemm_out_mul, gemm_out_sqrsum, mhc_scale, mhc_base, residual, post_mi
     M, H = residual.shape[1:]
     if not T:
         return result
-    if launcher.cfg.fused:  # the stages' scalars: 1 / rms_group_size, as the reduction takes it
-        launcher.launch(
-            gemm_out_mul.view(S, T, 1, M3), gemm_out_sqrsum.view(S, T, 1), mhc_scale, mhc_base, residual, post_mix,
-            comb_mix, layer_input, 1.0 / (M * H), float(rms_eps), float(mhc_pre_eps), float(mhc_sinkhorn_eps),
-            float(mhc_post_mult_value),
-        )  # fmt: skip
+    if launcher.cfg.fused:
+        launcher.launch(*fused_launch_args(gemm_out_mul, gemm_out_sqrsum, mhc_scale, mhc_base, residual, post_mix,
+                                           comb_mix, layer_input, rms_eps, mhc_pre_eps, mhc_sinkhorn_eps,
+                                           mhc_post_mult_value))  # fmt: skip
         return result
     out_mul, sqrsum, mixes, pre_mix, comb_logits = scratch(gemm_out_mul, T * M3, T, T * M3, T * M, T * M * M)
     mhc_reduce_partials_and_rmsnorm_fwd(
