@@ -102,16 +102,15 @@ def choose_mhc_pre_big_fuse_config(
     if direction == 'fwd':
         stages = (*recomputed, ('sinkhorn_fwd', sinkhorn), ('pre_apply_mix_fwd', apply))
         return MhcPreBigFuseConfig(backend, direction, stages, fuse and backend == 'cuda')
-    else:
-        stages = (
-            *recomputed,
-            ('sinkhorn_bwd', sinkhorn),
-            ('pre_apply_mix_bwd', apply),
-            ('pre_split_mixes_bwd', choose_mhc_mixes_config(**common, kind='split_bwd', mhc_mult=mhc_mult)),
-            ('pre_split_mixes_reduce', choose_mhc_mixes_config(**common, kind='split_reduce', mhc_mult=mhc_mult)),
-            ('reduce_partials_and_rmsnorm_bwd', choose_mhc_reduce_partials_and_rmsnorm_bwd_config(
-                **common, mhc_mult3=mhc_mult3, groups=1)),
-        )  # fmt: skip
+    stages = (
+        *recomputed,
+        ('sinkhorn_bwd', sinkhorn),
+        ('pre_apply_mix_bwd', apply),
+        ('pre_split_mixes_bwd', choose_mhc_mixes_config(**common, kind='split_bwd', mhc_mult=mhc_mult)),
+        ('pre_split_mixes_reduce', choose_mhc_mixes_config(**common, kind='split_reduce', mhc_mult=mhc_mult)),
+        ('reduce_partials_and_rmsnorm_bwd', choose_mhc_reduce_partials_and_rmsnorm_bwd_config(
+            **common, mhc_mult3=mhc_mult3, groups=1)),
+    )  # fmt: skip
     return MhcPreBigFuseConfig(backend, direction, stages)
 
 
