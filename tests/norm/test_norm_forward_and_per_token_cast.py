@@ -478,6 +478,23 @@ def _assert_values(v, num_tokens, device, inputs=None):
     assert_equal(buffers[1], result.out.sf)
 
 
+def _launch(cfg, x, weight, residual) -> tuple:
+    """cfg's kernel launched into poisoned buffers: (data and sf as bytes, y or the separate bf16 output,
+    residual_out (NaN without residual), rstd)."""
+    n, device = x.shape[0], x.device
+    data = torch.full(x.shape, 0xFF, dtype=torch.uint8, device=device).view(torch.float8_e4m3fn)
+    sf_t = torch.full((n, cfg.sf_cols), 0xFF if cfg.packed_ue8m0 else float('nan'), device=device,
+                      dtype=torch.uint8 if cfg.packed_ue8m0 else torch.float32)  # fmt: skip
+    bf16 = torch.full(x.shape, float('nan'), dtype=torch.bfloat16, device=device)
+    y = torch.full_like(x, float('nan')) if cfg.writes_y else None
+    residual_out = torch.full_like(x, float('nan'))
+    rstd = torch.full((n,), float('nan'), device=device)
+    args = forward_launch_args(x, weight, residual, residual_out, y, rstd, data, sf_t,
+                               None if cfg.writes_y else bf16, EPS, 0.75)  # fmt: skip
+    Launcher(get_norm_forward_kernel, cfg, device).launch(*args)
+    return data.view(torch.uint8), sf_t.view(torch.uint8), bf16 if y is None else y, residual_out, rstd
+
+
 # The streamed kernel forced at a small width (3 weight tiles of 448), against the resident one: (dtype, block, sf).
 FORCED_STREAMED = by_level(LEVEL, core=[(torch.float32, 32, 'fp32')], default=[(torch.bfloat16, 16, 'ue8m0')])
 
@@ -494,24 +511,99 @@ def test_norm_forward_and_per_token_cast_weight_streamed_same_bits(dtype, block,
     x, weight, residual = _inputs(v, 9, device)
     resident = dataclasses.replace(_config('ascend', v), num_cores=4, num_stages=1)
     assert not resident.weight_streamed
-    results = []
-    for cfg in (resident, dataclasses.replace(resident, weight_streamed=True)):
-        data = torch.full(x.shape, 0xFF, dtype=torch.uint8, device=device).view(torch.float8_e4m3fn)
-        sf_t = torch.full((9, cfg.sf_cols), 0xFF if cfg.packed_ue8m0 else float('nan'), device=device,
-                          dtype=torch.uint8 if cfg.packed_ue8m0 else torch.float32)  # fmt: skip
-        bf16 = torch.full(x.shape, float('nan'), dtype=torch.bfloat16, device=device)
-        y = torch.full_like(x, float('nan')) if cfg.writes_y else None
-        residual_out = torch.full_like(x, float('nan'))
-        rstd = torch.full((9,), float('nan'), device=device)
-        outs = (data.view(torch.uint8), sf_t.view(torch.uint8), bf16 if y is None else y, residual_out, rstd)
-        args = forward_launch_args(x, weight, residual, residual_out, y, rstd, data, sf_t,
-                                   None if cfg.writes_y else bf16, EPS, 0.75)  # fmt: skip
-        Launcher(get_norm_forward_kernel, cfg, device).launch(*args)
-        results.append(outs)
+    forced = dataclasses.replace(resident, weight_streamed=True)
+    results = [_launch(cfg, x, weight, residual) for cfg in (resident, forced)]
     for streamed, whole in zip(results[1], results[0], strict=True):
         assert_equal(streamed.cpu().view(torch.uint8), whole.cpu().view(torch.uint8))
     for written in results[0][2:]:  # y (or the bf16 output), residual_out, rstd
         assert not torch.isnan(written.float()).any()
+
+
+# ---------------------------------------------------------------- CUDA schedules of the widest rows
+
+# Changes to the chosen CUDA configuration at H 16384 (512 threads x 4 chunks: one block per SM by its registers)
+# that let an SM hold more blocks or warps; what ptxas says of each, docs/norm.md. Timed by
+# .device/nfc_variants.py, values checked here (level 1). The same threads and chunks keep every sum's order, so
+# the chosen kernel's bits; other threads x chunks sum the row in another order (rstd's last bits).
+CUDA_SCHEDULES = {
+    '512x4 m2': dict(min_blocks=2),  # two blocks per SM (a register cap)
+    '1024x2': dict(threads=1024, chunks=2),  # one block of twice the warps
+    '1024x2 m2': dict(threads=1024, chunks=2, min_blocks=2, narrow_row=True, late_weight=True),  # every thread slot
+    '256x8': dict(threads=256, chunks=8),  # twice the bytes in flight a thread, smaller blocks
+}
+_WIDE = dict(dtype=torch.bfloat16, weight=True, bf16=True, hidden=16384)
+CUDA_SCHEDULE_ROWS = by_level(
+    LEVEL,
+    core=[],
+    default=[_WIDE | dict(block=32, sf='fp32', residual=False), _WIDE | dict(block=128, sf='fp32', residual=True),
+             _WIDE | dict(block=32, sf='ue8m0', residual=True)],
+)  # fmt: skip
+
+
+def _schedule(v, name):
+    chosen = _config('cuda', v)
+    return chosen, dataclasses.replace(chosen, **CUDA_SCHEDULES[name])
+
+
+def test_norm_forward_and_per_token_cast_cuda_schedule_config():
+    """The schedules' fields: CUDA only, late_weight with a weight, min_blocks within an SM's threads."""
+    v = _WIDE | dict(block=32, sf='fp32', residual=True)
+    chosen = _config('cuda', v)
+    assert (chosen.threads, chosen.chunks, chosen.min_blocks, chosen.late_weight, chosen.narrow_row) == (
+        512, 4, 0, False, False)  # fmt: skip
+    for changes in (dict(min_blocks=2), dict(late_weight=True), dict(narrow_row=True)):
+        with pytest.raises(ValueError, match='are CUDA options'):
+            dataclasses.replace(_config('ascend', v), **changes)
+    with pytest.raises(ValueError, match='late_weight needs with_weight'):
+        dataclasses.replace(chosen, with_weight=False, late_weight=True)
+    with pytest.raises(ValueError, match=r'min_blocks \* threads must be in 0..2048, got 5 \* 512'):
+        dataclasses.replace(chosen, min_blocks=5)
+
+
+@pytest.mark.parametrize('name', list(CUDA_SCHEDULES))
+def test_norm_forward_and_per_token_cast_cuda_schedule_lowers(name):
+    """Each schedule lowers (sm_90a): its launch bounds, the weight read after the reduction's barrier
+    (late_weight), no fp32 copy of the row (narrow_row)."""
+    v = _WIDE | dict(block=32, sf='ue8m0', residual=True)
+    _, cfg = _schedule(v, name)
+    source = assert_cuda_kernel_lowers(lambda: make_norm_forward_kernel(cfg), key=cfg,
+                                       kernel_name='norm_forward_kernel').source  # fmt: skip
+    assert f'__launch_bounds__({cfg.threads}, {max(cfg.min_blocks, 1)})' in source
+    barrier = source.index('__syncthreads()')
+    assert (source.index('weight + ') > barrier) == cfg.late_weight
+    assert ('float v_l[' in source) != cfg.narrow_row
+
+
+@pytest.mark.npu
+@pytest.mark.parametrize('name', list(CUDA_SCHEDULES))
+@pytest.mark.parametrize('v', CUDA_SCHEDULE_ROWS, ids=make_param_id)
+def test_norm_forward_and_per_token_cast_cuda_schedule_values(v, name, device):
+    """Each schedule against the chosen kernel (bit for bit where it keeps the threads and chunks, else residual_out
+    bit for bit and rstd within fp32 rounding) and against the references: y within a bf16 rounding of the float64
+    norm, data and scales the quant reference's cast of its own y, bit for bit."""
+    if config.backend_of(device) != 'cuda':
+        pytest.skip('CUDA schedules')
+    chosen, cfg = _schedule(v, name)
+    x, weight, residual = _inputs(v, 37, device)
+    reference, result = (_launch(c, x, weight, residual) for c in (chosen, cfg))
+    data, sf, y, residual_out, rstd = result
+    if (cfg.threads, cfg.chunks) == (chosen.threads, chosen.chunks):
+        for ours, want in zip(result, reference, strict=True):
+            assert_equal(ours.view(torch.uint8), want.view(torch.uint8))
+    else:
+        assert_equal(residual_out, reference[3])
+        assert_close(rstd, reference[4], atol=0, rtol=2**-20)
+    round_sf, packed = SCALES[v['sf']]
+    want_data, want_sf = per_token_cast_format_ref(y.cpu(), v['block'], 'e4m3', round_sf=round_sf,
+                                                   packed_ue8m0=packed)  # fmt: skip
+    assert_equal(data.cpu(), want_data.view(torch.uint8))
+    assert_equal(sf.cpu(), want_sf.view(torch.uint8))
+    _, want_y, _, norm_input = norm_forward_and_per_token_cast_ref(
+        x.cpu(), weight.cpu(), EPS, v['block'], None if residual is None else residual.cpu(), 0.75, round_sf, packed
+    )
+    assert_close(y.cpu().double(), want_y.double(), atol=1e-6, rtol=2**-7)
+    if residual is not None:
+        assert_equal(residual_out.cpu(), norm_input)
 
 
 def _row_major(t: torch.Tensor) -> torch.Tensor:

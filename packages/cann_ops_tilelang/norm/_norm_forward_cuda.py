@@ -6,7 +6,9 @@ stores, every load of the row issued before any use), kept in registers from the
 squares is reduced by warp shuffles and one shared-memory step, then each thread scales its own elements. The
 cast's block of `block_size` channels is block_size / chunk consecutive chunks, so consecutive lanes of one warp:
 its |y| maximum is a butterfly of xor shuffles over those lanes, and the scale rule is the quant domain's
-(_scale_rules.cuda_cast_scale_and_inverse), the data conversion per_token_cast's.
+(_scale_rules.cuda_cast_scale_and_inverse), the data conversion per_token_cast's. The config's schedule fields
+(min_blocks, late_weight, narrow_row: NormForwardConfig) move the weight's loads, narrow what is held and cap the
+registers; none changes the arithmetic.
 
 A short last block (H = 64 * odd, 128-channel blocks) takes no code of its own: the row's H / chunk chunks are an
 odd multiple of half a block's lanes, and the threads a multiple of a block's lanes (whole warps), so the block's
@@ -36,6 +38,8 @@ def cuda_norm_forward_kernel(cfg, prim_func):
     nw = nt // 32
     with_weight, with_residual, with_rstd, cast = cfg.with_weight, cfg.with_residual, cfg.with_rstd, cfg.cast
     writes_y, separate_bf16 = cfg.writes_y, cfg.separate_bf16
+    early_weight = with_weight and not cfg.late_weight
+    narrow = cfg.narrow_row
     bs = cfg.block_size
     lanes_per_block = bs // ve if cast else 1
     padding = cfg.sf_cols - cfg.num_blocks
@@ -49,13 +53,16 @@ def cuda_norm_forward_kernel(cfg, prim_func):
     @T.macro
     def body(x, weight, residual, residual_out, out, rstd, data, sf, out_bf16, eps, out_scale, num_tokens):
         with T.Kernel(num_tokens, threads=nt) as t:
+            if cfg.min_blocks:
+                T.annotate_min_blocks_per_sm(cfg.min_blocks)
             if cfg.strided_rows:  # each row stride a whole number of 16-byte chunks, so the chunks stay vectors
                 cuda_assume_strides(T, strides, ve)
             tid = T.get_thread_binding()
-            x_l = T.alloc_local((nc * ve,), dtype)  # x, then r rounded to x's dtype
+            x_l = T.alloc_local((nc * ve,), dtype)  # x, then r rounded to x's dtype, then y (narrow_row)
             res_l = T.alloc_local((nc * ve,), dtype)
             w_l = T.alloc_local((nc * ve,), dtype)
-            v_l = T.alloc_local((nc * ve,), f32)  # r, then y rounded to x's dtype
+            if not narrow:
+                v_l = T.alloc_local((nc * ve,), f32)  # r, then y rounded to x's dtype
             b_l = T.alloc_local((nc * ve,), T.bfloat16)  # y as bf16 (fp32 x with the bf16 output)
             acc = T.alloc_local((1,), f32)
             rs = T.alloc_local((1,), f32)
@@ -71,7 +78,7 @@ def cuda_norm_forward_kernel(cfg, prim_func):
                     if with_residual:
                         for j in T.vectorized(ve):
                             res_l[c * ve + j] = residual[t, col + j]
-                    if with_weight:
+                    if early_weight:
                         for j in T.vectorized(ve):
                             w_l[c * ve + j] = weight[col + j]
             acc[0] = 0.0
@@ -86,11 +93,18 @@ def cuda_norm_forward_kernel(cfg, prim_func):
                         for j in T.vectorized(ve):
                             residual_out[t, col + j] = x_l[c * ve + j]
                     for j in T.unroll(ve):
-                        v_l[c * ve + j] = T.cast(x_l[c * ve + j], f32)
-                        acc[0] += v_l[c * ve + j] * v_l[c * ve + j]
+                        if narrow:
+                            r = T.cast(x_l[c * ve + j], f32)
+                            acc[0] += r * r
+                        else:
+                            v_l[c * ve + j] = T.cast(x_l[c * ve + j], f32)
+                            acc[0] += v_l[c * ve + j] * v_l[c * ve + j]
                 else:
                     for j in T.unroll(ve):
-                        v_l[c * ve + j] = 0.0
+                        if narrow:
+                            x_l[c * ve + j] = T.cast(0.0, dtype)
+                        else:
+                            v_l[c * ve + j] = 0.0
             acc[0] = T.warp_reduce_sum(acc[0])
             if tid % 32 == 0:
                 red[tid // 32] = acc[0]
@@ -105,11 +119,15 @@ def cuda_norm_forward_kernel(cfg, prim_func):
             for c in T.unroll(nc):
                 col = (tid + c * nt) * ve
                 if not guard or col < hidden:
+                    if cfg.late_weight:
+                        for j in T.vectorized(ve):
+                            w_l[c * ve + j] = weight[col + j]
                     for j in T.unroll(ve):
                         scale = T.cast(w_l[c * ve + j], f32) * out_scale if with_weight else out_scale
-                        y = v_l[c * ve + j] * rs[0] * scale
+                        y = (T.cast(x_l[c * ve + j], f32) if narrow else v_l[c * ve + j]) * rs[0] * scale
                         x_l[c * ve + j] = T.cast(y, dtype)  # y rounded: what `out` holds and the cast reads
-                        v_l[c * ve + j] = T.cast(x_l[c * ve + j], f32)
+                        if not narrow:
+                            v_l[c * ve + j] = T.cast(x_l[c * ve + j], f32)
                         if separate_bf16:
                             b_l[c * ve + j] = T.cast(y, T.bfloat16)
                     if writes_y:
@@ -124,7 +142,7 @@ def cuda_norm_forward_kernel(cfg, prim_func):
                     col = (tid + c * nt) * ve
                     amax[0] = 0.0
                     for j in T.unroll(ve):
-                        amax[0] = T.max(amax[0], T.abs(v_l[c * ve + j]))
+                        amax[0] = T.max(amax[0], T.abs(T.cast(x_l[c * ve + j], f32) if narrow else v_l[c * ve + j]))
                     # Lanes past the row (amax 0) join the shuffles, which need the whole warp.
                     for step in shuffle_steps:
                         amax[0] = T.max(amax[0], T.shfl_xor(amax[0], step))
@@ -136,7 +154,10 @@ def cuda_norm_forward_kernel(cfg, prim_func):
                             sf[sf_at(t, col // bs)] = stored
                         for j in T.vectorized(ve):
                             # __nv_fp8_e4m3's conversion: nearest even, saturating to +-448 (per_token_cast's).
-                            data[t, col + j] = T.cast(v_l[c * ve + j] * inverse, T.float8_e4m3fn)
+                            data[t, col + j] = T.cast(
+                                (T.cast(x_l[c * ve + j], f32) if narrow else v_l[c * ve + j]) * inverse,
+                                T.float8_e4m3fn,
+                            )
                 if padding > 0 and tid < padding:
                     sf[sf_at(t, cfg.num_blocks + tid)] = T.uint8(0)
 

@@ -36,7 +36,7 @@ import functools
 import torch
 
 from cann_ops_tilelang.config import Backend
-from cann_ops_tilelang.kernel_target import compile_kernel
+from cann_ops_tilelang.kernel_target import CUDA_MAX_THREADS_PER_SM, compile_kernel
 from cann_ops_tilelang.quant._scale_rules import col_major_scales
 from cann_ops_tilelang.quant._tiling import FLOAT_DTYPE_NAMES, RowScales
 from cann_ops_tilelang.quant.per_token_cast_kernel import CAST_BLOCK_SIZES
@@ -87,6 +87,15 @@ class NormForwardConfig(RowScales):
     # tensor, each starting on 16 bytes (TileKernels takes strided rows); False: contiguous rows, the kernels that
     # have no stride argument.
     strided_rows: bool = False
+    # CUDA schedule fields, for more row blocks per SM through fewer registers a thread (off in every chosen
+    # configuration; docs/norm.md: what ptxas says of each, what is measured). `late_weight`: the weight's chunks
+    # loaded in the epilogue (every row reads the same H values: L1 / L2 hits), not held across the reduction;
+    # `narrow_row`: the row (r, then y) held in x's dtype between the phases and widened where used, instead of
+    # a second fp32 copy (widening is exact: the same bits); `min_blocks`: __launch_bounds__' minimum blocks per
+    # SM (a register cap; 0: none).
+    late_weight: bool = False
+    narrow_row: bool = False
+    min_blocks: int = 0
 
     def __post_init__(self):
         if self.backend not in ('ascend', 'cuda'):
@@ -112,6 +121,15 @@ class NormForwardConfig(RowScales):
             raise TypeError(f'col_major_sf must be a bool, got {type(self.col_major_sf).__name__}')
         if self.backend == 'cuda' and (self.threads % 32 or not 32 <= self.threads <= 1024 or self.chunks < 1):
             raise ValueError(f'CUDA: threads {self.threads} must be whole warps up to 1024, chunks >= 1')
+        if self.backend != 'cuda' and (self.late_weight or self.narrow_row or self.min_blocks):
+            raise ValueError('late_weight, narrow_row and min_blocks are CUDA options')
+        if self.late_weight and not self.with_weight:
+            raise ValueError('late_weight needs with_weight')
+        if self.min_blocks < 0 or self.min_blocks * self.threads > CUDA_MAX_THREADS_PER_SM:
+            raise ValueError(
+                f'CUDA: min_blocks * threads must be in 0..{CUDA_MAX_THREADS_PER_SM}, got {self.min_blocks} * '
+                f'{self.threads}'
+            )
         if self.num_stages not in (1, 2):
             raise ValueError(f'num_stages must be 1 or 2, got {self.num_stages}')
         if self.weight_streamed and (self.backend != 'ascend' or not self.with_weight):
