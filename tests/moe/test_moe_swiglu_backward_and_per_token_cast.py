@@ -134,8 +134,10 @@ G = torch.zeros(4, 128, dtype=torch.bfloat16)
         (((DATA, torch.zeros(4, 16)[:, :8]), G, 'e4m3', 32), {}, ValueError, r'x\[1\] must be contiguous'),
         (((DATA, SF), G, 'bf16', 32), {}, ValueError, r"fmt must be one of \('e4m3',\)"),
         (((DATA, SF), G, 'e4m3', 16), {}, ValueError, r'num_per_channels must be one of \(32, 64, 128\)'),
-        (((DATA[:, :128].contiguous(), torch.zeros(4, 1)), G[:, :64].contiguous(), 'e4m3', 128), {}, ValueError,
-         'hidden size must be a positive multiple of 128'),
+        (((DATA[:, :128].contiguous(), torch.zeros(4, 1)), G[:, :64].contiguous(), 'e4m3', 128), {}, RuntimeError,
+         "no kernels for 'cpu' tensors"),  # H 64: one 128-channel block across the halves
+        (((DATA[:, :192].contiguous(), torch.zeros(4, 2)), G[:, :96].contiguous(), 'e4m3', 128), {}, ValueError,
+         'H a positive multiple of 64'),
         (((DATA, SF), G, 'e4m3', 32), {'use_tma_aligned_col_major_sf': True}, RuntimeError,
          "no kernels for 'cpu' tensors"),
         (((DATA, SF), G, 'e4m3', 32), {'use_packed_ue8m0': True}, ValueError, 'needs round_sf=True'),
@@ -298,6 +300,10 @@ def _unfused(args: tuple, kwargs: dict) -> tuple:
 def test_moe_swiglu_backward_and_per_token_cast_equals_unfused(params, device):
     """Bit for bit the unfused composition on token slots, except weight_grad (see WEIGHT_GRAD_ORDER); zeros on
     padding slots (data, scales, everything); the same bits run to run."""
+    _assert_equals_unfused(params, device)
+
+
+def _assert_equals_unfused(params: dict, device) -> None:
     args, kwargs = make_inputs(params, device)
     result = moe_swiglu_backward_and_per_token_cast(*args, **kwargs)
     expected = _unfused(args, kwargs)
@@ -339,6 +345,10 @@ def test_moe_swiglu_backward_and_per_token_cast_col_major_values(params, num_tok
     """use_tma_aligned_col_major_sf=True: every output of the row-major call bit for bit (padding slots' zero
     scales included), the scales in per_token_cast's column-major layout of this backend, through the fast path's
     second call too."""
+    _assert_col_major_values(params, num_tokens, device)
+
+
+def _assert_col_major_values(params: dict, num_tokens: int, device) -> None:
     args, kwargs = make_inputs({**params, 'num_tokens': num_tokens}, device)
     rows = _flatten(moe_swiglu_backward_and_per_token_cast(*args, **kwargs))
     backend = 'cuda' if torch.device(device).type == 'cuda' else 'ascend'
@@ -411,6 +421,119 @@ def test_moe_swiglu_backward_and_per_token_cast_empty(params, device):
     args, kwargs = make_inputs({**params, 'num_tokens': 0}, device)
     result = _flatten(moe_swiglu_backward_and_per_token_cast(*args, **kwargs))
     assert all(r.numel() == 0 and r.device == args[1].device for r in result)
+
+
+# ---------------------------------------------------------------- blocks across the halves (H = 64 * odd, 128 channels)
+
+# 2 H is whole 128-channel blocks, but block H / 128 holds the gate's last 64 channels and the up's first 64, for x's
+# scales and the cast's alike. Level 0: one case (H 192: 2 H = 3 blocks, the middle one across; packed UE8M0, one
+# word ending in a zero byte; every option). Level 1: H 2880 (gpt-oss's: 45 blocks, block 22 across; CUDA nine tiles
+# of 640 positions, tile 4 across the halves) with fp32, power-of-two and UE8M0 scales, with every option and without,
+# row- and column-major.
+STRADDLING_PARAMS = by_level(
+    LEVEL,
+    core=[dict(block=128, sf='ue8m0', options='all', hidden=192, num_tokens=300)],
+    default=generate_samples(block=[128], sf=list(_SF), options=list(_OPTIONS), hidden=[2880], num_tokens=[7, 300]),
+)
+STRADDLING_COL_MAJOR = by_level(
+    LEVEL,
+    core=[],
+    default=[dict(block=128, sf=sf, options='all', hidden=2880) for sf in ('fp32', 'ue8m0')],
+)
+_STRADDLING_LOWERED = [
+    dict(block=128, sf='ue8m0', options='all', hidden=192),
+    dict(block=128, sf='fp32', options='all', hidden=2880),
+    dict(block=128, sf='ue8m0', options='none', hidden=2880, col_major=True),
+]
+
+
+@pytest.mark.parametrize('backend', ['ascend', 'cuda'])
+def test_moe_swiglu_backward_and_per_token_cast_straddling_contract(backend, monkeypatch):
+    """H = 64 * odd takes 128-channel blocks, with per_token_cast's scale layouts of the (T, 2 H) x_grad (45 scales
+    of 2880: fp32, or 12 packed UE8M0 words, row- and column-major)."""
+    monkeypatch.setattr(config, 'require_accelerator', lambda *tensors: backend)
+    device = 'cuda' if backend == 'cuda' else 'cpu'
+    with FakeTensorMode():
+        data = torch.empty(5, 2 * 2880, dtype=torch.float8_e4m3fn, device=device)
+        scales = torch.empty(5, 45, device=device)
+        grad = torch.empty(5, 2880, dtype=torch.bfloat16, device=device)
+        for sf, shape, dtype in (('fp32', (5, 45), torch.float32), ('ue8m0', (5, 12), torch.int32)):
+            round_sf, packed = _SF[sf]
+            for col_major in (False, True):
+                _, quantised, *_ = moe_swiglu_backward_and_per_token_cast(
+                    (data, scales), grad, 'e4m3', 128, use_tma_aligned_col_major_sf=col_major, round_sf=round_sf,
+                    use_packed_ue8m0=packed,
+                )  # fmt: skip
+                want = per_token_cast(torch.empty(5, 2 * 2880, device=device), 'e4m3', 128, round_sf=round_sf,
+                                      use_packed_ue8m0=packed, use_tma_aligned_col_major_sf=col_major).sf  # fmt: skip
+                assert (tuple(quantised.sf.shape), quantised.sf.dtype) == (shape, dtype)
+                assert quantised.sf.stride() == want.stride()
+
+
+@pytest.mark.parametrize('backend', ['ascend', 'cuda'])
+def test_moe_swiglu_backward_and_per_token_cast_straddling_config(backend):
+    """Blocks across the halves only with 128 channels and H = 64 * odd; their tiles (check_straddling_tiles):
+    Ascend the row in one task (H <= 6720), CUDA whole blocks of the 2 H row; packed UE8M0 rows end in zero bytes."""
+    v = dict(block=128, sf='fp32', options='all', hidden=2880)
+    rows = {(128, 'fp32'): (True, 45, 45, 0), (128, 'ue8m0'): (True, 45, 48, 3), (64, 'fp32'): (False, 90, 90, 0)}
+    for (block, sf), want in rows.items():
+        cfg = make_config(backend, v | dict(block=block, sf=sf))
+        assert (cfg.straddles, cfg.row_blocks, cfg.sf_cols, cfg.sf_padding) == want, (block, sf)
+    assert not make_config(backend, v | dict(hidden=2816)).straddles
+    assert make_config(backend, v | dict(sf='ue8m0'), col_major_sf=True).straddles  # whole words need no split
+    cfg = make_config(backend, v)
+    if backend == 'ascend':
+        assert (cfg.block_k, cfg.num_col_tiles) == (2880, 1)
+        with pytest.raises(ValueError, match='needs the row in one task: hidden <= 6720'):
+            make_config(backend, v | dict(hidden=6848))
+        with pytest.raises(ValueError, match='block_k 960: the row'):
+            dataclasses.replace(cfg, block_k=960)
+    else:
+        assert (cfg.block_k, cfg.num_col_tiles, cfg.groups_per_tile, cfg.threads) == (640, 9, 5, 64)
+        assert make_config(backend, v | dict(hidden=6848)).straddles
+        with pytest.raises(ValueError, match='block_k 960: whole blocks of 128 dividing 2 \\* hidden 5760'):
+            dataclasses.replace(cfg, block_k=960)
+
+
+@pytest.mark.parametrize('params', _STRADDLING_LOWERED, ids=make_param_id)
+@pytest.mark.parametrize('backend', ['ascend', 'cuda'])
+def test_moe_swiglu_backward_and_per_token_cast_straddling_lowers(backend, params):
+    """Ascend: the row is one task, the cast one pass over the 2 H row (one block-maximum vcmax where the halves'
+    passes have two), its data one DMA of 2 H bytes, its scales one of the whole row (packed: to the word); CUDA:
+    the positions' guards, the packed row's zero byte after its 2 H / 128 scales."""
+    cfg = make_config(backend, params, col_major_sf=params.get('col_major', False))
+    assert cfg.straddles
+    lower = assert_ascend_kernel_lowers if backend == 'ascend' else assert_cuda_kernel_lowers
+    source = lower(lambda: make_moe_swiglu_backward_kernel(cfg), key=cfg, kernel_name=KERNEL_NAME).source
+    hidden = params['hidden']
+    if backend == 'ascend':
+        assert source.count('simd_inst::vcmax(') == 1
+        data = re.findall(r'asc_copy_ub2gm_align\(\(__gm__ uint8_t\*\)\(\(&\(x_grad_fp8\[[^;]*?, 1, (\d+), ', source)
+        assert data == [str(2 * hidden)]
+        if not cfg.col_major_sf:
+            sf_bytes = cfg.sf_cols * (1 if cfg.packed_ue8m0 else 4)
+            sf = re.findall(r'asc_copy_ub2gm_align\(\(__gm__ uint8_t\*\)\(\(&\(x_grad_sf\[[^;]*?, 1, (\d+), ', source)
+            assert sf == [str(sf_bytes)]
+    else:
+        assert 'condval' in source
+        if cfg.packed_ue8m0 and not cfg.col_major_sf:
+            assert f'(int64_t){cfg.sf_cols}) + (int64_t){cfg.row_blocks})] = (uchar)0' in source
+
+
+@pytest.mark.npu
+@pytest.mark.parametrize('params', STRADDLING_PARAMS, ids=make_param_id)
+def test_moe_swiglu_backward_and_per_token_cast_straddling_values(params, device):
+    """A block across the halves: bit for bit the unfused composition (per_token_cast of the (T, 2 H) x_grad),
+    padding slots zero (the packed row's padding byte included), the same bits run to run."""
+    _assert_equals_unfused(params, device)
+
+
+@pytest.mark.npu
+@pytest.mark.parametrize('num_tokens', [1, 37])
+@pytest.mark.parametrize('params', STRADDLING_COL_MAJOR, ids=make_param_id)
+def test_moe_swiglu_backward_and_per_token_cast_straddling_col_major(params, num_tokens, device):
+    """Column-major scales with a block across the halves: the row-major call's values in per_token_cast's layout."""
+    _assert_col_major_values(params, num_tokens, device)
 
 
 # The peer's shapes (tokens 4001 / 8001, hidden 4096 / 7168): 128-channel fp32 scales, top-k weights.

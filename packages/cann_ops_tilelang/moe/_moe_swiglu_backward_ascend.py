@@ -8,6 +8,11 @@ the weight gradient, which stay in UB from tile to tile and are summed (vcadd) i
 With the cast the VF then makes per_token_cast's three passes over the fp32 gradient tiles (block maxima, scales
 and inverses, data), with its macros (quant/_per_token_cast_ascend.py, quant/_scale_rules.py). Padding slots:
 every value is selected to zero, their scales are zeroed by the scalar unit.
+
+Straddling blocks (cfg.straddles: H = 64 * odd, 128-channel blocks, one block across the halves): the task is the
+token's row (one tile of H channels a half); x's scales land as one row, the gate and up gradients side by side in
+one fp32 row of 2 H, and the cast's passes run over that row, so the block across the halves takes its maximum over
+the gate's last register and the up's first, as per_token_cast's rows do.
 """
 
 # No `from __future__ import annotations`: TileLang evaluates the prim_func annotations, which
@@ -29,8 +34,13 @@ def ascend_moe_swiglu_backward_kernel(cfg):
     x_dtype, grad_dtype, out_dtype = cfg.x_dtype, cfg.grad_dtype, cfg.out_dtype
     cast, with_weight, use_clamp, recompute = cfg.cast, cfg.with_weight, cfg.use_clamp, cfg.do_recompute
     bs, groups, num_blocks, sf_dtype = cfg.block_size, cfg.groups_per_tile, cfg.num_blocks, cfg.sf_dtype
+    row_blocks = cfg.row_blocks
     chunks = bk // LANES
-    groups_padded = max(-(-groups // LANES) * LANES, LANES)  # whole registers of scales
+    straddles = cfg.straddles
+    # The cast's row: a half tile, or with straddling blocks the 2 H row (the gate's registers, then the up's).
+    cast_chunks, cast_groups = (2 * chunks, cfg.row_blocks) if straddles else (chunks, groups)
+    sf_len = cfg.sf_cols if straddles else groups  # scales one task stores (packed: to a whole word)
+    groups_padded = max(-(-sf_len // LANES) * LANES, LANES)  # whole registers of scales
     kept = token_kept_macro(T, num_experts=cfg.num_experts, alignment=cfg.alignment) if cfg.num_experts else None
 
     num_tokens = T.dynamic('num_tokens')
@@ -39,7 +49,7 @@ def ascend_moe_swiglu_backward_kernel(cfg):
     col_major, packed_sf = cfg.col_major_sf, cfg.packed_ue8m0
 
     if cast:
-        _, block_maxima, block_scalar = ascend_row_macros(T, in_dtype='float32', block_size=bs, chunks=chunks)
+        _, block_maxima, block_scalar = ascend_row_macros(T, in_dtype='float32', block_size=bs, chunks=cast_chunks)
         scales = ascend_cast_scales_macro(
             T, fmt='e4m3', round_sf=cfg.round_sf, packed_ue8m0=cfg.packed_ue8m0, e4m3_sf=False
         )
@@ -52,10 +62,11 @@ def ascend_moe_swiglu_backward_kernel(cfg):
         return S.vld(buf[c * LANES])
 
     @T.macro
-    def load_x(buf, sf_ub, c, low):
-        """Register c of a half tile of x as fp32: fp8 data times its block's scale (one fp32 product)."""
+    def load_x(buf, sf_ub, c, sf_register, low):
+        """Register c of a half tile of x as fp32: fp8 data times its block's scale (one fp32 product), the scale
+        that of register `sf_register` of sf_ub's row (c, or with straddling blocks the register in the 2 H row)."""
         if cast:
-            return S.vmul(S.vcvt(S.vld(buf[c * LANES], dist='UNPK4_B8'), f32), block_scalar(sf_ub, c, low))
+            return S.vmul(S.vcvt(S.vld(buf[c * LANES], dist='UNPK4_B8'), f32), block_scalar(sf_ub, sf_register, low))
         return load(buf, c)
 
     @T.macro
@@ -67,12 +78,13 @@ def ascend_moe_swiglu_backward_kernel(cfg):
 
     @T.macro
     def quantise(grad32_ub, amax_ub, sf_ub, inv_ub, fp8_ub, low, high):
-        """per_token_cast's passes over one fp32 half tile: block maxima, scales and inverses, e4m3 data."""
+        """per_token_cast's passes over one fp32 half tile (straddling blocks: the 2 H row): block maxima, scales
+        and inverses, e4m3 data."""
         block_maxima(grad32_ub, amax_ub, low, high)
         S.mem_bar('VST_VLD')
-        scales(amax_ub, sf_ub, inv_ub, groups)
+        scales(amax_ub, sf_ub, inv_ub, cast_groups)
         S.mem_bar('VST_VLD')
-        for c in T.serial(chunks):
+        for c in T.serial(cast_chunks):
             scaled = S.vmul(S.vld(grad32_ub[c * LANES]), block_scalar(inv_ub, c, low))
             S.vsts(fp8_ub[c * LANES], S.vcvt(scaled, T.float8_e4m3fn), dist='PK4_B32')
 
@@ -91,8 +103,8 @@ def ascend_moe_swiglu_backward_kernel(cfg):
                 acc = S.alloc_var(f32)
                 acc = S.vsel(zero, S.vld(ub['acc'][0]), S.vcmps(S.vdup(j, i32), 0, op='eq'))
             for c in T.serial(chunks):
-                a = load_x(ub['x'], ub['x_sf'], c, low)
-                b = load_x(ub['y'], ub['y_sf'], c, low)
+                a = load_x(ub['x'], ub['x_sf'], c, c, low)
+                b = load_x(ub['y'], ub['y_sf'], c, chunks + c if straddles else c, low)
                 g = load(ub['grad'], c)
                 if use_clamp:
                     a_cut = S.vcmps(a, clamp_value, op='gt')
@@ -111,7 +123,10 @@ def ascend_moe_swiglu_backward_kernel(cfg):
                 db = S.vsel(db, zero, token)
                 store(ub['x_grad'], c, da)
                 store(ub['y_grad'], c, db)
-                if cast:
+                if cast and straddles:  # the 2 H row: the up half after the gate's H channels
+                    S.vsts(ub['x_grad32'][c * LANES], da)
+                    S.vsts(ub['x_grad32'][(chunks + c) * LANES], db)
+                elif cast:
                     S.vsts(ub['x_grad32'][c * LANES], da)
                     S.vsts(ub['y_grad32'][c * LANES], db)
                 if with_weight:
@@ -125,6 +140,7 @@ def ascend_moe_swiglu_backward_kernel(cfg):
             if cast:
                 S.mem_bar('VST_VLD')
                 quantise(ub['x_grad32'], ub['amax'], ub['x_grad_sf'], ub['inv'], ub['x_grad_fp8'], low, high)
+            if cast and not straddles:
                 S.mem_bar('VST_VLD')
                 quantise(ub['y_grad32'], ub['amax'], ub['y_grad_sf'], ub['inv'], ub['y_grad_fp8'], low, high)
 
@@ -162,7 +178,17 @@ def ascend_moe_swiglu_backward_kernel(cfg):
             if recompute:
                 ub['act'] = T.alloc_shared((bk,), out_dtype)
                 versions[ub['act']] = stages
-            if cast:
+            if cast and straddles:
+                # One row each: x's scales (the up half's block after the gate's), the cast's 2 H row.
+                ub['x_sf'] = ub['y_sf'] = T.alloc_shared((groups_padded,), f32)
+                ub['x_grad_sf'] = T.alloc_shared((groups_padded,), sf_dtype)
+                ub['x_grad_fp8'] = T.alloc_shared((2 * bk,), T.float8_e4m3fn)
+                for k in ('x_sf', 'x_grad_sf', 'x_grad_fp8'):
+                    versions[ub[k]] = stages
+                for k, size in (('x_grad32', 2 * bk), ('amax', groups_padded), ('inv', groups_padded)):
+                    ub[k] = T.alloc_shared((size,), f32)
+                    versions[ub[k]] = 1
+            elif cast:
                 for k in ('x_sf', 'y_sf'):
                     ub[k] = T.alloc_shared((groups_padded,), f32)
                     versions[ub[k]] = stages
@@ -189,7 +215,9 @@ def ascend_moe_swiglu_backward_kernel(cfg):
                     col = j * bk
                     T.copy(x[t, col : col + bk], ub['x'])
                     T.copy(x[t, hidden + col : hidden + col + bk], ub['y'])
-                    if cast:
+                    if cast and straddles:  # the row (j = 0)
+                        T.copy(x_sf[t, 0:row_blocks], ub['x_sf'][0:row_blocks])
+                    elif cast:
                         sf_col = j * groups
                         T.copy(x_sf[t, sf_col : sf_col + groups], ub['x_sf'][0:groups])
                         T.copy(x_sf[t, num_blocks + sf_col : num_blocks + sf_col + groups], ub['y_sf'][0:groups])
@@ -199,7 +227,18 @@ def ascend_moe_swiglu_backward_kernel(cfg):
                     T.copy(ub['y_grad'], x_grad[t, hidden + col : hidden + col + bk])
                     if recompute:
                         T.copy(ub['act'], act_out[t, col : col + bk])
-                    if cast:
+                    if cast and straddles:  # the row (j = 0): its data, its scales (packed: to a whole word)
+                        T.copy(ub['x_grad_fp8'], x_grad_fp8[t, 0 : 2 * hidden])
+                        if keep == 0:
+                            for k in T.serial(sf_len):
+                                ub['x_grad_sf'][k] = T.cast(0, sf_dtype)
+                        if not col_major:
+                            T.copy(ub['x_grad_sf'][0:sf_len], x_grad_sf[t, 0:sf_len])
+                        elif packed_sf:
+                            T.copy(ub['x_grad_sf'][0:sf_len], x_grad_sf[0 : sf_len // 4, 4 * t : 4 * t + 4])
+                        else:
+                            T.copy(ub['x_grad_sf'][0:sf_len], x_grad_sf[0:sf_len, t])
+                    elif cast:
                         T.copy(ub['x_grad_fp8'], x_grad_fp8[t, col : col + bk])
                         T.copy(ub['y_grad_fp8'], x_grad_fp8[t, hidden + col : hidden + col + bk])
                         if keep == 0:

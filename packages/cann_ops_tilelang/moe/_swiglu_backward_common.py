@@ -58,7 +58,7 @@ def argument_shapes(T, cfg, num_tokens) -> dict:
     hidden = cfg.hidden
     return {
         'x': (num_tokens, 2 * hidden),
-        'x_sf': used(cfg.cast, (num_tokens, 2 * cfg.num_blocks), 'x_sf'),
+        'x_sf': used(cfg.cast, (num_tokens, cfg.row_blocks), 'x_sf'),
         'act_x_grad': (num_tokens, hidden),
         'topk_weights': used(cfg.with_weight, (num_tokens,), 'topk_weights'),
         'psum': used(cfg.num_experts > 0, (max(cfg.num_experts, 1),), 'psum'),

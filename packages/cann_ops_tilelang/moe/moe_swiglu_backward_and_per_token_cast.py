@@ -10,7 +10,7 @@ from cann_ops_tilelang.operator import Operator, new_output, quant, scalar, tens
 
 from ..quant import _contract as quant_contract
 from ..quant._quant_tensor import QuantTensor
-from ..quant.per_token_cast_kernel import hidden_multiple
+from ..quant.per_token_cast_kernel import CAST_HIDDEN_UNIT
 from ._swiglu_contract import check_layout_options, swiglu_fast_key
 from .moe_swiglu_backward import (
     check_sizes,
@@ -21,6 +21,7 @@ from .moe_swiglu_backward import (
 from .moe_swiglu_backward_kernel import (
     CAST_BLOCK_SIZES,
     CAST_FORMAT,
+    blocks_straddle,
     choose_moe_swiglu_backward_config,
     get_moe_swiglu_backward_kernel,
 )
@@ -39,12 +40,17 @@ def _options(name, x_sf, T, H2, fmt, num_per_channels, psum_num_tokens_per_exper
     quant_contract.check_cast_format(name, fmt, (CAST_FORMAT,))
     quant_contract.check_block(name, 'num_per_channels', num_per_channels, CAST_BLOCK_SIZES)
     quant_contract.check_scale_flags(name, round_sf, use_packed_ue8m0)
-    unit = hidden_multiple(num_per_channels)
-    quant_contract.check_hidden(name, H2 // 2, unit, f'num_per_channels {num_per_channels}')
-    if use_packed_ue8m0 and (H2 // num_per_channels) % quant_contract.UE8M0_PACK:
+    # per_token_cast's blocks of the 2 H row: whole 64-lane registers; with 128-channel blocks an odd multiple of 64
+    # puts a block across the two halves (2 H is still whole blocks).
+    quant_contract.check_hidden(name, H2 // 2, CAST_HIDDEN_UNIT, f'num_per_channels {num_per_channels}')
+    if (
+        use_packed_ue8m0
+        and not blocks_straddle(H2 // 2, num_per_channels)
+        and (H2 // num_per_channels) % quant_contract.UE8M0_PACK
+    ):
         raise ValueError(
             f'{name}: use_packed_ue8m0 needs 2 * H / num_per_channels a multiple of {quant_contract.UE8M0_PACK} '
-            f'(whole int32 words of scales), got {H2 // num_per_channels}'
+            f'(whole int32 words of scales) where H is whole blocks, got {H2 // num_per_channels}'
         )
     if x_sf.shape != (T, H2 // num_per_channels):
         raise ValueError(
@@ -178,7 +184,9 @@ def moe_swiglu_backward_and_per_token_cast(
 
     Args:
         x: (data, sf): data (T, 2 H) float8_e4m3fn, contiguous; sf (T, 2 H / num_per_channels) fp32, contiguous.
-            H a positive multiple of max(64, num_per_channels), T * 2 H < 2**31, T >= 0 (T = 0: no launch).
+            H a positive multiple of 64, T * 2 H < 2**31, T >= 0 (T = 0: no launch). With num_per_channels 128
+            an odd multiple of 64 (e.g. gpt-oss's 2880) puts block H / 128 across the two halves (the gate's last
+            64 channels, the up's first 64), as per_token_cast's blocks of the 2 H row are (Ascend: H <= 6720).
         act_x_grad: (T, H) bf16 or fp32, contiguous.
         fmt: 'e4m3'.
         num_per_channels: 32, 64 or 128 channels per scale, of x and of the cast (both backends).
@@ -190,10 +198,11 @@ def moe_swiglu_backward_and_per_token_cast(
             (1, 0)); x's own scales stay row-major (as the peer's). On Ascend with use_packed_ue8m0, H /
             num_per_channels a multiple of 4 (whole words per half row; ValueError otherwise).
         round_sf: power-of-two scales. use_packed_ue8m0: with round_sf, the scales as UE8M0 bytes packed four
-            per int32 (2 H / num_per_channels a multiple of 4).
+            per int32 (2 H / num_per_channels a multiple of 4 where H is whole blocks; with a block across the halves
+            the row ends in zero bytes up to a word, per_token_cast's padding).
 
     Returns:
         A tuple: x_grad (T, 2 H) bf16; QuantTensor(x_grad_fp8 (T, 2 H) float8_e4m3fn, its scales (T, 2 H /
-        num_per_channels) fp32 or (T, H / (2 num_per_channels)) int32 packed); weight_grad (T,) fp32 with
+        num_per_channels) fp32 or (T, ceil(2 H / num_per_channels / 4)) int32 packed); weight_grad (T,) fp32 with
         topk_weights; act_out (T, H) bf16 with do_recompute. The same from run to run.
     """

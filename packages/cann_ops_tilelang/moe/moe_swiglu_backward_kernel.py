@@ -16,6 +16,13 @@ Padding slots of the expert layout (_swiglu_backward_common.py) get zeros in eve
 the cast, the fp32 x_grad row is cast per block of `block_size` channels as per_token_cast casts a (T, 2 H) tensor
 (the same scale rules and SIMD / CUDA code, quant/_scale_rules.py), and x_grad itself is returned in bf16.
 
+Straddling blocks (cfg.straddles: H = 64 * odd with 128-channel blocks, e.g. gpt-oss's 2880): 2 H is whole blocks
+but block H / 128 holds the gate half's last 64 channels and the up half's first 64, for x's scales and the cast's
+alike. Those configurations tile the 2 H row, never a half: on Ascend one task is the token's row (the gate and up
+gradients side by side in UB, the cast's passes over both), on CUDA a tile is whole blocks of the 2 H row and each
+position computes its own column's gradient (the gate's or the up's, the column's values loaded for either). With
+packed UE8M0 the scale row ends in zero bytes up to a whole word (per_token_cast's padding).
+
 One generator builds the Ascend 950 kernel (vector cores, SIMD: _moe_swiglu_backward_ascend.py) or the CUDA kernel
 (_moe_swiglu_backward_cuda.py), chosen by `cfg.backend`. Both take every argument of the prim_func below; those a
 configuration does not use (psum, weights, act_out, the cast's) are placeholders of one element that it never
@@ -35,7 +42,7 @@ from cann_ops_tilelang.kernel_target import compile_kernel
 
 from ..quant._scale_rules import UE8M0_PACK
 from ..quant._tiling import divisors
-from ..quant.per_token_cast_kernel import BLOCK_SIZES, hidden_multiple
+from ..quant.per_token_cast_kernel import BLOCK_SIZES, CAST_HIDDEN_UNIT, hidden_multiple
 
 # The backend kernels (they do not import this module: no import circle).
 from ._moe_swiglu_backward_ascend import ascend_moe_swiglu_backward_kernel
@@ -50,9 +57,19 @@ CAST_FORMAT = 'e4m3'  # moe_swiglu_backward_and_per_token_cast's fmt
 CAST_BLOCK_SIZES = BLOCK_SIZES  # channels per scale: 32, 64 or 128 (both backends)
 HIDDEN_UNIT = hidden_multiple(0)  # H, without the cast: whole 64-lane registers
 _ASCEND_MAX_BLOCK_K = 2048  # channels of each half per tile: <= 96 KiB of UB in fp32, two buffer versions
+# Straddling blocks: the row is one task, H channels of each half in UB (about 37 bytes a channel: x_grad and act_out
+# bf16, the cast's fp32 row, two buffer versions); at 6720 the worst configuration (fp32 act_x_grad, every option)
+# lowers to at most 240 KiB of the 248 KiB.
+_ASCEND_MAX_STRADDLING_HIDDEN = 6720
 _CUDA_MAX_BLOCK_K = 1024  # channels of each half per tile: 8 per thread, 16-byte loads of bf16
 _CUDA_THREADS = 128  # the most threads per block
 _WARP = 32
+
+
+def blocks_straddle(hidden: int, block_size: int) -> bool:
+    """Whether a scale block of the cast's 2 H row holds channels of both halves (block_size 0: no cast): H not whole
+    blocks, the configurations then check H = 64 * odd with 128-channel blocks (2 H whole blocks)."""
+    return block_size > 0 and hidden > 0 and hidden % block_size != 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,7 +87,7 @@ class MoeSwigluBackwardConfig:
     round_sf: bool  # the cast's power-of-two scales
     packed_ue8m0: bool  # the cast's scales as UE8M0 bytes (needs round_sf)
     num_cores: int  # Ascend: vector cores (persistent grid); CUDA: SMs (informational: one block per token)
-    block_k: int  # channels of each half per tile; divides hidden
+    block_k: int  # channels of each half per tile; divides hidden (straddling blocks: CUDA positions of the 2 H row)
     threads: int  # CUDA threads per block (unused on Ascend)
     num_stages: int  # Ascend buffer versions of the persistent loop (unused on CUDA)
     alignment: int = TOKEN_ALIGNMENT  # of the expert layout's starts
@@ -95,13 +112,15 @@ class MoeSwigluBackwardConfig:
             raise ValueError('packed_ue8m0 needs round_sf (UE8M0 holds powers of two only)')
         if (self.round_sf or self.packed_ue8m0) and not self.cast:
             raise ValueError('round_sf and packed_ue8m0 are options of the cast (block_size > 0)')
-        if self.packed_ue8m0 and self.sf_cols % UE8M0_PACK:
+        if self.packed_ue8m0 and not self.straddles and self.row_blocks % UE8M0_PACK:
             raise ValueError(f'packed_ue8m0 needs whole int32 words of scales: 2 * hidden / block_size a multiple of '
-                             f'{UE8M0_PACK}, got {2 * self.num_blocks}')  # fmt: skip
+                             f'{UE8M0_PACK}, got {self.row_blocks}')  # fmt: skip
         unit = self.hidden_unit
-        if self.hidden <= 0 or self.hidden % unit:
+        if self.straddles:
+            check_straddling_tiles(self)
+        elif self.hidden <= 0 or self.hidden % unit:
             raise ValueError(f'hidden must be a positive multiple of {unit}, got {self.hidden}')
-        if self.block_k % unit or self.hidden % self.block_k:
+        elif self.block_k % unit or self.hidden % self.block_k:
             raise ValueError(f'block_k {self.block_k} must be a multiple of {unit} dividing hidden {self.hidden}')
         if self.num_experts < 0 or self.alignment < 1:
             raise ValueError(f'num_experts must be >= 0 and alignment >= 1, got {self.num_experts}, {self.alignment}')
@@ -115,6 +134,7 @@ class MoeSwigluBackwardConfig:
             self.col_major_sf
             and self.packed_ue8m0
             and self.backend == 'ascend'
+            and not self.straddles
             and (self.num_blocks % UE8M0_PACK or self.groups_per_tile % UE8M0_PACK)
         ):
             raise ValueError(
@@ -128,21 +148,36 @@ class MoeSwigluBackwardConfig:
 
     @property
     def hidden_unit(self) -> int:
-        """What hidden and block_k are multiples of: whole registers, and whole scale blocks with the cast."""
+        """What hidden and block_k are multiples of: whole registers, and whole scale blocks with the cast (but
+        for straddling blocks)."""
         return hidden_multiple(self.block_size)
 
     @property
+    def straddles(self) -> bool:
+        """Whether a scale block holds channels of both halves: H = 64 * odd with 128-channel blocks (2 H whole
+        blocks, H not)."""
+        return blocks_straddle(self.hidden, self.block_size)
+
+    @property
     def num_col_tiles(self) -> int:
+        """Tiles of a row: of each half, or with straddling blocks of the 2 H row (Ascend: the row, one)."""
+        if self.straddles and self.backend == 'cuda':
+            return 2 * self.hidden // self.block_k
         return self.hidden // self.block_k
 
     @property
     def num_blocks(self) -> int:
-        """Scale blocks of one half row (0 without the cast)."""
+        """Scale blocks of one half row (0 without the cast; whole blocks only, see `straddles`)."""
         return self.hidden // self.block_size if self.cast else 0
 
     @property
+    def row_blocks(self) -> int:
+        """Scale blocks of the 2 H row (0 without the cast)."""
+        return 2 * self.hidden // self.block_size if self.cast else 0
+
+    @property
     def groups_per_tile(self) -> int:
-        """Scale blocks of one half tile."""
+        """Scale blocks of one half tile (straddling blocks, CUDA: of a tile of the 2 H row)."""
         return self.block_k // self.block_size if self.cast else 0
 
     @property
@@ -152,8 +187,33 @@ class MoeSwigluBackwardConfig:
 
     @property
     def sf_cols(self) -> int:
-        """Scale elements of one row of x_grad (fp32 scales, or UE8M0 bytes)."""
-        return 2 * self.num_blocks
+        """Scale elements of one row of x_grad (fp32 scales, or UE8M0 bytes to a whole word: straddling blocks,
+        an odd number of them, end in zero bytes)."""
+        pack = UE8M0_PACK if self.packed_ue8m0 else 1
+        return -(-self.row_blocks // pack) * pack
+
+    @property
+    def sf_padding(self) -> int:
+        """Zero UE8M0 bytes after the last scale of a row."""
+        return self.sf_cols - self.row_blocks
+
+
+def check_straddling_tiles(cfg: MoeSwigluBackwardConfig) -> None:
+    """The tiles of a configuration with straddling blocks (ValueError): H a multiple of 64; Ascend the row, one task
+    (H <= _ASCEND_MAX_STRADDLING_HIDDEN); CUDA whole blocks of the 2 H row dividing it."""
+    if cfg.hidden <= 0 or cfg.hidden % CAST_HIDDEN_UNIT:
+        raise ValueError(f'hidden must be a positive multiple of {CAST_HIDDEN_UNIT}, got {cfg.hidden}')
+    if cfg.backend == 'ascend':
+        if cfg.hidden > _ASCEND_MAX_STRADDLING_HIDDEN:
+            raise ValueError(
+                f'Ascend: a scale block across the two halves (hidden {cfg.hidden}, not a multiple of '
+                f'{cfg.block_size}) needs the row in one task: hidden <= {_ASCEND_MAX_STRADDLING_HIDDEN}'
+            )
+        if cfg.block_k != cfg.hidden:
+            raise ValueError(f'block_k {cfg.block_k}: the row (hidden {cfg.hidden}) for blocks across the halves')
+    elif cfg.block_k % cfg.block_size or 2 * cfg.hidden % cfg.block_k:
+        raise ValueError(f'block_k {cfg.block_k}: whole blocks of {cfg.block_size} dividing 2 * hidden '
+                         f'{2 * cfg.hidden} for blocks across the halves')  # fmt: skip
 
 
 def choose_moe_swiglu_backward_config(
@@ -182,13 +242,21 @@ def choose_moe_swiglu_backward_config(
         if name not in DTYPE_NAMES.values():
             raise ValueError(f'{what} must be one of {list(DTYPE_NAMES)}, got {dtype!r}')
         names.append(name)
-    unit = hidden_multiple(block_size)
+    straddles = blocks_straddle(hidden, block_size)
+    unit = CAST_HIDDEN_UNIT if straddles else hidden_multiple(block_size)  # a block across the halves: 2 H whole blocks
     if hidden <= 0 or hidden % unit:
         raise ValueError(f'hidden must be a positive multiple of {unit}, got {hidden}')
     make = functools.partial(
         MoeSwigluBackwardConfig, backend, hidden, *names, num_experts, with_weight, use_clamp, do_recompute,
         block_size, round_sf, packed_ue8m0, num_cores, col_major_sf=col_major_sf,
     )  # fmt: skip
+    if straddles and backend == 'ascend':
+        return make(block_k=hidden, threads=0, num_stages=2)  # the row, one task (check_straddling_tiles)
+    if straddles and backend == 'cuda':
+        # Tiles of whole blocks of the 2 H row (every block's maximum within one tile), threads as below.
+        block_k = divisors(2 * hidden, block_size, _CUDA_MAX_BLOCK_K)[0]
+        threads = _WARP * math.gcd(block_k // HIDDEN_UNIT, _CUDA_THREADS // _WARP)
+        return make(block_k=block_k, threads=threads, num_stages=1)
     if backend == 'ascend':
         # The longest tile that fits the UB: each task streams whole rows, fewer and longer DMAs per core.
         # Column-major UE8M0 words go out one burst each: tiles of whole words where the half row holds whole words.

@@ -89,9 +89,10 @@ def few_tokens(num_tokens: int) -> bool:
 
 
 def hidden_multiple(block_size: int) -> int:
-    """What H must be a positive multiple of for whole scale blocks and whole vector registers (the SwiGLU backward's
-    cast; per_token_cast, norm_forward_and_per_token_cast and moe_swiglu_forward_and_per_token_cast take
-    CAST_HIDDEN_UNIT, a short last block included)."""
+    """What H must be a positive multiple of for whole scale blocks and whole vector registers (tiles of whole
+    blocks; per_token_cast, norm_forward_and_per_token_cast and moe_swiglu_forward_and_per_token_cast take
+    CAST_HIDDEN_UNIT, a short last block included, and the SwiGLU backward's cast too, a block across its halves
+    included)."""
     return max(LANES, block_size)
 
 
