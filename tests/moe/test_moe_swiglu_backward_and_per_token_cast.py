@@ -21,7 +21,7 @@ from cann_ops_tilelang.moe.moe_swiglu_backward_kernel import (
 )
 from cann_ops_tilelang.operator import NAMESPACE, OPERATORS
 from cann_ops_tilelang.quant import QuantTensor, per_token_cast
-from tests.quant.cast_ref import assert_peer_layout, logical_sf_bytes
+from tests.quant.cast_ref import assert_peer_layout, logical_sf_bytes, per_token_cast_ref
 from tests.testing import fast_path
 from tests.testing.bench import config_extras, make_param_id
 from tests.testing.generator import by_level, generate_samples, get_test_level
@@ -429,11 +429,24 @@ def test_moe_swiglu_backward_and_per_token_cast_empty(params, device):
 # scales and the cast's alike. Level 0: one case (H 192: 2 H = 3 blocks, the middle one across; packed UE8M0, one
 # word ending in a zero byte; every option). Level 1: H 2880 (gpt-oss's: 45 blocks, block 22 across; CUDA nine tiles
 # of 640 positions, tile 4 across the halves) with fp32, power-of-two and UE8M0 scales, with every option and without,
-# row- and column-major.
+# row- and column-major; H 6720, Ascend's limit (the row in one task, 240 KiB of UB), with every option; the quant
+# reference's bytes at 2880 and 6720 (packed UE8M0 of 105 blocks: per_token_cast on Ascend takes such rows up to 8192
+# channels only, so the composition cannot check it there).
 STRADDLING_PARAMS = by_level(
     LEVEL,
     core=[dict(block=128, sf='ue8m0', options='all', hidden=192, num_tokens=300)],
-    default=generate_samples(block=[128], sf=list(_SF), options=list(_OPTIONS), hidden=[2880], num_tokens=[7, 300]),
+    default=[
+        *generate_samples(block=[128], sf=list(_SF), options=list(_OPTIONS), hidden=[2880], num_tokens=[7, 300]),
+        dict(block=128, sf='pow2', options='all', hidden=6720, num_tokens=3),
+    ],
+)
+STRADDLING_REFERENCE = by_level(
+    LEVEL,
+    core=[],
+    default=[
+        dict(block=128, sf='fp32', options='all', hidden=2880, num_tokens=7),
+        dict(block=128, sf='ue8m0', options='all', hidden=6720, num_tokens=3),
+    ],
 )
 STRADDLING_COL_MAJOR = by_level(
     LEVEL,
@@ -526,6 +539,26 @@ def test_moe_swiglu_backward_and_per_token_cast_straddling_values(params, device
     """A block across the halves: bit for bit the unfused composition (per_token_cast of the (T, 2 H) x_grad),
     padding slots zero (the packed row's padding byte included), the same bits run to run."""
     _assert_equals_unfused(params, device)
+
+
+@pytest.mark.npu
+@pytest.mark.parametrize('params', STRADDLING_REFERENCE, ids=make_param_id)
+def test_moe_swiglu_backward_and_per_token_cast_straddling_reference(params, device):
+    """A block across the halves: data and scale bytes of the token slots equal the quant reference's cast of the
+    fp32 x_grad (per_token_cast_ref: no kernel macro shared)."""
+    args, kwargs = make_inputs(params, device)
+    (data, sf), grad, _, block = args
+    _, quantised, *_ = moe_swiglu_backward_and_per_token_cast(*args, **kwargs)
+    options = {k: v for k, v in kwargs.items() if k not in ('round_sf', 'use_packed_ue8m0')}
+    x = dequantize_ref(data.cpu(), sf.cpu(), block).to(data.device)
+    x_grad = moe_swiglu_backward(x, grad, 'fp32', **options)[0].cpu()
+    round_sf, packed = _SF[params['sf']]
+    want_data, want_sf = per_token_cast_ref(x_grad, block, round_sf=round_sf, packed_ue8m0=packed)
+    kept = token_mask_ref(params['num_tokens'], kwargs.get('psum_num_tokens_per_expert'))
+    assert kept.any()
+    got_sf = quantised.sf.cpu().view(torch.uint8) if packed else quantised.sf.cpu()
+    assert_equal(quantised.data.cpu().view(torch.uint8)[kept], want_data.view(torch.uint8)[kept])
+    assert_equal(got_sf[kept], want_sf[kept])
 
 
 @pytest.mark.npu
