@@ -158,8 +158,8 @@ SHORT = torch.zeros(4, 192, dtype=torch.float8_e4m3fn)  # H = 64 * 3: a block of
 def test_cast_back_short_block_contract(monkeypatch):
     """H = 64 * odd: whole blocks of 64 channels as before; with 128-channel blocks a short last block, now taken,
     ceil(H / 128) scales a row (packed UE8M0 ceil(ceil(H / 128) / 4) words, sf_layout's shapes), row- or
-    column-major, per token or per token block, by both calls; floor(H / 128) scales are refused by shape, H not a
-    multiple of 64 by its rule, and FP4 data in 128-channel blocks keeps H a multiple of 128 (no short FP4 block)."""
+    column-major, per token or per token block, by both calls (FP4 data too); floor(H / 128) scales are refused by
+    shape, H not a multiple of 64 by its rule."""
     module = importlib.import_module('cann_ops_tilelang.quant.cast_back')
     monkeypatch.setattr(config, 'require_accelerator', lambda *tensors: 'ascend')
     assert module.OP.check((SHORT, torch.ones(4, 3)), 'bf16', (1, 64), None, None) == 'ascend'
@@ -183,11 +183,16 @@ def test_cast_back_short_block_contract(monkeypatch):
         per_token_cast_back((SHORT, torch.ones(4, 1)), 'bf16', 128)
     with pytest.raises(ValueError, match=r'positive multiple of 64 for x_block_size \(1, 128\), got 160'):
         cast_back((torch.zeros(4, 160, dtype=torch.float8_e4m3fn), torch.ones(4, 2)), 'bf16', (1, 128))
-    fp4 = (torch.zeros(4, 96, dtype=torch.int8), torch.ones(4, 2))  # 192 e2m1 elements
-    with pytest.raises(ValueError, match=r'multiple of 128 for x_block_size \(1, 128\) and FP4 data .*got 192'):
-        cast_back(fp4, 'bf16', (1, 128))
-    with pytest.raises(ValueError, match=r'multiple of 128 for x_block_size \(1, 128\) and FP4 data .*got 192'):
-        per_token_cast_back(fp4, 'bf16', 128)
+    fp4 = torch.zeros(4, 96, dtype=torch.int8)  # 192 e2m1 elements
+    for sf in (torch.ones(4, 2), torch.ones(4, 1, dtype=torch.int32), torch.ones(4, 2, dtype=torch.float8_e4m3fn)):
+        assert module.OP.check((fp4, sf), 'bf16', (1, 128), None, None) == 'ascend'
+        assert module.PER_TOKEN.check((fp4, sf), 'fp32', 128, None, None) == 'ascend'
+        choice = module.kernel_choice((fp4, sf), 'bf16', (1, 128))
+        assert (choice['hidden'], choice['fp4'], choice['block_channels']) == (192, True, 128)
+    with pytest.raises(ValueError, match=r'x\[1\] must have shape \(4, 2\)'):
+        per_token_cast_back((fp4, torch.ones(4, 1)), 'bf16', 128)
+    with pytest.raises(ValueError, match=r'positive multiple of 64 for x_block_size \(1, 128\) and FP4 data .*got 160'):
+        cast_back((torch.zeros(4, 80, dtype=torch.int8), torch.ones(4, 2)), 'bf16', (1, 128))
     with FakeTensorMode():
         out = per_token_cast_back((torch.empty(4, 192, dtype=SHORT.dtype), torch.empty(4, 2)), 'bf16', 128)
         assert (tuple(out.shape), out.dtype) == ((4, 192), torch.bfloat16)
@@ -195,11 +200,17 @@ def test_cast_back_short_block_contract(monkeypatch):
 
 def test_cast_back_fp4_half_load_contract(monkeypatch):
     """FP4 data at H = 64 * odd in whole blocks (gpt-oss's 2880 as per_token_cast writes it: MXFP4, 32-channel UE8M0
-    blocks; 16-channel E4M3 ones) is taken by both calls; H not a multiple of 64 is still refused."""
+    blocks; 16-channel E4M3 ones) or in 128-channel blocks ending in a short one is taken by both calls; H not a
+    multiple of 64 is still refused."""
     module = importlib.import_module('cann_ops_tilelang.quant.cast_back')
     monkeypatch.setattr(config, 'require_accelerator', lambda *tensors: 'ascend')
     data = torch.zeros(4, 1440, dtype=torch.int8)  # 2880 e2m1 elements a row
-    for block, sf in ((32, torch.ones(4, 23, dtype=torch.int32)), (16, torch.ones(4, 180, dtype=torch.float8_e4m3fn))):
+    for block, sf in (
+        (32, torch.ones(4, 23, dtype=torch.int32)),
+        (16, torch.ones(4, 180, dtype=torch.float8_e4m3fn)),
+        (128, torch.ones(4, 23)),  # 22 whole blocks and the short one
+        (128, torch.ones(4, 6, dtype=torch.int32)),  # 23 UE8M0 bytes and one of padding
+    ):
         assert tuple(sf.shape) == sf_layout(4, 2880, (1, block), sf.dtype == torch.int32)[0]
         assert module.OP.check((data, sf), 'bf16', (1, block), None, None) == 'ascend'
         assert module.PER_TOKEN.check((data, sf), 'fp32', block, None, None) == 'ascend'
@@ -352,10 +363,26 @@ def test_cast_back_fp4_half_load_values(hidden, block, sf, fmt, num_tokens, devi
     _check_format_round_trip('e2m1', block, sf, fmt, num_tokens, hidden, device)
 
 
+# FP4 data with a short last 128-channel block (H = 64 * odd), per_token_cast's 'e2m1' read back: level 1 only (the
+# kernel's level-0 configuration is test_cast_back_kernel.py's), H = 192 and gpt-oss's 2880 in each scale format.
+FP4_SHORT_BLOCK_ROUND_TRIPS = by_level(
+    LEVEL,
+    core=[],
+    default=[(192, 'ue8m0', 'bf16'), (2880, 'fp32', 'bf16'), (2880, 'ue8m0', 'fp32'), (2880, 'e4m3', 'bf16')],
+)
+
+
+@pytest.mark.npu
+@pytest.mark.parametrize(('hidden', 'sf', 'fmt'), FP4_SHORT_BLOCK_ROUND_TRIPS, ids=lambda v: make_param_id({'v': v}))
+@pytest.mark.parametrize('num_tokens', by_level(LEVEL, core=(), default=(1, 37)))
+def test_cast_back_fp4_short_block_values(hidden, sf, fmt, num_tokens, device):
+    _check_format_round_trip('e2m1', 128, sf, fmt, num_tokens, hidden, device)
+
+
 # Column-major scales (per_token_cast's use_tma_aligned_col_major_sf) read back: the kernel configurations of their
-# own (col_major_sf) at H = padded_hidden(block) (UE8M0 rows that end in padding), FP4 data at 1152 (cast_back
-# reads FP4 rows of whole 64-byte loads). Level 0: two, UE8M0 words of a padded row (e4m3 data) and E4M3 scales
-# of FP4 data; level 1 adds fp32 scales, the other outputs and T = 300.
+# own (col_major_sf) at H = padded_hidden(block) (UE8M0 rows that end in padding), FP4 data at 1152 (rows of whole
+# 64-byte loads). Level 0: two, UE8M0 words of a padded row (e4m3 data) and E4M3 scales of FP4 data; level 1 adds
+# fp32 scales, the other outputs, T = 300 and FP4 data with a short last block at H = 2880 (its own 'hidden').
 _COL_MAJOR_CORE = [
     dict(dtype='bfloat16', block=64, sf='ue8m0', data='e4m3', out='bf16'),
     dict(dtype='float32', block=16, sf='e4m3', data='e2m1', out='fp32'),
@@ -369,6 +396,7 @@ COL_MAJOR_ROUND_TRIPS = by_level(
         dict(dtype='float32', block=128, sf='fp32', data='e2m1', out='bf16'),
         dict(dtype='float32', block=32, sf='ue8m0', data='e2m1', out='bf16'),
         dict(dtype='bfloat16', block=16, sf='e4m3', data='e4m3', out='bf16'),
+        dict(dtype='bfloat16', block=128, sf='ue8m0', data='e2m1', out='fp32', hidden=2880),  # FP4's short block
     ],
 )
 
@@ -388,7 +416,7 @@ def test_cast_back_col_major_values(variant, num_tokens, device):
     CUDA's padded row stride with poisoned padding (the Ascend kernel meets S > T too), and through
     per_token_cast_back."""
     block, fmt, packed = variant['block'], variant['out'], variant['sf'] == 'ue8m0'
-    hidden = 1152 if variant['data'] == 'e2m1' else padded_hidden(block)  # FP4: H a multiple of 128
+    hidden = variant.get('hidden', 1152 if variant['data'] == 'e2m1' else padded_hidden(block))
     x = scaled_rows(num_tokens, hidden, variant['dtype'], device)
     data, sf = per_token_cast(
         x, variant['data'], block, round_sf=packed, use_packed_ue8m0=packed, use_e4m3_sf=variant['sf'] == 'e4m3',

@@ -13,11 +13,11 @@ import torch
 from cann_ops_tilelang.config import backend_of, get_num_cores
 from cann_ops_tilelang.kernel_target import launch_kernel
 from cann_ops_tilelang.quant.cast_back_kernel import (
+    HIDDEN_UNIT,
     UE8M0_PACK,
     CastBackConfig,
     choose_cast_back_config,
     get_cast_back_kernel,
-    hidden_multiple,
     make_cast_back_kernel,
 )
 from tests.quant.cast_back_ref import (
@@ -111,6 +111,22 @@ FP4_HALF_LOAD_CASES = by_level(
         ),
     ],
 )
+# FP4 data with a short last block (128-channel blocks at H = 64 * odd): the row's half load is the short block's,
+# under the row's last scale. Level 0: one configuration (H = 192, a whole block and the short one, packed UE8M0:
+# two bytes and two of padding, bf16 out); level 1: H = 2880 in each scale format, and the widest row an Ascend
+# task holds (H = 16320, one row a task).
+_FP4_SHORT_CORE = [dict(variant=dict(out_dtype='bfloat16', bt=1, bc=128, sf='ue8m0', data='e2m1'), hidden=192)]
+FP4_SHORT_BLOCK_CASES = by_level(
+    LEVEL,
+    core=_FP4_SHORT_CORE,
+    default=[
+        *_FP4_SHORT_CORE,
+        dict(variant=dict(out_dtype='bfloat16', bt=1, bc=128, sf='fp32', data='e2m1'), hidden=2880),
+        dict(variant=dict(out_dtype='float32', bt=1, bc=128, sf='ue8m0', data='e2m1'), hidden=2880),
+        dict(variant=dict(out_dtype='bfloat16', bt=1, bc=128, sf='e4m3', data='e2m1'), hidden=2880),
+        dict(variant=dict(out_dtype='float32', bt=1, bc=128, sf='fp32', data='e2m1'), hidden=16320),
+    ],
+)
 VARIANTS = by_level(LEVEL, core=_CORE_VARIANTS, default=_ALL_VARIANTS)
 # Tokens: one, partial token blocks (67 = 2 * 32 + 3; 129 = 128 + 1), several col-packed UE8M0 rows ending in
 # padding (300: 10 blocks of 32), the benchmark size.
@@ -123,8 +139,9 @@ VALUES_HIDDEN = by_level(LEVEL, core=(), default=(64, 7168), full=(4096, 5120, 1
 
 def values_hidden(bc: int, data: str = 'e4m3') -> int:
     """The hidden size of a variant's values tests: UE8M0 rows ending in padding (34 blocks of 32, 17 of 64, 9
-    of 128), and for channel blocks 17 column tiles of 64 on Ascend. FP4 needs a multiple of 128: 1152 (18 blocks
-    of 64 and 9 of 128 end in padding)."""
+    of 128), and for channel blocks 17 column tiles of 64 on Ascend. FP4: 1152, rows of whole 64-byte loads (18
+    blocks of 64 and 9 of 128 end in padding; rows ending in half a load: FP4_HALF_LOAD_CASES and
+    FP4_SHORT_BLOCK_CASES)."""
     return 1152 if bc == 128 or data == 'e2m1' else 1088
 
 
@@ -159,13 +176,9 @@ def _lowering_cases() -> list[dict]:
 
 
 def _sized_cases(variants: list[dict], hidden_sizes) -> list[dict]:
-    """variant x hidden, where the variant takes hidden (hidden_multiple: whole blocks, or for e4m3 data a short last
+    """variant x hidden, where the variant takes hidden (HIDDEN_UNIT: whole registers, whole blocks or a short last
     block of 128 channels)."""
-    return generate_samples(
-        variant=variants,
-        hidden=hidden_sizes,
-        where=lambda c: c['hidden'] % hidden_multiple(c['variant']['bc'], c['variant'].get('data') == 'e2m1') == 0,
-    )
+    return generate_samples(variant=variants, hidden=hidden_sizes, where=lambda c: c['hidden'] % HIDDEN_UNIT == 0)
 
 
 def _case_id(case: dict) -> str:
@@ -248,13 +261,13 @@ def test_cast_back_config_tiles(case):
         (dict(e4m3_sf=True, packed_ue8m0=True), ValueError, 'exclude each other'),
         (dict(fp4=1), TypeError, 'fp4 must be a bool'),
         (dict(fp4=True, hidden=160), ValueError, 'multiple of 64'),
-        (dict(fp4=True, hidden=192, block_channels=128, backend='cuda'), ValueError, 'multiple of 128'),
+        (dict(fp4=True, hidden=160, block_channels=128, backend='cuda'), ValueError, 'multiple of 64'),
         (dict(block_tokens=1, block_channels=1), ValueError, 'block_tokens must be one of'),
         (dict(block_tokens=True), TypeError, 'block_tokens'),
         (dict(block_channels=32.0), TypeError, 'block_channels'),
         (dict(hidden=96), ValueError, 'multiple of 64'),
-        (dict(hidden=192, block_channels=128, fp4=True), ValueError, 'multiple of 128'),
         (dict(hidden=16448, block_channels=128), ValueError, 'whole row: hidden must be at most 16384'),
+        (dict(hidden=16448, block_channels=128, fp4=True), ValueError, 'whole row: hidden must be at most 16384'),
         (dict(hidden=0), ValueError, 'positive multiple'),
         (dict(hidden=-64), ValueError, 'positive multiple'),
         (dict(packed_ue8m0=1), TypeError, 'packed_ue8m0'),
@@ -349,7 +362,7 @@ def test_cast_back_config_short_block():
     """H = 64 * odd with 128-channel blocks (gpt-oss's 2880): ceil(H / 128) scales a row, the last the short block's
     (packed UE8M0 bytes padded to whole words); on Ascend the row is one task (a ValueError past 16384 channels,
     and for a tiling that cuts the row), on CUDA tiles of whole registers (a thread's 16 columns lie in one block).
-    64-channel blocks of the same H are whole; FP4 data keeps H a multiple of 128."""
+    64-channel blocks of the same H are whole (FP4 data's short block: test_cast_back_config_fp4_short_block)."""
     args = dict(out_dtype='bfloat16', block_tokens=1, block_channels=128, packed_ue8m0=False)
     asc = choose_cast_back_config(backend='ascend', num_cores=64, hidden=2880, **args)
     assert asc.short_block
@@ -374,8 +387,6 @@ def test_cast_back_config_short_block():
     assert not choose_cast_back_config(
         backend='ascend', num_cores=64, hidden=2880, **args | {'block_channels': 64}
     ).short_block
-    with pytest.raises(ValueError, match='hidden must be a positive multiple of 128'):
-        choose_cast_back_config(backend='cuda', num_cores=132, hidden=2880, fp4=True, **args)
 
 
 def test_cast_back_config_fp4_half_load():
@@ -401,16 +412,46 @@ def test_cast_back_config_fp4_half_load():
         dataclasses.replace(whole, block_k=576)  # H of whole loads: tasks of whole loads
 
 
+def test_cast_back_config_fp4_short_block():
+    """FP4 data in 128-channel blocks at H = 64 * odd (gpt-oss's 2880): ceil(H / 128) scales a row, the last the
+    short block's; on Ascend a task of the row ending in half a load (its UB data tile padded to whole loads), the
+    widest 16320 (one row a task, within UB), past 16384 refused; on CUDA the FP4 kernel's tiles of whole registers."""
+    args = dict(block_tokens=1, block_channels=128, fp4=True)
+    for sf in ('fp32', 'ue8m0', 'e4m3'):
+        formats = dict(packed_ue8m0=sf == 'ue8m0', e4m3_sf=sf == 'e4m3', **args)
+        asc = choose_cast_back_config(backend='ascend', num_cores=64, hidden=2880, out_dtype='bfloat16', **formats)
+        assert asc.short_block
+        assert (asc.block_k, asc.block_m, asc.num_col_tiles, asc.task_blocks) == (2880, 4, 1, 23)
+        assert (asc.data_cols, asc.ascend_data_cols) == (1440, 1472)
+        assert asc.sf_shape(5) == (5, 24 if sf == 'ue8m0' else 23)  # 23 UE8M0 bytes and a zero byte: 6 words
+        widest = choose_cast_back_config(backend='ascend', num_cores=64, hidden=16320, out_dtype='float32', **formats)
+        assert (widest.block_k, widest.block_m, widest.ascend_data_cols) == (16320, 1, 8192)
+        assert widest.ascend_ub_bytes <= 248 * 1024
+        cuda = choose_cast_back_config(backend='cuda', num_cores=132, hidden=2880, out_dtype='float32', **formats)
+        assert cuda.short_block
+        assert (cuda.block_k, cuda.block_m, cuda.threads, cuda.num_blocks) == (2880, 1, 180, 23)
+    wide = choose_cast_back_config(backend='cuda', num_cores=132, hidden=64 * 67, out_dtype='float32', **args | {
+        'packed_ue8m0': False})  # fmt: skip
+    assert (wide.block_k, wide.num_col_tiles, wide.num_blocks) == (64, 67, 34)  # tiles of whole registers
+    with pytest.raises(ValueError, match='task of the whole row: block_k 960 must be hidden 2880'):
+        dataclasses.replace(asc, block_k=960, block_m=16)
+
+
 _CM_DMA = re.compile(
     r'asc_copy_gm2ub_align\(\(__ubuf__ uint8_t\*\)\([^;]*x_sf\[[^;]*, (\d+), ([^;]*?), 0, 0, 0, '
     r'static_cast<asc_load_l2_cache_mode>\(\d+\), ([^,;]+), (\d+)\);'
 )
-# The kernel configurations of test_cast_back.py's level-0 column-major values, and at level 1 fp32 scales and a
-# 7168-channel row of two tokens a task.
+# The kernel configurations of test_cast_back.py's level-0 column-major values, and at level 1 fp32 scales, a
+# 7168-channel row of two tokens a task and FP4 data with a short last block (H = 2880).
 _COL_MAJOR_LOWERING = by_level(
     LEVEL,
     core=[(1088, 64, 'ue8m0', 'e4m3'), (1152, 16, 'e4m3', 'e2m1')],
-    default=[(1088, 32, 'fp32', 'e4m3'), (1152, 128, 'fp32', 'e2m1'), (7168, 128, 'ue8m0', 'e4m3')],
+    default=[
+        (1088, 32, 'fp32', 'e4m3'),
+        (1152, 128, 'fp32', 'e2m1'),
+        (7168, 128, 'ue8m0', 'e4m3'),
+        (2880, 128, 'ue8m0', 'e2m1'),
+    ],
 )
 
 
@@ -601,6 +642,25 @@ def test_cast_back_fp4_half_load_lowers(backend, case):
     lowered = lower(lambda: make_cast_back_kernel(cfg), key=cfg, kernel_name=KERNEL_NAME)
     if backend == 'ascend':
         assert cfg.ascend_data_cols == cfg.data_cols + 32
+        assert lowered.ub_bytes == cfg.ascend_ub_bytes
+    else:
+        assert lowered.ub_bytes == 0
+        assert '*(int2*)(xr' in lowered.source
+
+
+@pytest.mark.parametrize('backend', ['ascend', 'cuda'])
+@pytest.mark.parametrize('case', FP4_SHORT_BLOCK_CASES, ids=_case_id)
+def test_cast_back_fp4_short_block_lowers(backend, case):
+    """FP4 data with a short last 128-channel block lowers on both backends: Ascend a task of the whole row ending
+    in half a 64-byte load, its UB as the config says; CUDA the FP4 kernel, one 8-byte load a thread."""
+    cfg = _config(
+        backend, ASCEND_950_VECTOR_CORES if backend == 'ascend' else H200_SMS, case['variant'], case['hidden']
+    )
+    assert cfg.short_block
+    lower = assert_ascend_kernel_lowers if backend == 'ascend' else assert_cuda_kernel_lowers
+    lowered = lower(lambda: make_cast_back_kernel(cfg), key=cfg, kernel_name=KERNEL_NAME)
+    if backend == 'ascend':
+        assert (cfg.block_k, cfg.ascend_data_cols) == (cfg.hidden, cfg.data_cols + 32)
         assert lowered.ub_bytes == cfg.ascend_ub_bytes
     else:
         assert lowered.ub_bytes == 0
@@ -806,4 +866,13 @@ def test_reference_e2m1_decoding():
 def test_cast_back_kernel_fp4_half_load_values(case, num_tokens, device):
     """FP4 data at H = 64 * odd: each row's last 64 elements, half a 64-byte load, bit for bit against the
     reference (UB past them poisoned on the emulator)."""
+    _check(*_inputs(num_tokens, case['hidden'], case['variant']), case['variant'], device)
+
+
+@pytest.mark.npu
+@pytest.mark.parametrize('case', FP4_SHORT_BLOCK_CASES, ids=_case_id)
+@pytest.mark.parametrize('num_tokens', by_level(LEVEL, core=(67,), default=(5,)))
+def test_cast_back_kernel_fp4_short_block_values(case, num_tokens, device):
+    """FP4 data with a short last 128-channel block: each row's last 64 elements, half a 64-byte load, times the
+    short block's own scale, bit for bit against the reference."""
     _check(*_inputs(num_tokens, case['hidden'], case['variant']), case['variant'], device)

@@ -23,7 +23,8 @@ in the low half), so that a 16-bit view of the pass's UB output is in element or
 codes back one per 32-bit lane (UNPK_B16), decodes them on the bits (ascend_e2m1_decode_macro: no lane
 permutation, no table), multiplies by the scale and stores as above. 16-channel blocks: four broadcast scales
 selected by the quarter masks of per_token_cast. FP4 rows of H = 64 * odd end in half a 64-byte load (32 bytes): the
-task's UB rows are padded to whole loads, so the last load stays in its row and the padding's codes are never read.
+task's UB rows are padded to whole loads, so the last load stays in its row and the padding's codes are never read;
+with 128-channel blocks that half load is the short block's, its 64 codes multiplied by the row's last scale.
 The output tile goes back to GM; rows past the end of the tensor are neither loaded, computed nor stored.
 """
 

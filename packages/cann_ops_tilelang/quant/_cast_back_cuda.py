@@ -20,8 +20,8 @@ Column-major scales (cfg.col_major_sf, row blocks): the same loads, each thread'
 scale row r = t // block_tokens (packed UE8M0: byte k % 4 of word k // 4 of row r) of a row stride that is a launch
 argument; the scales of neighbouring thread blocks (tokens, token blocks) lie side by side, so their loads share
 sectors in L2.
-A short last block (H = 64 * odd, 128-channel blocks) needs nothing of its own: the tiles cover H in whole
-registers, and a thread's 16 columns, in one block either way, read the scale at col // 128, for the last 64
+A short last block (H = 64 * odd, 128-channel blocks; e4m3 or FP4 data) needs nothing of its own: the tiles cover
+H in whole registers, and a thread's 16 columns, in one block either way, read the scale at col // 128, for the last 64
 columns the short block's.
 """
 

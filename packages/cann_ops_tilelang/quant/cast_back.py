@@ -9,12 +9,12 @@ from cann_ops_tilelang.operator import Operator, out, quant, scalar
 from . import _contract as contract
 from .cast_back_kernel import (
     CHANNEL_BLOCK_TOKENS,
+    HIDDEN_UNIT,
     ROW_BLOCK_CHANNELS,
     ROW_BLOCK_TOKENS,
     TOKEN_BLOCK_CHANNELS,
     choose_cast_back_config,
     get_cast_back_kernel,
-    hidden_multiple,
 )
 
 OUT_FORMATS = {'bf16': torch.bfloat16, 'fp32': torch.float32}
@@ -81,7 +81,7 @@ def check_quantised(name, x_data, x_sf, T, H, x_block_size) -> None:
         H = 2 * H  # elements: two e2m1 codes a byte
         contract.check_numel(name, T, H)
     why = f'x_block_size {tuple(x_block_size)}' + (' and FP4 data (H is twice its bytes)' if fp4 else '')
-    contract.check_hidden(name, H, hidden_multiple(x_block_size[1], fp4), why)
+    contract.check_hidden(name, H, HIDDEN_UNIT, why)
     shape, _ = contract.sf_layout(T, H, x_block_size, x_sf.dtype == contract.PACKED_SF_DTYPE)
     if x_sf.shape != shape:
         raise ValueError(f'{name}: x[1] must have shape {shape} ({x_sf.dtype} scales of blocks '
@@ -206,8 +206,8 @@ def cast_back(
             use_e4m3_sf: bt = 1 only). sf row-major (contiguous), or with bc > 1 column-major, as per_token_cast and
             per_block_cast(..., use_tma_aligned_col_major_sf=True) return it: strides (1, S), S >= R, R its rows (T,
             or ceil(T / bt) token blocks) (read from the strides, as TileKernels does; other strides: ValueError).
-            T >= 0 (T = 0: an empty result, no launch), H a positive multiple of 64 (FP4: of max(64, bc), whole
-            blocks), T * H < 2**31. With bc = 128, H = 64 * odd (e4m3 data, e.g. gpt-oss's 2880) ends in a short
+            T >= 0 (T = 0: an empty result, no launch), H a positive multiple of 64 (FP4: H elements, H / 2 bytes),
+            T * H < 2**31. With bc = 128, H = 64 * odd (e4m3 or FP4 data, e.g. gpt-oss's 2880) ends in a short
             block of 64 channels with a scale of its own: sf has ceil(H / bc)
             columns (packed UE8M0: ceil(ceil(H / bc) / 4) words), per_token_cast's layout; on Ascend then H <= 16384
             (the row one task; ValueError beyond).
@@ -233,5 +233,5 @@ def per_token_cast_back(
 ) -> torch.Tensor:
     """The inverse of per_token_cast: cast_back(x, fmt, (1, num_per_channels)) (TileKernels 2.1.0's call), for
     num_per_channels 16, 32, 64 or 128, e4m3 or FP4 data, and fp32, packed UE8M0 or float8_e4m3fn scales, row- or
-    column-major (per_token_cast's use_tma_aligned_col_major_sf); the same H as cast_back (e4m3 data with 128
-    channels a scale: a short last block of 64 where H = 64 * odd)."""
+    column-major (per_token_cast's use_tma_aligned_col_major_sf); the same H as cast_back (128 channels a scale: a
+    short last block of 64 where H = 64 * odd)."""

@@ -18,8 +18,8 @@ Scale layouts (the kernel's `x_sf`; G = ceil(T / bt) token blocks, the last one 
     E4M3        (T, K) float8_e4m3fn         scale(t, k) = fp32(x_sf[t, k]) (per-token scales only: `e4m3_sf`)
     UE8M0       (G, 4 * ceil(K / 4))         uint8: byte k of a row is block k, zero padding; the interface
                                              views four bytes as one int32 (the peer's CUDA layout)
-    A short last block (`short_block`: e4m3 data, bc = 128, H = 64 * odd, per_token_cast's layout for such H) has
-    the row's last scale, for its 64 channels.
+    A short last block (`short_block`: bc = 128, H = 64 * odd, per_token_cast's layout for such H, e4m3 or FP4
+    data) has the row's last scale, for its 64 channels.
   channel blocks, bc = 1 (the per_channel_cast layout), bt in (32, 128):
     fp32        (G, H)                       scale(g, h) = x_sf[g, h]
     UE8M0       (ceil(G / 4), 4 * H)         uint8 "col-packed": byte [r, 4h + j] is the scale of token block
@@ -36,14 +36,14 @@ compile uses no fast math (`TL_ENABLE_FAST_MATH` off): with it, products below 2
 Supported: data contiguous (T, H) (FP4: (T, H / 2) bytes), T >= 1 per launch (the interface skips empty inputs),
 H a positive multiple of 64 (whole registers; with bc = 128 a short last block where H is an odd multiple, every
 scale layout and token block: on CUDA tiles of whole registers, on Ascend a task of the whole row, H <= 16384;
-FP4: a multiple of max(64, bc), whole blocks; at H = 64 * odd an Ascend task ends in half a 64-byte load), scales
+FP4 at H = 64 * odd: an Ascend task ends in half a 64-byte load, with bc = 128 the short block's), scales
 contiguous row-major in the layouts above, or (`col_major_sf`, row blocks: bc > 1) column-major: scale(r, k) of
 scale row r (token t, or token block t // bt of R = ceil(T / bt)) at element k * S + r of a buffer of row stride
 S >= R (a launch argument), packed UE8M0 word w of row r at w * S + r, as per_token_cast(...,
 use_tma_aligned_col_major_sf=True) and per_block_cast(..., use_tma_aligned_col_major_sf=True) write them. FP4
 data and E4M3 scales take per-token scales only (what per_token_cast writes). Not here (the peer has them): FP4
-data or E4M3 scales with token blocks, strided scale rows. Refused as well (ValueError): a short block of FP4 data
-(bc = 128 at H = 64 * odd), and on Ascend one past H = 16384 (the row no longer fits one task).
+data or E4M3 scales with token blocks, strided scale rows. Refused as well (ValueError): on Ascend a short block
+past H = 16384 (the row no longer fits one task).
 
 One generator builds the Ascend 950 kernel (vector cores, SIMD: _cast_back_ascend.py) or the CUDA kernel
 (_cast_back_cuda.py), chosen by `cfg.backend`; both take (x, x_sf, out) and are bit-exact against
@@ -85,11 +85,10 @@ _CUDA_WHOLE_ROW = 4096  # per-token scales: a row up to this many columns is one
 _CUDA_CHANNEL_THREADS_K = 32  # channel blocks: 512 columns, 8 rows of threads sharing the scales through L1
 
 
-def hidden_multiple(block_channels: int, fp4: bool = False) -> int:
-    """What H (elements, two per FP4 byte) must be a positive multiple of: whole vector registers; e4m3 data may end
-    in a short 128-channel block (H = 64 * odd: the last scale covers the row's last 64 channels), FP4 data has
-    whole scale blocks (no short block: 128-channel blocks need H a multiple of 128)."""
-    return max(LANES, block_channels) if fp4 else LANES
+# What H (elements, two per FP4 byte) must be a positive multiple of, for every block and data format: whole vector
+# registers. With 128-channel blocks an odd multiple ends in a short block (H = 64 * odd: the last scale covers the
+# row's last 64 channels), e4m3 or FP4 data.
+HIDDEN_UNIT = LANES
 
 
 def _tile_unit(hidden: int, block_channels: int, fp4: bool) -> int:
@@ -145,10 +144,9 @@ def _check_formats(block_tokens: int, fp4, e4m3_sf, packed_ue8m0) -> None:
 def _check_hidden(hidden, block_channels: int, fp4: bool = False) -> None:
     if isinstance(hidden, bool) or not isinstance(hidden, int):
         raise TypeError(f'hidden must be an int, got {type(hidden).__name__}')
-    unit = hidden_multiple(block_channels, fp4)
-    if hidden <= 0 or hidden % unit != 0:
+    if hidden <= 0 or hidden % HIDDEN_UNIT != 0:
         raise ValueError(
-            f'hidden must be a positive multiple of {unit} (block_channels {block_channels}'
+            f'hidden must be a positive multiple of {HIDDEN_UNIT} (block_channels {block_channels}'
             f'{", FP4 data" if fp4 else ""}), got {hidden}'
         )
 
