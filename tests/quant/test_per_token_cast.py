@@ -592,6 +592,54 @@ def test_per_token_cast_short_block_layouts(num_tokens, device):
         assert_equal(logical_sf_bytes(result.sf), scales)
 
 
+# ---------------------------------------------------------------- packed UE8M0 rows ending in padding, past one task
+
+# Packed UE8M0 rows of 4 n + r blocks wider than one Ascend task (H > 8192): equal tasks, the row's last storing the
+# zero padding after its scales. Level 1 only: 65 blocks of 128 (H 8320: Ascend 5 tasks of 13 blocks, 3 padding
+# bytes) and FP4 data in 258 blocks of 32 (H 8256 = 64 * 129: 3 tasks of 86 blocks, 2 padding bytes).
+PADDED_WIDE_ROWS = by_level(
+    LEVEL,
+    core=[],
+    default=[
+        dict(dtype='bfloat16', hidden=8320, block=128, fmt='e4m3'),
+        dict(dtype='float32', hidden=8256, block=32, fmt='e2m1'),
+    ],
+)
+
+
+def test_per_token_cast_padded_wide_row_contract(monkeypatch):
+    """On Ascend a packed UE8M0 row of 65 blocks (H 8320) takes tasks of 13 blocks, the last one storing the padding;
+    column-major words of such a row are refused by name (equal tasks cannot hold whole words)."""
+    monkeypatch.setattr(config, 'require_accelerator', lambda *tensors: 'ascend')
+    monkeypatch.setattr(operator, 'get_num_cores', lambda device: 7)
+    x = torch.zeros(5, 8320, dtype=torch.bfloat16)
+    packed = dict(round_sf=True, use_packed_ue8m0=True)
+    cfg = per_token_cast.operator.config(x, 'e4m3', 128, **packed)
+    assert (cfg.block_k, cfg.num_col_tiles, cfg.sf_cols, cfg.sf_padding) == (1664, 5, 68, 3)
+    with pytest.raises(ValueError, match='column-major packed UE8M0 scales .* need hidden <= 8192, got 65 blocks'):
+        per_token_cast.operator.config(x, 'e4m3', 128, **packed, use_tma_aligned_col_major_sf=True)
+
+
+@pytest.mark.npu
+@pytest.mark.parametrize('variant', PADDED_WIDE_ROWS, ids=make_param_id)
+@pytest.mark.parametrize('num_tokens', by_level(LEVEL, core=(), default=(3,)))
+def test_per_token_cast_padded_wide_row_values(variant, num_tokens, device):
+    """Data and scale bytes of rows of several tasks ending in padding are the reference's, into poisoned buffers
+    too (the padding bytes written as zeros), and the scales alone are the full cast's."""
+    block, fmt = variant['block'], variant['fmt']
+    x = scaled_rows(num_tokens, variant['hidden'], variant['dtype'], device)
+    result = _cast(x, block, 'ue8m0', fmt)
+    _assert_matches(result, x, block, 'ue8m0', fmt)
+    poisoned = (
+        torch.full_like(result.data.view(torch.uint8), 0x7F),
+        torch.full_like(result.sf.view(torch.uint8), 0xA5),
+    )
+    again = _cast(x, block, 'ue8m0', fmt, out=tuple(t.view(r.dtype) for t, r in zip(poisoned, result, strict=True)))
+    _assert_matches(again, x, block, 'ue8m0', fmt)
+    alone = per_token_cast_with_sf_only(x, fmt, block, False, True, True, False)
+    assert_equal(alone.cpu().view(torch.uint8), result.sf.cpu().view(torch.uint8))
+
+
 # ---------------------------------------------------------------- stochastic_cast (e4m3 data)
 
 

@@ -182,11 +182,22 @@ def test_per_token_cast_config_padded_ue8m0_rows_stay_in_one_ascend_task():
         backend='ascend', num_cores=64, hidden=4160, in_dtype='bfloat16', block_size=64
     )
     assert plain.block_k == 832
-    with pytest.raises(ValueError, match='not a multiple of 4 need hidden <= 8192'):
-        choose_per_token_cast_config(
-            backend='ascend', num_cores=64, hidden=8192 + 128, in_dtype='bfloat16', block_size=128, round_sf=True,
-            packed_ue8m0=True,
-        )  # fmt: skip
+
+
+def test_per_token_cast_config_padded_ue8m0_rows_past_one_ascend_task():
+    """Past H = 8192 a padded UE8M0 row takes equal tasks (8320 = 65 blocks of 128: 5 tasks of 13), the last storing
+    the row's padding; column-major words of such a row are refused (equal tasks cannot hold whole words), rows of
+    whole words keep their tasks."""
+    args = dict(backend='ascend', num_cores=64, in_dtype='bfloat16', round_sf=True, packed_ue8m0=True)
+    cfg = choose_per_token_cast_config(hidden=8320, block_size=128, **args)
+    assert (cfg.block_k, cfg.groups_per_tile, cfg.num_col_tiles, cfg.sf_padding) == (1664, 13, 5, 3)
+    fp4 = choose_per_token_cast_config(hidden=8256, block_size=32, fmt='e2m1', **args)  # 258 blocks of 32
+    assert (fp4.block_k, fp4.groups_per_tile, fp4.num_col_tiles, fp4.sf_padding) == (2752, 86, 3, 2)
+    with pytest.raises(ValueError, match='column-major packed UE8M0 scales .* need hidden <= 8192, got 65 blocks'):
+        choose_per_token_cast_config(hidden=8320, block_size=128, col_major_sf=True, **args)
+    with pytest.raises(ValueError, match='need whole int32 words per task'):
+        dataclasses.replace(cfg, col_major_sf=True)
+    assert choose_per_token_cast_config(hidden=8192 + 512, block_size=128, **args).sf_padding == 0  # 68 blocks
 
 
 @pytest.mark.parametrize(
@@ -572,6 +583,27 @@ def test_per_token_cast_config_few_tokens():
             choose_per_token_cast_config(backend=backend, hidden=hidden, **common)
         )
     assert [few_tokens(t) for t in (0, 1, FEW_TOKENS, FEW_TOKENS + 1)] == [False, True, True, False]
+
+
+# The row-major scale stores of the Ascend kernel: one burst of N bytes (asc_copy_ub2gm_align(gm, ub, 1, N, ...)).
+_SF_ROW_DMA = re.compile(
+    r'asc_copy_ub2gm_align\(\(__gm__ uint8_t\*\)\(\(&\(out_sf\[[^;]*\]\)\)\), [^;]*?\)\)\), 1, (\d+), '
+)
+
+
+@pytest.mark.parametrize(
+    ('hidden', 'block', 'fmt', 'mode'), [(8320, 128, 'e4m3', 'cast'), (8256, 32, 'e2m1', 'sf_only')]
+)
+def test_per_token_cast_padded_wide_row_lowers(hidden, block, fmt, mode):
+    """A padded UE8M0 row of several Ascend tasks: two scale stores, a task's scale bytes and the row's last task's
+    with the padding (13 and 16 bytes at H 8320; 86 and 88 at 8256)."""
+    variant = dict(in_dtype='bfloat16', block_size=block, sf='ue8m0', fmt=fmt)
+    cfg = _config('ascend', ASCEND_950_VECTOR_CORES, variant, hidden, mode)
+    assert cfg.num_col_tiles > 1
+    assert cfg.sf_padding
+    source = assert_ascend_kernel_lowers(lambda: make_per_token_cast_kernel(cfg), key=cfg, kernel_name=KERNEL_NAME)
+    lengths = sorted(int(n) for n in _SF_ROW_DMA.findall(source.source))
+    assert lengths == [cfg.groups_per_tile, cfg.groups_per_tile + cfg.sf_padding]
 
 
 # (variant, hidden, column-major scales): one column tile and several (7168: the element index's j * block_k).

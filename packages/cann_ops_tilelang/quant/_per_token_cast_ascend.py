@@ -132,7 +132,11 @@ def ascend_per_token_cast_kernel(cfg, recipe):
     n_tiles = cfg.num_col_tiles
     groups = cfg.groups_per_tile
     groups_padded = -(-groups // LANES) * LANES  # whole registers of scales
-    sf_len = groups + cfg.sf_padding  # scale elements one task stores (padding only when it owns the row)
+    sf_len = groups + (cfg.sf_padding if n_tiles == 1 else 0)  # scale elements one task stores
+    # A packed UE8M0 row of several tasks ending in zero padding (H > 8192, 4 n + r blocks): the row's last task
+    # stores the padding after its scales (sf_ub's lanes past `groups` are zero: groups % 64 != 0 here).
+    row_padding = cfg.sf_padding if n_tiles > 1 else 0
+    last_sf_len = groups + row_padding  # scale elements the row's last task stores
     chunks = bk // LANES
     # A short last block (H = 64 * odd, 128-channel blocks; the task is the row): H / 64 registers hold x, the last
     # block has one of its two, and the data pass and stores stop at H (UB past it is never read).
@@ -276,7 +280,12 @@ def ascend_per_token_cast_kernel(cfg, recipe):
                 cast_vf(x_ub, amax_ub, inv_ub, sf_ub, out_ub, t * hidden + j * bk if stochastic else None, key)
                 if writes_data:
                     T.copy(out_ub[0:data_len], out[t, j * data_len : j * data_len + data_len])
-                if computes_sf and not col_major:
+                if computes_sf and not col_major and row_padding:
+                    if j == n_tiles - 1:
+                        T.copy(sf_ub[0:last_sf_len], out_sf[t, j * groups : j * groups + last_sf_len])
+                    else:
+                        T.copy(sf_ub[0:groups], out_sf[t, j * groups : j * groups + groups])
+                elif computes_sf and not col_major:
                     T.copy(sf_ub[0:sf_len], out_sf[t, j * groups : j * groups + sf_len])
                 elif computes_sf and packed:  # whole words: groups % 4 == 0, or the row's padding ends the task
                     word, words = j * (groups // UE8M0_PACK), sf_len // UE8M0_PACK

@@ -73,7 +73,9 @@ BLOCK_SIZES = (32, 64, 128)  # the SwiGLU backward's fused cast's; 32 first: the
 CAST_BLOCK_SIZES = (16, *BLOCK_SIZES)  # per_token_cast's (and the peer's CUDA kernel's)
 FORMATS = ('e4m3', 'e2m1')  # fp8 data, FP4 data (two e2m1 codes a byte)
 _ASCEND_MAX_BLOCK_K = 4096  # elements per task: fp32 input tile 16 KiB, two buffer versions
-_ASCEND_MAX_ROW = 8192  # a whole row in one task: the packed-scale rows whose zero padding ends a task's bytes
+# A whole row in one task up to this H: short last blocks, and packed UE8M0 rows whose zero padding then ends the
+# task's bytes (wider such rows: tasks of block_k, the row's last storing the padding after its scales).
+_ASCEND_MAX_ROW = 8192
 _CUDA_MAX_BLOCK_K = 2048
 # Up to this many tokens the CUDA kernel tiles a row wider than one tile finer: a few rows of 1792-2048-column tiles
 # leave most SMs idle and each thread's serial work is the time (docs/quant.md, measured at 1 and 16 tokens).
@@ -181,8 +183,6 @@ class PerTokenCastConfig(CastModes, CastFormats, RowScales):
         if self.hidden <= 0 or self.hidden % CAST_HIDDEN_UNIT != 0:
             raise ValueError(f'hidden must be a positive multiple of {CAST_HIDDEN_UNIT}, got {self.hidden}')
         check_row_tiles(self)
-        if self.sf_padding and self.num_col_tiles > 1 and self.backend == 'ascend':
-            raise ValueError('Ascend: a padded UE8M0 row must be handled by one task (block_k == hidden)')
         if self.mode not in CAST_MODES:
             raise ValueError(f'mode must be one of {CAST_MODES}, got {self.mode!r}')
         if (self.mode == RECAST) != (self.quantised_x is not None):
@@ -261,13 +261,16 @@ def choose_per_token_cast_config(
             # Column-major UE8M0 words go out one burst each: a task holds whole words, the row if it fits.
             whole = hidden <= _ASCEND_MAX_ROW
             block_k = hidden if whole else divisors(hidden, UE8M0_PACK * block_size, _ASCEND_MAX_BLOCK_K)[0]
-        if padded and block_k != hidden:
-            if hidden > _ASCEND_MAX_ROW:
-                raise ValueError(
-                    f'Ascend: packed UE8M0 scales of a number of blocks that is not a multiple of {UE8M0_PACK} need '
-                    f'hidden <= {_ASCEND_MAX_ROW}, got {hidden // block_size} blocks of {block_size} (hidden {hidden})'
-                )
-            block_k = hidden
+        if padded and block_k != hidden and hidden <= _ASCEND_MAX_ROW:
+            block_k = hidden  # the row one task, its scale bytes ending in the row's zero padding
+        elif padded and block_k != hidden and col_major_sf:
+            # Column-major words go out one burst each, but equal tasks of a row of 4 n + r blocks cannot all hold
+            # whole words. (Row-major: tasks of block_k, the last storing the padding after its scales.)
+            raise ValueError(
+                f'Ascend: column-major packed UE8M0 scales of a number of blocks that is not a multiple of '
+                f'{UE8M0_PACK} need hidden <= {_ASCEND_MAX_ROW}, got {hidden // block_size} blocks of {block_size} '
+                f'(hidden {hidden})'
+            )
         return make(block_k=block_k, threads=0, num_stages=2)
     if backend == 'cuda':
         # One small thread block per (token, column tile), many per SM: each thread has block_k / 64 elements of
