@@ -1084,6 +1084,9 @@ QUANTISED_VARIANTS = by_level(
         # a short last block in and out (H 2880 = 22.5 blocks of 128): cast_back's and per_token_cast's
         dict(producer='token', data='e4m3', block_in=(1, 128), sf_in='ue8m0', fmt='e4m3', block=128, sf='fp32',
              cm=False, hidden=2880),
+        # FP4 data with a short last block of 128 channels in (cast_back's FP4 short block), e4m3 out
+        dict(producer='token', data='e2m1', block_in=(1, 128), sf_in='ue8m0', fmt='e4m3', block=32, sf='ue8m0',
+             cm=False, hidden=2880),
     ],
 )  # fmt: skip
 
