@@ -18,6 +18,33 @@ mhc_pre_apply_mix_kernel.py).
 from ._mhc_expand_apply_common import ASCEND_LANES, MAX_MHC_MULT
 
 
+def fwd_block(T, mhc: int, block: int):
+    """The forward's block as a macro (one home: this kernel and the fused pre path's kernel, which must round
+    alike): mix_block(x_ub, weight, o_ub), inside a SIMD VF, mixes a token's (mhc, block) bf16 tile x_ub into
+    o_ub (block,), weight(m) being the UB element of the token's mix m (broadcast to every lane): per 64-lane
+    chunk the streams widened to fp32, mix[0] * x[0], then one fused multiply-add per further stream, rounded
+    to bf16."""
+    f32, bf16 = T.float32, T.bfloat16
+    chunks = block // ASCEND_LANES
+    lanes = ASCEND_LANES
+
+    @T.macro
+    def mix_block(x_ub, weight, o_ub):
+        w = T.simd.alloc_local((mhc,), f32)
+        for m in T.unroll(mhc, explicit=True):
+            w[m] = T.simd.vld(weight(m), dist='BRC_B32')
+        for c in T.serial(chunks):
+            col = c * lanes
+            acc = T.simd.alloc_var(f32)
+            acc = T.simd.vmul(T.simd.vcvt(T.simd.vld(x_ub[0, col], dist='UNPK_B16'), f32), w[0])
+            for m in T.unroll(mhc - 1, explicit=True):
+                xm = T.simd.vcvt(T.simd.vld(x_ub[m + 1, col], dist='UNPK_B16'), f32)
+                T.simd.vmula(acc, xm, w[m + 1])
+            T.simd.vsts(o_ub[col], T.simd.vcvt(acc, bf16), dist='PK_B32')
+
+    return mix_block
+
+
 def ascend_mhc_pre_apply_mix_kernel(cfg):
     """`cfg` is an MhcPreApplyMixConfig (backend "ascend")."""
     import tilelang.ascend.language as T
@@ -31,6 +58,7 @@ def ascend_mhc_pre_apply_mix_kernel(cfg):
     num_tokens = T.dynamic('num_tokens')
 
     if cfg.direction == 'fwd':
+        mix_block = fwd_block(T, mhc, block)
 
         @T.prim_func
         def mhc_pre_apply_mix_fwd_kernel(
@@ -49,17 +77,7 @@ def ascend_mhc_pre_apply_mix_kernel(cfg):
                     T.copy(mix[t, 0:mhc], w_ub[0:mhc])
                     T.copy(x[t, :, h0 : h0 + block], x_ub)
                     with T.SimdVF():
-                        w = T.simd.alloc_local((mhc,), f32)
-                        for m in T.unroll(mhc, explicit=True):
-                            w[m] = T.simd.vld(w_ub[m], dist='BRC_B32')
-                        for c in T.serial(chunks):
-                            col = c * lanes
-                            acc = T.simd.alloc_var(f32)
-                            acc = T.simd.vmul(T.simd.vcvt(T.simd.vld(x_ub[0, col], dist='UNPK_B16'), f32), w[0])
-                            for m in T.unroll(mhc - 1, explicit=True):
-                                xm = T.simd.vcvt(T.simd.vld(x_ub[m + 1, col], dist='UNPK_B16'), f32)
-                                T.simd.vmula(acc, xm, w[m + 1])
-                            T.simd.vsts(o_ub[col], T.simd.vcvt(acc, bf16), dist='PK_B32')
+                        mix_block(x_ub, lambda m: w_ub[m], o_ub)
                     T.copy(o_ub, o[t, h0 : h0 + block])
 
         return mhc_pre_apply_mix_fwd_kernel

@@ -3,7 +3,28 @@ mhc_reduce_partials_and_rmsnorm_fwd_kernel.py)."""
 
 # No `from __future__ import annotations`: TileLang evaluates the prim_func annotations, which
 # refer to the generator's local shape variables.
+import types
+
 from ._norm_fn_common import LANES, padded_row
+
+
+def rms_routines(T):
+    """The per-value pieces of the reduction on 64-lane registers, by name (one home: this kernel and the fused
+    pre path's kernel, which must round alike): add_partial(total, part), a split's partial added to the running
+    sum (split order, from +0.0); inverse_rms(q, one, inv_group_size, eps), 1 / sqrt(q * inv_group_size + eps)
+    of the summed squares q (one: a register of 1.0); add_normalised(o, mixes, rs), o += mixes * rs, the group
+    sum's fused multiply-add (from +0.0)."""
+
+    def add_partial(total, part):
+        return T.simd.vadd(total, part)
+
+    def inverse_rms(q, one, inv_group_size, eps):
+        return T.simd.vdiv(one, T.simd.vsqrt(T.simd.vadds(T.simd.vmuls(q, inv_group_size), eps)))
+
+    def add_normalised(o, mixes, rs):
+        return T.simd.vmula(o, mixes, rs)
+
+    return types.SimpleNamespace(add_partial=add_partial, inverse_rms=inverse_rms, add_normalised=add_normalised)
 
 
 def ascend_mhc_reduce_partials_and_rmsnorm_fwd_kernel(cfg):
@@ -27,6 +48,7 @@ def ascend_mhc_reduce_partials_and_rmsnorm_fwd_kernel(cfg):
     f32, i32 = T.float32, T.int32
     num_tokens = T.dynamic('num_tokens')
     num_rows = T.dynamic('num_rows')  # num_tokens * groups
+    rms = rms_routines(T)
 
     @T.prim_func
     def mhc_reduce_partials_and_rmsnorm_fwd_kernel(
@@ -64,19 +86,19 @@ def ascend_mhc_reduce_partials_and_rmsnorm_fwd_kernel(cfg):
                         for i in T.serial(flat):
                             a = T.simd.alloc_var(f32)
                             a = T.simd.vld(acc_ub[i * LANES // w, i * LANES % w])
-                            a = T.simd.vadd(a, T.simd.vld(part_ub[i * LANES // w, i * LANES % w]))
+                            a = rms.add_partial(a, T.simd.vld(part_ub[i * LANES // w, i * LANES % w]))
                             T.simd.vsts(acc_ub[i * LANES // w, i * LANES % w], a)
                         for i in T.serial(rbp // LANES):
                             q = T.simd.alloc_var(f32)
                             q = T.simd.vld(sq_ub[i * LANES])
-                            q = T.simd.vadd(q, T.simd.vld(sqp_ub[i * LANES]))
+                            q = rms.add_partial(q, T.simd.vld(sqp_ub[i * LANES]))
                             T.simd.vsts(sq_ub[i * LANES], q)
                 with T.SimdVF():
                     one = T.simd.vdup(1.0, f32)
                     lane = T.simd.vci(T.int32(0), i32)
                     for i in T.serial(rbp // LANES):
                         q = T.simd.vld(sq_ub[i * LANES])
-                        rstd = T.simd.vdiv(one, T.simd.vsqrt(T.simd.vadds(T.simd.vmuls(q, inv_group_size), eps)))
+                        rstd = rms.inverse_rms(q, one, inv_group_size, eps)
                         T.simd.vsts(rstd_ub[i * LANES], rstd)
                     # The 1/rms stores land before the broadcast loads below read them.
                     T.simd.mem_bar('VST_VLD')
@@ -87,7 +109,7 @@ def ascend_mhc_reduce_partials_and_rmsnorm_fwd_kernel(cfg):
                             o = T.simd.vdup(0.0, f32)
                             for g in T.serial(groups):  # group order
                                 rs = T.simd.vld(rstd_ub[t * groups + g], dist='BRC_B32')
-                                T.simd.vmula(o, T.simd.vld(acc_ub[t * groups + g, c * LANES]), rs)
+                                rms.add_normalised(o, T.simd.vld(acc_ub[t * groups + g, c * LANES]), rs)
                             T.simd.vsts(out_ub[t, c * LANES], o, keep)
                 T.copy(acc_ub[0:vr, 0:m3], out_mul[r0 : r0 + vr, :])
                 T.copy(sq_ub[0:vr], sqrsum[r0 : r0 + vr])

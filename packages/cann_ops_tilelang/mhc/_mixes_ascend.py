@@ -18,6 +18,8 @@ backward's second pass (one core, SIMT) adds the partial rows in row order.
 # No `from __future__ import annotations`: TileLang evaluates the prim_func annotations, which
 # refer to the generator's local variables.
 
+import types
+
 from ._mixes_entries import mixes_entry
 
 LANES = 64  # fp32 lanes of one 256-byte vector register
@@ -29,19 +31,14 @@ def lanes_of(n: int) -> int:
     return max(8, 1 << (n - 1).bit_length())
 
 
-def ascend_mhc_mixes_kernel(cfg):
-    """`cfg` is a MhcMixesConfig (backend "ascend")."""
-    import tilelang.ascend.language as T
-
+def mix_math(T, num_scales: int, token_block: int):
+    """The forward's per-logit pieces, by name (one home: the mix kernels and the fused pre path's kernel, which
+    must round alike): fill_base(mhc_base, base_ub, offset, n, C), the segment's bases in one register pattern;
+    load_scales(mhc_scale, scale_ub), one 32-byte row per scale; segment_forward(in_ub, out_ub, base_ub,
+    scale_ub, k, C, post_mult, eps), a segment's tile of `token_block` rows of C lanes: z = x * scale + base,
+    then pre = sigmoid(z) + eps (k 0), post = sigmoid(z) * post_mult (k 1), comb = z (k 2)."""
     f32 = T.float32
-    M, W, S, tb = cfg.mhc_mult, cfg.width, cfg.num_scales, cfg.token_block
-    M2 = M * M
-    P, threads, stages = cfg.num_partials, cfg.threads, cfg.num_stages
-    Wp = -(-W // 8) * 8  # the reduce's UB row of per-column sums: whole 32-byte blocks
-    num_tokens = T.dynamic('num_tokens')
-
-    Cm = lanes_of(M)  # UB row of a pre / post tile
-    Cc = lanes_of(M2)  # UB row of a comb tile
+    S, tb = num_scales, token_block
 
     @T.macro
     def fill_base(mhc_base, base_ub, offset, n, C):
@@ -71,6 +68,25 @@ def ascend_mhc_mixes_kernel(cfg):
                     T.simd.vsts(out_ub[c * (LANES // C), 0], T.simd.vadds(sig, eps))
                 else:
                     T.simd.vsts(out_ub[c * (LANES // C), 0], T.simd.vmuls(sig, post_mult))
+
+    return types.SimpleNamespace(fill_base=fill_base, load_scales=load_scales, segment_forward=segment_forward)
+
+
+def ascend_mhc_mixes_kernel(cfg):
+    """`cfg` is a MhcMixesConfig (backend "ascend")."""
+    import tilelang.ascend.language as T
+
+    f32 = T.float32
+    M, W, S, tb = cfg.mhc_mult, cfg.width, cfg.num_scales, cfg.token_block
+    M2 = M * M
+    P, threads, stages = cfg.num_partials, cfg.threads, cfg.num_stages
+    Wp = -(-W // 8) * 8  # the reduce's UB row of per-column sums: whole 32-byte blocks
+    num_tokens = T.dynamic('num_tokens')
+
+    Cm = lanes_of(M)  # UB row of a pre / post tile
+    Cc = lanes_of(M2)  # UB row of a comb tile
+    mix = mix_math(T, S, tb)
+    fill_base, load_scales, segment_forward = mix.fill_base, mix.load_scales, mix.segment_forward
 
     @T.macro
     def forward(x, mhc_scale, mhc_base, pre, post, comb, post_mult, eps):
