@@ -2,7 +2,8 @@
 
 The compositions launch the domain's kernels, each compiled per configuration of its own: level 0 takes sizes
 whose stage configurations the stages' own level-0 tests compile too (mhc_mult 4, hidden 256, 16 splits, Sinkhorn
-repeat 3); level 1 every other mhc_mult from 1 to 8, with other split counts and repeats.
+repeat 3; on Ascend the forward is one fused kernel of its own); level 1 every other mhc_mult from 1 to 8, with
+other split counts and repeats.
 """
 
 import math
@@ -48,6 +49,27 @@ FUSED_CASES = by_level(
 )
 FUSED_PARAMS = generate_samples(case=FUSED_CASES)
 FUSED_NUM_TOKENS = (1, 37, 4001)
+# The forward's fused Ascend kernel (the default there; from level 1): every mhc_mult, 1 / 2 / 16 splits, Sinkhorn
+# repeat 1 / 20, hidden 64 / 192 / 2560, each a kernel of its own; the token counts a task's tail (16 tokens a
+# task) and tasks on several cores.
+ASCEND_FUSED_CASES = by_level(
+    get_test_level(),
+    core=[],
+    default=[
+        (1, 64, 1, 1),
+        (2, 192, 2, 20),
+        (3, 2560, 16, 1),
+        (4, 192, 16, 20),
+        (5, 64, 2, 1),
+        (6, 2560, 1, 20),
+        (7, 192, 16, 1),
+        (8, 2560, 16, 20),
+    ],
+)
+ASCEND_FUSED_PARAMS = generate_samples(case=ASCEND_FUSED_CASES)
+ASCEND_FUSED_NUM_TOKENS = (1, 37, 300)
+# The fused Ascend kernel's lowering (CPU tier): the narrowest and widest mhc_mult and hidden widths.
+ASCEND_LOWERING_CASES = [(1, 64, 1, 1), (4, 2560, 16, 20), (8, 7168, 16, 20), (8, 192, 2, 1)]
 # The fused kernel's lowering (CPU tier): a Sinkhorn block's tail and a stream tile's, the widest mhc_mult.
 LOWERING_CASES = [(1, 64, 1, 1), (4, 4096, 16, 20), (8, 7168, 16, 20), (5, 320, 2, 7)]
 # The peer's benchmark shapes: tokens 4001 / 8001, hidden 2560 .. 7168, mhc_mult 4, its default 16 splits.

@@ -1,12 +1,13 @@
-"""Tests of mhc_pre_big_fuse_fwd (TileKernels 2.1.0's fused pre path), a composition of the domain's operators, or
-on CUDA with FUSE_ON_CUDA one fused kernel.
+"""Tests of mhc_pre_big_fuse_fwd (TileKernels 2.1.0's fused pre path): on Ascend one fused kernel (FUSE_ON_ASCEND),
+on CUDA a composition of the domain's operators, or with FUSE_ON_CUDA one fused kernel.
 
-CPU tier: the configuration (each stage's, from its own chooser; the fused kernel where asked on CUDA); the fused
-kernel's lowering (the stage kernels' is their own tests'); the argument contract on CPU tensors (typed errors
-before the device guard); the torch.library form (schema, fake kernel, typed errors, torch.compile on fake
-tensors). Device tier (`npu`; on a CPU-only host the Ascend kernels on the emulator with `--ascend-emulator`):
-values against the float64 reference of the whole path, bit equality with the chain of the public operators (the
-fused kernel's too, on CUDA from level 1), 0 tokens, the configuration query, opcheck; the benchmark.
+CPU tier: the configuration (each stage's, from its own chooser; the fused kernel of each backend where chosen);
+the fused kernels' lowering (the stage kernels' is their own tests'; Ascend: the UB within the limit, as the
+configuration counts it); the argument contract on CPU tensors (typed errors before the device guard); the
+torch.library form (schema, fake kernel, typed errors, torch.compile on fake tensors). Device tier (`npu`; on a
+CPU-only host the Ascend kernels on the emulator with `--ascend-emulator`): values against the float64 reference
+of the whole path, bit equality with the chain of the public operators and (Ascend) with the composition, the
+fused kernels' at more sizes from level 1, 0 tokens, the configuration query, opcheck; the benchmark.
 """
 
 import dataclasses
@@ -27,18 +28,27 @@ from cann_ops_tilelang.mhc import (
 )
 from cann_ops_tilelang.mhc.mhc_pre_big_fuse_fwd import MhcPreBigFuseFwdResult, fused_launch_args
 from cann_ops_tilelang.mhc.mhc_pre_big_fuse_kernel import (
+    ASCEND_FUSED_UB_BUDGET,
     choose_mhc_pre_big_fuse_config,
     make_mhc_pre_big_fuse_fwd_kernel,
 )
 from cann_ops_tilelang.operator import NAMESPACE, OPERATORS
 from tests.testing.bench import make_param_id
 from tests.testing.graphs import GraphRecorder
-from tests.testing.lowering import ASCEND_950_VECTOR_CORES, H200_SMS, assert_cuda_kernel_lowers
+from tests.testing.lowering import (
+    ASCEND_950_VECTOR_CORES,
+    H200_SMS,
+    assert_ascend_kernel_lowers,
+    assert_cuda_kernel_lowers,
+)
 from tests.testing.numeric import assert_equal, count_bytes
 from tests.testing.timing import record_name
 
 from .mhc_pre_big_fuse_fwd_ref import mhc_pre_big_fuse_fwd_ref
 from .pre_big_fuse_cases import (
+    ASCEND_FUSED_NUM_TOKENS,
+    ASCEND_FUSED_PARAMS,
+    ASCEND_LOWERING_CASES,
     BENCHMARK_MULT,
     BENCHMARK_PARAMS,
     BENCHMARK_REPEAT,
@@ -128,22 +138,59 @@ def _fused_config(mhc_mult, hidden, n_splits, repeat, fuse=True, backend='cuda')
 
 def test_mhc_pre_big_fuse_fwd_fuses_the_cuda_forward_where_asked():
     """The fused kernel: the CUDA forward where `fuse` asks (FUSE_ON_CUDA, off by default: the composition until
-    the kernel has run on a GPU), its stages the composition's; Ascend and the backward keep the stages."""
+    the kernel has run on a GPU), its stages the composition's; the backward keeps the stages."""
     assert _INTERFACE.FUSE_ON_CUDA is False
     fused = _fused_config(4, 4096, 16, 20)
     assert fused.fused
     assert fused.stages == _fused_config(4, 4096, 16, 20, fuse=False).stages
-    assert not _fused_config(4, 4096, 16, 20, backend='ascend').fused
     bwd = choose_mhc_pre_big_fuse_config(
         backend='cuda', num_cores=H200_SMS, direction='bwd', mhc_mult=4, hidden=256, n_splits=16, repeat=3, fuse=True
     )
     assert not bwd.fused
-    with pytest.raises(ValueError, match='the fused kernel is the CUDA forward'):
+    with pytest.raises(ValueError, match='the fused kernel is the forward'):
         dataclasses.replace(bwd, fused=True)
-    with pytest.raises(ValueError, match='the fused kernel is the CUDA forward'):
-        dataclasses.replace(_fused_config(4, 256, 2, 3, backend='ascend'), fused=True)
     with pytest.raises(ValueError, match='a composition has no kernel of its own'):
         make_mhc_pre_big_fuse_fwd_kernel(_fused_config(4, 256, 2, 3, fuse=False))
+
+
+@pytest.mark.parametrize('mhc_mult', range(1, 9))
+def test_mhc_pre_big_fuse_fwd_fuses_the_ascend_forward(mhc_mult):
+    """Ascend: the fused kernel by default (FUSE_ON_ASCEND), 16 tokens a task, every hidden width the contract
+    takes within the UB budget (the residual's hidden block is pre_apply_mix_fwd's, bounded by its own budget);
+    the stages where fuse_ascend is off, and for the backward."""
+    assert _INTERFACE.FUSE_ON_ASCEND is True
+    for hidden in (64, 2560, 7168, 65536):
+        cfg = _fused_config(mhc_mult, hidden, 16, 20, fuse=False, backend='ascend')
+        assert (cfg.fused, cfg.token_block) == (True, 16)
+        assert 0 < cfg.ub_bytes <= ASCEND_FUSED_UB_BUDGET
+        composition = choose_mhc_pre_big_fuse_config(
+            backend='ascend', num_cores=ASCEND_950_VECTOR_CORES, direction='fwd', mhc_mult=mhc_mult, hidden=hidden,
+            n_splits=16, repeat=20, fuse_ascend=False,
+        )  # fmt: skip
+        assert (composition.fused, composition.token_block, composition.ub_bytes) == (False, 0, 0)
+        assert composition.stages == cfg.stages
+    bwd = choose_mhc_pre_big_fuse_config(
+        backend='ascend', num_cores=ASCEND_950_VECTOR_CORES, direction='bwd', mhc_mult=mhc_mult, hidden=256,
+        n_splits=16, repeat=3,
+    )  # fmt: skip
+    assert not bwd.fused
+    with pytest.raises(ValueError, match='multiple of 8'):
+        dataclasses.replace(cfg, token_block=12)
+    with pytest.raises(ValueError, match="token_block is the Ascend fused kernel's"):
+        dataclasses.replace(composition, token_block=16)
+
+
+@pytest.mark.parametrize('case', ASCEND_LOWERING_CASES, ids=lambda c: 'mhc{}-h{}-s{}-r{}'.format(*c))
+def test_mhc_pre_big_fuse_fwd_ascend_fused_kernel_lowers(case):
+    """One Ascend kernel: its UB within the limit and exactly what the configuration counts (the budget check of
+    the chooser), the Sinkhorn in a SIMT VF, no atomics."""
+    cfg = _fused_config(*case, fuse=False, backend='ascend')
+    lowered = assert_ascend_kernel_lowers(
+        lambda: make_mhc_pre_big_fuse_fwd_kernel(cfg), key=cfg, kernel_name='mhc_pre_big_fuse_fwd_kernel'
+    )
+    assert lowered.ub_bytes == cfg.ub_bytes <= ASCEND_FUSED_UB_BUDGET
+    assert '__simt_vf__' in lowered.source
+    assert 'atomic' not in lowered.source.lower()
 
 
 @pytest.mark.parametrize('case', LOWERING_CASES, ids=lambda c: 'mhc{}-h{}-s{}-r{}'.format(*c))
@@ -319,8 +366,8 @@ def _check_values(params, num_tokens_list, device, *, fused):
 @pytest.mark.npu
 @pytest.mark.parametrize('params', PARAMS, ids=make_param_id)
 def test_mhc_pre_big_fuse_fwd_values(params, device):
-    """The default path (the composition: FUSE_ON_CUDA is off)."""
-    _check_values(params, NUM_TOKENS, device, fused=False)
+    """The default path: on Ascend the fused kernel (FUSE_ON_ASCEND), on CUDA the composition (FUSE_ON_CUDA off)."""
+    _check_values(params, NUM_TOKENS, device, fused=config.backend_of(device) == 'ascend')
 
 
 @pytest.mark.npu
@@ -331,6 +378,33 @@ def test_mhc_pre_big_fuse_fwd_fused_values(params, device, monkeypatch):
         pytest.skip('the fused kernel of the pre path is a CUDA kernel')
     monkeypatch.setattr(_INTERFACE, 'FUSE_ON_CUDA', True)
     _check_values(params, FUSED_NUM_TOKENS, device, fused=True)
+
+
+@pytest.mark.npu
+@pytest.mark.parametrize('params', ASCEND_FUSED_PARAMS, ids=make_param_id)
+def test_mhc_pre_big_fuse_fwd_ascend_fused_values(params, device):
+    """The fused Ascend kernel at more sizes (from level 1): every mhc_mult, 1 / 2 / 16 splits, repeat 1 / 20,
+    hidden 64 / 192 / 2560, tokens up to tasks on many cores."""
+    if config.backend_of(device) != 'ascend':
+        pytest.skip('the default fused kernel of the pre path is the Ascend one')
+    _check_values(params, ASCEND_FUSED_NUM_TOKENS, device, fused=True)
+
+
+@pytest.mark.npu
+def test_mhc_pre_big_fuse_fwd_ascend_fused_equals_the_composition(device, monkeypatch):
+    """The fused Ascend kernel and the composition of the same call (FUSE_ON_ASCEND off): the same bits."""
+    if config.backend_of(device) != 'ascend':
+        pytest.skip('the default fused kernel of the pre path is the Ascend one')
+    mhc_mult, hidden, n_splits, repeat, num_tokens = 4, 256, 16, 3, 37
+    inputs = make_inputs(num_tokens, mhc_mult, hidden, n_splits, device)
+    results = {}
+    for fuse in (False, True):
+        monkeypatch.setattr(_INTERFACE, 'FUSE_ON_ASCEND', fuse)
+        buffers = _buffers(num_tokens, mhc_mult, hidden, device)
+        assert mhc_pre_big_fuse_fwd.operator.config(*inputs, *buffers, *scalars(repeat), n_splits).fused == fuse
+        results[fuse] = mhc_pre_big_fuse_fwd(*inputs, *buffers, *scalars(repeat), n_splits)
+    for fused, composed in zip(results[True], results[False], strict=True):
+        assert_equal(fused, composed)
 
 
 @pytest.mark.npu

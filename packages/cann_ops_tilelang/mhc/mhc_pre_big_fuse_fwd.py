@@ -1,9 +1,10 @@
 """mhc_pre_big_fuse_fwd: mHC's whole pre path of a layer, from the split-K partials of the prenorm GEMM to the
 layer input, the post mix and the Sinkhorn-normalised residual mix (TileKernels 2.1.0's call; docs/mhc.md).
 
-A composition of the domain's operators, one launch per stage: mhc_reduce_partials_and_rmsnorm_fwd ->
-mhc_pre_split_mixes_fwd -> mhc_sinkhorn_fwd -> mhc_pre_apply_mix_fwd; on CUDA, where FUSE_ON_CUDA is set, one launch
-of the fused kernel (the same bits)."""
+On Ascend (FUSE_ON_ASCEND, the default) one launch of the fused kernel; otherwise a composition of the domain's
+operators, one launch per stage: mhc_reduce_partials_and_rmsnorm_fwd -> mhc_pre_split_mixes_fwd -> mhc_sinkhorn_fwd
+-> mhc_pre_apply_mix_fwd; on CUDA, where FUSE_ON_CUDA is set, one launch of the fused kernel. The same bits on
+every path."""
 
 from __future__ import annotations
 
@@ -55,6 +56,9 @@ def check_pre_path_scalars(name, S, M, H, rms_eps, sinkhorn_repeat, n_splits, re
 # The fused CUDA kernel is lowered and compiled (nvcc, sm_90a) but has not run on a GPU yet: until its device test
 # (which sets this) passes, CUDA launches the four checked stages. Read per call: part of the choice.
 FUSE_ON_CUDA = False
+# The fused Ascend kernel computed the composition's bits on the Ascend C emulator: the default there. Off: the
+# four stages (the tests' composition to compare with). Read per call: part of the choice.
+FUSE_ON_ASCEND = True
 
 
 def _extra(name, S, M, H, rms_eps, sinkhorn_repeat, n_splits):
@@ -99,6 +103,7 @@ OP = Operator(
         'n_splits': gemm_out_mul.shape[0],
         'repeat': sinkhorn_repeat,
         'fuse': FUSE_ON_CUDA,
+        'fuse_ascend': FUSE_ON_ASCEND,
     },
     choose_config=choose_mhc_pre_big_fuse_config,
     get_kernel=get_mhc_pre_big_fuse_kernel,
@@ -178,9 +183,10 @@ def mhc_pre_big_fuse_fwd(
     A composition, one launch per stage, its intermediates (the reduced partials, the mixes, pre and the comb
     logits) in one allocation: the results equal, bit for bit, the chain of the public operators
     mhc_reduce_partials_and_rmsnorm_fwd (one RMS group, rms_group_size M * H) -> mhc_pre_split_mixes_fwd ->
-    mhc_sinkhorn_fwd -> mhc_pre_apply_mix_fwd, whose docstrings give the rounding and the summation orders. On CUDA
-    with FUSE_ON_CUDA set (off until the kernel has run on a GPU), one launch of a fused kernel that does the
-    stages' arithmetic in their order: the same bits, no intermediates in memory.
+    mhc_sinkhorn_fwd -> mhc_pre_apply_mix_fwd, whose docstrings give the rounding and the summation orders. On
+    Ascend (FUSE_ON_ASCEND, on: emulated bit-equal) and on CUDA with FUSE_ON_CUDA set (off until the kernel has
+    run on a GPU), one launch of a fused kernel that does the stages' arithmetic in their order: the same bits,
+    no intermediates in memory.
     Beyond the peer: every mhc_mult of 1 .. 8 and any token count on both backends, n_splits on Ascend.
 
     Args:
