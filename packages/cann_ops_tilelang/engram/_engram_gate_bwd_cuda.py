@@ -76,7 +76,8 @@ def cuda_resident_kernel(cfg, prim_func):
     """`cfg` is an EngramGateBwdConfig; `prim_func` the signature builder _engram_gate_bwd_prim_func."""
     import tilelang.language as T
 
-    hc, hidden, P, has_mask = cfg.hc, cfg.hidden, cfg.num_blocks, cfg.has_mask
+    hc, hidden, P, has_mask, mask_ahead = cfg.hc, cfg.hidden, cfg.num_blocks, cfg.has_mask, cfg.mask_ahead
+    mask_selects = cfg.mask_selects
     threads, g, w_in_smem, dynamic = cfg.threads, cfg.groups_per_thread, cfg.w_in_smem, cfg.dynamic_tokens
     C = cfg.cluster  # CTAs per token; each holds groups = 1 / C of the token's column groups
     groups = hidden // VEC // C
@@ -138,7 +139,7 @@ def cuda_resident_kernel(cfg, prim_func):
 
     @T.macro
     def phase_b(
-        tok, tid, gid, x_s, k_s, w_s, go_r, gw, rr, cx, ck, xb, kb, wf, xf, kf, ox, ok,
+        tok, tid, gid, x_s, k_s, w_s, go_r, gw, rr, cx, ck, xb, kb, wf, xf, kf, ox, ok, gn,
         weight_fused, grad_x, grad_kv, img,
     ):  # fmt: skip
         # Phase B of one token: grad_x, grad_k and this thread's weight-gradient slice. The mask variant
@@ -159,36 +160,64 @@ def cuda_resident_kernel(cfg, prim_func):
                     else:
                         for e in T.vectorized(VEC):
                             wf[e] = weight_fused[h, col + e]
-                    for e in T.unroll(VEC):
-                        xf[e] = T.cast(xb[e], T.float32)
-                        kf[e] = T.cast(kb[e], T.float32)
-                        if img is None:
-                            gw[j, h, e] += rr[h] * xf[e] * kf[e]
-                        else:  # an image token adds nothing, not even the NaN of an inf x or k
-                            gw[j, h, e] = T.if_then_else(img != 0, gw[j, h, e], gw[j, h, e] + rr[h] * xf[e] * kf[e])
-                        ox[e] = unpack(go_r[j, h, e // 2], e, alt=True) + rr[h] * (kf[e] * wf[e] - xf[e] * cx[h])
-                        ok[e] = rr[h] * (xf[e] * wf[e] - kf[e] * ck[h])
-                    if img is None:
-                        for e in T.vectorized(VEC):
-                            grad_x[tok, h, col + e] = T.cast(ox[e], T.bfloat16)
-                        for e in T.vectorized(VEC):
-                            grad_kv[tok, h, col + e] = T.cast(ok[e], T.bfloat16)
-                    else:
-                        # An image token: grad_x = grad_out bit for bit (the packed words held since phase A),
-                        # grad_k = +0.
+                    if img is not None and mask_selects:
+                        # Every value computed first, then one select each: the ternaries of the branch below
+                        # come out of nvcc as branches around the math (sm_90a SASS: two copies of a branch's
+                        # arithmetic, jumps per branch h), which keeps ptxas from overlapping the branches.
                         for e in T.unroll(VEC):
-                            xb[e] = T.if_then_else(
-                                img != 0,
-                                T.reinterpret(
-                                    T.Cast('uint16', go_r[j, h, e // 2] >> T.uint32((e % 2) * 16)), T.bfloat16
-                                ),
-                                T.cast(ox[e], T.bfloat16),
+                            xf[e] = T.cast(xb[e], T.float32)
+                            kf[e] = T.cast(kb[e], T.float32)
+                            gn[e] = gw[j, h, e] + rr[h] * xf[e] * kf[e]
+                            ox[e] = unpack(go_r[j, h, e // 2], e, alt=True) + rr[h] * (kf[e] * wf[e] - xf[e] * cx[h])
+                            ok[e] = rr[h] * (xf[e] * wf[e] - kf[e] * ck[h])
+                        for e in T.unroll(VEC):
+                            xb[e] = T.cast(ox[e], T.bfloat16)
+                            kb[e] = T.cast(ok[e], T.bfloat16)
+                        for e in T.unroll(VEC):
+                            # selects of plain values (ternaries; bf16 through its bits, a struct in CUDA C)
+                            gw[j, h, e] = T.Select(img != 0, gw[j, h, e], gn[e])
+                            go_bits = T.Cast('uint16', go_r[j, h, e // 2] >> T.uint32((e % 2) * 16))
+                            xb[e] = T.reinterpret(
+                                T.Select(img != 0, go_bits, T.reinterpret(xb[e], T.uint16)), T.bfloat16
                             )
-                            kb[e] = T.if_then_else(img != 0, T.cast(0, T.bfloat16), T.cast(ok[e], T.bfloat16))
+                            kb[e] = T.reinterpret(
+                                T.Select(img != 0, T.uint16(0), T.reinterpret(kb[e], T.uint16)), T.bfloat16
+                            )
                         for e in T.vectorized(VEC):
                             grad_x[tok, h, col + e] = xb[e]
                         for e in T.vectorized(VEC):
                             grad_kv[tok, h, col + e] = kb[e]
+                    else:
+                        for e in T.unroll(VEC):
+                            xf[e] = T.cast(xb[e], T.float32)
+                            kf[e] = T.cast(kb[e], T.float32)
+                            if img is None:
+                                gw[j, h, e] += rr[h] * xf[e] * kf[e]
+                            else:  # an image token adds nothing, not even the NaN of an inf x or k
+                                gw[j, h, e] = T.if_then_else(img != 0, gw[j, h, e], gw[j, h, e] + rr[h] * xf[e] * kf[e])
+                            ox[e] = unpack(go_r[j, h, e // 2], e, alt=True) + rr[h] * (kf[e] * wf[e] - xf[e] * cx[h])
+                            ok[e] = rr[h] * (xf[e] * wf[e] - kf[e] * ck[h])
+                        if img is None:
+                            for e in T.vectorized(VEC):
+                                grad_x[tok, h, col + e] = T.cast(ox[e], T.bfloat16)
+                            for e in T.vectorized(VEC):
+                                grad_kv[tok, h, col + e] = T.cast(ok[e], T.bfloat16)
+                        else:
+                            # An image token: grad_x = grad_out bit for bit (the packed words held since phase A),
+                            # grad_k = +0.
+                            for e in T.unroll(VEC):
+                                xb[e] = T.if_then_else(
+                                    img != 0,
+                                    T.reinterpret(
+                                        T.Cast('uint16', go_r[j, h, e // 2] >> T.uint32((e % 2) * 16)), T.bfloat16
+                                    ),
+                                    T.cast(ox[e], T.bfloat16),
+                                )
+                                kb[e] = T.if_then_else(img != 0, T.cast(0, T.bfloat16), T.cast(ok[e], T.bfloat16))
+                            for e in T.vectorized(VEC):
+                                grad_x[tok, h, col + e] = xb[e]
+                            for e in T.vectorized(VEC):
+                                grad_kv[tok, h, col + e] = kb[e]
 
     @T.macro
     def body(
@@ -240,6 +269,8 @@ def cuda_resident_kernel(cfg, prim_func):
             ox = T.alloc_local((VEC,), T.float32)
             ok = T.alloc_local((VEC,), T.float32)
             ov = T.alloc_local((VEC,), T.float32)
+            # mask_selects: an element's weight-gradient sum with the token
+            gn = T.alloc_local((VEC,), T.float32) if mask_selects else None
             part = T.alloc_local((hc,), T.float32)
             rr = T.alloc_local((hc,), T.float32)
             cx = T.alloc_local((hc,), T.float32)
@@ -255,6 +286,10 @@ def cuda_resident_kernel(cfg, prim_func):
             t0, t1 = _token_range(num_tokens, pid, P)
             tok_s = T.alloc_shared((2,), T.int32)
             img = T.alloc_var(T.int32)  # image_token_mask of the current token (mask variant)
+            # mask_ahead: the masks of 4 tokens (ring, as sc_s), each loaded two tokens ahead by thread 0 into m2
+            # and stored before the barrier in between
+            msk_s = T.alloc_shared((4,), T.int32) if mask_ahead else None
+            m2 = T.alloc_var(T.int32) if mask_ahead else None
             cur = T.alloc_var(T.int32)
             nx1 = T.alloc_var(T.int32)
             nx2 = T.alloc_var(T.int32)
@@ -294,6 +329,13 @@ def cuda_resident_kernel(cfg, prim_func):
                                     )
             if has_c1:
                 issue_scalars(c1, 1 if dynamic else c1 % 4, tid, sc_s, dot, gate_score, rstd_x, rstd_k)
+            if mask_ahead and tid == 0:
+                # The masks of c_0 and c_1, published by iteration 0's barrier as their scalars. After the
+                # copies of group 1 are issued: thread 0 waits for the loads while group 1 is in flight.
+                if has_c0:
+                    msk_s[0 if dynamic else c0 % 4] = T.Cast('int32', image_token_mask[c0])
+                if has_c1:
+                    msk_s[1 if dynamic else c1 % 4] = T.Cast('int32', image_token_mask[c1])
             T.ptx_commit_group()
             if has_c0:
                 T.ptx_wait_group(0)
@@ -311,8 +353,14 @@ def cuda_resident_kernel(cfg, prim_func):
                     tok, tok1, tok2 = t, t + 1, t + 2
                     has1, has2 = t + 1 < t1, t + 2 < t1
                     sl, sl2, first = t % 4, (t + 2) % 4, t == t0
-                if has_mask:
-                    img = T.Cast('int32', image_token_mask[tok])  # first used after phase A: latency hidden
+                if mask_ahead:
+                    # The mask of c_(i + 2), loaded here and stored before the barrier (as the claim): its round
+                    # trip overlaps phase A. Loaded for c_i itself, ptxas tests it right after the wait for
+                    # grad_out (sm_90a SASS): every token then waited for the load before its phase A.
+                    if tid == 0 and has2:
+                        m2 = T.Cast('int32', image_token_mask[tok2])
+                elif has_mask:
+                    img = T.Cast('int32', image_token_mask[tok])
                 if dynamic and tid == 0:  # noqa: SIM102
                     if rank == 0:
                         # Issued first, used at the barrier: the atomic's round trip overlaps phase A.
@@ -321,6 +369,8 @@ def cuda_resident_kernel(cfg, prim_func):
                 T.ptx_wait_group(1)
                 if first:
                     T.sync_threads()  # publish the scalars of c_0 and c_1 (block-uniform condition)
+                if mask_ahead:
+                    img = msk_s[sl]
                 for h in T.unroll(hc):
                     part[h] = 0.0
                 for j in T.unroll(g):
@@ -365,6 +415,9 @@ def cuda_resident_kernel(cfg, prim_func):
                         if claim == num_tokens - 1:
                             token_counter[0] = 0
                         tok_s[sl % 2] = claim + 3 * P
+                if mask_ahead and tid == 0:  # noqa: SIM102
+                    if has2:  # ring slot (i + 2) % 4 was last read in iteration i - 2, as sc_s's
+                        msk_s[sl2] = m2
                 T.sync_threads()
                 if C > 1:
                     # Split tokens: this CTA's per-warp partials (and rank 0's claim) into every CTA of the
@@ -424,6 +477,7 @@ def cuda_resident_kernel(cfg, prim_func):
                     kf,
                     ox,
                     ok,
+                    gn,
                     weight_fused,
                     grad_x,
                     grad_kv,
@@ -463,7 +517,7 @@ def cuda_chunked_kernel(cfg, prim_func):
     import tilelang.language as T
 
     hc, hidden, P, threads, TC = cfg.hc, cfg.hidden, cfg.num_blocks, cfg.threads, cfg.token_chunk
-    has_mask = cfg.has_mask
+    has_mask, mask_ahead = cfg.has_mask, cfg.mask_ahead
     groups = hidden // VEC
     n_tiles = -(-groups // threads)
     nw = threads // 32
@@ -485,6 +539,44 @@ def cuda_chunked_kernel(cfg, prim_func):
             grad_x[t, h, c * VEC + e] = T.cast(ox[e], T.bfloat16)
         for e in T.vectorized(VEC):
             grad_kv[t, h, c * VEC + e] = T.cast(ok[e], T.bfloat16)
+
+    @T.macro
+    def token_tile(
+        t, i, c, tid, k_s, rs_s, gob, xb, kb, wf, xf, kf, ox, ok, gw,
+        grad_out, hidden_states, kv, weight_fused, grad_x, grad_kv, mask,
+    ):  # fmt: skip
+        # Phase B of token t (the chunk's i-th) on column group c, all branches. `mask`: image_token_mask where
+        # the token's mask is tested here, per branch (None: a text token).
+        for h in T.unroll(hc):
+            T.ptx_cp_async(
+                T.access_ptr(k_s[h, tid * VEC], 'w', VEC),
+                T.access_ptr(kv[t, h, c * VEC], 'r', VEC),
+                VEC,
+            )
+        T.ptx_commit_group()
+        for h in T.unroll(hc):
+            for e in T.vectorized(VEC):
+                gob[e] = grad_out[t, h, c * VEC + e]
+            for e in T.vectorized(VEC):
+                xb[e] = hidden_states[t, h, c * VEC + e]
+            for e in T.vectorized(VEC):
+                wf[e] = weight_fused[h, c * VEC + e]
+            T.ptx_wait_group(0)
+            for e in T.vectorized(VEC):
+                kb[e] = k_s[h, tid * VEC + e]
+            r = rs_s[0, i, h]
+            cxv = rs_s[1, i, h]
+            ckv = rs_s[2, i, h]
+            if mask is None:
+                chunked_grads(t, h, c, r, cxv, ckv, gob, xb, kb, wf, xf, kf, ox, ok, gw, grad_x, grad_kv)
+            elif mask[t]:
+                # An image token: grad_x = grad_out bit for bit, grad_k = 0, no share of the weight gradient.
+                for e in T.vectorized(VEC):
+                    grad_x[t, h, c * VEC + e] = gob[e]
+                for e in T.vectorized(VEC):
+                    grad_kv[t, h, c * VEC + e] = T.cast(0, T.bfloat16)
+            else:
+                chunked_grads(t, h, c, r, cxv, ckv, gob, xb, kb, wf, xf, kf, ox, ok, gw, grad_x, grad_kv)
 
     @T.macro
     def body(
@@ -512,6 +604,8 @@ def cuda_chunked_kernel(cfg, prim_func):
             # Thread-private slots for the strided keys and value of kv: cp.async keeps their accesses 16 bytes wide.
             k_s = T.alloc_shared((hc, threads * VEC), T.bfloat16)
             v_s = T.alloc_shared((threads * VEC,), T.bfloat16)
+            # mask_ahead: the chunk's image_token_mask, written in phase A, read once per token in phase B
+            msk_s = T.alloc_shared((TC,), T.int32) if mask_ahead else None
 
             gob = T.alloc_local((VEC,), T.bfloat16)
             vb = T.alloc_local((VEC,), T.bfloat16)
@@ -527,6 +621,7 @@ def cuda_chunked_kernel(cfg, prim_func):
             wf = T.alloc_local((VEC,), T.float32)
             gw = T.alloc_local((hc, VEC), T.float32)
             part = T.alloc_local((hc,), T.float32)
+            img = T.alloc_var(T.int32) if mask_ahead else None  # mask_ahead: the mask of phase A's token
 
             t0, t1 = _token_range(num_tokens, pid, P)
 
@@ -546,6 +641,8 @@ def cuda_chunked_kernel(cfg, prim_func):
                     t = c0 + i
                     for h in T.unroll(hc):
                         part[h] = 0.0
+                    if mask_ahead:
+                        img = T.Cast('int32', image_token_mask[t])  # once per token, not behind each tile's wait
                     for tile in T.serial(n_tiles):
                         c = tile * threads + tid
                         if c < groups:
@@ -566,7 +663,11 @@ def cuda_chunked_kernel(cfg, prim_func):
                                     gof[e] = T.cast(gob[e], T.float32)
                                     part[h] += gof[e] * T.cast(vb[e], T.float32)
                                     ov[e] += gof[e] * gsc
-                            if has_mask:  # noqa: SIM102 (a Python-level switch around a device-side condition)
+                            if mask_ahead:
+                                if img != 0:  # an image token: grad_v = 0
+                                    for e in T.unroll(VEC):
+                                        ov[e] = 0.0
+                            elif has_mask:  # noqa: SIM102
                                 if image_token_mask[t]:  # an image token: grad_v = 0
                                     for e in T.unroll(VEC):
                                         ov[e] = 0.0
@@ -579,6 +680,8 @@ def cuda_chunked_kernel(cfg, prim_func):
                             red_s[i % 2, wid, h] = part[h]
                     T.sync_threads()
                     if tid == 0:
+                        if mask_ahead:
+                            msk_s[i] = img
                         for h in T.unroll(hc):
                             part[h] = 0.0
                             for q in T.unroll(nw):
@@ -604,42 +707,28 @@ def cuda_chunked_kernel(cfg, prim_func):
                                 gw[h, e] = 0.0
                         for i in T.serial(nv):
                             t = c0 + i
-                            for h in T.unroll(hc):
-                                T.ptx_cp_async(
-                                    T.access_ptr(k_s[h, tid * VEC], 'w', VEC),
-                                    T.access_ptr(kv[t, h, c * VEC], 'r', VEC),
-                                    VEC,
-                                )
-                            T.ptx_commit_group()
-                            for h in T.unroll(hc):
-                                for e in T.vectorized(VEC):
-                                    gob[e] = grad_out[t, h, c * VEC + e]
-                                for e in T.vectorized(VEC):
-                                    xb[e] = hidden_states[t, h, c * VEC + e]
-                                for e in T.vectorized(VEC):
-                                    wf[e] = weight_fused[h, c * VEC + e]
-                                T.ptx_wait_group(0)
-                                for e in T.vectorized(VEC):
-                                    kb[e] = k_s[h, tid * VEC + e]
-                                r = rs_s[0, i, h]
-                                cxv = rs_s[1, i, h]
-                                ckv = rs_s[2, i, h]
-                                if has_mask:
-                                    if image_token_mask[t]:
-                                        # An image token: grad_x = grad_out bit for bit, grad_k = 0, no share of
-                                        # the weight gradient.
+                            if mask_ahead:
+                                # One uniform branch per token: a text token runs the unmasked kernel's
+                                # instructions, whose loads ptxas batches over the branches h (the branch per h
+                                # behind each h's wait issued them one h at a time: sm_90a SASS).
+                                if msk_s[i] != 0:
+                                    for h in T.unroll(hc):
+                                        for e in T.vectorized(VEC):
+                                            gob[e] = grad_out[t, h, c * VEC + e]
                                         for e in T.vectorized(VEC):
                                             grad_x[t, h, c * VEC + e] = gob[e]
                                         for e in T.vectorized(VEC):
                                             grad_kv[t, h, c * VEC + e] = T.cast(0, T.bfloat16)
-                                    else:
-                                        chunked_grads(
-                                            t, h, c, r, cxv, ckv, gob, xb, kb, wf, xf, kf, ox, ok, gw, grad_x, grad_kv
-                                        )
                                 else:
-                                    chunked_grads(
-                                        t, h, c, r, cxv, ckv, gob, xb, kb, wf, xf, kf, ox, ok, gw, grad_x, grad_kv
-                                    )
+                                    token_tile(
+                                        t, i, c, tid, k_s, rs_s, gob, xb, kb, wf, xf, kf, ox, ok, gw,
+                                        grad_out, hidden_states, kv, weight_fused, grad_x, grad_kv, None,
+                                    )  # fmt: skip
+                            else:
+                                token_tile(
+                                    t, i, c, tid, k_s, rs_s, gob, xb, kb, wf, xf, kf, ox, ok, gw,
+                                    grad_out, hidden_states, kv, weight_fused, grad_x, grad_kv, image_token_mask,
+                                )  # fmt: skip
                         for h in T.unroll(hc):
                             if ch == 0:
                                 for e in T.vectorized(VEC):

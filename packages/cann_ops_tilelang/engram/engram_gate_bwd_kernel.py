@@ -65,6 +65,13 @@ _CUDA_REGS = 65536  # 32-bit registers per SM
 _CUDA_MAX_UNITS_PER_THREAD = 8  # resident: column groups x branches per thread (_cuda_block_plan)
 _CUDA_REG_BASE = 20  # registers per thread besides the per-branch scalars, packed grad_out and weight-gradient slice
 _CUDA_REG_SLACK = 8  # at >= 128 registers a few spilled ones cost less than halving the threads
+# Whether the chooser gives the CUDA mask variant the schedules EngramGateBwdConfig.mask_ahead and
+# .mask_selects. False keeps the schedule measured so far; True is lowered and compiled only, not yet timed
+# (docs/engram.md, "Image tokens: the mask's schedule"). Resident plans take them only where registers are not
+# tight (_cuda_resident_regs_spare): at 128 registers a thread (hc = 2 / 4, H >= 7168) ptxas spilled 24-152
+# bytes with them (16-20 without).
+_CUDA_MASK_AHEAD = False
+_CUDA_MASK_SELECTS = False
 _ASCEND_UB_BUDGET = 180 * 1024  # bytes of UB for the chunked Ascend kernel (248 KB physical)
 _PASS_CONFIGS = {
     # The resident kernel places every barrier itself (its staging slots are thread-private).
@@ -94,6 +101,14 @@ class EngramGateBwdConfig:
     dynamic_tokens: bool = False  # resident: blocks claim tokens from a counter (else a fixed contiguous range)
     has_mask: bool = False  # the kernel takes image_token_mask (T,) bool (mask=None is its own variant)
     cluster: int = 1  # resident: CTAs of a cluster splitting each token's H (1: a block per token)
+    # CUDA mask variant: each token's mask read ahead of its use (resident: two tokens ahead by thread 0, into a
+    # ring in shared memory like the saved scalars; chunked: once per token in phase A, into shared memory,
+    # phase B branching once per token), instead of at the token's start (resident) or per tile and branch
+    # (chunked). Same results.
+    mask_ahead: bool = False
+    # CUDA resident mask variant: phase B computes every value of a token and then selects an image token's
+    # (instead of ternaries around the arithmetic, which nvcc turns into branches). Same results.
+    mask_selects: bool = False
 
     def __post_init__(self):
         if self.backend not in ('ascend', 'cuda'):
@@ -117,6 +132,10 @@ class EngramGateBwdConfig:
             self.variant != 'resident' or self.cluster not in _CUDA_CLUSTER_SIZES or self.num_cores < self.cluster
         ):
             raise ValueError(f'cluster={self.cluster}: only the resident CUDA kernel splits tokens, over 2 CTAs')
+        if self.mask_ahead and (self.backend != 'cuda' or not self.has_mask):
+            raise ValueError('mask_ahead is a schedule of the CUDA mask variant (has_mask=True)')
+        if self.mask_selects and (self.backend != 'cuda' or self.variant != 'resident' or not self.has_mask):
+            raise ValueError('mask_selects is a schedule of the resident CUDA mask variant (has_mask=True)')
         if self.variant == 'resident' and self.hidden // VEC % self.cluster:
             raise ValueError(f'hidden={self.hidden} does not split into {self.cluster} CTAs of 16-byte groups')
 
@@ -150,6 +169,18 @@ def _cuda_reg_cap(threads: int) -> int:
     return min(255, _CUDA_REGS // _round_up(threads, 128) // 8 * 8)
 
 
+def _cuda_resident_regs(hc: int, groups_per_thread: int) -> int:
+    """Registers a resident thread needs: the weight-gradient slice (fp32), grad_out held across the reduction
+    (packed bf16), r and the two rstd terms per branch, and the rest (addresses, loop state, temporaries)."""
+    return 12 * groups_per_thread * hc + 4 * hc + _CUDA_REG_BASE
+
+
+def _cuda_resident_regs_spare(hc: int, groups_per_thread: int, threads: int) -> bool:
+    """Whether a resident plan leaves registers to spare (the slack above its need): where the mask variant's
+    schedules mask_ahead and mask_selects may take some."""
+    return _cuda_resident_regs(hc, groups_per_thread) + _CUDA_REG_SLACK <= _cuda_reg_cap(threads)
+
+
 def _cuda_resident_plan(hc: int, hidden: int) -> tuple[int, int, bool, int] | None:
     """(threads, groups_per_thread, w_in_smem, cluster) of the resident kernel, or None where it does not fit.
 
@@ -175,10 +206,8 @@ def _cuda_block_plan(hc: int, cols: int, smem_budget: int) -> tuple[int, int, bo
         # reached 55-68 % of copy on the H200, below a split or the chunked kernel.
         if threads > 1024 or g * hc > _CUDA_MAX_UNITS_PER_THREAD:
             continue
-        # registers: the weight-gradient slice (fp32), grad_out held across the reduction (packed bf16),
-        # r and the two rstd terms per branch, and the rest (addresses, loop state, temporaries)
         cap = _cuda_reg_cap(threads)
-        if 12 * g * hc + 4 * hc + _CUDA_REG_BASE > cap + (_CUDA_REG_SLACK if cap >= 128 else 0):
+        if _cuda_resident_regs(hc, g) > cap + (_CUDA_REG_SLACK if cap >= 128 else 0):
             continue
         slots = _cuda_slot_bytes(hc, g, threads)
         if slots > smem_budget:
@@ -249,6 +278,8 @@ def choose_engram_gate_bwd_config(
             dynamic_tokens=not deterministic and cluster == 1,
             has_mask=has_mask,
             cluster=cluster,
+            mask_ahead=has_mask and _CUDA_MASK_AHEAD and _cuda_resident_regs_spare(hc, g, threads),
+            mask_selects=has_mask and _CUDA_MASK_SELECTS and _cuda_resident_regs_spare(hc, g, threads),
         )
     threads = 256
     return EngramGateBwdConfig(
@@ -263,6 +294,7 @@ def choose_engram_gate_bwd_config(
         tile_cols=threads * VEC,
         token_chunk=32,
         has_mask=has_mask,
+        mask_ahead=has_mask and _CUDA_MASK_AHEAD,
     )
 
 
