@@ -23,8 +23,10 @@ from cann_ops_tilelang.engram.engram_gate_bwd_kernel import (
     choose_engram_gate_bwd_config,
     cuda_plan_widths,
     fixed_range_max_tokens,
+    get_engram_gate_bwd_kernel,
     make_engram_gate_bwd_kernel,
 )
+from cann_ops_tilelang.kernel_target import Launcher
 from tests.engram.engram_gate_bwd_ref import engram_gate_bwd_autograd_ref, engram_gate_bwd_ref
 from tests.engram.engram_gate_fwd_ref import engram_gate_fwd_ref
 from tests.engram.lowering_grids import GATE_BWD_CHUNKED_CUDA_SHAPES, GATE_BWD_CLUSTER_CUDA_SHAPES
@@ -390,6 +392,75 @@ def test_engram_gate_bwd_config_token_schedule():
         dataclasses.replace(chunked, dynamic_tokens=True)
     with pytest.raises(ValueError, match='claims tokens'):
         dataclasses.replace(ascend, dynamic_tokens=True)
+
+
+# The mask variant's schedules at each CUDA plan: resident with claimed tokens, with fixed ranges, split over a
+# cluster, chunked (the level-1 device test runs the same plans).
+_MASK_AHEAD_PLANS = [
+    ({'hc': 4, 'hidden': 4096}, False),
+    ({'hc': 4, 'hidden': 4096}, True),
+    (GATE_BWD_CLUSTER_CUDA_SHAPES[0], False),
+    (GATE_BWD_CHUNKED_CUDA_SHAPES[0], False),
+]
+_MASK_AHEAD_IDS = ['resident-claimed', 'resident-fixed', 'cluster', 'chunked']
+
+
+@pytest.mark.parametrize(('params', 'deterministic'), _MASK_AHEAD_PLANS, ids=_MASK_AHEAD_IDS)
+def test_engram_gate_bwd_mask_schedules_lower(params, deterministic):
+    """The mask variant's schedules. mask_ahead: the resident kernel's thread 0 loads the mask of c_(i + 2) at
+    the top of iteration i into a ring in shared memory (the first two tokens' in the prologue), which every
+    thread reads after the wait for grad_out; the chunked kernel reads a token's mask once in phase A and keeps
+    it in shared memory for phase B. mask_selects (resident): phase B's image-token results as plain selects."""
+    cfg = choose_engram_gate_bwd_config(
+        backend='cuda', **params, num_cores=H200_SMS, deterministic=deterministic, has_mask=True
+    )
+    # the chooser keeps the measured schedule (gb_k._CUDA_MASK_AHEAD, _CUDA_MASK_SELECTS)
+    assert not cfg.mask_ahead
+    assert not cfg.mask_selects
+    ahead = dataclasses.replace(cfg, mask_ahead=True)
+    old = assert_cuda_kernel_lowers(lambda: make_engram_gate_bwd_kernel(cfg), key=cfg, kernel_name=KERNEL_NAME)
+    new = assert_cuda_kernel_lowers(lambda: make_engram_gate_bwd_kernel(ahead), key=ahead, kernel_name=KERNEL_NAME)
+    assert 'msk_s' in new.source
+    assert new.ub_bytes <= 224 * 1024
+    if cfg.variant == 'chunked':
+        assert old.source.count('image_token_mask[') == 2  # phase A per tile, phase B per tile and branch
+        assert new.source.count('image_token_mask[') == 1  # phase A, once per token
+        with pytest.raises(ValueError, match='mask_selects'):
+            dataclasses.replace(cfg, mask_selects=True)
+        return
+    assert old.source.count('image_token_mask[') == 1  # at the token's start
+    assert new.source.count('image_token_mask[') == 3  # c_0 and c_1 in the prologue, c_(i + 2) in the loop
+    assert new.source.index('m2 = ') < new.source.index('cp_async_wait<1>')  # issued before the token's wait
+    for selects in (dataclasses.replace(cfg, mask_selects=True), dataclasses.replace(ahead, mask_selects=True)):
+        lowered = assert_cuda_kernel_lowers(
+            lambda selects=selects: make_engram_gate_bwd_kernel(selects), key=selects, kernel_name=KERNEL_NAME
+        )
+        # phase B's selects are ternaries, not if / else around a value ('condval': the clamp's r is left)
+        assert lowered.source.count('condval') < old.source.count('condval')
+
+
+def test_engram_gate_bwd_mask_schedules_config(monkeypatch):
+    """mask_ahead and mask_selects are schedules of the CUDA mask variant (mask_selects: of the resident kernel);
+    the chooser gives them (with _CUDA_MASK_AHEAD, _CUDA_MASK_SELECTS) to resident plans with registers to spare,
+    not to those at 128 registers a thread, and mask_ahead to the chunked kernel."""
+    cfg = choose_engram_gate_bwd_config(backend='cuda', hc=4, hidden=1024, num_cores=H200_SMS, has_mask=True)
+    for field in ('mask_ahead', 'mask_selects'):
+        with pytest.raises(ValueError, match=field):
+            dataclasses.replace(cfg, has_mask=False, **{field: True})
+    ascend = choose_engram_gate_bwd_config(backend='ascend', hc=4, hidden=1024, num_cores=64, has_mask=True)
+    with pytest.raises(ValueError, match='mask_ahead'):
+        dataclasses.replace(ascend, mask_ahead=True)
+    monkeypatch.setattr(gb_k, '_CUDA_MASK_AHEAD', True)
+    monkeypatch.setattr(gb_k, '_CUDA_MASK_SELECTS', True)
+    for hc, hidden, spare in [(1, 1024, True), (4, 2560, True), (8, 4096, True), (4, 7168, False),
+                              (2, 14336, False), (4, 16384, False)]:  # fmt: skip
+        for has_mask in (False, True):
+            cfg = choose_engram_gate_bwd_config(backend='cuda', hc=hc, hidden=hidden, num_cores=132, has_mask=has_mask)
+            assert cfg.mask_ahead == cfg.mask_selects == (has_mask and spare), (hc, hidden, has_mask)
+    chunked = choose_engram_gate_bwd_config(backend='cuda', hc=8, hidden=8192, num_cores=132, has_mask=True)
+    assert (chunked.variant, chunked.mask_ahead, chunked.mask_selects) == ('chunked', True, False)
+    ascend = choose_engram_gate_bwd_config(backend='ascend', hc=4, hidden=1024, num_cores=64, has_mask=True)
+    assert not ascend.mask_ahead
 
 
 # ---------------------------------------------------------------- CPU tier: argument contract
@@ -909,6 +980,66 @@ def test_engram_gate_bwd_image_tokens(params, device):
     result = masked._replace(grad_hidden_states=torch.where(mask[:, None, None], 0, masked.grad_hidden_states))
     assert torch.equal(masked.grad_hidden_states[mask].view(torch.int16), grad_out[mask].view(torch.int16))
     _check_result(result, clean, clamp_value=CLAMP, num_cores=num_cores, image_token_mask=mask)
+
+
+def _launch(cfg, inputs, mask):
+    """One launch of `cfg`'s kernel (not the operator's choice) on the operator's inputs: its three results."""
+    x = inputs[1]
+    num_tokens, hc, hidden = x.shape
+    result = EngramGateBwdResult(
+        torch.empty_like(x),
+        x.new_empty(num_tokens, hc + 1, hidden),
+        torch.empty(cfg.num_blocks, hc, hidden, device=x.device),
+    )
+    counter = torch.zeros(COUNTER_WORDS, dtype=torch.int32, device=x.device)
+    launcher = Launcher(get_engram_gate_bwd_kernel, cfg, x.device)
+    launcher.launch(*inputs, *(() if mask is None else (mask,)), *result, CLAMP, counter)
+    return result
+
+
+@pytest.mark.npu
+@pytest.mark.cuda_only  # the mask's schedules are the CUDA kernels'
+@pytest.mark.parametrize(
+    ('params', 'deterministic'),
+    by_level(LEVEL, core=[], default=_MASK_AHEAD_PLANS),
+    ids=lambda p: make_param_id(p) if isinstance(p, dict) else ('fixed' if p else 'claimed'),
+)
+def test_engram_gate_bwd_mask_schedules_values(params, deterministic, device):
+    """The mask variant's schedules mask_ahead and mask_selects: on a text-only batch (an all-False mask) the
+    unmasked kernel's bits (grad_w_partial too where tokens keep fixed ranges); with image tokens (an inf in one's
+    x) the bits of the mask variant without them, image tokens exact and the text tokens' grads the reference's."""
+    hc, hidden = params['hc'], params['hidden']
+    num_cores = get_num_cores(device)
+    num_tokens = fixed_range_max_tokens(num_cores) + 45  # past the fixed ranges: the claiming kernel where it is
+    base = choose_engram_gate_bwd_config(
+        backend='cuda', hc=hc, hidden=hidden, num_cores=num_cores, deterministic=deterministic
+    )
+    old = dataclasses.replace(base, has_mask=True)
+    schedules = [{'mask_ahead': True}]
+    if base.variant == 'resident':
+        schedules += [{'mask_selects': True}, {'mask_ahead': True, 'mask_selects': True}]
+    compared = 2 if base.dynamic_tokens else 3  # claimed tokens: each slice sums whichever tokens its block claimed
+    inputs = _inputs(num_tokens, hc, hidden, device)
+    plain = _launch(base, inputs, None)
+    mask = torch.rand(num_tokens, device=device) < 0.3
+    mask[0] = mask[-1] = True
+    image_inputs = list(inputs)
+    image_inputs[1] = inputs[1].clone()
+    image_inputs[1][-1, 0, :2] = torch.tensor([float('inf'), float('nan')])  # would poison grad_w if it were summed
+    reference = _launch(old, image_inputs, mask)
+    clean = list(inputs)
+    clean[1] = torch.where(mask[:, None, None], torch.zeros_like(inputs[1]), inputs[1])  # finite references
+    for schedule in schedules:
+        cfg = dataclasses.replace(old, **schedule)
+        text_only = _launch(cfg, inputs, torch.zeros(num_tokens, dtype=torch.bool, device=device))
+        for a, b in zip(text_only[:compared], plain[:compared], strict=True):
+            assert torch.equal(a, b), schedule
+        masked = _launch(cfg, image_inputs, mask)
+        for a, b in zip(masked[:compared], reference[:compared], strict=True):
+            assert torch.equal(a, b), schedule
+        assert torch.equal(masked.grad_hidden_states[mask].view(torch.int16), inputs[0][mask].view(torch.int16))
+        assert not bool(masked.grad_kv[mask].view(torch.int16).any())
+        _check_result(masked, clean, clamp_value=CLAMP, num_cores=num_cores, image_token_mask=mask)
 
 
 @pytest.mark.npu
