@@ -77,7 +77,7 @@ def cuda_resident_kernel(cfg, prim_func):
     import tilelang.language as T
 
     hc, hidden, P, has_mask, mask_ahead = cfg.hc, cfg.hidden, cfg.num_blocks, cfg.has_mask, cfg.mask_ahead
-    mask_selects = cfg.mask_selects
+    mask_results = cfg.mask_results
     threads, g, w_in_smem, dynamic = cfg.threads, cfg.groups_per_thread, cfg.w_in_smem, cfg.dynamic_tokens
     C = cfg.cluster  # CTAs per token; each holds groups = 1 / C of the token's column groups
     groups = hidden // VEC // C
@@ -160,10 +160,10 @@ def cuda_resident_kernel(cfg, prim_func):
                     else:
                         for e in T.vectorized(VEC):
                             wf[e] = weight_fused[h, col + e]
-                    if img is not None and mask_selects:
-                        # Every value computed first, then one select each: the ternaries of the branch below
-                        # come out of nvcc as branches around the math (sm_90a SASS: two copies of a branch's
-                        # arithmetic, jumps per branch h), which keeps ptxas from overlapping the branches.
+                    if img is not None and mask_results != 'if_then_else':
+                        # Every value computed first, then an image token's chosen: the if_then_else of the
+                        # branch below come out of nvcc as branches around the arithmetic (sm_90a SASS: two copies
+                        # of it, jumps in every branch h), which keeps ptxas from overlapping the branches h.
                         for e in T.unroll(VEC):
                             xf[e] = T.cast(xb[e], T.float32)
                             kf[e] = T.cast(kb[e], T.float32)
@@ -173,16 +173,34 @@ def cuda_resident_kernel(cfg, prim_func):
                         for e in T.unroll(VEC):
                             xb[e] = T.cast(ox[e], T.bfloat16)
                             kb[e] = T.cast(ok[e], T.bfloat16)
-                        for e in T.unroll(VEC):
-                            # selects of plain values (ternaries; bf16 through its bits, a struct in CUDA C)
-                            gw[j, h, e] = T.Select(img != 0, gw[j, h, e], gn[e])
-                            go_bits = T.Cast('uint16', go_r[j, h, e // 2] >> T.uint32((e % 2) * 16))
-                            xb[e] = T.reinterpret(
-                                T.Select(img != 0, go_bits, T.reinterpret(xb[e], T.uint16)), T.bfloat16
-                            )
-                            kb[e] = T.reinterpret(
-                                T.Select(img != 0, T.uint16(0), T.reinterpret(kb[e], T.uint16)), T.bfloat16
-                            )
+                        if mask_results == 'select':
+                            # ternaries of plain values (bf16 through its bits: a struct in CUDA C); nvcc still
+                            # leaves a short branch per (group, branch h) around the chosen values
+                            for e in T.unroll(VEC):
+                                gw[j, h, e] = T.Select(img != 0, gw[j, h, e], gn[e])
+                                go_bits = T.Cast('uint16', go_r[j, h, e // 2] >> T.uint32((e % 2) * 16))
+                                xb[e] = T.reinterpret(
+                                    T.Select(img != 0, go_bits, T.reinterpret(xb[e], T.uint16)), T.bfloat16
+                                )
+                                kb[e] = T.reinterpret(
+                                    T.Select(img != 0, T.uint16(0), T.reinterpret(kb[e], T.uint16)), T.bfloat16
+                                )
+                        else:  # 'bitwise': no branch at all
+                            # all ones for an image token, through a byte permute the compiler cannot see through
+                            # (it would turn the masks back into selects, and those into branches)
+                            ones = T.call_extern(
+                                'uint32', '__byte_perm', T.uint32(0) - T.Cast('uint32', img), T.uint32(0),
+                                T.uint32(0x3210),
+                            )  # fmt: skip
+                            ones16 = T.Cast('uint16', ones)
+                            for e in T.unroll(VEC):
+                                gw_bits = T.reinterpret(gw[j, h, e], T.uint32)
+                                gn_bits = T.reinterpret(gn[e], T.uint32)
+                                gw[j, h, e] = T.reinterpret((gw_bits & ones) | (gn_bits & ~ones), T.float32)
+                                go_bits = T.Cast('uint16', go_r[j, h, e // 2] >> T.uint32((e % 2) * 16))
+                                x_bits = T.reinterpret(xb[e], T.uint16)
+                                xb[e] = T.reinterpret((go_bits & ones16) | (x_bits & ~ones16), T.bfloat16)
+                                kb[e] = T.reinterpret(T.reinterpret(kb[e], T.uint16) & ~ones16, T.bfloat16)
                         for e in T.vectorized(VEC):
                             grad_x[tok, h, col + e] = xb[e]
                         for e in T.vectorized(VEC):
@@ -269,8 +287,8 @@ def cuda_resident_kernel(cfg, prim_func):
             ox = T.alloc_local((VEC,), T.float32)
             ok = T.alloc_local((VEC,), T.float32)
             ov = T.alloc_local((VEC,), T.float32)
-            # mask_selects: an element's weight-gradient sum with the token
-            gn = T.alloc_local((VEC,), T.float32) if mask_selects else None
+            # mask_results other than 'if_then_else': an element's weight-gradient sum with the token
+            gn = T.alloc_local((VEC,), T.float32) if mask_results != 'if_then_else' else None
             part = T.alloc_local((hc,), T.float32)
             rr = T.alloc_local((hc,), T.float32)
             cx = T.alloc_local((hc,), T.float32)

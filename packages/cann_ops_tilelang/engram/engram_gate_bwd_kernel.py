@@ -65,13 +65,14 @@ _CUDA_REGS = 65536  # 32-bit registers per SM
 _CUDA_MAX_UNITS_PER_THREAD = 8  # resident: column groups x branches per thread (_cuda_block_plan)
 _CUDA_REG_BASE = 20  # registers per thread besides the per-branch scalars, packed grad_out and weight-gradient slice
 _CUDA_REG_SLACK = 8  # at >= 128 registers a few spilled ones cost less than halving the threads
-# Whether the chooser gives the CUDA mask variant the schedules EngramGateBwdConfig.mask_ahead and
-# .mask_selects. False keeps the schedule measured so far; True is lowered and compiled only, not yet timed
+# The CUDA mask variant's schedules the chooser gives (EngramGateBwdConfig.mask_ahead, .mask_results). False and
+# 'if_then_else' keep the schedule measured so far; the others are lowered and compiled only, not yet timed
 # (docs/engram.md, "Image tokens: the mask's schedule"). Resident plans take them only where registers are not
-# tight (_cuda_resident_regs_spare): at 128 registers a thread (hc = 2 / 4, H >= 7168) ptxas spilled 24-152
-# bytes with them (16-20 without).
+# tight (_cuda_resident_regs_spare): at 128 registers a thread (hc = 2 / 4, H >= 7168) ptxas spilled more with
+# them than without.
 _CUDA_MASK_AHEAD = False
-_CUDA_MASK_SELECTS = False
+_CUDA_MASK_RESULTS = 'if_then_else'
+_MASK_RESULTS = ('if_then_else', 'select', 'bitwise')
 _ASCEND_UB_BUDGET = 180 * 1024  # bytes of UB for the chunked Ascend kernel (248 KB physical)
 _PASS_CONFIGS = {
     # The resident kernel places every barrier itself (its staging slots are thread-private).
@@ -106,9 +107,10 @@ class EngramGateBwdConfig:
     # phase B branching once per token), instead of at the token's start (resident) or per tile and branch
     # (chunked). Same results.
     mask_ahead: bool = False
-    # CUDA resident mask variant: phase B computes every value of a token and then selects an image token's
-    # (instead of ternaries around the arithmetic, which nvcc turns into branches). Same results.
-    mask_selects: bool = False
+    # CUDA resident mask variant, phase B: how an image token's results replace the text ones. 'if_then_else' per
+    # element (nvcc makes branches around the arithmetic of them); 'select': every value computed first, then
+    # plain ternaries; 'bitwise': every value first, then bit masks (no branch). Same results.
+    mask_results: str = 'if_then_else'
 
     def __post_init__(self):
         if self.backend not in ('ascend', 'cuda'):
@@ -134,8 +136,12 @@ class EngramGateBwdConfig:
             raise ValueError(f'cluster={self.cluster}: only the resident CUDA kernel splits tokens, over 2 CTAs')
         if self.mask_ahead and (self.backend != 'cuda' or not self.has_mask):
             raise ValueError('mask_ahead is a schedule of the CUDA mask variant (has_mask=True)')
-        if self.mask_selects and (self.backend != 'cuda' or self.variant != 'resident' or not self.has_mask):
-            raise ValueError('mask_selects is a schedule of the resident CUDA mask variant (has_mask=True)')
+        if self.mask_results not in _MASK_RESULTS:
+            raise ValueError(f'mask_results must be one of {_MASK_RESULTS}, got {self.mask_results!r}')
+        if self.mask_results != 'if_then_else' and (
+            self.backend != 'cuda' or self.variant != 'resident' or not self.has_mask
+        ):
+            raise ValueError('mask_results is a schedule of the resident CUDA mask variant (has_mask=True)')
         if self.variant == 'resident' and self.hidden // VEC % self.cluster:
             raise ValueError(f'hidden={self.hidden} does not split into {self.cluster} CTAs of 16-byte groups')
 
@@ -177,7 +183,7 @@ def _cuda_resident_regs(hc: int, groups_per_thread: int) -> int:
 
 def _cuda_resident_regs_spare(hc: int, groups_per_thread: int, threads: int) -> bool:
     """Whether a resident plan leaves registers to spare (the slack above its need): where the mask variant's
-    schedules mask_ahead and mask_selects may take some."""
+    schedules mask_ahead and mask_results may take some."""
     return _cuda_resident_regs(hc, groups_per_thread) + _CUDA_REG_SLACK <= _cuda_reg_cap(threads)
 
 
@@ -262,6 +268,7 @@ def choose_engram_gate_bwd_config(
     plan = _cuda_resident_plan(hc, hidden)
     if plan is not None:
         threads, g, w_in_smem, cluster = plan
+        spare = has_mask and _cuda_resident_regs_spare(hc, g, threads)  # the mask's schedules may take registers
         return EngramGateBwdConfig(
             backend,
             hc,
@@ -278,8 +285,8 @@ def choose_engram_gate_bwd_config(
             dynamic_tokens=not deterministic and cluster == 1,
             has_mask=has_mask,
             cluster=cluster,
-            mask_ahead=has_mask and _CUDA_MASK_AHEAD and _cuda_resident_regs_spare(hc, g, threads),
-            mask_selects=has_mask and _CUDA_MASK_SELECTS and _cuda_resident_regs_spare(hc, g, threads),
+            mask_ahead=spare and _CUDA_MASK_AHEAD,
+            mask_results=_CUDA_MASK_RESULTS if spare else 'if_then_else',
         )
     threads = 256
     return EngramGateBwdConfig(
