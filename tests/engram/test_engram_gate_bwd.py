@@ -410,13 +410,14 @@ def test_engram_gate_bwd_mask_schedules_lower(params, deterministic):
     """The mask variant's schedules. mask_ahead: the resident kernel's thread 0 loads the mask of c_(i + 2) at
     the top of iteration i into a ring in shared memory (the first two tokens' in the prologue), which every
     thread reads after the wait for grad_out; the chunked kernel reads a token's mask once in phase A and keeps
-    it in shared memory for phase B. mask_selects (resident): phase B's image-token results as plain selects."""
+    it in shared memory for phase B. mask_results (resident): phase B's image-token results chosen after every value
+    is computed, by ternaries ('select') or bit masks ('bitwise'), instead of if_then_else per element."""
     cfg = choose_engram_gate_bwd_config(
         backend='cuda', **params, num_cores=H200_SMS, deterministic=deterministic, has_mask=True
     )
-    # the chooser keeps the measured schedule (gb_k._CUDA_MASK_AHEAD, _CUDA_MASK_SELECTS)
+    # the chooser keeps the measured schedule (gb_k._CUDA_MASK_AHEAD, _CUDA_MASK_RESULTS)
     assert not cfg.mask_ahead
-    assert not cfg.mask_selects
+    assert cfg.mask_results == 'if_then_else'
     ahead = dataclasses.replace(cfg, mask_ahead=True)
     old = assert_cuda_kernel_lowers(lambda: make_engram_gate_bwd_kernel(cfg), key=cfg, kernel_name=KERNEL_NAME)
     new = assert_cuda_kernel_lowers(lambda: make_engram_gate_bwd_kernel(ahead), key=ahead, kernel_name=KERNEL_NAME)
@@ -425,40 +426,49 @@ def test_engram_gate_bwd_mask_schedules_lower(params, deterministic):
     if cfg.variant == 'chunked':
         assert old.source.count('image_token_mask[') == 2  # phase A per tile, phase B per tile and branch
         assert new.source.count('image_token_mask[') == 1  # phase A, once per token
-        with pytest.raises(ValueError, match='mask_selects'):
-            dataclasses.replace(cfg, mask_selects=True)
+        with pytest.raises(ValueError, match='mask_results'):
+            dataclasses.replace(cfg, mask_results='bitwise')
         return
     assert old.source.count('image_token_mask[') == 1  # at the token's start
     assert new.source.count('image_token_mask[') == 3  # c_0 and c_1 in the prologue, c_(i + 2) in the loop
     assert new.source.index('m2 = ') < new.source.index('cp_async_wait<1>')  # issued before the token's wait
-    for selects in (dataclasses.replace(cfg, mask_selects=True), dataclasses.replace(ahead, mask_selects=True)):
+    for results in (
+        dataclasses.replace(cfg, mask_results='select'),
+        dataclasses.replace(cfg, mask_results='bitwise'),
+        dataclasses.replace(ahead, mask_results='bitwise'),
+    ):
         lowered = assert_cuda_kernel_lowers(
-            lambda selects=selects: make_engram_gate_bwd_kernel(selects), key=selects, kernel_name=KERNEL_NAME
+            lambda results=results: make_engram_gate_bwd_kernel(results), key=results, kernel_name=KERNEL_NAME
         )
-        # phase B's selects are ternaries, not if / else around a value ('condval': the clamp's r is left)
+        # no if / else around a value in phase B ('condval': the clamp's r is left)
         assert lowered.source.count('condval') < old.source.count('condval')
+        # 'bitwise': the all-ones word of an image token, through a byte permute
+        assert ('__byte_perm(((uint)0 - ' in lowered.source) == (results.mask_results == 'bitwise')
 
 
 def test_engram_gate_bwd_mask_schedules_config(monkeypatch):
-    """mask_ahead and mask_selects are schedules of the CUDA mask variant (mask_selects: of the resident kernel);
-    the chooser gives them (with _CUDA_MASK_AHEAD, _CUDA_MASK_SELECTS) to resident plans with registers to spare,
+    """mask_ahead and mask_results are schedules of the CUDA mask variant (mask_results: of the resident kernel);
+    the chooser gives them (with _CUDA_MASK_AHEAD, _CUDA_MASK_RESULTS) to resident plans with registers to spare,
     not to those at 128 registers a thread, and mask_ahead to the chunked kernel."""
     cfg = choose_engram_gate_bwd_config(backend='cuda', hc=4, hidden=1024, num_cores=H200_SMS, has_mask=True)
-    for field in ('mask_ahead', 'mask_selects'):
+    for field, value in (('mask_ahead', True), ('mask_results', 'bitwise')):
         with pytest.raises(ValueError, match=field):
-            dataclasses.replace(cfg, has_mask=False, **{field: True})
+            dataclasses.replace(cfg, has_mask=False, **{field: value})
+    with pytest.raises(ValueError, match='mask_results must be one of'):
+        dataclasses.replace(cfg, mask_results='branch')
     ascend = choose_engram_gate_bwd_config(backend='ascend', hc=4, hidden=1024, num_cores=64, has_mask=True)
     with pytest.raises(ValueError, match='mask_ahead'):
         dataclasses.replace(ascend, mask_ahead=True)
     monkeypatch.setattr(gb_k, '_CUDA_MASK_AHEAD', True)
-    monkeypatch.setattr(gb_k, '_CUDA_MASK_SELECTS', True)
+    monkeypatch.setattr(gb_k, '_CUDA_MASK_RESULTS', 'bitwise')
     for hc, hidden, spare in [(1, 1024, True), (4, 2560, True), (8, 4096, True), (4, 7168, False),
                               (2, 14336, False), (4, 16384, False)]:  # fmt: skip
         for has_mask in (False, True):
             cfg = choose_engram_gate_bwd_config(backend='cuda', hc=hc, hidden=hidden, num_cores=132, has_mask=has_mask)
-            assert cfg.mask_ahead == cfg.mask_selects == (has_mask and spare), (hc, hidden, has_mask)
+            assert cfg.mask_ahead == (has_mask and spare), (hc, hidden, has_mask)
+            assert cfg.mask_results == ('bitwise' if has_mask and spare else 'if_then_else'), (hc, hidden, has_mask)
     chunked = choose_engram_gate_bwd_config(backend='cuda', hc=8, hidden=8192, num_cores=132, has_mask=True)
-    assert (chunked.variant, chunked.mask_ahead, chunked.mask_selects) == ('chunked', True, False)
+    assert (chunked.variant, chunked.mask_ahead, chunked.mask_results) == ('chunked', True, 'if_then_else')
     ascend = choose_engram_gate_bwd_config(backend='ascend', hc=4, hidden=1024, num_cores=64, has_mask=True)
     assert not ascend.mask_ahead
 
@@ -1005,7 +1015,7 @@ def _launch(cfg, inputs, mask):
     ids=lambda p: make_param_id(p) if isinstance(p, dict) else ('fixed' if p else 'claimed'),
 )
 def test_engram_gate_bwd_mask_schedules_values(params, deterministic, device):
-    """The mask variant's schedules mask_ahead and mask_selects: on a text-only batch (an all-False mask) the
+    """The mask variant's schedules mask_ahead and mask_results: on a text-only batch (an all-False mask) the
     unmasked kernel's bits (grad_w_partial too where tokens keep fixed ranges); with image tokens (an inf in one's
     x) the bits of the mask variant without them, image tokens exact and the text tokens' grads the reference's."""
     hc, hidden = params['hc'], params['hidden']
@@ -1017,7 +1027,11 @@ def test_engram_gate_bwd_mask_schedules_values(params, deterministic, device):
     old = dataclasses.replace(base, has_mask=True)
     schedules = [{'mask_ahead': True}]
     if base.variant == 'resident':
-        schedules += [{'mask_selects': True}, {'mask_ahead': True, 'mask_selects': True}]
+        schedules += [
+            {'mask_results': 'select'},
+            {'mask_results': 'bitwise'},
+            {'mask_ahead': True, 'mask_results': 'bitwise'},
+        ]
     compared = 2 if base.dynamic_tokens else 3  # claimed tokens: each slice sums whichever tokens its block claimed
     inputs = _inputs(num_tokens, hc, hidden, device)
     plain = _launch(base, inputs, None)
