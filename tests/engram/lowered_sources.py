@@ -124,7 +124,7 @@ def configurations(level: int = 2) -> list[Entry]:
         )
 
     # engram_gate_bwd: the grid; fixed token ranges beside claimed ones (resident CUDA); the split (cluster) and
-    # chunked CUDA shapes; the mask variant and its plain twin; the emulator's shape.
+    # chunked CUDA shapes; the mask variant, its plain twin and (CUDA) its schedules; the emulator's shape.
     op, make = 'engram_gate_bwd', gb.make_engram_gate_bwd_kernel
     for b in backends:
         for p in shapes:
@@ -146,6 +146,12 @@ def configurations(level: int = 2) -> list[Entry]:
         cfg = gb.choose_engram_gate_bwd_config(backend=b, **p, num_cores=_cores(b), has_mask=True)
         add(op, make, cfg)
         add(op, make, dataclasses.replace(cfg, has_mask=False))
+        if b == 'cuda':  # the mask's schedules (test_engram_gate_bwd_mask_schedules_lower)
+            add(op, make, dataclasses.replace(cfg, mask_ahead=True))
+            if cfg.variant == 'resident':
+                for results in ('select', 'bitwise'):
+                    add(op, make, dataclasses.replace(cfg, mask_results=results))
+                add(op, make, dataclasses.replace(cfg, mask_ahead=True, mask_results='bitwise'))
     add(op, make, gb.choose_engram_gate_bwd_config(backend='ascend', hc=4, hidden=256, num_cores=EMU_CORES))
 
     # engram_grad_w_reduce: the grid; the emulator's shape.
