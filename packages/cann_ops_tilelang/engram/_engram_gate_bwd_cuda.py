@@ -42,6 +42,11 @@ i. Clusters take fixed token ranges (cluster p: the T // P or T // P + 1 tokens 
 clusters): claimed tokens measured slower there (docs/engram.md, "Gate backward: wide tokens"); grad_w_partial
 has one slice per cluster, each CTA writing its half of the columns.
 
+The mask variant (image_token_mask given) has schedules beside the measured one, chosen by config fields:
+mask_ahead (the mask read two tokens ahead into a ring in shared memory, as the saved scalars) and mask_results
+(phase B's image-token results as ternaries or bit masks after every value is computed); docs/engram.md, "Image
+tokens: the mask's schedule".
+
 CUDA, variant 'chunked' (where neither fits: hc >= 5 at the widest H), also the scheme of the Ascend kernel:
 tokens in chunks of `token_chunk`; phase A computes dL/dg (and grad_v) of every token of the chunk, phase B
 walks the column tiles and, per tile, the chunk's tokens, keeping the tile's weight-gradient accumulator on
