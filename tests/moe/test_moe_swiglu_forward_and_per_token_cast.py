@@ -15,7 +15,7 @@ import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from cann_ops_tilelang import config
+from cann_ops_tilelang import config, operator
 from cann_ops_tilelang.config import backend_of, get_num_cores
 from cann_ops_tilelang.kernel_target import launch_kernel
 from cann_ops_tilelang.moe import moe_swiglu_forward, moe_swiglu_forward_and_per_token_cast
@@ -25,6 +25,7 @@ from cann_ops_tilelang.moe.moe_swiglu_forward_kernel import (
     make_moe_swiglu_forward_kernel,
 )
 from cann_ops_tilelang.quant import QuantTensor, per_token_cast
+from cann_ops_tilelang.quant.per_token_cast_kernel import choose_per_token_cast_config
 from tests.quant.cast_ref import (
     SCALE_ROWS_2880,
     assert_col_major_buffer_written,
@@ -525,6 +526,94 @@ def test_moe_swiglu_forward_and_per_token_cast_short_block_values(params, device
     assert_equal(result.sf.cpu().view(torch.uint8) if packed else result.sf.cpu(), sf)
     if LEVEL > 0:  # the column-major kernel is one more of its own
         _assert_col_major_values(variant, num_tokens, device, inputs)
+
+
+# ---------------------------------------------------------------- packed UE8M0 rows ending in padding, past one task
+
+# per_token_cast's packed UE8M0 rows of 4 n + r blocks wider than one Ascend task (I > 8192): equal tasks, the row's
+# last storing the zero padding after its scales (tests/quant/test_per_token_cast.py). Level 1 only, 3 tokens: I 8320
+# = 65 blocks of 128 (Ascend 5 tasks of 13 blocks, 3 padding bytes), bf16, every option (the 3 rows an expert's);
+# I 8256 = 258 blocks of 32 (3 tasks of 86 blocks, 2 padding bytes), fp32, no option.
+PADDED_WIDE_VARIANTS = by_level(
+    LEVEL,
+    core=[],
+    default=[
+        dict(dtype='bfloat16', hidden=8320, block=128, sf='ue8m0', options=EVERY),
+        dict(dtype='float32', hidden=8256, block=32, sf='ue8m0', options=''),
+    ],
+)
+PADDED_WIDE_TOKENS = by_level(LEVEL, core=(), default=(3,))
+_PADDED_WIDE_ROWS = [  # (I, block): its Ascend (block_k, tasks, blocks a task, padding bytes)
+    ((8320, 128), (1664, 5, 13, 3)),
+    ((8256, 32), (2752, 3, 86, 2)),  # 258 blocks of 32
+    ((16320, 64), (3264, 5, 51, 1)),  # 255 blocks of 64
+]
+# The row-major scale stores of the Ascend kernel: one burst of N bytes (asc_copy_ub2gm_align(gm, ub, 1, N, ...)).
+_SF_ROW_DMA = re.compile(
+    r'asc_copy_ub2gm_align\(\(__gm__ uint8_t\*\)\(\(&\(out_sf\[[^;]*\]\)\)\), [^;]*?\)\)\), 1, (\d+), '
+)
+
+
+@pytest.mark.parametrize(('row', 'tiles'), _PADDED_WIDE_ROWS)
+def test_moe_swiglu_forward_and_per_token_cast_padded_wide_row_config(row, tiles):
+    """Past I = 8192 a packed UE8M0 row of 4 n + r blocks takes per_token_cast's tasks on Ascend (its chooser's
+    rule, ascend_row_block_k), the last storing the padding; column-major words of such a row are refused with
+    per_token_cast's reason (equal tasks cannot hold whole words)."""
+    hidden, block = row
+    variant = dict(dtype='bfloat16', hidden=hidden, block=block, sf='ue8m0', options=EVERY)
+    cfg = make_config('ascend', variant)
+    assert (cfg.block_k, cfg.num_col_tiles, cfg.groups_per_tile, cfg.sf_padding) == tiles
+    # per_token_cast of moe_swiglu_forward's fp32 y: the same tasks and scale row.
+    args = dict(backend='ascend', num_cores=ASCEND_950_VECTOR_CORES, in_dtype='float32', round_sf=True)
+    cast = choose_per_token_cast_config(hidden=hidden, block_size=block, packed_ue8m0=True, **args)
+    assert (cast.block_k, cast.sf_cols) == (cfg.block_k, cfg.sf_cols)
+    blocks = -(-hidden // block)
+    with pytest.raises(ValueError, match=f'column-major packed UE8M0 scales .* need hidden <= 8192, got {blocks} '):
+        make_config('ascend', variant, col_major_sf=True)
+    with pytest.raises(ValueError, match='need whole int32 words per task'):
+        dataclasses.replace(cfg, col_major_sf=True)
+    assert make_config('ascend', variant | dict(hidden=8192 + 512, block=128)).sf_padding == 0  # 68 blocks
+
+
+def test_moe_swiglu_forward_and_per_token_cast_padded_wide_row_contract(monkeypatch):
+    """The operator takes I = 8320 with packed UE8M0 scales of 128 channels on Ascend (5 tasks of 13 blocks, a row of
+    17 words); column-major scales of it are refused by name."""
+    monkeypatch.setattr(config, 'require_accelerator', lambda *tensors: 'ascend')
+    monkeypatch.setattr(operator, 'get_num_cores', lambda device: 7)
+    x = torch.zeros(5, 2 * 8320, dtype=torch.bfloat16)
+    packed = dict(round_sf=True, use_packed_ue8m0=True)
+    cfg = moe_swiglu_forward_and_per_token_cast.operator.config(x, 'e4m3', 128, **packed)
+    assert (cfg.block_k, cfg.num_col_tiles, cfg.sf_cols, cfg.sf_padding) == (1664, 5, 68, 3)
+    with pytest.raises(ValueError, match='column-major packed UE8M0 scales .* need hidden <= 8192, got 65 blocks'):
+        moe_swiglu_forward_and_per_token_cast.operator.config(x, 'e4m3', 128, **packed,
+                                                               use_tma_aligned_col_major_sf=True)  # fmt: skip
+
+
+@pytest.mark.parametrize(('row', 'tiles'), _PADDED_WIDE_ROWS[:2])
+def test_moe_swiglu_forward_and_per_token_cast_padded_wide_row_lowers(row, tiles):
+    """A padded UE8M0 row of several Ascend tasks: two scale stores, a task's scale bytes and the row's last task's
+    with the padding (13 and 16 bytes at I 8320; 86 and 88 at 8256)."""
+    hidden, block = row
+    cfg = make_config('ascend', dict(dtype='bfloat16', hidden=hidden, block=block, sf='ue8m0', options=EVERY))
+    source = assert_ascend_kernel_lowers(lambda: make_moe_swiglu_forward_kernel(cfg), key=cfg, kernel_name=KERNEL_NAME)
+    lengths = sorted(int(n) for n in _SF_ROW_DMA.findall(source.source))
+    assert lengths == [cfg.groups_per_tile, cfg.groups_per_tile + cfg.sf_padding] == [tiles[2], tiles[2] + tiles[3]]
+
+
+@pytest.mark.npu
+@pytest.mark.parametrize('num_tokens', PADDED_WIDE_TOKENS)
+@pytest.mark.parametrize('variant', PADDED_WIDE_VARIANTS, ids=make_param_id)
+def test_moe_swiglu_forward_and_per_token_cast_padded_wide_row_values(variant, num_tokens, device):
+    """Rows of several tasks ending in padding: per_token_cast(moe_swiglu_forward(x, 'fp32')) bit for bit, the clamp
+    counts moe_swiglu_forward's, into poisoned buffers too (the padding bytes written as zeros), and the quant
+    reference's bytes (no kernel macro shared)."""
+    inputs = make_inputs(variant, num_tokens, device)
+    _assert_values(variant, num_tokens, device, inputs)
+    y = moe_swiglu_forward(**inputs, fmt='fp32').cpu()
+    data, sf = per_token_cast_ref(y, variant['block'], round_sf=True, packed_ue8m0=True)
+    result = fused(inputs, variant)
+    assert_equal(result.data.cpu().view(torch.uint8), data.view(torch.uint8))
+    assert_equal(result.sf.cpu().view(torch.uint8), sf)
 
 
 @pytest.mark.npu

@@ -30,7 +30,11 @@ def ascend_moe_swiglu_forward_kernel(cfg):
     n_tiles, chunks = cfg.num_col_tiles, cfg.block_k // LANES
     groups = cfg.groups_per_tile
     groups_padded = -(-groups // LANES) * LANES  # whole registers of scales
-    sf_len = groups + cfg.sf_padding  # scale elements one task stores (padding only when it owns the row)
+    sf_len = groups + (cfg.sf_padding if n_tiles == 1 else 0)  # scale elements one task stores
+    # A packed UE8M0 row of several tasks ending in zero padding (I > 8192, 4 n + r blocks), as in per_token_cast's
+    # kernel: the row's last task stores the padding after its scales (sf_ub's lanes past `groups` are zero).
+    row_padding = cfg.sf_padding if n_tiles > 1 else 0
+    last_sf_len = groups + row_padding  # scale elements the row's last task stores
     counting, layout, weighted = cfg.count_clamp, cfg.with_layout, cfg.with_weight
     y_dtype = f32 if fp8 else out_dtype  # the fused cast reads the fp32 y
     count_len = CLAMP_COUNTERS * LANES
@@ -185,7 +189,12 @@ def ascend_moe_swiglu_forward_kernel(cfg):
                         T.copy(out_ub[0:hidden], out[t, 0:hidden])
                     else:
                         T.copy(out_ub, out[t, j * bk : j * bk + bk])
-                    if not col_major:
+                    if not col_major and row_padding:
+                        if j == n_tiles - 1:
+                            T.copy(sf_ub[0:last_sf_len], out_sf[t, j * groups : j * groups + last_sf_len])
+                        else:
+                            T.copy(sf_ub[0:groups], out_sf[t, j * groups : j * groups + groups])
+                    elif not col_major:
                         T.copy(sf_ub[0:sf_len], out_sf[t, j * groups : j * groups + sf_len])
                     elif packed_sf:  # whole words (groups % 4 == 0, or the row's padding ends the task), a burst each
                         word, words = j * (groups // UE8M0_PACK), sf_len // UE8M0_PACK

@@ -16,9 +16,10 @@ per block of the tiles, the one wholly past I a zero).
 Supported: T >= 1 per launch (the interface skips empty inputs; T is dynamic), I a positive multiple of 64 for
 every block (per_token_cast's rows: with 128-channel blocks an odd multiple, e.g. 2880, ends in its short last block
 of 64 channels, a scale of its own, ceil(I / 128) scales, nothing written past I; its tiles, short_block_k: Ascend
-the row in one task, I <= 8128; CUDA whole blocks, the last tile reaching past I), T * 2 I < 2**31 (int32 element
-offsets), E >= 1 experts (dynamic). One generator builds the Ascend 950 kernel (_moe_swiglu_forward_ascend.py) or
-the CUDA kernel (_moe_swiglu_forward_cuda.py), chosen by `cfg.backend`.
+the row in one task, I <= 8128; CUDA whole blocks, the last tile reaching past I; packed UE8M0 rows of 4 n + r
+blocks past I = 8192: per_token_cast's Ascend tasks, ascend_row_block_k, column-major refused), T * 2 I < 2**31
+(int32 element offsets), E >= 1 experts (dynamic). One generator builds the Ascend 950 kernel
+(_moe_swiglu_forward_ascend.py) or the CUDA kernel (_moe_swiglu_forward_cuda.py), chosen by `cfg.backend`.
 """
 
 # No `from __future__ import annotations`: TileLang evaluates the prim_func annotations, which
@@ -30,11 +31,12 @@ import torch
 
 from cann_ops_tilelang.config import Backend
 from cann_ops_tilelang.kernel_target import compile_kernel
-from cann_ops_tilelang.quant._scale_rules import LANES, UE8M0_PACK, check_col_major_words
+from cann_ops_tilelang.quant._scale_rules import LANES, check_col_major_words
 from cann_ops_tilelang.quant._tiling import FLOAT_DTYPE_NAMES, RowScales, divisors
 from cann_ops_tilelang.quant.per_token_cast_kernel import (
     CAST_BLOCK_SIZES,
     CAST_HIDDEN_UNIT,
+    ascend_row_block_k,
     check_row_tiles,
     hidden_multiple,
     short_block_k,
@@ -48,7 +50,6 @@ from ._swiglu import CLAMP_COUNTERS, TOKEN_ALIGNMENT
 OUT_FORMATS = {'bf16': 'bfloat16', 'fp32': 'float32', 'e4m3': 'float8_e4m3fn'}  # fmt -> the output's dtype name
 PLAIN_BLOCK = LANES  # the tile grain of bf16 / fp32 output: one fp32 register
 _ASCEND_MAX_BLOCK_K = 4096  # output channels per task: gate and up tiles of 16 KiB in fp32, two buffer versions
-_ASCEND_MAX_ROW = 8192  # a whole row in one task: packed UE8M0 rows whose zero padding ends a task's bytes
 _CUDA_MAX_BLOCK_K = 2048  # output channels per thread block
 _CUDA_THREADS = (128, 64, 32)  # per block, the widest first
 _CUDA_RUN = 8  # elements per thread and load: 16 bytes of bf16
@@ -102,8 +103,6 @@ class MoeSwigluForwardConfig(RowScales):
         if self.hidden <= 0 or self.hidden % CAST_HIDDEN_UNIT:
             raise ValueError(f'hidden must be a positive multiple of {CAST_HIDDEN_UNIT}, got {self.hidden}')
         check_row_tiles(self)
-        if self.backend == 'ascend' and self.sf_padding and self.num_col_tiles > 1:
-            raise ValueError('Ascend: a padded UE8M0 row must be handled by one task (block_k == hidden)')
         if not isinstance(self.col_major_sf, bool):
             raise TypeError(f'col_major_sf must be a bool, got {type(self.col_major_sf).__name__}')
         if self.col_major_sf and not self.fp8:
@@ -178,20 +177,10 @@ def choose_moe_swiglu_forward_config(
             return make(block_k=block_k, threads=0, num_stages=2)
         return make(block_k=block_k, threads=_cuda_threads(block_k), num_stages=1)
     if backend == 'ascend':
-        # The largest task that fits the buffers: the op streams x once, so fewer, longer DMAs per core.
-        block_k = divisors(hidden, unit, _ASCEND_MAX_BLOCK_K)[0]
-        padded = packed_ue8m0 and (hidden // block) % UE8M0_PACK != 0
-        if col_major_sf and packed_ue8m0 and not padded and (block_k // block) % UE8M0_PACK:
-            # Column-major UE8M0 words go out one burst each: a task holds whole words, the row if it fits.
-            whole = hidden <= _ASCEND_MAX_ROW
-            block_k = hidden if whole else divisors(hidden, UE8M0_PACK * block, _ASCEND_MAX_BLOCK_K)[0]
-        if padded and block_k != hidden:
-            if hidden > _ASCEND_MAX_ROW:
-                raise ValueError(
-                    f'Ascend: packed UE8M0 scales of a number of blocks that is not a multiple of 4 need hidden <= '
-                    f'{_ASCEND_MAX_ROW}, got {hidden // block} blocks of {block} (hidden {hidden})'
-                )
-            block_k = hidden
+        # per_token_cast's tasks (packed UE8M0 rows too), up to this kernel's widest.
+        block_k = ascend_row_block_k(
+            hidden, block, _ASCEND_MAX_BLOCK_K, packed_ue8m0=packed_ue8m0, col_major_sf=col_major_sf
+        )
         return make(block_k=block_k, threads=0, num_stages=2)
     if backend == 'cuda':
         # One thread block per (row, column tile), many per SM: each thread loads runs of 8 gate and 8 up elements

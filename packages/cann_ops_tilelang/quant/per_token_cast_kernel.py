@@ -121,6 +121,34 @@ def short_block_k(backend: Backend, hidden: int, block_size: int) -> int:
     return -(-blocked // tiles // unit) * unit
 
 
+def ascend_row_block_k(
+    hidden: int, block_size: int, max_block_k: int, *, packed_ue8m0: bool, col_major_sf: bool
+) -> int:
+    """The Ascend task width of a row of whole blocks, per_token_cast's rule (the SwiGLU forward's fused cast takes
+    it with its own `max_block_k`): the widest multiple of hidden_multiple(block_size) dividing H up to
+    `max_block_k`; column-major packed UE8M0 scales keep whole int32 words per task (the row up to _ASCEND_MAX_ROW);
+    a packed row of 4 n + r blocks, ending in zero padding, is one task up to _ASCEND_MAX_ROW, wider the widest
+    tasks (the row's last storing the padding after its scales), column-major there a ValueError."""
+    # The largest task that fits the buffers: the op streams x once, so fewer, longer DMAs per core.
+    block_k = divisors(hidden, hidden_multiple(block_size), max_block_k)[0]
+    padded = packed_ue8m0 and (hidden // block_size) % UE8M0_PACK != 0
+    if col_major_sf and packed_ue8m0 and not padded and (block_k // block_size) % UE8M0_PACK:
+        # Column-major UE8M0 words go out one burst each: a task holds whole words, the row if it fits.
+        whole = hidden <= _ASCEND_MAX_ROW
+        block_k = hidden if whole else divisors(hidden, UE8M0_PACK * block_size, max_block_k)[0]
+    if padded and block_k != hidden and hidden <= _ASCEND_MAX_ROW:
+        block_k = hidden  # the row one task, its scale bytes ending in the row's zero padding
+    elif padded and block_k != hidden and col_major_sf:
+        # Column-major words go out one burst each, but equal tasks of a row of 4 n + r blocks cannot all hold
+        # whole words. (Row-major: tasks of block_k, the last storing the padding after its scales.)
+        raise ValueError(
+            f'Ascend: column-major packed UE8M0 scales of a number of blocks that is not a multiple of '
+            f'{UE8M0_PACK} need hidden <= {_ASCEND_MAX_ROW}, got {hidden // block_size} blocks of {block_size} '
+            f'(hidden {hidden})'
+        )
+    return block_k
+
+
 def check_row_tiles(cfg: RowScales) -> None:
     """The tile width of a RowScales configuration with a `backend` (ValueError): a multiple of whole blocks and
     registers dividing H, or with a short last block per_token_cast's tiles (short_block_k's rule: Ascend the
@@ -254,23 +282,9 @@ def choose_per_token_cast_config(
     if backend == 'ascend' and blocked != hidden:
         return make(block_k=short_block_k(backend, hidden, block_size), threads=0, num_stages=2)
     if backend == 'ascend':
-        # The largest task that fits the buffers: the op streams x once, so fewer, longer DMAs per core.
-        block_k = divisors(hidden, unit, _ASCEND_MAX_BLOCK_K)[0]
-        padded = packed_ue8m0 and (hidden // block_size) % UE8M0_PACK != 0
-        if col_major_sf and packed_ue8m0 and not padded and (block_k // block_size) % UE8M0_PACK:
-            # Column-major UE8M0 words go out one burst each: a task holds whole words, the row if it fits.
-            whole = hidden <= _ASCEND_MAX_ROW
-            block_k = hidden if whole else divisors(hidden, UE8M0_PACK * block_size, _ASCEND_MAX_BLOCK_K)[0]
-        if padded and block_k != hidden and hidden <= _ASCEND_MAX_ROW:
-            block_k = hidden  # the row one task, its scale bytes ending in the row's zero padding
-        elif padded and block_k != hidden and col_major_sf:
-            # Column-major words go out one burst each, but equal tasks of a row of 4 n + r blocks cannot all hold
-            # whole words. (Row-major: tasks of block_k, the last storing the padding after its scales.)
-            raise ValueError(
-                f'Ascend: column-major packed UE8M0 scales of a number of blocks that is not a multiple of '
-                f'{UE8M0_PACK} need hidden <= {_ASCEND_MAX_ROW}, got {hidden // block_size} blocks of {block_size} '
-                f'(hidden {hidden})'
-            )
+        block_k = ascend_row_block_k(
+            hidden, block_size, _ASCEND_MAX_BLOCK_K, packed_ue8m0=packed_ue8m0, col_major_sf=col_major_sf
+        )
         return make(block_k=block_k, threads=0, num_stages=2)
     if backend == 'cuda':
         # One small thread block per (token, column tile), many per SM: each thread has block_k / 64 elements of
