@@ -429,15 +429,16 @@ def test_moe_swiglu_backward_and_per_token_cast_empty(params, device):
 # scales and the cast's alike. Level 0: one case (H 192: 2 H = 3 blocks, the middle one across; packed UE8M0, one
 # word ending in a zero byte; every option). Level 1: H 2880 (gpt-oss's: 45 blocks, block 22 across; CUDA nine tiles
 # of 640 positions, tile 4 across the halves) with fp32, power-of-two and UE8M0 scales, with every option and without,
-# row- and column-major; H 6720, Ascend's limit (the row in one task, 240 KiB of UB), with every option; the quant
-# reference's bytes at 2880 and 6720 (packed UE8M0 of 105 blocks: per_token_cast on Ascend takes such rows up to 8192
-# channels only, so the composition cannot check it there).
+# row- and column-major; H 6720, Ascend's limit (the row in one task, 240 KiB of UB), with every option, also packed
+# UE8M0 of 105 blocks (a row of 4 n + 1 blocks past 8192 channels, which per_token_cast on Ascend takes in equal tasks);
+# the quant reference's bytes at 2880 and 6720.
 STRADDLING_PARAMS = by_level(
     LEVEL,
     core=[dict(block=128, sf='ue8m0', options='all', hidden=192, num_tokens=300)],
     default=[
         *generate_samples(block=[128], sf=list(_SF), options=list(_OPTIONS), hidden=[2880], num_tokens=[7, 300]),
         dict(block=128, sf='pow2', options='all', hidden=6720, num_tokens=3),
+        dict(block=128, sf='ue8m0', options='all', hidden=6720, num_tokens=3),
     ],
 )
 STRADDLING_REFERENCE = by_level(
