@@ -9,7 +9,14 @@ parity, so one barrier per row suffices), and each thread writes its own x_grad.
 writes its partial to its row of `partials`. With rows_in_flight 2 the rows go in pairs held in two sets of
 registers, and each row's loads are issued before the previous row is reduced and written, so its memory latency
 overlaps that work; the arithmetic and its order are the same, so the results are the same bits.
-Stage 'reduce': one thread per column sums the partials' column in block order, then adds weight_grad.
+Stage 'reduce': one thread per column sums the partials' column in block order, then adds weight_grad; its loads
+of `reduce_loads` partial rows are issued at once.
+Schedule fields off in every chosen configuration (docs/norm.md, "norm_backward at H 4096"): `row_groups` 2 makes
+a block of two groups of `threads` threads, each a worker of the loop above on its own rows (worker 2 b + g of
+2 num_partials; a named barrier per group, since their row counts may differ), the block's partial group 0's plus
+group 1's through shared memory; the reduce's `threads` and `reduce_loads` set its blocks and its loads in flight;
+`fused_reduce` ends the rows kernel with a grid barrier and the reduce's sums (same order), tiles of 32 columns
+over the blocks, so that no second kernel runs.
 """
 
 # No `from __future__ import annotations`: TileLang evaluates the prim_func annotations, which
@@ -20,6 +27,7 @@ from ._norm_common import CUDA_CHUNK_BYTES, DTYPE_BYTES, cuda_assume_strides, ro
 
 REDUCE_THREADS = 128  # columns per block of the reduce
 _REDUCE_UNROLL = 8  # partial rows whose loads are in flight at once
+_FUSED_TILE = 32  # fused_reduce: columns a block sums at a time (one warp's coalesced 128 bytes a partial row)
 
 
 def cuda_norm_backward_kernel(cfg, prim_func):
@@ -31,9 +39,10 @@ def cuda_norm_backward_kernel(cfg, prim_func):
     num_partials = cfg.num_partials
     with_weight, with_rog = cfg.with_weight, cfg.with_residual_out_grad
 
+    # reduce_loads 0: the rule the chooser's kernels take; either way the adds stay in block order.
+    unroll = cfg.reduce_loads or max(u for u in (1, 2, 4, _REDUCE_UNROLL) if num_partials % u == 0)
     if cfg.stage == 'reduce':
         cols = cfg.threads  # divides hidden (choose_norm_backward_config)
-        unroll = max(u for u in (1, 2, 4, _REDUCE_UNROLL) if num_partials % u == 0)
 
         @T.macro
         def reduce_body(partials, weight_grad):
@@ -57,7 +66,20 @@ def cuda_norm_backward_kernel(cfg, prim_func):
     strides = row_strides(T, cfg, cfg.row_tensors)  # {} for contiguous rows
     guard = (hidden // ve) % nt != 0
     nw = nt // 32
+    ng = cfg.row_groups
     inv_hidden = 1.0 / hidden
+
+    @T.macro
+    def load_weight(tid, weight, w_l, acc_l):
+        # The weight (1 without one) in fp32 and a zero partial weight gradient, in registers for the whole kernel.
+        for c in T.unroll(nc):
+            col = (tid + c * nt) * ve
+            for j in T.unroll(ve):
+                acc_l[c * ve + j] = 0.0
+                w_l[c * ve + j] = 1.0
+            if with_weight and (not guard or col < hidden):
+                for j in T.unroll(ve):
+                    w_l[c * ve + j] = T.cast(weight[col + j], f32)
 
     @T.macro
     def load_row(tid, x, out_grad, rstd, residual_out_grad, x_l, g_l, r_l, rs, t):
@@ -78,8 +100,31 @@ def cuda_norm_backward_kernel(cfg, prim_func):
         rs[0] = rstd[t]
 
     @T.macro
-    def finish_row(tid, x_grad, out_scale, w_l, acc_l, dot, red, x_l, g_l, r_l, rs, t, slot):
-        # sum(xhat * gw) over the block (shared slots `slot`), the partial weight gradient, x_grad of row t.
+    def block_sum(tid, group, dot, red, slot):
+        # dot[0] summed over the row's threads in warp order: shuffles, then the warps' sums in shared slots.
+        dot[0] = T.warp_reduce_sum(dot[0])
+        if ng == 1:
+            if tid % 32 == 0:
+                red[slot, tid // 32] = dot[0]
+            T.sync_threads()
+            dot[0] = red[slot, 0]
+            for q in T.unroll(1, nw):
+                dot[0] += red[slot, q]
+        else:
+            # Each group its own slots and its own named barrier (its row count may differ from the other's).
+            if tid % 32 == 0:
+                red[group, slot, tid // 32] = dot[0]
+            if group == 0:
+                T.sync_threads(1, nt)
+            else:
+                T.sync_threads(2, nt)
+            dot[0] = red[group, slot, 0]
+            for q in T.unroll(1, nw):
+                dot[0] += red[group, slot, q]
+
+    @T.macro
+    def finish_row(tid, group, x_grad, out_scale, w_l, acc_l, dot, red, x_l, g_l, r_l, rs, t, slot):
+        # sum(xhat * gw) over the row's threads (shared slots `slot`), the partial weight gradient, x_grad of row t.
         dot[0] = 0.0
         for c in T.unroll(nc):
             for j in T.unroll(ve):
@@ -87,13 +132,7 @@ def cuda_norm_backward_kernel(cfg, prim_func):
                 g = T.cast(g_l[c * ve + j], f32) * out_scale
                 dot[0] += xhat * (g * w_l[c * ve + j])
                 acc_l[c * ve + j] += xhat * g
-        dot[0] = T.warp_reduce_sum(dot[0])
-        if tid % 32 == 0:
-            red[slot, tid // 32] = dot[0]
-        T.sync_threads()
-        dot[0] = red[slot, 0]
-        for q in T.unroll(1, nw):
-            dot[0] += red[slot, q]
+        block_sum(tid, group, dot, red, slot)
         dot[0] = dot[0] * T.float32(inv_hidden)
         for c in T.unroll(nc):
             col = (tid + c * nt) * ve
@@ -109,60 +148,106 @@ def cuda_norm_backward_kernel(cfg, prim_func):
                     x_grad[t, col + j] = r_l[c * ve + j]
 
     @T.macro
-    def rows_body(x, weight, out_grad, rstd, residual_out_grad, x_grad, partials, out_scale, num_tokens):
-        with T.Kernel(num_partials, threads=nt) as b:
+    def row_loop(tid, group, worker, workers, x, out_grad, rstd, residual_out_grad, x_grad, out_scale, w_l, acc_l,
+                 dot, red, x_l, g_l, r_l, rs, num_tokens):  # fmt: skip
+        # Rows worker, worker + workers, ... in order (a worker: the block, or one group of its rows).
+        if cfg.rows_in_flight == 1:
+            for i in T.serial(T.ceildiv(num_tokens - worker, workers)):
+                t = worker + i * workers
+                load_row(tid, x, out_grad, rstd, residual_out_grad, x_l, g_l, r_l, rs, t)
+                finish_row(tid, group, x_grad, out_scale, w_l, acc_l, dot, red, x_l, g_l, r_l, rs, t, i % 2)
+        else:
+            # Rows in pairs, A (even i) and B (odd i), in two sets of registers: each row's loads are in
+            # flight while the row before it is reduced and written. Same row order, same shared slots.
+            x_b = T.alloc_local((nc * ve,), dtype)
+            g_b = T.alloc_local((nc * ve,), dtype)
+            r_b = T.alloc_local((nc * ve,), dtype)
+            rs_b = T.alloc_local((1,), f32)
+            if worker < num_tokens:
+                load_row(tid, x, out_grad, rstd, residual_out_grad, x_l, g_l, r_l, rs, worker)
+            for k in T.serial(T.ceildiv(T.ceildiv(num_tokens - worker, workers), 2)):
+                t = worker + 2 * k * workers
+                if t + workers < num_tokens:
+                    load_row(tid, x, out_grad, rstd, residual_out_grad, x_b, g_b, r_b, rs_b, t + workers)
+                finish_row(tid, group, x_grad, out_scale, w_l, acc_l, dot, red, x_l, g_l, r_l, rs, t, 0)
+                if t + workers < num_tokens:  # uniform in the row's threads: the barrier inside is safe
+                    if t + 2 * workers < num_tokens:
+                        load_row(tid, x, out_grad, rstd, residual_out_grad, x_l, g_l, r_l, rs, t + 2 * workers)
+                    finish_row(tid, group, x_grad, out_scale, w_l, acc_l, dot, red, x_b, g_b, r_b, rs_b, t + workers, 1)
+
+    @T.macro
+    def fused_reduce(partials, weight_grad, b):
+        # After the grid barrier (every partial written): tiles of 32 columns over the blocks, each summed by the
+        # block's first warp, one column a thread, in block order: the stage 'reduce''s arithmetic and order.
+        T.sync_grid()
+        lane = T.get_thread_binding()
+        acc = T.alloc_local((1,), f32)
+        for i in T.serial(T.ceildiv(hidden // _FUSED_TILE - b, num_partials)):
+            col = (b + i * num_partials) * _FUSED_TILE + lane
+            if lane < _FUSED_TILE:
+                acc[0] = 0.0
+                for k in T.serial(num_partials // unroll):
+                    for u in T.unroll(unroll):
+                        acc[0] += partials[k * unroll + u, col]
+                if cfg.accumulate:
+                    weight_grad[col] = T.cast(T.cast(weight_grad[col], f32) + acc[0], cfg.weight_grad_dtype)
+                else:
+                    weight_grad[col] = T.cast(acc[0], cfg.weight_grad_dtype)
+
+    @T.macro
+    def rows_body(x, weight, out_grad, rstd, residual_out_grad, x_grad, partials, out_scale, num_tokens,
+                  weight_grad=None):  # fmt: skip
+        with T.Kernel(num_partials, threads=nt * ng) as b:
             if cfg.strided_rows:  # each row stride a whole number of 16-byte chunks, so the chunks stay vectors
                 cuda_assume_strides(T, strides, ve)
-            tid = T.get_thread_binding()
             x_l = T.alloc_local((nc * ve,), dtype)
             g_l = T.alloc_local((nc * ve,), dtype)
             r_l = T.alloc_local((nc * ve,), dtype)  # residual_out_grad, then x_grad
             w_l = T.alloc_local((nc * ve,), f32)
-            acc_l = T.alloc_local((nc * ve,), f32)  # the block's partial weight gradient
+            acc_l = T.alloc_local((nc * ve,), f32)  # the worker's partial weight gradient
             dot = T.alloc_local((1,), f32)
             rs = T.alloc_local((1,), f32)
-            red = T.alloc_shared((2, nw), f32)
-
-            for c in T.unroll(nc):
-                col = (tid + c * nt) * ve
-                for j in T.unroll(ve):
-                    acc_l[c * ve + j] = 0.0
-                    w_l[c * ve + j] = 1.0
-                if with_weight and (not guard or col < hidden):
-                    for j in T.unroll(ve):
-                        w_l[c * ve + j] = T.cast(weight[col + j], f32)
-
-            if cfg.rows_in_flight == 1:
-                for i in T.serial(T.ceildiv(num_tokens - b, num_partials)):
-                    t = b + i * num_partials
-                    load_row(tid, x, out_grad, rstd, residual_out_grad, x_l, g_l, r_l, rs, t)
-                    finish_row(tid, x_grad, out_scale, w_l, acc_l, dot, red, x_l, g_l, r_l, rs, t, i % 2)
+            if ng == 1:
+                tid = T.get_thread_binding()
+                red = T.alloc_shared((2, nw), f32)
+                load_weight(tid, weight, w_l, acc_l)
+                row_loop(tid, 0, b, num_partials, x, out_grad, rstd, residual_out_grad, x_grad, out_scale, w_l,
+                         acc_l, dot, red, x_l, g_l, r_l, rs, num_tokens)  # fmt: skip
+                if with_weight:
+                    for c in T.unroll(nc):
+                        col = (tid + c * nt) * ve
+                        if not guard or col < hidden:
+                            for j in T.vectorized(ve):
+                                partials[b, col + j] = acc_l[c * ve + j]
+                    if cfg.fused_reduce:
+                        fused_reduce(partials, weight_grad, b)
             else:
-                # Rows in pairs, A (even i) and B (odd i), in two sets of registers: each row's loads are in
-                # flight while the row before it is reduced and written. Same row order, same shared slots.
-                x_b = T.alloc_local((nc * ve,), dtype)
-                g_b = T.alloc_local((nc * ve,), dtype)
-                r_b = T.alloc_local((nc * ve,), dtype)
-                rs_b = T.alloc_local((1,), f32)
-                if b < num_tokens:
-                    load_row(tid, x, out_grad, rstd, residual_out_grad, x_l, g_l, r_l, rs, b)
-                for k in T.serial(T.ceildiv(T.ceildiv(num_tokens - b, num_partials), 2)):
-                    t = b + 2 * k * num_partials
-                    if t + num_partials < num_tokens:
-                        load_row(tid, x, out_grad, rstd, residual_out_grad, x_b, g_b, r_b, rs_b, t + num_partials)
-                    finish_row(tid, x_grad, out_scale, w_l, acc_l, dot, red, x_l, g_l, r_l, rs, t, 0)
-                    if t + num_partials < num_tokens:  # uniform in the block: the barrier inside is safe
-                        if t + 2 * num_partials < num_tokens:
-                            load_row(tid, x, out_grad, rstd, residual_out_grad, x_l, g_l, r_l, rs, t + 2 * num_partials)
-                        finish_row(
-                            tid, x_grad, out_scale, w_l, acc_l, dot, red, x_b, g_b, r_b, rs_b, t + num_partials, 1
-                        )
-
-            if with_weight:
-                for c in T.unroll(nc):
-                    col = (tid + c * nt) * ve
-                    if not guard or col < hidden:
-                        for j in T.vectorized(ve):
-                            partials[b, col + j] = acc_l[c * ve + j]
+                # row_groups 2: group g of `nt` threads is worker 2 b + g of 2 num_partials (its rows in order);
+                # the block's partial is group 0's plus group 1's (through shared memory): a fixed order.
+                group = T.get_thread_binding() // nt
+                tid = T.get_thread_binding() % nt
+                red = T.alloc_shared((ng, 2, nw), f32)
+                load_weight(tid, weight, w_l, acc_l)
+                row_loop(tid, group, b * ng + group, num_partials * ng, x, out_grad, rstd, residual_out_grad,
+                         x_grad, out_scale, w_l, acc_l, dot, red, x_l, g_l, r_l, rs, num_tokens)  # fmt: skip
+                if with_weight:
+                    merge = T.alloc_shared((hidden,), f32)
+                    if group == 1:
+                        for c in T.unroll(nc):
+                            col = (tid + c * nt) * ve
+                            if not guard or col < hidden:
+                                for j in T.vectorized(ve):
+                                    merge[col + j] = acc_l[c * ve + j]
+                    T.sync_threads()  # both groups are past their rows
+                    if group == 0:
+                        for c in T.unroll(nc):
+                            col = (tid + c * nt) * ve
+                            if not guard or col < hidden:
+                                for j in T.unroll(ve):
+                                    acc_l[c * ve + j] += merge[col + j]
+                                for j in T.vectorized(ve):
+                                    partials[b, col + j] = acc_l[c * ve + j]
+                    if cfg.fused_reduce:
+                        fused_reduce(partials, weight_grad, b)
 
     return prim_func(T, cfg, rows_body, strides)

@@ -74,6 +74,19 @@ class NormBackwardConfig:
     # Stage 'rows': x, out_grad and residual_out_grad (`row_tensors`) rows of runtime strides, one a tensor, each
     # starting on 16 bytes (TileKernels takes strided rows); False: contiguous rows, no stride arguments.
     strided_rows: bool = False
+    # CUDA schedule fields, off in every chosen configuration (docs/norm.md, "norm_backward at H 4096"):
+    # stage 'rows': row groups per block, each `threads` threads on its own rows, one partial per block (the
+    # groups' sum in group order), so half the partials for the same threads per SM; a different grouping of the
+    # weight gradient's sum (x_grad's bits unchanged).
+    row_groups: int = 1
+    # stage 'reduce': partial rows whose loads a thread issues at once (a divisor of num_partials; 0: the largest
+    # of 1, 2, 4, 8 that divides it); the adds stay in block order, so the same bits.
+    reduce_loads: int = 0
+    # stage 'rows' with a weight: after a grid barrier (a cooperative launch: every block resident, which the
+    # chooser's blocks are), the blocks sum the partials into weight_grad as the stage 'reduce' does (same order,
+    # same bits; weight_grad_dtype, accumulate and reduce_loads as there), so no second kernel. The kernel takes
+    # weight_grad after out_scale.
+    fused_reduce: bool = False
 
     def __post_init__(self):
         if self.backend not in ('ascend', 'cuda'):
@@ -104,6 +117,23 @@ class NormBackwardConfig:
             raise ValueError(
                 f'rows_in_flight 2 is for the CUDA stage "rows" with up to {_CUDA_TWO_ROWS_MAX_THREADS} threads, '
                 f'got backend {self.backend!r}, stage {self.stage!r}, threads {self.threads}'
+            )
+        wide_groups = 2 * self.threads > _CUDA_TWO_ROWS_MAX_THREADS  # two groups' registers exceed an SM's
+        if self.row_groups not in (1, 2) or (
+            self.row_groups == 2 and (self.backend != 'cuda' or self.stage != 'rows' or wide_groups)
+        ):
+            raise ValueError(
+                f'row_groups must be 1, or 2 for the CUDA stage "rows" with up to '
+                f'{_CUDA_TWO_ROWS_MAX_THREADS // 2} threads a group, got {self.row_groups} ({self.backend!r}, '
+                f'stage {self.stage!r}, threads {self.threads})'
+            )
+        if self.fused_reduce and (self.backend != 'cuda' or self.stage != 'rows' or not self.with_weight):
+            raise ValueError('fused_reduce is for the CUDA stage "rows" with a weight')
+        if self.reduce_loads and (self.backend != 'cuda' or not (self.stage == 'reduce' or self.fused_reduce)
+                                  or self.reduce_loads < 0 or self.num_partials % self.reduce_loads):  # fmt: skip
+            raise ValueError(
+                f'reduce_loads {self.reduce_loads} must divide num_partials {self.num_partials} (the CUDA stage '
+                f'"reduce" or fused_reduce), or be 0'
             )
         if self.strided_rows and self.stage != 'rows':
             raise ValueError('strided_rows is an option of the stage "rows" (the partials are contiguous)')
@@ -185,7 +215,8 @@ def choose_norm_backward_config(
 def backward_prim_func(T, cfg: NormBackwardConfig, body, strides: dict | None = None):
     """Stage 'rows': `norm_backward_kernel(x, weight, out_grad, rstd, residual_out_grad, x_grad, partials,
     out_scale)`, weight and partials (num_partials, H) fp32 (1,) placeholders without with_weight,
-    residual_out_grad one without it. Stage 'reduce': `norm_weight_grad_reduce_kernel(partials, weight_grad)`.
+    residual_out_grad one without it; with fused_reduce `norm_backward_fused_kernel(..., out_scale, weight_grad)`.
+    Stage 'reduce': `norm_weight_grad_reduce_kernel(partials, weight_grad)`.
     `body` is the backend's macro of the same arguments (then num_tokens for 'rows'). `strides`: the row-stride
     symbols of the row tensors (`backward_row_strides`), None: made here."""
     hidden, dtype = cfg.hidden, cfg.dtype
@@ -208,6 +239,24 @@ def backward_prim_func(T, cfg: NormBackwardConfig, body, strides: dict | None = 
     row = (num_tokens, hidden)
     w_shape = (hidden,) if cfg.with_weight else (1,)
     rog_shape = row if cfg.with_residual_out_grad else (1,)
+
+    if cfg.fused_reduce:  # (the builder runs a prim_func's body where it is defined)
+
+        @T.prim_func
+        def norm_backward_fused_kernel(
+            x: rows(row, dtype, name='x'),
+            weight: T.Tensor(w_shape, dtype),
+            out_grad: rows(row, dtype, name='out_grad'),
+            rstd: T.Tensor((num_tokens,), T.float32),
+            residual_out_grad: rows(rog_shape, dtype, name='residual_out_grad'),
+            x_grad: T.Tensor(row, dtype),
+            partials: T.Tensor(partial_shape, T.float32),
+            out_scale: T.float32,
+            weight_grad: T.Tensor((hidden,), cfg.weight_grad_dtype),
+        ):
+            body(x, weight, out_grad, rstd, residual_out_grad, x_grad, partials, out_scale, num_tokens, weight_grad)
+
+        return norm_backward_fused_kernel
 
     @T.prim_func
     def norm_backward_kernel(
