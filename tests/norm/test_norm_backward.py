@@ -15,6 +15,7 @@ from cann_ops_tilelang import config, operator
 from cann_ops_tilelang.kernel_target import Launcher, placeholder
 from cann_ops_tilelang.norm import norm_backward, norm_forward
 from cann_ops_tilelang.norm.norm_backward_kernel import (
+    STAGES,
     NormBackwardConfig,
     choose_norm_backward_config,
     get_norm_backward_kernel,
@@ -146,6 +147,91 @@ def test_norm_backward_rows_in_flight_config():
     with pytest.raises(ValueError, match='rows_in_flight 2 is for the CUDA stage "rows"'):
         NormBackwardConfig('cuda', 4096, 'bfloat16', H200_SMS, True, False, 'reduce', threads=128, chunks=1,
                            rows_in_flight=2)  # fmt: skip
+
+
+# The CUDA schedule fields prepared for H 4096 (docs/norm.md, "norm_backward at H 4096"), off in every chosen
+# configuration: (name, changes of the rows stage, changes of the reduce, None: no reduce kernel). 'wide': 32
+# columns a reduce block, a thread's loads of up to 66 partial rows issued at once; 'g2': two row groups a block
+# (half the partials); 'fused': the reduce in the rows kernel after a grid barrier.
+CUDA_SCHEDULES = [
+    ('wide', {}, dict(threads=32)),
+    ('g2', dict(row_groups=2), {}),
+    ('fused', dict(fused_reduce=True, weight_grad_dtype='float32', accumulate=True), None),
+]
+
+
+def _schedule(v, name, num_partials=None):
+    """(rows, reduce or None) configurations of CUDA schedule `name` for variant v (`num_partials` blocks of the
+    rows stage; None: the chosen ones, halved for two row groups)."""
+    _, rows_change, reduce_change = next(s for s in CUDA_SCHEDULES if s[0] == name)
+    rows, red = _config('cuda', v), _config('cuda', v, 'reduce')
+    blocks = num_partials or rows.num_partials // rows_change.get('row_groups', 1)
+    loads = max(d for d in range(1, 67) if blocks % d == 0)
+    if reduce_change is None:
+        return dataclasses.replace(rows, num_partials=blocks, reduce_loads=loads, **rows_change), None
+    rows = dataclasses.replace(rows, num_partials=blocks, **rows_change)
+    if name == 'wide':
+        reduce_change = dict(reduce_change, reduce_loads=loads)
+    return rows, dataclasses.replace(red, num_partials=blocks, **reduce_change)
+
+
+@pytest.mark.parametrize('name', [s[0] for s in CUDA_SCHEDULES])
+@pytest.mark.parametrize('v', [VARIANTS[0], dict(dtype=torch.bfloat16, weight=True, rog=False, hidden=4096)],
+                         ids=make_param_id)  # fmt: skip
+def test_norm_backward_cuda_schedules_lower(v, name):
+    """Each schedule's kernels lower: 'g2' two groups of the row's threads with a named barrier each, the block's
+    partial through shared memory; 'wide' the reduce's blocks of 32 columns with all loads of a group unrolled;
+    'fused' the rows kernel taking weight_grad, the grid barrier and the loads unrolled after it."""
+    rows, red = _schedule(v, name)
+    row_source = assert_cuda_kernel_lowers(
+        lambda: make_norm_backward_kernel(rows), key=rows,
+        kernel_name='norm_backward_fused_kernel' if rows.fused_reduce else 'norm_backward_kernel',
+    ).source  # fmt: skip
+    if red is None:
+        assert 'cooperative_groups::this_grid().sync();' in row_source
+        assert f'u < {rows.reduce_loads};' in row_source
+        assert 'weight_grad[' in row_source.split('this_grid().sync();')[1]
+        return
+    reduce_source = assert_cuda_kernel_lowers(
+        lambda: make_norm_backward_kernel(red), key=red, kernel_name='norm_weight_grad_reduce_kernel'
+    ).source
+    if name == 'g2':
+        assert f'__launch_bounds__({2 * rows.threads}, 1)' in row_source
+        for barrier in (1, 2):
+            assert f'__sync_thread_partial({barrier}, {rows.threads})' in row_source
+        assert 'merge' in row_source
+    else:
+        assert '__launch_bounds__(32, 1)' in reduce_source
+        assert f'u < {red.reduce_loads};' in reduce_source
+
+
+def test_norm_backward_cuda_schedules_config():
+    """Off in the chosen configurations; 'g2' only for the CUDA rows stage of up to 128 threads a group,
+    fused_reduce only for the CUDA rows stage with a weight, reduce_loads only where partials are summed (the CUDA
+    reduce, a fused rows stage) and a divisor of their number."""
+    v = dict(dtype=torch.bfloat16, weight=True, rog=False, hidden=4096)
+    for stage in STAGES:
+        for backend in ('ascend', 'cuda'):
+            cfg = _config(backend, v, stage)
+            assert (cfg.row_groups, cfg.reduce_loads, cfg.fused_reduce) == (1, 0, False)
+    rows, red = _config('cuda', v), _config('cuda', v, 'reduce')
+    assert dataclasses.replace(rows, row_groups=2).row_groups == 2
+    assert dataclasses.replace(rows, fused_reduce=True, reduce_loads=66).reduce_loads == 66
+    for cfg in (red, _config('ascend', v), _config('cuda', dict(v, weight=False))):
+        with pytest.raises(ValueError, match='fused_reduce is for the CUDA stage "rows" with a weight'):
+            dataclasses.replace(cfg, fused_reduce=True)
+    assert dataclasses.replace(red, reduce_loads=66).reduce_loads == 66  # 264 partials at 132 SMs
+    for bad in (
+        dict(cfg=rows, row_groups=3),
+        dict(cfg=_config('cuda', dict(v, hidden=7168)), row_groups=2),  # 224 threads a group
+        dict(cfg=_config('ascend', v), row_groups=2),
+        dict(cfg=red, row_groups=2),
+    ):
+        with pytest.raises(ValueError, match='row_groups must be 1, or 2 for the CUDA stage "rows"'):
+            dataclasses.replace(bad.pop('cfg'), **bad)
+    for cfg, loads in ((red, 5), (red, -2), (rows, 2), (_config('ascend', v, 'reduce'), 2)):
+        with pytest.raises(ValueError, match='reduce_loads .* must divide num_partials'):
+            dataclasses.replace(cfg, reduce_loads=loads)
 
 
 @pytest.mark.parametrize('with_weight', [True, False])
@@ -391,6 +477,83 @@ def test_norm_backward_two_rows_in_flight_same_bits(v, num_tokens, device):
     assert_equal(results[1][0], results[0][0])
     if weight is not None:
         assert_equal(results[1][1], results[0][1])
+
+
+# Level 1 (the schedules are off in every chosen configuration): the measured row and the partial chunks (192).
+SCHEDULE_VARIANTS = by_level(
+    LEVEL, core=[], default=[dict(dtype=torch.bfloat16, weight=True, rog=True, hidden=4096), VARIANTS[0],
+                             dict(dtype=torch.float32, weight=True, rog=False, hidden=192)]
+)  # fmt: skip
+
+
+def _launch_rows(cfg, inputs, device, start=None):
+    """(x_grad, partials) of the CUDA rows stage `cfg` (weight given); with fused_reduce also the weight
+    gradient accumulated into a copy of `start`."""
+    out_grad, x, weight, rstd, rog = inputs
+    x_grad = torch.empty_like(x)
+    partials = torch.full((cfg.num_partials, cfg.hidden), float('nan'), device=device)
+    args = (x, weight, out_grad, rstd, placeholder(device, x.dtype) if rog is None else rog, x_grad, partials, 0.75)
+    if not cfg.fused_reduce:
+        Launcher(get_norm_backward_kernel, cfg, device).launch(*args)
+        return x_grad, partials
+    weight_grad = start.clone()
+    Launcher(get_norm_backward_kernel, cfg, device).launch(*args, weight_grad)
+    return x_grad, partials, weight_grad
+
+
+def _reduce(cfg, partials, start):
+    weight_grad = start.clone()
+    Launcher(get_norm_backward_kernel, cfg, partials.device).launch(partials, weight_grad)
+    return weight_grad
+
+
+@pytest.mark.npu
+@pytest.mark.parametrize('num_tokens', [1, 70])
+@pytest.mark.parametrize('v', SCHEDULE_VARIANTS, ids=make_param_id)
+def test_norm_backward_cuda_schedules_values(v, num_tokens, device):
+    """'wide' reduces the default's partials to the default's bits; 'g2' (3 blocks of two groups, so that each
+    group takes many rows and both tails occur) gives the default's x_grad and, as block b's partial, the sum of
+    the default's partials 2b and 2b + 1 of 6 blocks (one fp32 add: the same bits); 'fused' (3 and 6 blocks) the
+    bits of the two kernels of the same blocks; all end to end against the reference, and the same bits on a
+    second run."""
+    if device.type != 'cuda':
+        pytest.skip('the schedules are CUDA kernels')
+    inputs = _inputs(v, num_tokens, device)
+    start = torch.randn(v['hidden'], generator=torch.Generator().manual_seed(1)).to(device)
+    rows, red = _config('cuda', v), _config('cuda', v, 'reduce')
+    x_grad, partials = _launch_rows(rows, inputs, device)
+    want = _reduce(red, partials, start)
+    wide_rows, wide_red = _schedule(v, 'wide', rows.num_partials)
+    assert wide_rows == rows
+    assert_equal(_reduce(wide_red, partials, start), want)
+
+    six = dataclasses.replace(rows, num_partials=6)
+    x_grad_six, partials_six = _launch_rows(six, inputs, device)
+    g2_rows, g2_red = _schedule(v, 'g2', 3)
+    runs = [_launch_rows(g2_rows, inputs, device) for _ in range(2)]
+    for x_grad_g2, partials_g2 in runs:
+        assert_equal(x_grad_g2, x_grad_six)
+        assert_equal(partials_g2, partials_six[0::2] + partials_six[1::2])
+    assert_equal(x_grad_six, x_grad)
+    g2_sums = [_reduce(g2_red, partials_g2, start) for _, partials_g2 in runs]
+    assert_equal(g2_sums[1], g2_sums[0])
+    # fused: the reduce of the same blocks (few: every block resident, many column tiles each), in one kernel
+    fused_sums = []
+    for blocks in (3, 6):
+        fused_rows, _ = _schedule(v, 'fused', blocks)
+        plain = dataclasses.replace(rows, num_partials=blocks)
+        x_grad_plain, partials_plain = _launch_rows(plain, inputs, device)
+        plain_sum = _reduce(dataclasses.replace(red, num_partials=blocks), partials_plain, start)
+        for _ in range(2):
+            x_grad_fused, partials_fused, fused_sum = _launch_rows(fused_rows, inputs, device, start)
+            assert_equal(x_grad_fused, x_grad_plain)
+            assert_equal(partials_fused, partials_plain)
+            assert_equal(fused_sum, plain_sum)
+        fused_sums.append(fused_sum)
+    _, weight_grad = norm_backward_ref(*(None if t is None else t.cpu() for t in inputs), 0.75)
+    for got in (want, g2_sums[0], *fused_sums):
+        assert_close(got.cpu().double(), start.cpu().double() + weight_grad, atol=1e-3 * (1 + num_tokens) ** 0.5,
+                     rtol=1e-5)  # fmt: skip
 
 
 @pytest.mark.npu
