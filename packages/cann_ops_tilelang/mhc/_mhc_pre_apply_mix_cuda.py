@@ -2,9 +2,10 @@
 
 - fwd: a thread block takes `token_block` tokens by `hidden_block` columns; per stream it loads the x tile
   (16-byte accesses) and adds mix * x into fp32 accumulators, then stores o's tile. Rows past the token count
-  are masked. With `hidden_inner` the (1-D) grid walks a token tile's hidden blocks first, so that blocks
-  running side by side read neighbouring bytes of x (a few MB of address range across the GPU instead of a
-  column of every token tile); otherwise the grid is (token tiles, hidden blocks), token tiles first.
+  are masked (with `clamped_reads` only their stores: they read the last token's row). With `hidden_inner` the
+  (1-D) grid walks a token tile's hidden blocks first, so that blocks running side by side read neighbouring
+  bytes of x (a few MB of address range across the GPU instead of a column of every token tile); otherwise the
+  grid is (token tiles, hidden blocks), token tiles first.
 - bwd: a thread block takes one token and walks its hidden row in blocks: per block it reads o_grad, x and
   x_grad once, writes x_grad + mix * o_grad back and keeps per-thread partial sums of o_grad * x; at the end one
   block reduction (TileLang's reduce_sum: fixed order, no atomics) gives the token's mix_grad row.
@@ -29,7 +30,12 @@ def fwd_tile(T, cfg, num_tokens):
         T.clear(acc)
         for m in T.unroll(mhc):
             for i, j in T.Parallel(bt, bh):
-                if tile * bt + i < num_tokens:
+                if cfg.clamped_reads:
+                    # Rows past the token count read the last token (its bytes are on chip already) and are
+                    # not stored: no branch around the loads, so that all of a thread's loads can be in flight.
+                    row = T.min(tile * bt + i, num_tokens - 1)
+                    acc[i, j] += mix[mix_tile * bt + row - tile * bt, m] * T.cast(x[row, m, col * bh + j], f32)
+                elif tile * bt + i < num_tokens:
                     acc[i, j] += mix[mix_tile * bt + i, m] * T.cast(x[tile * bt + i, m, col * bh + j], f32)
         for i, j in T.Parallel(bt, bh):
             if tile * bt + i < num_tokens:

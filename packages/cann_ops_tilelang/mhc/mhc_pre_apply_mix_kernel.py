@@ -71,6 +71,9 @@ class MhcPreApplyMixConfig:
     # CUDA fwd: the grid walks a token tile's hidden blocks first (side-by-side blocks read neighbouring bytes);
     # False: the (token tiles, hidden blocks) grid, token tiles first. Others: unused.
     hidden_inner: bool = True
+    # CUDA fwd: rows of the last token tile past the token count read the last token instead of skipping their
+    # loads (only their stores are masked), so that ptxas need not branch around each load; False: as chosen.
+    clamped_reads: bool = False
 
     def __post_init__(self):
         check_config(self, DIRECTIONS)
@@ -82,6 +85,8 @@ class MhcPreApplyMixConfig:
                 raise ValueError(f'the hidden block must hold whole vectors (bwd: on every thread): {self}')
             if self.threads % 32 or self.token_block * self.hidden_block % (self.threads * self.vector):
                 raise ValueError(f'threads must be whole warps, each with whole vectors of the tile: {self}')
+        if self.clamped_reads and (self.backend != 'cuda' or self.direction != 'fwd'):
+            raise ValueError(f'clamped_reads is a CUDA forward field: {self}')
 
 
 def choose_mhc_pre_apply_mix_config(
