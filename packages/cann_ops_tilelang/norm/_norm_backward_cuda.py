@@ -41,6 +41,20 @@ def cuda_norm_backward_kernel(cfg, prim_func):
 
     # reduce_loads 0: the rule the chooser's kernels take; either way the adds stay in block order.
     unroll = cfg.reduce_loads or max(u for u in (1, 2, 4, _REDUCE_UNROLL) if num_partials % u == 0)
+
+    @T.macro
+    def sum_column(partials, weight_grad, acc, col):
+        """weight_grad[col] (+)= the partials' column col summed in block order, `unroll` loads in flight: the one
+        arithmetic of the stage 'reduce' and of fused_reduce, so both give the same bits."""
+        acc[0] = 0.0
+        for k in T.serial(num_partials // unroll):
+            for u in T.unroll(unroll):
+                acc[0] += partials[k * unroll + u, col]
+        if cfg.accumulate:
+            weight_grad[col] = T.cast(T.cast(weight_grad[col], f32) + acc[0], cfg.weight_grad_dtype)
+        else:
+            weight_grad[col] = T.cast(acc[0], cfg.weight_grad_dtype)
+
     if cfg.stage == 'reduce':
         cols = cfg.threads  # divides hidden (choose_norm_backward_config)
 
@@ -50,14 +64,7 @@ def cuda_norm_backward_kernel(cfg, prim_func):
                 tid = T.get_thread_binding()
                 acc = T.alloc_local((1,), f32)
                 col = tile * cols + tid
-                acc[0] = 0.0
-                for k in T.serial(num_partials // unroll):
-                    for u in T.unroll(unroll):
-                        acc[0] += partials[k * unroll + u, col]
-                if cfg.accumulate:
-                    weight_grad[col] = T.cast(T.cast(weight_grad[col], f32) + acc[0], cfg.weight_grad_dtype)
-                else:
-                    weight_grad[col] = T.cast(acc[0], cfg.weight_grad_dtype)
+                sum_column(partials, weight_grad, acc, col)
 
         return prim_func(T, cfg, reduce_body)
 
@@ -185,14 +192,7 @@ def cuda_norm_backward_kernel(cfg, prim_func):
         for i in T.serial(T.ceildiv(hidden // _FUSED_TILE - b, num_partials)):
             col = (b + i * num_partials) * _FUSED_TILE + lane
             if lane < _FUSED_TILE:
-                acc[0] = 0.0
-                for k in T.serial(num_partials // unroll):
-                    for u in T.unroll(unroll):
-                        acc[0] += partials[k * unroll + u, col]
-                if cfg.accumulate:
-                    weight_grad[col] = T.cast(T.cast(weight_grad[col], f32) + acc[0], cfg.weight_grad_dtype)
-                else:
-                    weight_grad[col] = T.cast(acc[0], cfg.weight_grad_dtype)
+                sum_column(partials, weight_grad, acc, col)
 
     @T.macro
     def rows_body(x, weight, out_grad, rstd, residual_out_grad, x_grad, partials, out_scale, num_tokens,
